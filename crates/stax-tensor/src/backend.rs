@@ -1,0 +1,209 @@
+//! The `Backend` trait: the few ops stax needs, implemented by the CPU and CUDA backends.
+//!
+//! Ops write into caller-provided outputs (`&mut Tensor`), so the caller decides which buffer is
+//! reused and which is freshly allocated: that is how the training step keeps its memory minimal.
+//! Every op checks that all operands live on this backend's device
+//! ([`TensorError::DeviceMismatch`]), that shapes and dtypes fit ([`TensorError::Shape`],
+//! [`TensorError::DType`]) and that outputs are not shared ([`TensorError::Aliased`]).
+
+use crate::{Conv2dGeometry, Device, Tensor, TensorError};
+use stax_alloc::{Allocator, Strategy};
+use std::fmt;
+use std::sync::Arc;
+
+/// Matrix-unit precision for conv and matmul, like `jax.default_matmul_precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// TF32 tensor cores on CUDA (JAX's default on Ampere and later); exact f32 on the CPU.
+    #[default]
+    Tf32,
+    /// Full f32 everywhere (`precision="highest"`).
+    Highest,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = TensorError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tf32" | "default" => Ok(Precision::Tf32),
+            "highest" | "f32" => Ok(Precision::Highest),
+            _ => Err(TensorError::InvalidArgument {
+                op: "parse precision",
+                reason: format!("{s:?} is not a precision; expected tf32 or highest"),
+            }),
+        }
+    }
+}
+
+/// How to open a backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendOptions {
+    /// Allocator strategy (default: `Strategy::from_env()`, i.e. `STAX_ALLOCATOR` or caching).
+    pub strategy: Strategy,
+    /// Conv/matmul precision (CUDA only; the CPU always computes in f32).
+    pub precision: Precision,
+    /// Upper bound on the workspace bytes one cuDNN call may use (CUDA only). `None`: the
+    /// backend's default, which favours a low peak.
+    pub workspace_limit: Option<usize>,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        BackendOptions {
+            strategy: Strategy::default(),
+            precision: Precision::default(),
+            workspace_limit: None,
+        }
+    }
+}
+
+impl BackendOptions {
+    /// Default options with the strategy read from `STAX_ALLOCATOR`.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] if `STAX_ALLOCATOR` is malformed.
+    pub fn from_env() -> Result<Self, TensorError> {
+        Ok(BackendOptions { strategy: Strategy::from_env()?, ..Default::default() })
+    }
+}
+
+/// Hyper-parameters of one Adam step, with the bias corrections already computed.
+///
+/// Mirrors `optax.adam` (`scale_by_adam` then `scale_by_learning_rate`), Algorithm 1 of
+/// Kingma & Ba 2014 with `eps` outside the square root:
+/// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g²`,
+/// `p -= lr · (m / bias_correction1) / (sqrt(v / bias_correction2 + eps_root) + eps)`,
+/// where `bias_correction1 = 1 - b1^t`, `bias_correction2 = 1 - b2^t` at step `t >= 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct AdamHyper {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub b1: f32,
+    /// Second-moment decay.
+    pub b2: f32,
+    /// Added to the denominator outside the square root.
+    pub eps: f32,
+    /// Added inside the square root (optax's `eps_root`, 0 by default).
+    pub eps_root: f32,
+    /// `1 - b1^t`.
+    pub bias_correction1: f32,
+    /// `1 - b2^t`.
+    pub bias_correction2: f32,
+}
+
+/// A compute backend: owns an allocator and computes the ops of a stax training step.
+///
+/// All tensors are row-major. Unless stated, ops need `F32` operands on this backend's device
+/// and an output that is not shared with any other tensor.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The device this backend computes on.
+    fn device(&self) -> Device;
+
+    /// The allocator every tensor of this backend is allocated from.
+    fn allocator(&self) -> &Arc<Allocator>;
+
+    /// Conv/matmul precision in use.
+    fn precision(&self) -> Precision;
+
+    /// Copies `src` (raw little-endian element bytes) into `dst`; `src.len()` must equal
+    /// `dst.bytes()`.
+    fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError>;
+
+    /// Copies `src` into `dst` (raw element bytes); `dst.len()` must equal `src.bytes()`.
+    fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError>;
+
+    /// Sets every element of `t` to `value` (bit pattern of `value as f32`; for `U32` tensors
+    /// `value` must be 0).
+    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError>;
+
+    /// `y = conv(x, w) + b`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b `[c_out]`,
+    /// y NHWC `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`).
+    fn conv2d(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        g: &Conv2dGeometry,
+        y: &mut Tensor,
+    ) -> Result<(), TensorError>;
+
+    /// Gradient of the conv with respect to its input: `dx = conv_transpose(dy, w)`,
+    /// dy NHWC `g.output_shape()`, dx NHWC `g.input_shape()` (overwritten).
+    fn conv2d_bwd_data(
+        &self,
+        dy: &Tensor,
+        w: &Tensor,
+        g: &Conv2dGeometry,
+        dx: &mut Tensor,
+    ) -> Result<(), TensorError>;
+
+    /// Gradients of the conv with respect to kernel and bias: dw HWIO `g.filter_shape()`,
+    /// db `[c_out]` (both overwritten).
+    fn conv2d_bwd_filter(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        g: &Conv2dGeometry,
+        dw: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), TensorError>;
+
+    /// `c = op(a) · op(b)` for 2-D row-major matrices, where `op` transposes when the flag is
+    /// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
+    fn matmul(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        transpose_a: bool,
+        transpose_b: bool,
+        c: &mut Tensor,
+    ) -> Result<(), TensorError>;
+
+    /// `y[..., j] += b[j]`, b of shape `[y.shape().last()]`.
+    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError>;
+
+    /// `db[j] = sum of dy[..., j]` over all leading dimensions.
+    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError>;
+
+    /// In-place ReLU, `x = max(x, 0)`. If `mask` is given (U32, `ceil(numel / 32)` words) bit
+    /// `i % 32` of word `i / 32` is set to `x[i] > 0`, for the backward pass.
+    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError>;
+
+    /// In-place ReLU backward: `dy[i] = 0` where mask bit `i` is clear.
+    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError>;
+
+    /// Softmax cross-entropy with optax's semantics, fused with its gradient.
+    ///
+    /// logits and labels `[n, k]` (labels are probabilities, e.g. one-hot); returns
+    /// `mean_i(-sum_j labels[i, j] · log_softmax(logits)[i, j])` and writes
+    /// `dlogits = (softmax(logits) - labels) / n`, the gradient of that mean.
+    /// Mirrors `jnp.mean(optax.softmax_cross_entropy(logits, labels))`, computed stably
+    /// (max subtracted).
+    fn softmax_xent(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        dlogits: &mut Tensor,
+    ) -> Result<f32, TensorError>;
+
+    /// One fused, in-place Adam step on one parameter tensor (see [`AdamHyper`]): reads
+    /// p, g, m, v and writes p, m, v; all four have the same shape.
+    fn adam_update(
+        &self,
+        p: &mut Tensor,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        h: &AdamHyper,
+    ) -> Result<(), TensorError>;
+
+    /// Waits until all queued work is done.
+    fn synchronize(&self) -> Result<(), TensorError>;
+
+    /// `(free, total)` device bytes as the driver reports them (`cuMemGetInfo`); `None` on the
+    /// host.
+    fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError>;
+}

@@ -1,0 +1,136 @@
+//! `TensorError`: the one error type of `stax-tensor`.
+
+use crate::{DType, Device, Shape};
+use stax_alloc::AllocError;
+
+/// Everything that can go wrong in a tensor op, a placement or a backend call.
+///
+/// Messages are lowercase and name the op first, e.g.
+/// `conv2d: input has 3 channels but the kernel expects 4 (HWIO [3, 3, 4, 64])`.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    // ---- shapes and dtypes ----
+    /// An operand's shape does not fit the op.
+    #[error("{op}: {reason} (got {got})")]
+    Shape {
+        /// The op that rejected the shape.
+        op: &'static str,
+        /// What was expected, in words.
+        reason: String,
+        /// The offending shape.
+        got: Shape,
+    },
+    /// An operand has the wrong element type.
+    #[error("{op}: expected dtype {expected}, got {got}")]
+    DType {
+        /// The op.
+        op: &'static str,
+        /// The dtype the op needs.
+        expected: DType,
+        /// The dtype it got.
+        got: DType,
+    },
+    /// A host buffer's length does not match the tensor it is copied to or from.
+    #[error("{op}: host buffer holds {got} bytes but the tensor {shape} needs {expected}")]
+    HostLength {
+        /// The op.
+        op: &'static str,
+        /// Bytes the tensor holds.
+        expected: usize,
+        /// Bytes the host buffer holds.
+        got: usize,
+        /// The tensor's shape.
+        shape: Shape,
+    },
+    /// An argument is out of its valid range (zero stride, zero-size kernel, bad hyper-parameter).
+    #[error("{op}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The op.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+
+    // ---- placement ----
+    /// Operands of one op live on different devices.
+    #[error("{op}: operands on different devices ({lhs} and {rhs}); place them with Tensor::to first")]
+    DeviceMismatch {
+        /// The op.
+        op: &'static str,
+        /// The device the op runs on.
+        lhs: Device,
+        /// The device of the other operand.
+        rhs: Device,
+    },
+    /// An in-place op was given a tensor whose buffer is shared with another tensor.
+    #[error("{op}: output buffer is shared with another tensor (clone or reshape view alive); in-place ops need sole ownership")]
+    Aliased {
+        /// The op.
+        op: &'static str,
+    },
+    /// A tensor holds NaN or infinity where finite values are required.
+    #[error("{op}: non-finite value {value} at element {index}")]
+    NonFinite {
+        /// The op.
+        op: &'static str,
+        /// Flat index of the first bad element.
+        index: usize,
+        /// The bad value.
+        value: f32,
+    },
+
+    // ---- memory ----
+    /// The allocator failed (out of memory carries a full diagnosis).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+
+    // ---- CUDA ----
+    /// No such CUDA device.
+    #[error("cuda: device {ordinal} requested but {count} CUDA device(s) found")]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many the driver reports.
+        count: usize,
+    },
+    /// A CUDA library could not be loaded.
+    #[error("cuda: could not load {library}: {hint}")]
+    CudaUnavailable {
+        /// The library (e.g. `libcuda.so`, `libcudnn.so.9`).
+        library: &'static str,
+        /// How to make it loadable.
+        hint: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("cuda driver: {op}: {source}")]
+    Driver {
+        /// The call or kernel.
+        op: &'static str,
+        /// cudarc's error.
+        source: cudarc::driver::DriverError,
+    },
+    /// A cuBLAS call failed.
+    #[error("cublas: {op}: {source}")]
+    Cublas {
+        /// The call.
+        op: &'static str,
+        /// cudarc's error.
+        source: cudarc::cublas::result::CublasError,
+    },
+    /// A cuDNN call failed.
+    #[error("cudnn: {op}: {source}")]
+    Cudnn {
+        /// The call.
+        op: &'static str,
+        /// cudarc's error.
+        source: cudarc::cudnn::CudnnError,
+    },
+    /// NVRTC could not compile a kernel source.
+    #[error("nvrtc: compiling {kernel} failed: {log}")]
+    Compile {
+        /// The kernel file.
+        kernel: &'static str,
+        /// NVRTC's log.
+        log: String,
+    },
+}

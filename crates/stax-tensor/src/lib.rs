@@ -1,0 +1,34 @@
+//! Tensors with explicit placement, and the backends that compute on them.
+//!
+//! A [`Tensor`] is a shape, a dtype and a buffer allocated through the [`stax_alloc`] allocator
+//! of the [`Backend`] that owns it. Placement is explicit, like `jax.device_put`:
+//! [`Tensor::to`] copies to another backend, and an op whose operands live on different devices
+//! returns [`TensorError::DeviceMismatch`]. The CPU backend ([`cpu::CpuBackend`]) is the test
+//! oracle for the CUDA backend ([`cuda::CudaBackend`]).
+//!
+//! ```
+//! use stax_tensor::{Device, BackendOptions, Tensor, Category};
+//! let cpu = Device::Cpu.open(&BackendOptions::default()).unwrap();
+//! let t = Tensor::from_slice(&cpu, &[1.0, -2.0, 3.0, -4.0], [2, 2], Category::Other).unwrap();
+//! assert_eq!(t.to_vec().unwrap(), vec![1.0, -2.0, 3.0, -4.0]);
+//! assert_eq!(t.bytes(), 16);
+//! ```
+
+pub mod backend;
+pub mod cpu;
+pub mod cuda;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod geometry;
+pub mod shape;
+pub mod tensor;
+
+pub use backend::{AdamHyper, Backend, BackendOptions, Precision};
+pub use device::Device;
+pub use dtype::DType;
+pub use error::TensorError;
+pub use geometry::{Conv2dGeometry, Padding};
+pub use shape::Shape;
+pub use stax_alloc::{Allocator, Category, Strategy};
+pub use tensor::Tensor;

@@ -1,0 +1,244 @@
+//! `Tensor`: a shape, a dtype and an allocator-owned buffer on one backend.
+
+use crate::{Backend, DType, Device, Shape, TensorError};
+use stax_alloc::{Allocation, Category};
+use std::fmt;
+use std::sync::Arc;
+
+/// An n-dimensional row-major array on one backend.
+///
+/// Cloning a tensor (or [`Tensor::reshape`]) makes another handle to the same buffer, like a
+/// JAX array; the buffer is freed when its last handle drops. In-place ops take `&mut Tensor` and
+/// fail with [`TensorError::Aliased`] while another handle to the buffer is alive, so a value
+/// that something else still reads is never overwritten.
+#[derive(Clone)]
+pub struct Tensor {
+    shape: Shape,
+    dtype: DType,
+    buf: Arc<Allocation>,
+    backend: Arc<dyn Backend>,
+}
+
+impl Tensor {
+    /// A tensor whose contents are unspecified (on the host: zeros or values left by an earlier
+    /// tensor; never uninitialized memory). Allocates `shape.numel() * dtype.size_bytes()` bytes
+    /// tagged `category`.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] when the allocator cannot serve the request (out of memory carries
+    /// the diagnosis); [`TensorError::InvalidArgument`] if the byte count overflows.
+    pub fn empty(
+        backend: &Arc<dyn Backend>,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        category: Category,
+    ) -> Result<Tensor, TensorError> {
+        let shape = shape.into();
+        let bytes = shape
+            .checked_numel()
+            .and_then(|n| n.checked_mul(dtype.size_bytes()))
+            .ok_or_else(|| TensorError::InvalidArgument {
+                op: "alloc",
+                reason: format!("shape {shape} of {dtype} overflows the address space"),
+            })?;
+        let buf = backend.allocator().allocate(bytes, category)?;
+        Ok(Tensor { shape, dtype, buf: Arc::new(buf), backend: backend.clone() })
+    }
+
+    /// An f32 tensor of zeros.
+    ///
+    /// # Errors
+    /// As [`Tensor::empty`].
+    pub fn zeros(
+        backend: &Arc<dyn Backend>,
+        shape: impl Into<Shape>,
+        category: Category,
+    ) -> Result<Tensor, TensorError> {
+        let mut t = Tensor::empty(backend, shape, DType::F32, category)?;
+        backend.fill(&mut t, 0.0)?;
+        Ok(t)
+    }
+
+    /// An f32 tensor holding a copy of `data` (row-major, `data.len() == shape.numel()`).
+    ///
+    /// # Errors
+    /// [`TensorError::HostLength`] on a length mismatch; otherwise as [`Tensor::empty`].
+    pub fn from_slice(
+        backend: &Arc<dyn Backend>,
+        data: &[f32],
+        shape: impl Into<Shape>,
+        category: Category,
+    ) -> Result<Tensor, TensorError> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(TensorError::HostLength {
+                op: "from_slice",
+                expected: shape.numel().saturating_mul(4),
+                got: data.len() * 4,
+                shape,
+            });
+        }
+        let mut t = Tensor::empty(backend, shape, DType::F32, category)?;
+        backend.upload(bytemuck::cast_slice(data), &mut t)?;
+        Ok(t)
+    }
+
+    /// Copies the contents of an f32 tensor to a host vector.
+    ///
+    /// # Errors
+    /// [`TensorError::DType`] if the tensor is not f32; backend copy errors.
+    pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
+        self.expect_dtype("to_vec", DType::F32)?;
+        let mut out = vec![0f32; self.numel()];
+        self.backend.download(self, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Copies the contents of a u32 tensor (e.g. a bit mask) to a host vector.
+    ///
+    /// # Errors
+    /// [`TensorError::DType`] if the tensor is not u32; backend copy errors.
+    pub fn to_vec_u32(&self) -> Result<Vec<u32>, TensorError> {
+        self.expect_dtype("to_vec_u32", DType::U32)?;
+        let mut out = vec![0u32; self.numel()];
+        self.backend.download(self, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Places the tensor on `backend`, like `jax.device_put`: a copy with the same shape, dtype
+    /// and category; on the same backend, another handle to the same buffer (no copy).
+    ///
+    /// # Errors
+    /// Allocation or copy errors on either side.
+    pub fn to(&self, backend: &Arc<dyn Backend>) -> Result<Tensor, TensorError> {
+        if Arc::ptr_eq(&self.backend, backend) {
+            return Ok(self.clone());
+        }
+        let mut host = vec![0u8; self.bytes()];
+        self.backend.download(self, &mut host)?;
+        let mut t = Tensor::empty(backend, self.shape.clone(), self.dtype, self.category())?;
+        backend.upload(&host, &mut t)?;
+        Ok(t)
+    }
+
+    /// Another handle to the same buffer, seen with a new shape of the same element count.
+    ///
+    /// # Errors
+    /// [`TensorError::Shape`] if the element counts differ.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor, TensorError> {
+        let shape = shape.into();
+        if shape.checked_numel() != Some(self.numel()) {
+            return Err(TensorError::Shape {
+                op: "reshape",
+                reason: format!("cannot view {} elements as {shape}", self.numel()),
+                got: self.shape.clone(),
+            });
+        }
+        Ok(Tensor { shape, ..self.clone() })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The dimensions, outermost first.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    /// Bytes of data (`numel * dtype size`); what the allocator was asked for.
+    pub fn bytes(&self) -> usize {
+        self.buf.bytes()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> Device {
+        self.backend.device()
+    }
+
+    /// The allocator category the buffer is accounted under.
+    pub fn category(&self) -> Category {
+        self.buf.category()
+    }
+
+    /// The backend that owns the buffer.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Address of the first element: a host pointer on the CPU backend, a `CUdeviceptr` on CUDA.
+    pub fn addr(&self) -> u64 {
+        self.buf.addr()
+    }
+
+    /// Whether this handle is the only one to its buffer (in-place ops need that).
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
+
+    /// Whether two handles share one buffer.
+    pub fn same_buffer(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf)
+    }
+
+    /// Fails with [`TensorError::DType`] unless the tensor has `dtype`.
+    pub fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<(), TensorError> {
+        if self.dtype == dtype {
+            Ok(())
+        } else {
+            Err(TensorError::DType { op, expected: dtype, got: self.dtype })
+        }
+    }
+
+    /// Fails with [`TensorError::DeviceMismatch`] unless the tensor lives on `device`.
+    pub fn expect_device(&self, op: &'static str, device: Device) -> Result<(), TensorError> {
+        if self.device() == device {
+            Ok(())
+        } else {
+            Err(TensorError::DeviceMismatch { op, lhs: device, rhs: self.device() })
+        }
+    }
+
+    /// Fails with [`TensorError::Shape`] unless the tensor has `shape`.
+    pub fn expect_shape(&self, op: &'static str, shape: &Shape) -> Result<(), TensorError> {
+        if &self.shape == shape {
+            Ok(())
+        } else {
+            Err(TensorError::Shape {
+                op,
+                reason: format!("expected shape {shape}"),
+                got: self.shape.clone(),
+            })
+        }
+    }
+
+    /// Fails with [`TensorError::Aliased`] unless this handle is the only one to its buffer.
+    pub fn expect_unique(&self, op: &'static str) -> Result<(), TensorError> {
+        if self.is_unique() { Ok(()) } else { Err(TensorError::Aliased { op }) }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({} {} on {}, {:?}, {} bytes)",
+            self.dtype,
+            self.shape,
+            self.device(),
+            self.category(),
+            self.bytes()
+        )
+    }
+}

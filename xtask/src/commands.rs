@@ -1,0 +1,3 @@
+//! One module per `cargo xtask` subcommand.
+
+pub mod data;

@@ -1,0 +1,30 @@
+//! `cargo xtask <command>`: the project's own tasks (see `--help`).
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// Project tasks for stax-rs.
+#[derive(Parser)]
+#[command(name = "xtask", about = "stax-rs project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the embedded two-class Fashion-MNIST subset from Debian's IDX files.
+    Data(commands::data::DataArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Data(args) => commands::data::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: {e}");
+        std::process::exit(1);
+    }
+}
