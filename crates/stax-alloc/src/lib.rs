@@ -1,74 +1,88 @@
-//! CONTRACT SKELETON (to be replaced by the real implementation; signatures are fixed).
-#![allow(missing_docs, unused_variables)]
-use std::sync::Arc;
+//! `stax-alloc`: a device memory allocator with exact per-category accounting, usable on its
+//! own. Strategies after PyTorch's CUDACachingAllocator (`caching`, the default) and XLA's BFC
+//! allocator (`bfc`), plus `platform` (no caching) and `async` (stream-ordered pool), all
+//! generic over a [`RawMemory`] backend, so the core has no CUDA types: the CUDA backend lives
+//! in `stax-tensor`, and [`SimMemory`] simulates a device for tests and benches. Every
+//! allocation carries a [`Category`]; [`Stats`] are exact counters (requested, allocated,
+//! reserved, cached, peaks, per category), [`Snapshot`] lists every segment and block, and out
+//! of memory is a typed [`AllocError::OutOfMemory`] whose [`OomReport`] reads as a diagnosis.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use stax_alloc::{Allocator, Category, SimMemory, Strategy};
+//!
+//! // A simulated 1 GiB device with CUDA's 2 MiB granularity.
+//! let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20));
+//! let alloc = Allocator::new(sim.clone(), Strategy::Caching)?;
+//! let w = alloc.allocate(10_000_000, Category::Parameter)?;
+//! let x = alloc.allocate(100, Category::Activation)?;
+//! let s = alloc.stats();
+//! assert_eq!(s.requested, 10_000_100);
+//! assert_eq!(s.by_category[Category::Parameter.index()].live, 10_000_000);
+//! assert_eq!(s.reserved, (10 << 20) + (2 << 20)); // one large + one small segment
+//! assert_eq!(sim.reserve_calls(), 2);
+//! drop((w, x));
+//! let again = alloc.allocate(9_000_000, Category::Gradient)?; // served from the cache
+//! assert_eq!(sim.reserve_calls(), 2);
+//! assert_eq!(alloc.stats().peak_requested, 10_000_100);
+//! # drop(again);
+//! # Ok::<(), stax_alloc::AllocError>(())
+//! ```
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub enum Category { Parameter, OptimizerState, Gradient, Activation, Input, Workspace, Other }
-impl Category {
-    pub const ALL: [Category; 7] = [Category::Parameter, Category::OptimizerState, Category::Gradient, Category::Activation, Category::Input, Category::Workspace, Category::Other];
-    pub fn index(self) -> usize { self as usize }
+mod allocator;
+mod backend;
+mod block;
+mod category;
+mod error;
+mod stats;
+mod strategy;
+mod trace;
+
+pub use allocator::{Allocation, Allocator};
+pub use backend::{HostMemory, RawMemory, Segment, SimMemory};
+pub use category::Category;
+pub use error::{AllocError, OomReport};
+pub use stats::{
+    BlockSnapshot, BlockState, CategoryStats, PoolKind, SegmentSnapshot, Snapshot, Stats,
+};
+pub use strategy::{DEFAULT_BFC_FRACTION, ENV_VAR, Strategy, format_size, parse_size};
+pub use trace::{Placement, ReplayReport, Trace, TraceBuilder, TraceEvent, TraceOp, replay};
+
+/// Formats a byte count for people: `"1.31 GB (1,310,876,424 bytes)"`, decimal units (kB, MB,
+/// GB, TB), two decimals; below 1000 just `"512 bytes"`.
+///
+/// ```
+/// assert_eq!(stax_alloc::human_bytes(1_310_876_424), "1.31 GB (1,310,876,424 bytes)");
+/// assert_eq!(stax_alloc::human_bytes(512), "512 bytes");
+/// ```
+pub fn human_bytes(bytes: u64) -> String {
+    let units = [("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)];
+    for (unit, scale) in units {
+        if bytes as f64 >= scale {
+            return format!(
+                "{:.2} {unit} ({} bytes)",
+                bytes as f64 / scale,
+                group_digits(bytes)
+            );
+        }
+    }
+    format!("{bytes} bytes")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment { pub addr: u64, pub bytes: usize }
-
-#[derive(Debug, thiserror::Error)]
-pub enum AllocError {
-    #[error("out of memory")]
-    OutOfMemory(Box<OomReport>),
-    #[error("backend {backend}: {op} failed: {message}")]
-    Backend { backend: String, op: &'static str, message: String },
-    #[error("STAX_ALLOCATOR={value:?}: {reason}")]
-    InvalidStrategy { value: String, reason: String },
-}
-#[derive(Debug, Clone)]
-pub struct OomReport { pub requested: u64, pub category: Category, pub reserved: u64, pub allocated: u64, pub allocated_by_category: [u64; 7], pub cached: u64, pub largest_free_block: u64, pub driver_free: Option<u64>, pub capacity: Option<u64>, pub can_never_fit: bool }
-
-pub trait RawMemory: Send + Sync + std::fmt::Debug + 'static {
-    fn name(&self) -> String;
-    fn reserve(&self, bytes: usize) -> Result<Segment, AllocError>;
-    fn release(&self, segment: Segment) -> Result<(), AllocError>;
-    fn granularity(&self) -> usize;
-    fn alignment(&self) -> usize;
-    fn capacity(&self) -> Option<u64>;
-    fn free_bytes(&self) -> Option<u64>;
-    fn stream_ordered(&self) -> bool { false }
+/// `1310876424` -> `"1,310,876,424"`.
+fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
-pub enum Strategy { #[default] Caching, Bfc { fraction: f64 }, Platform, Async { release_threshold: u64 } }
-
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct CategoryStats { pub live: u64, pub allocated: u64, pub peak: u64 }
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Stats {
-    pub requested: u64, pub allocated: u64, pub reserved: u64, pub cached: u64,
-    pub peak_requested: u64, pub peak_allocated: u64, pub peak_reserved: u64,
-    pub peak_by_category: [u64; 7],
-    pub by_category: [CategoryStats; 7],
-    pub allocs: u64, pub frees: u64, pub segments: u64, pub backend_reserves: u64, pub backend_releases: u64,
-    pub largest_free_block: u64, pub fragmentation: f64,
+/// `x` rounded up to a multiple of `m` (`m >= 1`); None on overflow.
+pub(crate) fn round_up(x: usize, m: usize) -> Option<usize> {
+    x.checked_next_multiple_of(m.max(1))
 }
-
-#[derive(Debug)]
-pub struct Allocator { backend: Arc<dyn RawMemory> }
-#[derive(Debug)]
-pub struct Allocation { addr: u64, bytes: usize, category: Category, owner: Arc<Allocator> }
-impl Allocation {
-    pub fn addr(&self) -> u64 { self.addr }
-    pub fn bytes(&self) -> usize { self.bytes }
-    pub fn category(&self) -> Category { self.category }
-    pub fn allocator(&self) -> &Arc<Allocator> { &self.owner }
-}
-impl Allocator {
-    pub fn new(backend: Arc<dyn RawMemory>, strategy: Strategy) -> Result<Arc<Allocator>, AllocError> { todo!() }
-    pub fn allocate(self: &Arc<Self>, bytes: usize, category: Category) -> Result<Allocation, AllocError> { todo!() }
-    pub fn stats(&self) -> Stats { todo!() }
-    pub fn reset_peak(&self) { todo!() }
-    pub fn empty_cache(&self) -> Result<(), AllocError> { todo!() }
-    pub fn backend(&self) -> &Arc<dyn RawMemory> { &self.backend }
-    pub fn strategy(&self) -> &Strategy { todo!() }
-}
-#[derive(Debug)]
-pub struct HostMemory;
-impl HostMemory { pub fn new() -> Self { HostMemory } }

@@ -1,0 +1,112 @@
+//! Raw memory: the bottom layer. A [`RawMemory`] hands out whole segments and takes them back;
+//! it knows nothing of blocks, categories or caching (cubecl's `ComputeStorage`).
+//!
+//! Implementations here: [`HostMemory`] (pageable host memory) and [`SimMemory`] (a simulated
+//! device with fixed capacity, used by tests and benches). The CUDA device implementation
+//! (`cuMemAlloc`/`cuMemFree`, and the stream-ordered `cuMemAllocAsync` pool) lives in
+//! `stax-tensor`, so that this crate has no CUDA types.
+//!
+//! ```
+//! use stax_alloc::{RawMemory, SimMemory};
+//! let sim = SimMemory::new(1 << 30, 2 << 20);
+//! let seg = sim.reserve(3 << 20).unwrap(); // rounded up to the 2 MiB granularity
+//! assert_eq!(seg.bytes, 4 << 20);
+//! assert_eq!(sim.free_bytes(), Some((1 << 30) - (4 << 20)));
+//! sim.release(seg).unwrap();
+//! assert!(sim.outstanding().is_empty());
+//! ```
+
+use std::fmt::Debug;
+
+use crate::AllocError;
+
+mod host;
+mod sim;
+
+pub use host::HostMemory;
+pub use sim::SimMemory;
+
+/// A contiguous range of backend memory: `bytes` bytes starting at address `addr`.
+///
+/// For device backends `addr` is a device pointer (`CUdeviceptr`); for [`HostMemory`] it is a
+/// real host pointer; for [`SimMemory`] a virtual address that must not be dereferenced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Segment {
+    /// Start address, aligned to [`RawMemory::alignment`].
+    pub addr: u64,
+    /// Length in bytes (what the backend really reserved, which may be more than asked).
+    pub bytes: usize,
+}
+
+impl Segment {
+    /// One past the last byte: `addr + bytes`.
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.bytes as u64)
+    }
+}
+
+/// A source of raw memory segments (device memory, pinned or pageable host memory, or a
+/// simulation). The strategies of this crate are generic over it.
+///
+/// Implementations must be thread-safe; the allocator calls them under its own lock, so they
+/// need no lock of their own for correctness, only for their own bookkeeping.
+pub trait RawMemory: Send + Sync + Debug + 'static {
+    /// A short name for messages and reports, e.g. `"cuda:0"`, `"host"`, `"sim"`.
+    fn name(&self) -> String;
+
+    /// Reserves a segment of at least `bytes` bytes (`bytes > 0`), aligned to
+    /// [`alignment`](RawMemory::alignment). The returned segment's `bytes` says how much was
+    /// really reserved (a backend may round up, as `cuMemAlloc` rounds to 2 MiB).
+    ///
+    /// # Errors
+    /// [`AllocError::BackendOutOfMemory`] when the memory is exhausted (the allocator then
+    /// releases its cache and retries once); [`AllocError::Backend`] for anything else.
+    fn reserve(&self, bytes: usize) -> Result<Segment, AllocError>;
+
+    /// Returns a segment obtained from [`reserve`](RawMemory::reserve), exactly as returned.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when the segment is unknown or the driver fails.
+    fn release(&self, segment: Segment) -> Result<(), AllocError>;
+
+    /// The size multiple, in bytes, that the allocator rounds large segment requests up to
+    /// (2 MiB on CUDA devices, like PyTorch's CUDACachingAllocator).
+    fn granularity(&self) -> usize;
+
+    /// Alignment in bytes of every address the allocator hands out: 256 on devices (what
+    /// cuBLAS/cuDNN want), 64 on the host. Must be a power of two.
+    fn alignment(&self) -> usize;
+
+    /// Total bytes of the memory (device memory size), or None when unbounded or unknown.
+    fn capacity(&self) -> Option<u64>;
+
+    /// What the driver says is free right now, in bytes (`cuMemGetInfo`), or None (host).
+    fn free_bytes(&self) -> Option<u64>;
+
+    /// True when the backend is a stream-ordered pool (`cuMemAllocAsync`/`cuMemFreeAsync`),
+    /// which the `async` strategy requires.
+    fn stream_ordered(&self) -> bool {
+        false
+    }
+
+    /// Sets how many bytes a stream-ordered pool keeps cached across synchronizations
+    /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; CUDA's default 0 returns memory at every sync,
+    /// see rapidsai/rmm#2379). Called once by the `async` strategy. Default: does nothing.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when the driver refuses.
+    fn set_release_threshold(&self, bytes: u64) -> Result<(), AllocError> {
+        let _ = bytes;
+        Ok(())
+    }
+
+    /// Returns a stream-ordered pool's unused memory to the device (`cuMemPoolTrimTo(0)`).
+    /// Called by [`Allocator::empty_cache`](crate::Allocator::empty_cache) under the `async`
+    /// strategy. Default: does nothing.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when the driver refuses.
+    fn trim(&self) -> Result<(), AllocError> {
+        Ok(())
+    }
+}

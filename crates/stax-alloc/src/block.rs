@@ -1,0 +1,375 @@
+//! Segments and blocks: the arena shared by the `caching` and `bfc` strategies.
+//!
+//! An [`Arena`] owns whole backend segments and cuts them into blocks. Blocks of a segment form
+//! a doubly linked list in address order (PyTorch CUDACachingAllocator's `Block::prev/next`,
+//! XLA BFC's chunks), stored in a slab so that a live allocation's handle finds its block in
+//! O(1). Free blocks are indexed by `(size, addr)` in a `BTreeMap`, so best-fit is one ordered
+//! lookup, O(log n), never a list scan (XLA's bins, exact). Allocation splits the chosen block
+//! when the remainder is at least `min_split` bytes; freeing coalesces with free neighbours.
+//! Ties between equal sizes go to the lowest address, so placement is deterministic.
+
+use std::collections::BTreeMap;
+
+use crate::stats::{BlockSnapshot, BlockState, PoolKind, SegmentSnapshot};
+use crate::{Category, Segment};
+
+/// "No block" in the prev/next links.
+const NIL: u32 = u32::MAX;
+
+/// What a used block holds: its category and the caller's requested bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub category: Category,
+    pub requested: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    addr: u64,
+    size: usize,
+    segment: u64,
+    prev: u32,
+    next: u32,
+    /// Some for a used block; None for a free block (or a vacant slab slot).
+    tag: Option<Tag>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SegRec {
+    bytes: usize,
+    first: u32,
+}
+
+/// A block handed out by [`Arena::alloc`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taken {
+    /// Slab index of the block (the allocation's handle inside this arena).
+    pub id: u32,
+    /// Start address.
+    pub addr: u64,
+    /// Block size in bytes (at least the size asked).
+    pub size: usize,
+    /// Start address of the block's segment.
+    pub segment: u64,
+}
+
+/// Segments cut into blocks, with an ordered index of free blocks.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    nodes: Vec<Node>,
+    vacant: Vec<u32>,
+    free: BTreeMap<(usize, u64), u32>,
+    segments: BTreeMap<u64, SegRec>,
+    free_bytes: u64,
+    reserved: u64,
+    min_split: usize,
+    kind: PoolKind,
+}
+
+impl Arena {
+    /// An empty arena. Remainders smaller than `min_split` bytes are not split off (they
+    /// stay part of the allocated block); `min_split` must be a multiple of the alignment.
+    pub fn new(min_split: usize, kind: PoolKind) -> Self {
+        Arena {
+            nodes: Vec::new(),
+            vacant: Vec::new(),
+            free: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            free_bytes: 0,
+            reserved: 0,
+            min_split: min_split.max(1),
+            kind,
+        }
+    }
+
+    /// Bytes of all segments.
+    #[cfg(test)]
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Bytes of all free blocks.
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    /// Size of the largest free block (0 when none).
+    pub fn largest_free(&self) -> usize {
+        self.free.keys().next_back().map_or(0, |k| k.0)
+    }
+
+    /// Number of segments.
+    #[cfg(test)]
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn new_node(&mut self, node: Node) -> Option<u32> {
+        if let Some(id) = self.vacant.pop() {
+            self.nodes[id as usize] = node;
+            return Some(id);
+        }
+        let id = u32::try_from(self.nodes.len()).ok().filter(|&i| i != NIL)?;
+        self.nodes.push(node);
+        Some(id)
+    }
+
+    fn vacate(&mut self, id: u32) {
+        let n = &mut self.nodes[id as usize];
+        n.tag = None;
+        n.prev = NIL;
+        n.next = NIL;
+        n.size = 0;
+        self.vacant.push(id);
+    }
+
+    /// Adds a whole segment as one free block. Returns false (and adds nothing) when the slab
+    /// is full or the segment is already known.
+    pub fn add_segment(&mut self, seg: Segment) -> bool {
+        if seg.bytes == 0 || self.segments.contains_key(&seg.addr) {
+            return false;
+        }
+        let node = Node {
+            addr: seg.addr,
+            size: seg.bytes,
+            segment: seg.addr,
+            prev: NIL,
+            next: NIL,
+            tag: None,
+        };
+        let Some(id) = self.new_node(node) else {
+            return false;
+        };
+        self.segments.insert(
+            seg.addr,
+            SegRec {
+                bytes: seg.bytes,
+                first: id,
+            },
+        );
+        self.free.insert((seg.bytes, seg.addr), id);
+        self.free_bytes += seg.bytes as u64;
+        self.reserved += seg.bytes as u64;
+        true
+    }
+
+    /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties),
+    /// split if the remainder is at least `min_split`, marked used with `tag`.
+    pub fn alloc(&mut self, size: usize, tag: Tag) -> Option<Taken> {
+        let (&(bsize, baddr), &id) = self.free.range((size, 0)..).next()?;
+        self.free.remove(&(bsize, baddr));
+        self.free_bytes -= bsize as u64;
+        let rem = bsize - size;
+        if rem >= self.min_split {
+            let (segment, next) = {
+                let n = &self.nodes[id as usize];
+                (n.segment, n.next)
+            };
+            let rest = Node {
+                addr: baddr + size as u64,
+                size: rem,
+                segment,
+                prev: id,
+                next,
+                tag: None,
+            };
+            if let Some(rid) = self.new_node(rest) {
+                if next != NIL {
+                    self.nodes[next as usize].prev = rid;
+                }
+                let n = &mut self.nodes[id as usize];
+                n.next = rid;
+                n.size = size;
+                self.free.insert((rem, baddr + size as u64), rid);
+                self.free_bytes += rem as u64;
+            }
+        }
+        let n = &mut self.nodes[id as usize];
+        n.tag = Some(tag);
+        Some(Taken {
+            id,
+            addr: n.addr,
+            size: n.size,
+            segment: n.segment,
+        })
+    }
+
+    /// Frees the used block `id`, coalescing it with free neighbours. Returns the freed block's
+    /// size and tag, or None when `id` is not a used block (nothing changes then).
+    pub fn free(&mut self, id: u32) -> Option<(usize, Tag)> {
+        let node = self.nodes.get_mut(id as usize)?;
+        let tag = node.tag.take()?;
+        let freed = node.size;
+        let mut id = id;
+        // Merge with the next block.
+        let next = self.nodes[id as usize].next;
+        if next != NIL && self.nodes[next as usize].tag.is_none() {
+            let (naddr, nsize, nnext) = {
+                let n = &self.nodes[next as usize];
+                (n.addr, n.size, n.next)
+            };
+            self.free.remove(&(nsize, naddr));
+            self.free_bytes -= nsize as u64;
+            let n = &mut self.nodes[id as usize];
+            n.size += nsize;
+            n.next = nnext;
+            if nnext != NIL {
+                self.nodes[nnext as usize].prev = id;
+            }
+            self.vacate(next);
+        }
+        // Merge into the previous block.
+        let prev = self.nodes[id as usize].prev;
+        if prev != NIL && self.nodes[prev as usize].tag.is_none() {
+            let (size, next) = {
+                let n = &self.nodes[id as usize];
+                (n.size, n.next)
+            };
+            let p = &mut self.nodes[prev as usize];
+            self.free.remove(&(p.size, p.addr));
+            self.free_bytes -= p.size as u64;
+            p.size += size;
+            p.next = next;
+            if next != NIL {
+                self.nodes[next as usize].prev = prev;
+            }
+            self.vacate(id);
+            id = prev;
+        }
+        let n = &self.nodes[id as usize];
+        self.free.insert((n.size, n.addr), id);
+        self.free_bytes += n.size as u64;
+        Some((freed, tag))
+    }
+
+    /// Removes every segment that is one free block and returns them, in address order, for
+    /// the caller to release to the backend.
+    pub fn take_free_segments(&mut self) -> Vec<Segment> {
+        let idle: Vec<(u64, SegRec)> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| {
+                let n = &self.nodes[s.first as usize];
+                n.tag.is_none() && n.next == NIL
+            })
+            .map(|(&a, &s)| (a, s))
+            .collect();
+        let mut out = Vec::with_capacity(idle.len());
+        for (addr, s) in idle {
+            self.free.remove(&(s.bytes, addr));
+            self.free_bytes -= s.bytes as u64;
+            self.reserved -= s.bytes as u64;
+            self.segments.remove(&addr);
+            self.vacate(s.first);
+            out.push(Segment {
+                addr,
+                bytes: s.bytes,
+            });
+        }
+        out
+    }
+
+    /// Removes and returns every segment, used or not (for dropping the allocator, when no
+    /// allocation can be live any more).
+    pub fn take_all_segments(&mut self) -> Vec<Segment> {
+        let out = self
+            .segments
+            .iter()
+            .map(|(&addr, s)| Segment {
+                addr,
+                bytes: s.bytes,
+            })
+            .collect();
+        *self = Arena::new(self.min_split, self.kind);
+        out
+    }
+
+    /// Every segment and its blocks, in address order.
+    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        self.segments
+            .iter()
+            .map(|(&addr, s)| {
+                let mut blocks = Vec::new();
+                let mut id = s.first;
+                while id != NIL {
+                    let n = &self.nodes[id as usize];
+                    blocks.push(BlockSnapshot {
+                        offset: n.addr - addr,
+                        bytes: n.size as u64,
+                        state: if n.tag.is_some() {
+                            BlockState::Used
+                        } else {
+                            BlockState::Free
+                        },
+                        category: n.tag.map(|t| t.category),
+                        requested: n.tag.map_or(0, |t| t.requested),
+                    });
+                    id = n.next;
+                }
+                SegmentSnapshot {
+                    addr,
+                    bytes: s.bytes as u64,
+                    pool: self.kind,
+                    blocks,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(requested: u64) -> Tag {
+        Tag {
+            category: Category::Other,
+            requested,
+        }
+    }
+
+    #[test]
+    fn split_coalesce_and_best_fit() {
+        let mut a = Arena::new(256, PoolKind::Large);
+        assert!(a.add_segment(Segment {
+            addr: 4096,
+            bytes: 4096
+        }));
+        let x = a.alloc(1024, tag(1000)).unwrap();
+        let y = a.alloc(1024, tag(1024)).unwrap();
+        let z = a.alloc(1024, tag(1)).unwrap();
+        assert_eq!((x.addr, y.addr, z.addr), (4096, 5120, 6144));
+        assert_eq!(a.free_bytes(), 1024);
+        // Free the middle: two free blocks of 1024; best fit of 512 takes the lowest address.
+        a.free(y.id).unwrap();
+        let w = a.alloc(512, tag(512)).unwrap();
+        assert_eq!(w.addr, 5120);
+        a.free(w.id).unwrap();
+        a.free(x.id).unwrap();
+        a.free(z.id).unwrap();
+        assert_eq!(a.largest_free(), 4096);
+        assert_eq!(a.free(z.id), None, "double free is refused");
+        let segs = a.take_free_segments();
+        assert_eq!(
+            segs,
+            vec![Segment {
+                addr: 4096,
+                bytes: 4096
+            }]
+        );
+        assert_eq!((a.reserved(), a.free_bytes(), a.segment_count()), (0, 0, 0));
+    }
+
+    #[test]
+    fn small_remainder_is_not_split() {
+        let mut a = Arena::new(1024, PoolKind::Large);
+        a.add_segment(Segment {
+            addr: 0,
+            bytes: 4096,
+        });
+        let t = a.alloc(3584, tag(3584)).unwrap();
+        assert_eq!(t.size, 4096);
+        assert_eq!(a.free_bytes(), 0);
+        assert_eq!(a.free(t.id).map(|f| f.0), Some(4096));
+    }
+}

@@ -1,0 +1,313 @@
+//! Traces: every allocation and free, recorded as JSON lines and replayed against any strategy
+//! and backend. This is how allocators are benchmarked and compared.
+//!
+//! ```
+//! use stax_alloc::{replay, Allocator, Category, SimMemory, Strategy, Trace, TraceBuilder};
+//! use std::sync::Arc;
+//! let mut b = TraceBuilder::new();
+//! let x = b.alloc(3 << 20, Category::Activation);
+//! let w = b.alloc(4096, Category::Workspace);
+//! b.free(w);
+//! b.free(x);
+//! let trace = b.finish();
+//! let mut jsonl = Vec::new();
+//! trace.write_jsonl(&mut jsonl)?;
+//! let back = Trace::read_jsonl(&jsonl[..])?;
+//! assert_eq!(back, trace);
+//! let alloc = Allocator::new(Arc::new(SimMemory::new(1 << 30, 2 << 20)), Strategy::Caching)?;
+//! let report = replay(&back, &alloc)?;
+//! assert_eq!(report.peak_requested, (3 << 20) + 4096);
+//! assert_eq!(report.placements.len(), 2);
+//! # Ok::<(), stax_alloc::AllocError>(())
+//! ```
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::{AllocError, Allocation, Allocator, Category};
+
+/// Whether an event allocates or frees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceOp {
+    /// An allocation.
+    Alloc,
+    /// A free of an earlier allocation with the same id.
+    Free,
+}
+
+/// One allocation or free. One JSON object per line in the JSON-lines form.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TraceEvent {
+    /// Alloc or free.
+    pub op: TraceOp,
+    /// Allocation id; a free names the id of its allocation.
+    pub id: u64,
+    /// Requested bytes.
+    pub bytes: u64,
+    /// Category of the allocation.
+    pub category: Category,
+    /// Nanoseconds since the trace started.
+    pub t_ns: u64,
+    /// Stream the allocation was made on.
+    pub stream: u32,
+}
+
+/// A sequence of allocation and free events.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Trace {
+    /// Events in the order they happened.
+    pub events: Vec<TraceEvent>,
+}
+
+impl Trace {
+    /// Writes one JSON object per line.
+    ///
+    /// # Errors
+    /// [`AllocError::Trace`] when writing fails.
+    pub fn write_jsonl<W: Write>(&self, mut w: W) -> Result<(), AllocError> {
+        for (i, e) in self.events.iter().enumerate() {
+            let err = |m: String| AllocError::Trace {
+                op: "write",
+                line: i + 1,
+                message: m,
+            };
+            serde_json::to_writer(&mut w, e).map_err(|e| err(e.to_string()))?;
+            w.write_all(b"\n").map_err(|e| err(e.to_string()))?;
+        }
+        w.flush().map_err(|e| AllocError::Trace {
+            op: "write",
+            line: 0,
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads JSON lines as written by [`write_jsonl`](Trace::write_jsonl); blank lines are
+    /// skipped.
+    ///
+    /// # Errors
+    /// [`AllocError::Trace`] naming the line that failed to read or parse.
+    pub fn read_jsonl<R: BufRead>(r: R) -> Result<Trace, AllocError> {
+        let mut events = Vec::new();
+        for (i, line) in r.lines().enumerate() {
+            let err = |m: String| AllocError::Trace {
+                op: "read",
+                line: i + 1,
+                message: m,
+            };
+            let line = line.map_err(|e| err(e.to_string()))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            events.push(serde_json::from_str(&line).map_err(|e| err(e.to_string()))?);
+        }
+        Ok(Trace { events })
+    }
+
+    /// The peak of live requested bytes over the trace (what an ideal allocator would need).
+    pub fn peak_requested(&self) -> u64 {
+        let (mut live, mut peak) = (0u64, 0u64);
+        for e in &self.events {
+            match e.op {
+                TraceOp::Alloc => live += e.bytes,
+                TraceOp::Free => live = live.saturating_sub(e.bytes),
+            }
+            peak = peak.max(live);
+        }
+        peak
+    }
+}
+
+/// Builds synthetic traces: ids are assigned in order, time advances 1 us per event.
+#[derive(Debug, Default)]
+pub struct TraceBuilder {
+    trace: Trace,
+    live: HashMap<u64, (u64, Category)>,
+    next_id: u64,
+}
+
+impl TraceBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends an allocation of `bytes` bytes and returns its id.
+    pub fn alloc(&mut self, bytes: u64, category: Category) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.live.insert(id, (bytes, category));
+        self.push(TraceOp::Alloc, id, bytes, category);
+        id
+    }
+
+    /// Appends the free of allocation `id`; an unknown or already freed id is ignored.
+    pub fn free(&mut self, id: u64) {
+        if let Some((bytes, category)) = self.live.remove(&id) {
+            self.push(TraceOp::Free, id, bytes, category);
+        }
+    }
+
+    fn push(&mut self, op: TraceOp, id: u64, bytes: u64, category: Category) {
+        let t_ns = self.trace.events.len() as u64 * 1_000;
+        self.trace.events.push(TraceEvent {
+            op,
+            id,
+            bytes,
+            category,
+            t_ns,
+            stream: 0,
+        });
+    }
+
+    /// The trace built so far (allocations still live stay live).
+    pub fn finish(self) -> Trace {
+        self.trace
+    }
+}
+
+/// Records events for [`Allocator::start_trace`].
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    start: Instant,
+    events: Vec<TraceEvent>,
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Recorder {
+            start: Instant::now(),
+            events: Vec::new(),
+        }
+    }
+
+    pub fn record(&mut self, op: TraceOp, id: u64, bytes: u64, category: Category, stream: u32) {
+        let t_ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.events.push(TraceEvent {
+            op,
+            id,
+            bytes,
+            category,
+            t_ns,
+            stream,
+        });
+    }
+
+    pub fn finish(self) -> Trace {
+        Trace {
+            events: self.events,
+        }
+    }
+}
+
+/// Where one allocation of a replayed trace was placed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    /// The trace's allocation id.
+    pub id: u64,
+    /// Address handed out.
+    pub addr: u64,
+    /// Offset in bytes from its segment's start.
+    pub offset: u64,
+    /// Requested bytes.
+    pub bytes: u64,
+    /// Allocated (block) bytes.
+    pub allocated: u64,
+}
+
+/// What a replay did. Peaks are over the replay (the allocator's peaks are reset at its
+/// start); backend calls are those made during the replay. Sizes in bytes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReplayReport {
+    /// One entry per allocation event, in trace order.
+    pub placements: Vec<Placement>,
+    /// Peak of live requested bytes.
+    pub peak_requested: u64,
+    /// Peak of live allocated bytes.
+    pub peak_allocated: u64,
+    /// Peak of reserved bytes.
+    pub peak_reserved: u64,
+    /// Reserved bytes after the replay (and after freeing what the trace left live).
+    pub reserved_at_end: u64,
+    /// Backend reserve calls during the replay.
+    pub backend_reserves: u64,
+    /// Backend release calls during the replay.
+    pub backend_releases: u64,
+    /// Allocations the trace never freed (freed by the replay at its end).
+    pub live_at_end: u64,
+}
+
+impl ReplayReport {
+    /// Backend calls (reserves + releases) during the replay.
+    pub fn backend_calls(&self) -> u64 {
+        self.backend_reserves + self.backend_releases
+    }
+
+    /// `peak_reserved / peak_requested` (1.0 is perfect; 0 for an empty trace).
+    pub fn overhead(&self) -> f64 {
+        if self.peak_requested == 0 {
+            0.0
+        } else {
+            self.peak_reserved as f64 / self.peak_requested as f64
+        }
+    }
+}
+
+/// Replays `trace` against `allocator`: every alloc event allocates (same bytes and category),
+/// every free event drops the matching allocation; what the trace leaves live is freed at the
+/// end. Placement is deterministic: the same trace on a fresh allocator of the same strategy
+/// and backend gives the same offsets.
+///
+/// # Errors
+/// The allocator's error when an allocation fails (e.g. [`AllocError::OutOfMemory`]);
+/// [`AllocError::Trace`] for a free of an unknown id or a duplicate id.
+pub fn replay(trace: &Trace, allocator: &Arc<Allocator>) -> Result<ReplayReport, AllocError> {
+    allocator.reset_peak();
+    let before = allocator.stats();
+    let mut live: HashMap<u64, Allocation> = HashMap::new();
+    let mut placements = Vec::new();
+    for (i, e) in trace.events.iter().enumerate() {
+        let err = |m: String| AllocError::Trace {
+            op: "replay",
+            line: i + 1,
+            message: m,
+        };
+        match e.op {
+            TraceOp::Alloc => {
+                let bytes = usize::try_from(e.bytes).map_err(|_| err("size overflows".into()))?;
+                let a = allocator.allocate_on(bytes, e.category, e.stream)?;
+                placements.push(Placement {
+                    id: e.id,
+                    addr: a.addr(),
+                    offset: a.offset(),
+                    bytes: e.bytes,
+                    allocated: a.allocated_bytes() as u64,
+                });
+                if live.insert(e.id, a).is_some() {
+                    return Err(err(format!("id {} allocated twice", e.id)));
+                }
+            }
+            TraceOp::Free => {
+                if live.remove(&e.id).is_none() {
+                    return Err(err(format!("free of unknown id {}", e.id)));
+                }
+            }
+        }
+    }
+    let live_at_end = live.len() as u64;
+    let peak = allocator.stats();
+    drop(live);
+    let after = allocator.stats();
+    Ok(ReplayReport {
+        placements,
+        peak_requested: peak.peak_requested,
+        peak_allocated: peak.peak_allocated,
+        peak_reserved: peak.peak_reserved,
+        reserved_at_end: after.reserved,
+        backend_reserves: after.backend_reserves - before.backend_reserves,
+        backend_releases: after.backend_releases - before.backend_releases,
+        live_at_end,
+    })
+}
