@@ -226,7 +226,7 @@ pub fn format_size(bytes: u64) -> String {
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ] {
-        if bytes > 0 && bytes.is_multiple_of(m) {
+        if bytes > 0 && bytes % m == 0 {
             return format!("{}{unit}", bytes / m);
         }
     }
@@ -299,7 +299,7 @@ impl Metered<'_> {
         self.book.reserves += 1;
         let seg = self.raw.reserve(bytes)?;
         let align = self.raw.alignment().max(1) as u64;
-        if seg.bytes < bytes || !seg.addr.is_multiple_of(align) {
+        if seg.bytes < bytes || seg.addr % align != 0 {
             let _ = self.raw.release(seg);
             return Err(AllocError::Backend {
                 backend: self.raw.name(),

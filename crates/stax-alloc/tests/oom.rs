@@ -1,0 +1,176 @@
+//! Out of memory: typed errors that read as a diagnosis, and an allocator that stays usable.
+
+use std::sync::Arc;
+
+use stax_alloc::{AllocError, Allocator, Category, OomReport, SimMemory, Strategy, human_bytes};
+
+const MIB: usize = 1 << 20;
+
+fn oom(r: Result<stax_alloc::Allocation, AllocError>) -> Box<OomReport> {
+    match r {
+        Err(AllocError::OutOfMemory(report)) => report,
+        Err(e) => panic!("expected out of memory, got {e}"),
+        Ok(a) => panic!(
+            "expected out of memory, got an allocation of {} bytes",
+            a.bytes()
+        ),
+    }
+}
+
+#[test]
+fn larger_than_capacity_can_never_fit() {
+    for strategy in [
+        Strategy::Caching,
+        Strategy::Platform,
+        Strategy::Bfc { fraction: 0.5 },
+    ] {
+        let sim = Arc::new(SimMemory::new(64 << 20, 2 << 20));
+        let alloc = Allocator::new(sim.clone(), strategy.clone()).unwrap();
+        let keep = alloc.allocate(MIB, Category::Parameter).unwrap();
+        let r = oom(alloc.allocate(100 * MIB, Category::Activation));
+        assert!(r.can_never_fit, "{strategy}");
+        assert_eq!(r.requested, 100 << 20);
+        assert_eq!(r.category, Category::Activation);
+        assert_eq!(r.capacity, Some(64 << 20));
+        // Platform hands out whole driver segments (rounded to the 2 MiB granularity).
+        let param = if strategy == Strategy::Platform {
+            2 << 20
+        } else {
+            1 << 20
+        };
+        assert_eq!(r.allocated_by_category[Category::Parameter.index()], param);
+        let param = format!("parameter {}", human_bytes(param));
+        let msg = AllocError::OutOfMemory(r).to_string();
+        assert!(
+            msg.starts_with("allocate: out of memory: 104.86 MB (104,857,600 bytes)"),
+            "{msg}"
+        );
+        assert!(msg.contains("can never fit"), "{msg}");
+        assert!(msg.contains(&param), "{msg}");
+        // Still usable.
+        let b = alloc.allocate(4 * MIB, Category::Activation).unwrap();
+        drop((keep, b));
+        assert_eq!(alloc.stats().requested, 0);
+    }
+    // usize::MAX overflows the alignment rounding: still a typed error.
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(1 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    assert!(oom(alloc.allocate(usize::MAX, Category::Other)).can_never_fit);
+}
+
+#[test]
+fn bfc_request_larger_than_arena_can_never_fit() {
+    let sim = Arc::new(SimMemory::new(64 << 20, 2 << 20));
+    let alloc = Allocator::new(sim, Strategy::Bfc { fraction: 0.25 }).unwrap();
+    let r = oom(alloc.allocate(20 * MIB, Category::Gradient));
+    assert!(r.can_never_fit);
+    assert_eq!(r.limit, Some(16 << 20));
+    assert!(
+        r.to_string().contains("larger than the arena of 16.78 MB"),
+        "{r}"
+    );
+}
+
+#[test]
+fn caching_fits_after_dropping_its_cache() {
+    let sim = Arc::new(SimMemory::new(10 << 20, 2 << 20));
+    let alloc = Allocator::new(sim.clone(), Strategy::Caching).unwrap();
+    drop(alloc.allocate(6 * MIB, Category::Activation).unwrap());
+    assert_eq!(alloc.stats().cached, 6 << 20);
+    // 8 MiB does not fit in the cached 6 MiB block nor in the 4 MiB left on the device:
+    // the cache is released and the reservation retried.
+    let a = alloc
+        .allocate(8 * MIB, Category::Activation)
+        .expect("fits after the cache drops");
+    let s = alloc.stats();
+    assert_eq!((s.reserved, s.cached, s.segments), (8 << 20, 0, 1));
+    assert_eq!(
+        s.backend_reserves, 3,
+        "first reserve, failed reserve, retry"
+    );
+    assert_eq!(s.backend_releases, 1);
+    drop(a);
+}
+
+#[test]
+fn fragmentation_names_the_largest_free_block() {
+    let sim = Arc::new(SimMemory::new(16 << 20, 2 << 20));
+    let alloc = Allocator::new(sim.clone(), Strategy::Caching).unwrap();
+    drop(alloc.allocate(12 * MIB, Category::Activation).unwrap()); // one 12 MiB segment, cached
+    let mut blocks: Vec<_> = (0..6)
+        .map(|_| alloc.allocate(2 * MIB, Category::Activation).unwrap())
+        .collect();
+    assert!(
+        blocks
+            .iter()
+            .all(|b| b.addr() >= blocks[0].addr() && b.offset() < 12 << 20)
+    );
+    // Free every other block: 6 MiB free, in three 2 MiB holes.
+    let mut keep = Vec::new();
+    for (i, b) in blocks.drain(..).enumerate() {
+        if i % 2 == 1 {
+            keep.push(b);
+        }
+    }
+    let s = alloc.stats();
+    assert_eq!((s.cached, s.largest_free_block), (6 << 20, 2 << 20));
+    assert!((s.fragmentation - (1.0 - 2.0 / 6.0)).abs() < 1e-12);
+    let r = oom(alloc.allocate(5 * MIB, Category::Workspace));
+    assert!(!r.can_never_fit);
+    assert_eq!(r.largest_free_block, 2 << 20);
+    assert_eq!(r.cached, 6 << 20);
+    assert_eq!(r.driver_free, Some(4 << 20));
+    let msg = r.to_string();
+    assert!(msg.contains("does not fit now: fragmentation"), "{msg}");
+    assert!(
+        msg.contains(&format!("largest free block is {}", human_bytes(2 << 20))),
+        "{msg}"
+    );
+    assert!(
+        r.cause.as_deref().unwrap_or("").contains("out of memory"),
+        "{msg}"
+    );
+    // Still usable: a hole-sized request is served from the cache.
+    let calls = alloc.stats().backend_reserves;
+    let a = alloc.allocate(2 * MIB, Category::Workspace).unwrap();
+    assert_eq!(alloc.stats().backend_reserves, calls);
+    drop((a, keep));
+}
+
+#[test]
+fn bfc_fragmentation_is_a_typed_error() {
+    let sim = Arc::new(SimMemory::new(16 << 20, 2 << 20));
+    let alloc = Allocator::new(sim, Strategy::Bfc { fraction: 0.5 }).unwrap(); // 8 MiB arena
+    let blocks: Vec<_> = (0..4)
+        .map(|_| alloc.allocate(2 * MIB, Category::Other).unwrap())
+        .collect();
+    let kept: Vec<_> = blocks
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 0)
+        .collect();
+    let r = oom(alloc.allocate(3 * MIB, Category::Other));
+    assert!(!r.can_never_fit);
+    assert_eq!((r.cached, r.largest_free_block), (4 << 20, 2 << 20));
+    assert!(r.to_string().contains("fragmentation"));
+    drop(kept);
+    let a = alloc
+        .allocate(8 * MIB, Category::Other)
+        .expect("coalesced back into one block");
+    assert_eq!(a.offset(), 0);
+}
+
+#[test]
+fn platform_out_of_memory_does_not_fit_now() {
+    let sim = Arc::new(SimMemory::new(8 << 20, 2 << 20));
+    let alloc = Allocator::new(sim, Strategy::Platform).unwrap();
+    let a = alloc.allocate(6 * MIB, Category::Input).unwrap();
+    let r = oom(alloc.allocate(4 * MIB, Category::Input));
+    assert!(!r.can_never_fit);
+    assert_eq!((r.reserved, r.driver_free), (6 << 20, Some(2 << 20)));
+    drop(a);
+    alloc.allocate(4 * MIB, Category::Input).unwrap();
+}

@@ -1,0 +1,190 @@
+//! Traces: record, JSON-lines round trip, deterministic replay, replay errors.
+
+use std::sync::Arc;
+
+use stax_alloc::{
+    AllocError, Allocator, Category, SimMemory, Strategy, Trace, TraceBuilder, TraceOp, replay,
+};
+
+/// A workload with a little of everything: sizes small and large, interleaved frees.
+fn record() -> Trace {
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(1 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    alloc.start_trace();
+    assert!(alloc.is_tracing());
+    let mut live = Vec::new();
+    let mut x: u64 = 12345;
+    for i in 0..400 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let bytes = match x >> 61 {
+            0 => 0,
+            1..=4 => (x >> 20) as usize % 65536,
+            5 | 6 => (x >> 20) as usize % (2 << 20),
+            _ => (x >> 20) as usize % (24 << 20),
+        };
+        let cat = Category::ALL[(x >> 40) as usize % 7];
+        live.push(alloc.allocate_on(bytes, cat, (i % 2) as u32).unwrap());
+        if (x >> 33) % 3 == 0 {
+            let k = (x >> 45) as usize % live.len();
+            live.swap_remove(k);
+        }
+    }
+    drop(live);
+    let trace = alloc.stop_trace();
+    assert!(!alloc.is_tracing());
+    assert_eq!(trace.events.len(), 800);
+    assert!(trace.events.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
+    trace
+}
+
+#[test]
+fn replay_is_deterministic_for_every_strategy() {
+    let trace = record();
+    let mut buf = Vec::new();
+    trace.write_jsonl(&mut buf).unwrap();
+    let trace = Trace::read_jsonl(&buf[..]).unwrap();
+    for strategy in [
+        Strategy::Caching,
+        Strategy::Bfc { fraction: 0.75 },
+        Strategy::Platform,
+    ] {
+        let run = || {
+            let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20));
+            let alloc = Allocator::new(sim, strategy.clone()).unwrap();
+            replay(&trace, &alloc).unwrap()
+        };
+        let (a, b) = (run(), run());
+        assert_eq!(a.placements.len(), 400);
+        assert_eq!(
+            a, b,
+            "{strategy}: two replays must place every block identically"
+        );
+        assert_eq!(a.peak_requested, trace.peak_requested());
+        assert!(a.peak_reserved >= a.peak_allocated && a.peak_allocated >= a.peak_requested);
+        assert_eq!(a.live_at_end, 0);
+    }
+}
+
+#[test]
+fn replays_on_a_warm_cache_settle_to_zero_backend_calls() {
+    // The cache only grows, and a replay that adds no segment leaves the same state behind,
+    // so once one replay makes no backend call, none after it does either.
+    let trace = record();
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(1 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    let first = replay(&trace, &alloc).unwrap();
+    assert!(first.backend_reserves > 0);
+    let mut settled = None;
+    for _ in 0..4 {
+        let r = replay(&trace, &alloc).unwrap();
+        if r.backend_calls() == 0 {
+            settled = Some(r);
+            break;
+        }
+    }
+    let settled = settled.expect("settles within five replays");
+    let again = replay(&trace, &alloc).unwrap();
+    assert_eq!(again.backend_calls(), 0);
+    assert_eq!(again.placements, settled.placements);
+    assert!(again.overhead() >= 1.0);
+}
+
+#[test]
+fn jsonl_is_one_object_per_line() {
+    let mut b = TraceBuilder::new();
+    let p = b.alloc(1_310_876_424, Category::Parameter);
+    let g = b.alloc(1 << 20, Category::Gradient);
+    b.free(g);
+    b.free(g); // ignored: already freed
+    let trace = b.finish();
+    assert_eq!(trace.events.len(), 3);
+    assert_eq!(trace.events[2].op, TraceOp::Free);
+    let mut buf = Vec::new();
+    trace.write_jsonl(&mut buf).unwrap();
+    let text = String::from_utf8(buf).unwrap();
+    let first = text.lines().next().unwrap();
+    assert_eq!(
+        first,
+        format!(
+            r#"{{"op":"alloc","id":{p},"bytes":1310876424,"category":"parameter","t_ns":0,"stream":0}}"#
+        )
+    );
+    assert_eq!(text.lines().count(), 3);
+    // A replay leaves nothing behind even when the trace does.
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(4 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    let r = replay(&trace, &alloc).unwrap();
+    assert_eq!((r.live_at_end, alloc.stats().requested), (1, 0));
+}
+
+#[test]
+fn bad_traces_are_typed_errors() {
+    let bad_json = "{\"op\":\"alloc\",\"id\":0,\"bytes\":8,\"category\":\"other\",\"t_ns\":0,\"stream\":0}\n\nnot json\n";
+    match Trace::read_jsonl(bad_json.as_bytes()) {
+        Err(AllocError::Trace {
+            op: "read",
+            line: 3,
+            ..
+        }) => {}
+        other => panic!("expected a read error on line 3, got {other:?}"),
+    }
+    let bad_category =
+        r#"{"op":"alloc","id":0,"bytes":8,"category":"weights","t_ns":0,"stream":0}"#;
+    assert!(Trace::read_jsonl(bad_category.as_bytes()).is_err());
+
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(1 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    let mut trace = TraceBuilder::new().finish();
+    let ev = |op, id| stax_alloc::TraceEvent {
+        op,
+        id,
+        bytes: 64,
+        category: Category::Other,
+        t_ns: 0,
+        stream: 0,
+    };
+    trace.events.push(ev(TraceOp::Free, 7));
+    let e = replay(&trace, &alloc).unwrap_err();
+    assert!(e.to_string().contains("free of unknown id 7"), "{e}");
+    trace.events = vec![ev(TraceOp::Alloc, 1), ev(TraceOp::Alloc, 1)];
+    let e = replay(&trace, &alloc).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AllocError::Trace {
+                op: "replay",
+                line: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        alloc.stats().requested,
+        0,
+        "a failed replay frees what it allocated"
+    );
+    // Out of memory during a replay is the allocator's own error.
+    trace.events = vec![stax_alloc::TraceEvent {
+        bytes: 2 << 30,
+        ..ev(TraceOp::Alloc, 0)
+    }];
+    assert!(matches!(
+        replay(&trace, &alloc),
+        Err(AllocError::OutOfMemory(_))
+    ));
+}
