@@ -1,0 +1,444 @@
+//! The CPU backend: exact f32 on the host, the test oracle for the CUDA backend.
+//!
+//! Convolutions are im2col + GEMM and dense layers plain GEMM, both through the
+//! [`matrixmultiply`] crate (`sgemm` with strides, so transposes cost no copies); everything
+//! else is a simple loop. Buffers come from the backend's own [`Allocator`] over host memory, so
+//! host tensors are accounted like device ones, and the im2col column buffers are allocated as
+//! [`Category::Workspace`] and freed before the op returns.
+//!
+//! Each op family lives in its own file: [`conv`] (forward, backward data, backward filter),
+//! [`matmul`] (GEMM views shared with the convs), [`elementwise`] (fill, bias, ReLU),
+//! [`softmax`] (softmax cross-entropy) and [`adam`] (the fused optimizer step).
+//!
+//! ```
+//! use stax_tensor::{Backend, BackendOptions, Category, Tensor};
+//! use stax_tensor::cpu::CpuBackend;
+//! use std::sync::Arc;
+//! let cpu: Arc<dyn Backend> = CpuBackend::new(&BackendOptions::default()).unwrap();
+//! let mut x = Tensor::from_slice(&cpu, &[1.0, -2.0, 3.0], [3], Category::Activation).unwrap();
+//! cpu.relu(&mut x, None).unwrap();
+//! assert_eq!(x.to_vec().unwrap(), vec![1.0, 0.0, 3.0]);
+//! ```
+
+pub mod adam;
+pub mod conv;
+pub mod elementwise;
+pub mod matmul;
+pub mod softmax;
+#[cfg(test)]
+mod testing;
+
+use crate::{AdamHyper, Backend, BackendOptions, Conv2dGeometry, DType, Device, Precision};
+use crate::{Tensor, TensorError};
+use stax_alloc::{Allocation, Allocator, Category, HostMemory};
+use std::sync::Arc;
+
+/// Default bound on one im2col column buffer: 4 MiB of f32 (it stays in the last-level cache).
+const DEFAULT_WORKSPACE_BYTES: usize = 4 << 20;
+
+/// The host backend: exact f32, NHWC/HWIO convolutions by im2col + GEMM.
+///
+/// It owns an [`Allocator`] over [`HostMemory`] with the strategy of the [`BackendOptions`] it
+/// was opened with. [`BackendOptions::workspace_limit`] bounds the bytes of one im2col column
+/// buffer (default 4 MiB); the buffer always holds at least one output pixel's patch, so a limit
+/// smaller than `kh * kw * c_in * 4` bytes is raised to that.
+#[derive(Debug)]
+pub struct CpuBackend {
+    allocator: Arc<Allocator>,
+    precision: Precision,
+    workspace_bytes: usize,
+}
+
+impl CpuBackend {
+    /// Opens a CPU backend with a fresh host allocator using `options.strategy`.
+    ///
+    /// `options.precision` is only reported back by [`Backend::precision`]: the CPU always
+    /// computes in exact f32.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] if the allocator rejects the strategy.
+    pub fn new(options: &BackendOptions) -> Result<Arc<CpuBackend>, TensorError> {
+        let allocator = Allocator::new(Arc::new(HostMemory::new()), options.strategy.clone())?;
+        Ok(Arc::new(CpuBackend {
+            allocator,
+            precision: options.precision,
+            workspace_bytes: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_BYTES),
+        }))
+    }
+
+    /// How many im2col rows of `row_len` floats fit in the workspace bound (at least one).
+    fn workspace_rows(&self, row_len: usize) -> usize {
+        (self.workspace_bytes / 4 / row_len.max(1)).max(1)
+    }
+
+    /// A scratch buffer of `floats` f32, tagged [`Category::Workspace`], freed when dropped.
+    fn workspace(&self, floats: usize) -> Result<Workspace, TensorError> {
+        let bytes = floats
+            .checked_mul(4)
+            .ok_or_else(|| TensorError::InvalidArgument {
+                op: "workspace",
+                reason: format!("{floats} f32 overflow the address space"),
+            })?;
+        let alloc = self.allocator.allocate(bytes, Category::Workspace)?;
+        let ptr = host_ptr::<f32>("workspace", alloc.addr(), floats)?;
+        Ok(Workspace { alloc, ptr, floats })
+    }
+}
+
+/// An exclusively owned host scratch buffer of f32 from the backend's allocator.
+struct Workspace {
+    alloc: Allocation,
+    ptr: *mut f32,
+    floats: usize,
+}
+
+impl Workspace {
+    /// The whole buffer.
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        if self.floats == 0 {
+            return &mut [];
+        }
+        debug_assert_eq!(self.alloc.bytes(), self.floats * 4);
+        // SAFETY: `ptr` is the start of `alloc`, a live host allocation of `floats * 4` bytes,
+        // non-null and aligned for f32 (checked by `host_ptr`), initialized memory as the host
+        // allocator guarantees. `alloc` is owned by this value and never shared, and `&mut self`
+        // makes the returned borrow the only access while it lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.floats) }
+    }
+}
+
+/// The host pointer behind `addr`, checked non-null and aligned for `T` (unless `len == 0`).
+fn host_ptr<T>(op: &'static str, addr: u64, len: usize) -> Result<*mut T, TensorError> {
+    let addr = usize::try_from(addr).map_err(|_| TensorError::InvalidArgument {
+        op,
+        reason: format!("address {addr:#x} is not a host address"),
+    })?;
+    if len > 0 && (addr == 0 || !addr.is_multiple_of(align_of::<T>())) {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("buffer address {addr:#x} is null or misaligned"),
+        });
+    }
+    Ok(addr as *mut T)
+}
+
+/// Checks that `t` is a CPU tensor of `dtype` whose buffer holds exactly its elements, and
+/// returns its element count and host pointer.
+fn checked_ptr<T>(
+    op: &'static str,
+    t: &Tensor,
+    dtype: DType,
+) -> Result<(*mut T, usize), TensorError> {
+    t.expect_device(op, Device::Cpu)?;
+    t.expect_dtype(op, dtype)?;
+    let len = t.numel();
+    if len.checked_mul(size_of::<T>()) != Some(t.bytes()) {
+        return Err(TensorError::Shape {
+            op,
+            reason: format!(
+                "buffer of {} bytes does not hold the tensor's elements",
+                t.bytes()
+            ),
+            got: t.shape().clone(),
+        });
+    }
+    Ok((host_ptr::<T>(op, t.addr(), len)?, len))
+}
+
+/// Read view of a CPU tensor's elements; fails unless `t` is on the CPU with `dtype`.
+fn view<'a, T: bytemuck::Pod>(
+    op: &'static str,
+    t: &'a Tensor,
+    dtype: DType,
+) -> Result<&'a [T], TensorError> {
+    let (ptr, len) = checked_ptr::<T>(op, t, dtype)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: on the CPU backend `t.addr()` is a host allocation of `t.bytes() == len *
+    // size_of::<T>()` bytes (checked), non-null and aligned (checked), always initialized, and
+    // any bit pattern is a valid `T` (`Pod`). `t` holds an `Arc` to the allocation, so it
+    // outlives the borrow `'a`. Nobody writes it meanwhile: writers need `&mut` to a handle that
+    // is the only one to the buffer (`view_mut`), and `t` is a second handle or that one borrowed.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Write view of a CPU tensor's elements; fails unless `t` is on the CPU with `dtype` and is
+/// the only handle to its buffer.
+fn view_mut<'a, T: bytemuck::Pod>(
+    op: &'static str,
+    t: &'a mut Tensor,
+    dtype: DType,
+) -> Result<&'a mut [T], TensorError> {
+    let (ptr, len) = checked_ptr::<T>(op, t, dtype)?;
+    t.expect_unique(op)?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: as in `view` for validity and lifetime. Exclusivity: `t` is the only handle to
+    // its buffer (`expect_unique`) and we hold it by `&mut` for `'a`, so no other handle can be
+    // created or read through meanwhile; distinct allocations never overlap, so no other
+    // tensor's view aliases this one.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// The f32 elements of `t` (read-only); see [`view`].
+fn data<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f32], TensorError> {
+    view(op, t, DType::F32)
+}
+
+/// The f32 elements of `t` for writing; see [`view_mut`].
+fn data_mut<'a>(op: &'static str, t: &'a mut Tensor) -> Result<&'a mut [f32], TensorError> {
+    view_mut(op, t, DType::F32)
+}
+
+/// The u32 words of `t` (read-only), e.g. a ReLU mask.
+fn words<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [u32], TensorError> {
+    view(op, t, DType::U32)
+}
+
+/// The u32 words of `t` for writing.
+fn words_mut<'a>(op: &'static str, t: &'a mut Tensor) -> Result<&'a mut [u32], TensorError> {
+    view_mut(op, t, DType::U32)
+}
+
+/// The raw bytes of a CPU tensor of any dtype (read-only).
+fn bytes_of<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [u8], TensorError> {
+    Ok(match t.dtype() {
+        DType::F32 => bytemuck::cast_slice(data(op, t)?),
+        DType::U32 => bytemuck::cast_slice(words(op, t)?),
+    })
+}
+
+/// The raw bytes of a CPU tensor of any dtype, for writing.
+fn bytes_of_mut<'a>(op: &'static str, t: &'a mut Tensor) -> Result<&'a mut [u8], TensorError> {
+    Ok(match t.dtype() {
+        DType::F32 => bytemuck::cast_slice_mut(data_mut(op, t)?),
+        DType::U32 => bytemuck::cast_slice_mut(words_mut(op, t)?),
+    })
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn allocator(&self) -> &Arc<Allocator> {
+        &self.allocator
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
+        const OP: &str = "upload";
+        if src.len() != dst.bytes() {
+            return Err(TensorError::HostLength {
+                op: OP,
+                expected: dst.bytes(),
+                got: src.len(),
+                shape: dst.shape().clone(),
+            });
+        }
+        bytes_of_mut(OP, dst)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {
+        const OP: &str = "download";
+        if dst.len() != src.bytes() {
+            return Err(TensorError::HostLength {
+                op: OP,
+                expected: src.bytes(),
+                got: dst.len(),
+                shape: src.shape().clone(),
+            });
+        }
+        dst.copy_from_slice(bytes_of(OP, src)?);
+        Ok(())
+    }
+
+    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError> {
+        elementwise::fill(t, value)
+    }
+
+    fn conv2d(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        g: &Conv2dGeometry,
+        y: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        conv::forward(self, x, w, b, g, y)
+    }
+
+    fn conv2d_bwd_data(
+        &self,
+        dy: &Tensor,
+        w: &Tensor,
+        g: &Conv2dGeometry,
+        dx: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        conv::backward_data(self, dy, w, g, dx)
+    }
+
+    fn conv2d_bwd_filter(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        g: &Conv2dGeometry,
+        dw: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        conv::backward_filter(self, x, dy, g, dw, db)
+    }
+
+    fn matmul(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        transpose_a: bool,
+        transpose_b: bool,
+        c: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        matmul::matmul(a, b, transpose_a, transpose_b, c)
+    }
+
+    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
+        elementwise::bias_add(y, b)
+    }
+
+    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
+        elementwise::bias_grad(dy, db)
+    }
+
+    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
+        elementwise::relu(x, mask)
+    }
+
+    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
+        elementwise::relu_bwd(dy, mask)
+    }
+
+    fn softmax_xent(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        dlogits: &mut Tensor,
+    ) -> Result<f32, TensorError> {
+        softmax::softmax_xent(logits, labels, dlogits)
+    }
+
+    fn adam_update(
+        &self,
+        p: &mut Tensor,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        h: &AdamHyper,
+    ) -> Result<(), TensorError> {
+        adam::adam_update(p, g, m, v, h)
+    }
+
+    fn synchronize(&self) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{backend, tensor};
+    use super::*;
+
+    #[test]
+    fn reports_host_device_and_precision() {
+        let opts = BackendOptions {
+            precision: Precision::Highest,
+            ..Default::default()
+        };
+        let be = CpuBackend::new(&opts).unwrap();
+        assert_eq!(be.device(), Device::Cpu);
+        assert_eq!(be.precision(), Precision::Highest);
+        assert_eq!(be.driver_memory().unwrap(), None);
+        be.synchronize().unwrap();
+    }
+
+    #[test]
+    fn upload_download_round_trip_and_lengths() {
+        let be = backend();
+        let mut t = Tensor::empty(&be, [2, 3], DType::U32, Category::Other).unwrap();
+        let src: Vec<u8> = (0..24).collect();
+        be.upload(&src, &mut t).unwrap();
+        let mut back = vec![0u8; 24];
+        be.download(&t, &mut back).unwrap();
+        assert_eq!(back, src);
+        let e = be.upload(&src[..20], &mut t).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TensorError::HostLength {
+                    expected: 24,
+                    got: 20,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = be.download(&t, &mut [0u8; 28]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TensorError::HostLength {
+                    expected: 24,
+                    got: 28,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let _view = t.clone();
+        assert!(matches!(
+            be.upload(&src, &mut t),
+            Err(TensorError::Aliased { op: "upload" })
+        ));
+    }
+
+    #[test]
+    fn empty_tensors_are_fine() {
+        let be = backend();
+        let mut t = Tensor::empty(&be, [0, 4], DType::F32, Category::Other).unwrap();
+        be.upload(&[], &mut t).unwrap();
+        be.fill(&mut t, 1.0).unwrap();
+        assert_eq!(t.to_vec().unwrap(), Vec::<f32>::new());
+    }
+
+    #[test]
+    fn workspace_is_freed_after_conv() {
+        let be = backend();
+        let g = Conv2dGeometry::new(
+            &[2, 5, 5, 3].into(),
+            &[3, 3, 3, 4].into(),
+            (1, 1),
+            crate::Padding::Same,
+        )
+        .unwrap();
+        let x = tensor(&be, &vec![0.5; 150], [2, 5, 5, 3]);
+        let w = tensor(&be, &vec![0.25; 108], [3, 3, 3, 4]);
+        let b = tensor(&be, &[0.0; 4], [4]);
+        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation).unwrap();
+        be.conv2d(&x, &w, &b, &g, &mut y).unwrap();
+        let stats = be.allocator().stats();
+        let ws = &stats.by_category[Category::Workspace.index()];
+        assert_eq!(ws.live, 0, "workspace still live after conv2d");
+        assert!(
+            stats.peak_by_category[Category::Workspace.index()] > 0,
+            "no workspace was used"
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! The convolutions against a direct seven-loop convolution and its exact adjoint, in f64.
+
+use super::super::testing::{
+    assert_close, backend, backend_with_workspace, random_vec, rng, tensor,
+};
+use crate::{Backend, Category, Conv2dGeometry, DType, Padding, Tensor, TensorError};
+use rand::rngs::StdRng;
+use std::sync::Arc;
+
+/// Visits every tap `(x index, w index, y index)` of the convolution: the seven loops over
+/// image, output row and column, kernel row and column, input and output channel, skipping
+/// taps that fall in the padding.
+fn taps(g: &Conv2dGeometry, mut f: impl FnMut(usize, usize, usize)) {
+    for i in 0..g.n {
+        for oy in 0..g.out_h {
+            for ox in 0..g.out_w {
+                for ky in 0..g.kh {
+                    for kx in 0..g.kw {
+                        let iy = (oy * g.stride_h + ky) as isize - g.pad_top as isize;
+                        let ix = (ox * g.stride_w + kx) as isize - g.pad_left as isize;
+                        if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+                            continue;
+                        }
+                        let (iy, ix) = (iy as usize, ix as usize);
+                        for c in 0..g.c_in {
+                            for o in 0..g.c_out {
+                                let xi = ((i * g.h + iy) * g.w + ix) * g.c_in + c;
+                                let wi = ((ky * g.kw + kx) * g.c_in + c) * g.c_out + o;
+                                let yi = ((i * g.out_h + oy) * g.out_w + ox) * g.c_out + o;
+                                f(xi, wi, yi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Naive forward `y = conv(x, w) + b` in f64.
+fn naive_forward(g: &Conv2dGeometry, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f64> {
+    let mut y: Vec<f64> = (0..g.output_shape().numel())
+        .map(|i| f64::from(b[i % g.c_out]))
+        .collect();
+    taps(g, |xi, wi, yi| y[yi] += f64::from(x[xi]) * f64::from(w[wi]));
+    y
+}
+
+/// Exact adjoint of the naive convolution in f64: `(dx, dw, db)` for output gradient `dy`.
+fn naive_backward(g: &Conv2dGeometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f64>; 3] {
+    let mut dx = vec![0f64; x.len()];
+    let mut dw = vec![0f64; w.len()];
+    let mut db = vec![0f64; g.c_out];
+    taps(g, |xi, wi, yi| {
+        dx[xi] += f64::from(dy[yi]) * f64::from(w[wi]);
+        dw[wi] += f64::from(dy[yi]) * f64::from(x[xi]);
+    });
+    for (i, &v) in dy.iter().enumerate() {
+        db[i % g.c_out] += f64::from(v);
+    }
+    [dx, dw, db]
+}
+
+/// The geometry list: SAME and VALID, strides (1,1) (2,2) (2,1) (1,3), odd sizes, batch 1 to 3,
+/// kernels 1x1 2x2 3x3 5x3, one and three input channels, one and four output channels, and
+/// a few edge cases (padding wider than the image, kernel as large as the input, stride larger
+/// than the kernel, a 28x28 seed-like image).
+fn geometries() -> Vec<Conv2dGeometry> {
+    let mut out = Vec::new();
+    let mut push = |x: [usize; 4], w: [usize; 4], s: (usize, usize), p: Padding| {
+        if let Ok(g) = Conv2dGeometry::new(&x.into(), &w.into(), s, p) {
+            out.push(g);
+        }
+    };
+    for (n, h, wd, c_in, c_out) in [(1, 7, 5, 3, 4), (3, 6, 6, 1, 1), (2, 5, 8, 3, 1)] {
+        for (kh, kw) in [(1, 1), (3, 3), (2, 2), (5, 3)] {
+            for s in [(1, 1), (2, 2), (2, 1), (1, 3)] {
+                for p in [Padding::Same, Padding::Valid] {
+                    push([n, h, wd, c_in], [kh, kw, c_in, c_out], s, p);
+                }
+            }
+        }
+    }
+    push([2, 2, 3, 2], [5, 3, 2, 3], (1, 1), Padding::Same);
+    push([1, 4, 4, 2], [4, 4, 2, 3], (1, 1), Padding::Valid);
+    push([2, 9, 7, 2], [2, 2, 2, 3], (3, 3), Padding::Same);
+    push([1, 9, 7, 2], [3, 3, 2, 2], (3, 3), Padding::Valid);
+    push([2, 28, 28, 8], [3, 3, 8, 16], (1, 1), Padding::Same);
+    out
+}
+
+/// A tensor on `be` of random values with `g`-derived shape.
+fn random(be: &Arc<dyn Backend>, r: &mut StdRng, shape: crate::Shape) -> (Tensor, Vec<f32>) {
+    let v = random_vec(r, shape.numel());
+    (tensor(be, &v, shape), v)
+}
+
+/// A tensor full of NaN, so an element the op forgets to write fails the comparison.
+fn poisoned(be: &Arc<dyn Backend>, shape: crate::Shape) -> Tensor {
+    let mut t = Tensor::empty(be, shape, DType::F32, Category::Other).unwrap();
+    be.fill(&mut t, f32::NAN).unwrap();
+    t
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// Forward, backward data and backward filter against the naive loops, on a default backend and
+/// on one whose workspace holds only a few patch rows (chunks that split images).
+#[test]
+fn conv_matches_naive_loops_for_all_geometries() {
+    let backends = [backend(), backend_with_workspace(700)];
+    let geos = geometries();
+    assert!(geos.len() > 80, "only {} geometries", geos.len());
+    let mut r = rng(42);
+    for g in &geos {
+        for be in &backends {
+            let (x, xv) = random(be, &mut r, g.input_shape());
+            let (w, wv) = random(be, &mut r, g.filter_shape());
+            let (b, bv) = random(be, &mut r, [g.c_out].into());
+            let (dy, dyv) = random(be, &mut r, g.output_shape());
+            let what = |op: &str| format!("{op} {g:?}");
+
+            let mut y = poisoned(be, g.output_shape());
+            be.conv2d(&x, &w, &b, g, &mut y).unwrap();
+            let want = naive_forward(g, &xv, &wv, &bv);
+            assert_close(&y.to_vec().unwrap(), &want, 1e-4, 1e-5, &what("conv2d"));
+
+            let [want_dx, want_dw, want_db] = naive_backward(g, &xv, &wv, &dyv);
+            let mut dx = poisoned(be, g.input_shape());
+            be.conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
+            assert_close(
+                &dx.to_vec().unwrap(),
+                &want_dx,
+                1e-4,
+                1e-5,
+                &what("bwd_data"),
+            );
+
+            let mut dw = poisoned(be, g.filter_shape());
+            let mut db = poisoned(be, [g.c_out].into());
+            be.conv2d_bwd_filter(&x, &dy, g, &mut dw, &mut db).unwrap();
+            assert_close(
+                &dw.to_vec().unwrap(),
+                &want_dw,
+                1e-4,
+                1e-4,
+                &what("bwd_filter dw"),
+            );
+            assert_close(
+                &db.to_vec().unwrap(),
+                &want_db,
+                1e-5,
+                1e-5,
+                &what("bwd_filter db"),
+            );
+        }
+    }
+}
+
+/// `<conv(x, w), dy> == <x, bwd_data(dy)> == <w, bwd_filter(x, dy)>` with zero bias: the two
+/// backward passes are the adjoints of the forward one.
+#[test]
+fn backward_passes_are_adjoints_of_forward() {
+    let be = backend();
+    let mut r = rng(3);
+    for g in &geometries() {
+        let (x, xv) = random(&be, &mut r, g.input_shape());
+        let (w, wv) = random(&be, &mut r, g.filter_shape());
+        let (dy, dyv) = random(&be, &mut r, g.output_shape());
+        let zero = tensor(&be, &vec![0.0; g.c_out], [g.c_out]);
+        let mut y = poisoned(&be, g.output_shape());
+        be.conv2d(&x, &w, &zero, g, &mut y).unwrap();
+        let mut dx = poisoned(&be, g.input_shape());
+        be.conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
+        let mut dw = poisoned(&be, g.filter_shape());
+        let mut db = poisoned(&be, [g.c_out].into());
+        be.conv2d_bwd_filter(&x, &dy, g, &mut dw, &mut db).unwrap();
+        let lhs = dot(&y.to_vec().unwrap(), &dyv);
+        let via_x = dot(&xv, &dx.to_vec().unwrap());
+        let via_w = dot(&wv, &dw.to_vec().unwrap());
+        let tol = 1e-4 * (1.0 + lhs.abs());
+        assert!(
+            (lhs - via_x).abs() < tol,
+            "{g:?}: <y, dy> {lhs} vs <x, dx> {via_x}"
+        );
+        assert!(
+            (lhs - via_w).abs() < tol,
+            "{g:?}: <y, dy> {lhs} vs <w, dw> {via_w}"
+        );
+    }
+}
+
+#[test]
+fn bad_operands_are_typed_errors() {
+    let be = backend();
+    let g = Conv2dGeometry::new(
+        &[2, 5, 5, 3].into(),
+        &[3, 3, 3, 4].into(),
+        (2, 2),
+        Padding::Same,
+    )
+    .unwrap();
+    let x = tensor(&be, &[0.5; 150], g.input_shape());
+    let w = tensor(&be, &[0.5; 108], g.filter_shape());
+    let b = tensor(&be, &[0.0; 4], [4]);
+    let mut y = poisoned(&be, g.output_shape());
+    let shape_err = |r: Result<(), TensorError>| matches!(r, Err(TensorError::Shape { .. }));
+
+    let x_bad = tensor(&be, &[0.5; 150], [2, 5, 3, 5]);
+    assert!(shape_err(be.conv2d(&x_bad, &w, &b, &g, &mut y)));
+    let b_bad = tensor(&be, &[0.0; 3], [3]);
+    assert!(shape_err(be.conv2d(&x, &w, &b_bad, &g, &mut y)));
+    let mut y_bad = poisoned(&be, [2, 5, 5, 4].into());
+    assert!(shape_err(be.conv2d(&x, &w, &b, &g, &mut y_bad)));
+    let mut dx_bad = poisoned(&be, [2, 5, 5, 4].into());
+    assert!(shape_err(be.conv2d_bwd_data(&y, &w, &g, &mut dx_bad)));
+    let (mut dw, mut db) = (poisoned(&be, g.filter_shape()), poisoned(&be, [4].into()));
+    assert!(shape_err(
+        be.conv2d_bwd_filter(&x, &x, &g, &mut dw, &mut db)
+    ));
+
+    let x_u32 = Tensor::empty(&be, g.input_shape(), DType::U32, Category::Other).unwrap();
+    let e = be.conv2d(&x_u32, &w, &b, &g, &mut y).unwrap_err();
+    assert!(matches!(e, TensorError::DType { op: "conv2d", .. }), "{e}");
+
+    let y_view = y.clone();
+    let e = be.conv2d(&x, &w, &b, &g, &mut y).unwrap_err();
+    assert!(matches!(e, TensorError::Aliased { op: "conv2d" }), "{e}");
+    drop(y_view);
+    let _db_view = db.clone();
+    let e = be
+        .conv2d_bwd_filter(&x, &y, &g, &mut dw, &mut db)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::Aliased {
+                op: "conv2d_bwd_filter"
+            }
+        ),
+        "{e}"
+    );
+
+    // Hand-built geometries that do not add up are rejected before any memory is touched.
+    let inconsistent = Conv2dGeometry { out_h: 4, ..g };
+    let e = be.conv2d(&x, &w, &b, &inconsistent, &mut y).unwrap_err();
+    assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
+    let zero_stride = Conv2dGeometry { stride_w: 0, ..g };
+    let e = be.conv2d_bwd_data(&y, &w, &zero_stride, &mut poisoned(&be, g.input_shape()));
+    assert!(matches!(e, Err(TensorError::InvalidArgument { .. })));
+    let huge_pad = Conv2dGeometry {
+        pad_left: usize::MAX,
+        ..g
+    };
+    assert!(be.conv2d(&x, &w, &b, &huge_pad, &mut y).is_err());
+}
