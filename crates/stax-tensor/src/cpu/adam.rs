@@ -59,7 +59,7 @@ pub fn adam_update(
 ) -> Result<(), TensorError> {
     validate(h)?;
     let shape = p.shape().clone();
-    for t in [&*g, &*m, &*v] {
+    for t in [g, &*m, &*v] {
         t.expect_shape(OP, &shape)?;
     }
     let g = data(OP, g)?;
