@@ -1,0 +1,150 @@
+//! Row-major GEMM through column-major cuBLAS, with TF32 or full-f32 math.
+//!
+//! A row-major matrix `X [r, c]` is, to cuBLAS, the column-major matrix `Xᵀ [c, r]` with
+//! leading dimension `c`. So `C = op(A) · op(B)` (row-major) is computed as the column-major
+//! product `Cᵀ = op(B)ᵀ · op(A)ᵀ`: cuBLAS's first operand is our B, its second our A, with
+//! `m' = n`, `n' = m`, and each transpose flag carried over unchanged.
+//!
+//! cuBLAS gets its workspace from our allocator on every call (`cublasSetWorkspace_v2`), so it
+//! never allocates device memory behind the allocator's back.
+
+use crate::{Precision, TensorError};
+use cudarc::cublas::{result, sys};
+use cudarc::driver::CudaStream;
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
+
+/// Workspace bytes handed to cuBLAS per GEMM (what NVIDIA recommends for Hopper), unless the
+/// backend's workspace limit is lower.
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A cuBLAS handle bound to the compute stream, used under a lock (handles are not reentrant).
+#[derive(Debug)]
+pub(crate) struct Blas {
+    handle: Mutex<Handle>,
+}
+
+#[derive(Debug)]
+struct Handle(sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread as long as calls do not overlap, which
+// the Mutex in `Blas` guarantees.
+unsafe impl Send for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `Blas::new` and is destroyed once, here.
+        let _ = unsafe { result::destroy_handle(self.0) };
+    }
+}
+
+fn cublas(op: &'static str) -> impl FnOnce(result::CublasError) -> TensorError {
+    move |source| TensorError::Cublas { op, source }
+}
+
+/// The shape of one row-major GEMM `c [m, n] = op(a) · op(b)`, `op(a) [m, k]`, `op(b) [k, n]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gemm {
+    /// Rows of `op(a)` and `c`.
+    pub m: usize,
+    /// Columns of `op(b)` and `c`.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// `a` is stored `[k, m]`.
+    pub transpose_a: bool,
+    /// `b` is stored `[n, k]`.
+    pub transpose_b: bool,
+}
+
+impl Blas {
+    /// A handle on `stream` with the math mode of `precision`: TF32 tensor ops for
+    /// [`Precision::Tf32`], plain f32 (`CUBLAS_DEFAULT_MATH`) for [`Precision::Highest`].
+    ///
+    /// # Errors
+    /// [`TensorError::Cublas`] naming the failed call.
+    pub(crate) fn new(stream: &Arc<CudaStream>, precision: Precision) -> Result<Blas, TensorError> {
+        stream.context().bind_to_thread().map_err(|source| TensorError::Driver {
+            op: "cuCtxSetCurrent",
+            source,
+        })?;
+        let handle = Handle(result::create_handle().map_err(cublas("cublasCreate"))?);
+        // SAFETY: valid handle and live stream (the backend keeps the stream alive).
+        unsafe { result::set_stream(handle.0, stream.cu_stream() as sys::cudaStream_t) }
+            .map_err(cublas("cublasSetStream"))?;
+        let mode = match precision {
+            Precision::Tf32 => sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            Precision::Highest => sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+        };
+        // SAFETY: valid handle.
+        unsafe { sys::cublasSetMathMode(handle.0, mode) }
+            .result()
+            .map_err(cublas("cublasSetMathMode"))?;
+        Ok(Blas { handle: Mutex::new(handle) })
+    }
+
+    /// Runs `c = op(a) · op(b)` (row-major, f32, c overwritten) on the compute stream, with
+    /// `workspace` (`workspace_bytes` bytes of device memory, alive until the GEMM completed
+    /// in stream order) as cuBLAS's workspace.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] when a dimension exceeds `i32`;
+    /// [`TensorError::Cublas`] when cuBLAS fails.
+    pub(crate) fn sgemm(
+        &self,
+        g: Gemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        workspace: u64,
+        workspace_bytes: usize,
+    ) -> Result<(), TensorError> {
+        let int = |v: usize| {
+            c_int::try_from(v).map_err(|_| TensorError::InvalidArgument {
+                op: "matmul",
+                reason: format!("dimension {v} exceeds cuBLAS's 32-bit limit"),
+            })
+        };
+        let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
+        let op = |t: bool| {
+            if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N }
+        };
+        // cuBLAS's A' is our b: column-major [n, k] when b is [k, n] row-major (ld n), or the
+        // transpose of column-major [k, n] when b is stored [n, k] (ld k).
+        let ldb = if g.transpose_b { k } else { n };
+        // cuBLAS's B' is our a: column-major [k, m] when a is [m, k] (ld k), or the transpose
+        // of column-major [m, k] when a is stored [k, m] (ld m).
+        let lda = if g.transpose_a { m } else { k };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
+        // until this GEMM has run in stream order; every GEMM sets its own workspace first.
+        unsafe {
+            sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes)
+        }
+        .result()
+        .map_err(cublas("cublasSetWorkspace"))?;
+        // SAFETY: a, b, c are device buffers of [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 (checked
+        // by the caller); alpha and beta are host scalars (the default pointer mode); the
+        // leading dimensions follow the row-major-as-transposed mapping above.
+        unsafe {
+            result::sgemm(
+                handle.0,
+                op(g.transpose_b),
+                op(g.transpose_a),
+                n,
+                m,
+                k,
+                &alpha,
+                b as *const f32,
+                ldb,
+                a as *const f32,
+                lda,
+                &beta,
+                c as *mut f32,
+                n,
+            )
+        }
+        .map_err(cublas("cublasSgemm"))
+    }
+}

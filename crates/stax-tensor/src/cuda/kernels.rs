@@ -1,0 +1,536 @@
+//! Our own CUDA kernels: sources in `kernels/*.cu`, compiled by NVRTC for the device's compute
+//! capability, loaded once per backend, launched through one typed function each.
+//!
+//! Each source is embedded with `include_str!` and `kernels/common.cuh` is prepended as text
+//! (NVRTC's include paths want files on disk). Compiled PTX is cached per process and
+//! architecture, so opening a second backend does not compile again. cudarc's `.arg()` is
+//! unchecked, so every kernel has exactly one launcher here, which owns the argument order and
+//! quotes the C signature in its `// SAFETY:` comment. Addresses are raw `CUdeviceptr`s of
+//! allocator-owned buffers ([`crate::Tensor::addr`]).
+
+use crate::{AdamHyper, TensorError};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+// SAFETY: `AdamHyper` is `#[repr(C)]` with seven f32 fields, the layout of `struct AdamHyper`
+// in kernels/adam.cu, and holds no pointers; it is passed by value as a kernel parameter.
+unsafe impl DeviceRepr for AdamHyper {}
+
+const COMMON: &str = include_str!("../../../../kernels/common.cuh");
+
+/// One `.cu` file: a module loaded once per backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelModule {
+    /// `kernels/elementwise.cu`: fill, bias add and gradient, ReLU forward and backward.
+    Elementwise,
+    /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, and a mean.
+    SoftmaxXent,
+    /// `kernels/adam.cu`: the fused Adam step.
+    Adam,
+    /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
+    Layout,
+}
+
+impl KernelModule {
+    /// Every module, in index order.
+    pub const ALL: [KernelModule; 4] =
+        [KernelModule::Elementwise, KernelModule::SoftmaxXent, KernelModule::Adam, KernelModule::Layout];
+
+    /// The file name, for messages.
+    pub fn file(self) -> &'static str {
+        match self {
+            KernelModule::Elementwise => "elementwise.cu",
+            KernelModule::SoftmaxXent => "softmax_xent.cu",
+            KernelModule::Adam => "adam.cu",
+            KernelModule::Layout => "layout.cu",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            KernelModule::Elementwise => include_str!("../../../../kernels/elementwise.cu"),
+            KernelModule::SoftmaxXent => include_str!("../../../../kernels/softmax_xent.cu"),
+            KernelModule::Adam => include_str!("../../../../kernels/adam.cu"),
+            KernelModule::Layout => include_str!("../../../../kernels/layout.cu"),
+        }
+    }
+}
+
+/// Every kernel symbol, indexing the loaded functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    FillU32,
+    BiasAdd,
+    BiasGradPartial,
+    BiasGradFinish,
+    Relu,
+    ReluBwd,
+    SoftmaxXent,
+    MeanF64,
+    Adam,
+    HwioToOhwi,
+    OhwiToHwio,
+    PadNhwc,
+    CropNhwc,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 13] = [
+        Kernel::FillU32,
+        Kernel::BiasAdd,
+        Kernel::BiasGradPartial,
+        Kernel::BiasGradFinish,
+        Kernel::Relu,
+        Kernel::ReluBwd,
+        Kernel::SoftmaxXent,
+        Kernel::MeanF64,
+        Kernel::Adam,
+        Kernel::HwioToOhwi,
+        Kernel::OhwiToHwio,
+        Kernel::PadNhwc,
+        Kernel::CropNhwc,
+    ];
+
+    fn symbol(self) -> &'static str {
+        match self {
+            Kernel::FillU32 => "fill_u32",
+            Kernel::BiasAdd => "bias_add_f32",
+            Kernel::BiasGradPartial => "bias_grad_partial_f32",
+            Kernel::BiasGradFinish => "bias_grad_finish_f32",
+            Kernel::Relu => "relu_f32",
+            Kernel::ReluBwd => "relu_bwd_f32",
+            Kernel::SoftmaxXent => "softmax_xent_f32",
+            Kernel::MeanF64 => "mean_f64_to_f32",
+            Kernel::Adam => "adam_f32",
+            Kernel::HwioToOhwi => "hwio_to_ohwi_f32",
+            Kernel::OhwiToHwio => "ohwi_to_hwio_f32",
+            Kernel::PadNhwc => "pad_nhwc_f32",
+            Kernel::CropNhwc => "crop_nhwc_f32",
+        }
+    }
+
+    fn module(self) -> KernelModule {
+        match self {
+            Kernel::FillU32
+            | Kernel::BiasAdd
+            | Kernel::BiasGradPartial
+            | Kernel::BiasGradFinish
+            | Kernel::Relu
+            | Kernel::ReluBwd => KernelModule::Elementwise,
+            Kernel::SoftmaxXent | Kernel::MeanF64 => KernelModule::SoftmaxXent,
+            Kernel::Adam => KernelModule::Adam,
+            Kernel::HwioToOhwi | Kernel::OhwiToHwio | Kernel::PadNhwc | Kernel::CropNhwc => {
+                KernelModule::Layout
+            }
+        }
+    }
+}
+
+/// Threads per block of the 1-D launches.
+const BLOCK: u32 = 256;
+
+/// PTX per (module, architecture), shared by every backend of the process.
+fn ptx_cache() -> &'static Mutex<HashMap<(KernelModule, String), String>> {
+    static CACHE: OnceLock<Mutex<HashMap<(KernelModule, String), String>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the cached PTX.
+fn compile(module: KernelModule, arch: &str) -> Result<String, TensorError> {
+    let key = (module, arch.to_string());
+    if let Some(ptx) = ptx_cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(ptx.clone());
+    }
+    let src = format!("{COMMON}\n#line 1 \"{}\"\n{}", module.file(), module.source());
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        name: Some(module.file().into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+        .map_err(|e| TensorError::Compile { kernel: module.file(), log: compile_log(e) })?
+        .to_src();
+    ptx_cache().lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
+    match e {
+        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+            format!("{nvrtc:?}: {}", log.to_string_lossy())
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// The loaded kernel modules of one backend and their launchers (all on the compute stream).
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    stream: Arc<CudaStream>,
+    /// Loaded modules, indexed like [`KernelModule::ALL`].
+    _modules: Vec<Arc<CudaModule>>,
+    /// Functions, indexed like `Kernel::ALL`.
+    functions: Vec<CudaFunction>,
+    /// Upper bound on blocks of a grid-stride launch (32 per multiprocessor).
+    max_blocks: u32,
+}
+
+fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
+    move |source| TensorError::Driver { op, source }
+}
+
+impl Kernels {
+    /// Compiles (in parallel, or from the process cache) and loads every module for the
+    /// device of `stream`. This is the backend's `warm_up`: it runs before the allocator makes
+    /// its first reservation, so a preallocating arena cannot starve a module load.
+    ///
+    /// # Errors
+    /// [`TensorError::Compile`] with NVRTC's log; [`TensorError::Driver`] if a module or
+    /// function fails to load.
+    pub(crate) fn load(stream: Arc<CudaStream>) -> Result<Kernels, TensorError> {
+        let ctx: &Arc<CudaContext> = stream.context();
+        let (major, minor) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?;
+        let arch = &format!("sm_{major}{minor}");
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        let ptxs: Vec<Result<String, TensorError>> = std::thread::scope(|s| {
+            let jobs: Vec<_> =
+                KernelModule::ALL.iter().map(|&m| s.spawn(move || compile(m, arch))).collect();
+            jobs.into_iter()
+                .zip(KernelModule::ALL)
+                .map(|(j, m)| {
+                    j.join().unwrap_or_else(|_| {
+                        Err(TensorError::Compile { kernel: m.file(), log: "nvrtc panicked".into() })
+                    })
+                })
+                .collect()
+        });
+        let mut modules = Vec::with_capacity(KernelModule::ALL.len());
+        for ptx in ptxs {
+            modules.push(ctx.load_module(Ptx::from_src(ptx?)).map_err(driver("cuModuleLoadData"))?);
+        }
+        let functions = Kernel::ALL
+            .iter()
+            .map(|k| {
+                let index = KernelModule::ALL.iter().position(|&m| m == k.module()).unwrap_or(0);
+                modules[index].load_function(k.symbol()).map_err(driver(k.symbol()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Kernels {
+            stream,
+            _modules: modules,
+            functions,
+            max_blocks: (sms.max(1) as u32) * 32,
+        })
+    }
+
+    fn function(&self, k: Kernel) -> &CudaFunction {
+        &self.functions[k as usize]
+    }
+
+    /// A 1-D grid-stride configuration for `n` work items.
+    fn grid(&self, n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.max_blocks as usize) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// `p[i] = value` for `n` 32-bit words at `p`.
+    pub(crate) fn fill_u32(&self, p: u64, value: u32, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let k = Kernel::FillU32;
+        // SAFETY: `fill_u32(u32 *p, u32 value, size_t n)`; p holds n words.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&p)
+                .arg(&value)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// `y[i] += b[i % c]` over `n` floats at `y`, `c` floats at `b`.
+    pub(crate) fn bias_add(&self, y: u64, b: u64, n: usize, c: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let k = Kernel::BiasAdd;
+        // SAFETY: `bias_add_f32(float *y, const float *b, size_t n, size_t c)`; y holds n
+        // floats, b holds c >= 1 floats.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&y)
+                .arg(&b)
+                .arg(&n)
+                .arg(&c)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// How many row splits `bias_grad` uses for `rows` rows: the size, in `c` doubles each, of
+    /// the partial-sum workspace it needs.
+    pub(crate) fn bias_grad_splits(&self, rows: usize) -> usize {
+        rows.div_ceil(256).clamp(1, 1024)
+    }
+
+    /// `db[j] = sum_r dy[r, j]` for dy `[rows, c]`, through `partial`, a workspace of
+    /// `bias_grad_splits(rows) * c` doubles.
+    pub(crate) fn bias_grad(
+        &self,
+        dy: u64,
+        partial: u64,
+        db: u64,
+        rows: usize,
+        c: usize,
+    ) -> Result<(), TensorError> {
+        if c == 0 {
+            return Ok(());
+        }
+        let splits = self.bias_grad_splits(rows);
+        let rows_per_split = rows.div_ceil(splits).max(1);
+        let k = Kernel::BiasGradPartial;
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `bias_grad_partial_f32(const float *dy, double *partial, size_t rows,
+        // size_t c, size_t rows_per_split)`; dy holds rows*c floats, partial splits*c doubles,
+        // and the grid has exactly `splits` rows of blocks of 32x8 threads.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&dy)
+                .arg(&partial)
+                .arg(&rows)
+                .arg(&c)
+                .arg(&rows_per_split)
+                .launch(cfg)
+        }
+        .map_err(driver(k.symbol()))?;
+        let k = Kernel::BiasGradFinish;
+        // SAFETY: `bias_grad_finish_f32(const double *partial, float *db, size_t splits,
+        // size_t c)`; partial holds splits*c doubles, db holds c floats.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&partial)
+                .arg(&db)
+                .arg(&splits)
+                .arg(&c)
+                .launch(self.grid(c))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// In-place ReLU on `n` floats at `x`; `mask` (0 for none) receives `ceil(n/32)` words.
+    pub(crate) fn relu(&self, x: u64, mask: u64, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let k = Kernel::Relu;
+        // SAFETY: `relu_f32(float *x, u32 *mask, size_t n)`; x holds n floats, mask is null
+        // or holds ceil(n/32) words. Blocks are whole warps (256 threads), as the ballot needs.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&x)
+                .arg(&mask)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// `dy[i] = 0` where mask bit `i` is clear, for `n` floats at `dy`.
+    pub(crate) fn relu_bwd(&self, dy: u64, mask: u64, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let k = Kernel::ReluBwd;
+        // SAFETY: `relu_bwd_f32(float *dy, const u32 *mask, size_t n)`; dy holds n floats,
+        // mask ceil(n/32) words.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&dy)
+                .arg(&mask)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// Softmax cross-entropy of `[n, k]` logits and labels: writes `dlogits` and the mean loss
+    /// (one f32) to `loss`, through `row_loss`, a workspace of `n` doubles.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn softmax_xent(
+        &self,
+        logits: u64,
+        labels: u64,
+        dlogits: u64,
+        row_loss: u64,
+        loss: u64,
+        n: usize,
+        k: usize,
+    ) -> Result<(), TensorError> {
+        let kern = Kernel::SoftmaxXent;
+        // One warp per row.
+        // SAFETY: `softmax_xent_f32(const float *logits, const float *labels, float *dlogits,
+        // double *row_loss, size_t n, size_t k)`; the three matrices hold n*k floats,
+        // row_loss n doubles; blocks are whole warps.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(kern))
+                .arg(&logits)
+                .arg(&labels)
+                .arg(&dlogits)
+                .arg(&row_loss)
+                .arg(&n)
+                .arg(&k)
+                .launch(self.grid(n.saturating_mul(32)))
+        }
+        .map_err(driver(kern.symbol()))?;
+        let kern = Kernel::MeanF64;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `mean_f64_to_f32(const double *v, float *out, size_t n)`; v holds n doubles,
+        // out one float; one block of 256 threads (8 warps, the size of its shared array).
+        unsafe {
+            self.stream
+                .launch_builder(self.function(kern))
+                .arg(&row_loss)
+                .arg(&loss)
+                .arg(&n)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(driver(kern.symbol()))
+    }
+
+    /// One Adam step over `n` elements of p, g, m, v.
+    pub(crate) fn adam(
+        &self,
+        p: u64,
+        g: u64,
+        m: u64,
+        v: u64,
+        h: &AdamHyper,
+        n: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let k = Kernel::Adam;
+        // SAFETY: `adam_f32(float *p, const float *g, float *m, float *v, AdamHyper h,
+        // size_t n)`; the four arrays hold n floats; AdamHyper's layout matches (see the
+        // DeviceRepr impl above).
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&p)
+                .arg(&g)
+                .arg(&m)
+                .arg(&v)
+                .arg(h)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// Filter transpose between HWIO `[kh, kw, ci, co]` and OHWI `[co, kh, kw, ci]`
+    /// (`to_ohwi` picks the direction); `hw = kh * kw`.
+    pub(crate) fn transpose_filter(
+        &self,
+        src: u64,
+        dst: u64,
+        hw: usize,
+        ci: usize,
+        co: usize,
+        to_ohwi: bool,
+    ) -> Result<(), TensorError> {
+        let n = hw * ci * co;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = if to_ohwi { Kernel::HwioToOhwi } else { Kernel::OhwiToHwio };
+        // SAFETY: `hwio_to_ohwi_f32` / `ohwi_to_hwio_f32(const float *src, float *dst,
+        // size_t hw, size_t ci, size_t co)`; src and dst hold hw*ci*co floats, distinct buffers.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&src)
+                .arg(&dst)
+                .arg(&hw)
+                .arg(&ci)
+                .arg(&co)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+
+    /// Copies between an NHWC image `small` `[nb, h, w, c]` and a larger one `big`
+    /// `[nb, big_h, big_w, c]` at offset `(top, left)`: `pad` writes all of `big` (zeros
+    /// around), otherwise the window of `big` is cropped into `small`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pad_or_crop(
+        &self,
+        pad: bool,
+        small: u64,
+        big: u64,
+        [nb, h, w, c]: [usize; 4],
+        [big_h, big_w]: [usize; 2],
+        [top, left]: [usize; 2],
+    ) -> Result<(), TensorError> {
+        let (k, src, dst, [hs, ws], [hd, wd]) = if pad {
+            (Kernel::PadNhwc, small, big, [h, w], [big_h, big_w])
+        } else {
+            (Kernel::CropNhwc, big, small, [big_h, big_w], [h, w])
+        };
+        let n = nb * hd * wd * c;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `pad_nhwc_f32` / `crop_nhwc_f32(const float *src, float *dst, size_t nb,
+        // size_t hs, size_t ws, size_t c, size_t hd, size_t wd, size_t top, size_t left)`;
+        // src holds nb*hs*ws*c floats and dst nb*hd*wd*c; the caller ensures
+        // big_h >= top + h and big_w >= left + w.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k))
+                .arg(&src)
+                .arg(&dst)
+                .arg(&nb)
+                .arg(&hs)
+                .arg(&ws)
+                .arg(&c)
+                .arg(&hd)
+                .arg(&wd)
+                .arg(&top)
+                .arg(&left)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k.symbol()))
+    }
+}

@@ -1,0 +1,281 @@
+//! Raw memory for the allocator: device memory (`cuMemAlloc`/`cuMemFree`), a stream-ordered
+//! pool (`cuMemAllocAsync`/`cuMemFreeAsync`) and pinned host memory (`cuMemHostAlloc`).
+//!
+//! These are the bottom layer of [`stax_alloc`]: whole segments handed out as raw addresses
+//! (`CUdeviceptr`, or a host pointer for pinned memory). No `CudaSlice` owns any of this memory,
+//! so nothing frees it behind the allocator's back.
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+use stax_alloc::{AllocError, RawMemory, Segment};
+use std::sync::Arc;
+
+/// Alignment of device segments and allocations, in bytes (what cuBLAS and cuDNN want).
+pub const DEVICE_ALIGNMENT: usize = 256;
+/// Size multiple, in bytes, that the allocator rounds large device segments to (2 MiB, the
+/// driver's own page size for `cuMemAlloc`, as PyTorch's caching allocator).
+pub const DEVICE_GRANULARITY: usize = 2 << 20;
+/// Alignment of pinned host allocations, in bytes (a cache line).
+pub const PINNED_ALIGNMENT: usize = 64;
+
+/// Turns a driver error of `op` into an [`AllocError`]: `CUDA_ERROR_OUT_OF_MEMORY` becomes
+/// [`AllocError::BackendOutOfMemory`] (so the allocator may release its cache and retry),
+/// anything else [`AllocError::Backend`].
+fn alloc_error(backend: String, op: &'static str, bytes: usize, e: DriverError) -> AllocError {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        AllocError::BackendOutOfMemory { backend, op, requested: bytes as u64 }
+    } else {
+        AllocError::Backend { backend, op, message: e.to_string() }
+    }
+}
+
+/// `(free, total)` device bytes of `ctx`'s device (`cuMemGetInfo`).
+pub(crate) fn mem_info(ctx: &CudaContext) -> Result<(usize, usize), DriverError> {
+    ctx.bind_to_thread()?;
+    result::mem_get_info()
+}
+
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` after the compute stream drained.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    total: u64,
+}
+
+impl DeviceMemory {
+    /// Device memory of `stream`'s device; releases wait for `stream` first.
+    ///
+    /// # Errors
+    /// The driver's error when the device size cannot be read.
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self, DriverError> {
+        let ctx = stream.context().clone();
+        let total = ctx.total_mem()? as u64;
+        Ok(DeviceMemory { ctx, stream, total })
+    }
+}
+
+impl RawMemory for DeviceMemory {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ctx.ordinal())
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
+        let run = || -> Result<u64, DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the context is current; the memory is returned uninitialized, which is
+            // fine for raw bytes that no Rust reference ever points to.
+            unsafe { result::malloc_sync(bytes) }
+        };
+        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemAlloc", bytes, e))?;
+        Ok(Segment { addr, bytes })
+    }
+
+    fn release(&self, segment: Segment) -> Result<(), AllocError> {
+        let run = || -> Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            // Work queued on the stream may still read or write the segment.
+            self.stream.synchronize()?;
+            // SAFETY: `segment` came from `reserve` (cuMemAlloc) and the allocator releases
+            // each segment once; no queued work uses it after the synchronization above.
+            unsafe { result::free_sync(segment.addr) }
+        };
+        run().map_err(|e| AllocError::Backend {
+            backend: self.name(),
+            op: "cuMemFree",
+            message: e.to_string(),
+        })
+    }
+
+    fn granularity(&self) -> usize {
+        DEVICE_GRANULARITY
+    }
+
+    fn alignment(&self) -> usize {
+        DEVICE_ALIGNMENT
+    }
+
+    fn capacity(&self) -> Option<u64> {
+        Some(self.total)
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        mem_info(&self.ctx).ok().map(|(free, _)| free as u64)
+    }
+}
+
+/// A stream-ordered pool: `cuMemAllocAsync`/`cuMemFreeAsync` on the device's default memory
+/// pool, ordered on the compute stream. Its release threshold is set explicitly by the `async`
+/// strategy ([`RawMemory::set_release_threshold`]).
+#[derive(Debug)]
+pub struct AsyncPoolMemory {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pool: PoolHandle,
+    total: u64,
+}
+
+/// The device's default `CUmemoryPool` (owned by the driver, never destroyed by us).
+#[derive(Debug, Clone, Copy)]
+struct PoolHandle(sys::CUmemoryPool);
+
+// SAFETY: a CUmemoryPool handle is a driver object usable from any thread of the process.
+unsafe impl Send for PoolHandle {}
+// SAFETY: as above; the driver synchronizes access to the pool internally.
+unsafe impl Sync for PoolHandle {}
+
+impl AsyncPoolMemory {
+    /// The default pool of `stream`'s device, with allocations ordered on `stream`.
+    ///
+    /// # Errors
+    /// The driver's error when the device has no memory pools or the pool cannot be read.
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self, DriverError> {
+        let ctx = stream.context().clone();
+        ctx.bind_to_thread()?;
+        if !ctx.has_async_alloc() {
+            return Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED));
+        }
+        // SAFETY: `cu_device` is the valid device of a live context.
+        let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }?;
+        let total = ctx.total_mem()? as u64;
+        Ok(AsyncPoolMemory { ctx, stream, pool: PoolHandle(pool), total })
+    }
+
+    fn driver_error(&self, op: &'static str, e: DriverError) -> AllocError {
+        AllocError::Backend { backend: self.name(), op, message: e.to_string() }
+    }
+}
+
+impl RawMemory for AsyncPoolMemory {
+    fn name(&self) -> String {
+        format!("cuda:{} (async pool)", self.ctx.ordinal())
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
+        let run = || -> Result<u64, DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the stream is live; the memory is used only by work on this stream
+            // (one compute stream per backend), uninitialized raw bytes.
+            unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }
+        };
+        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemAllocAsync", bytes, e))?;
+        Ok(Segment { addr, bytes })
+    }
+
+    fn release(&self, segment: Segment) -> Result<(), AllocError> {
+        let run = || -> Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: `segment` came from cuMemAllocAsync on this stream and is released once;
+            // the free is ordered after all work queued on the stream so far.
+            unsafe { result::free_async(segment.addr, self.stream.cu_stream()) }
+        };
+        run().map_err(|e| self.driver_error("cuMemFreeAsync", e))
+    }
+
+    fn granularity(&self) -> usize {
+        DEVICE_GRANULARITY
+    }
+
+    fn alignment(&self) -> usize {
+        DEVICE_ALIGNMENT
+    }
+
+    fn capacity(&self) -> Option<u64> {
+        Some(self.total)
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        mem_info(&self.ctx).ok().map(|(free, _)| free as u64)
+    }
+
+    fn stream_ordered(&self) -> bool {
+        true
+    }
+
+    fn set_release_threshold(&self, bytes: u64) -> Result<(), AllocError> {
+        let mut value: u64 = bytes;
+        let mut run = || -> Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the pool is the device's default pool; RELEASE_THRESHOLD takes a
+            // cuuint64_t, which `value` is.
+            unsafe {
+                result::mem_pool::set_attribute(
+                    self.pool.0,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut value as *mut u64).cast(),
+                )
+            }
+        };
+        run().map_err(|e| self.driver_error("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", e))
+    }
+
+    fn trim(&self) -> Result<(), AllocError> {
+        let run = || -> Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            self.stream.synchronize()?;
+            // SAFETY: the pool is the device's default pool, valid for the context's life.
+            unsafe { result::mem_pool::trim_to(self.pool.0, 0) }
+        };
+        run().map_err(|e| self.driver_error("cuMemPoolTrimTo", e))
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc` (portable), for fast host-device copies.
+#[derive(Debug)]
+pub struct PinnedMemory {
+    ctx: Arc<CudaContext>,
+}
+
+impl PinnedMemory {
+    /// Pinned host memory registered with `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        PinnedMemory { ctx }
+    }
+}
+
+impl RawMemory for PinnedMemory {
+    fn name(&self) -> String {
+        format!("pinned host (cuda:{})", self.ctx.ordinal())
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
+        let run = || -> Result<u64, DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: plain page-locked allocation; the bytes are only touched through the
+            // address the allocator hands out, within `bytes`.
+            let p = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }?;
+            Ok(p as u64)
+        };
+        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemHostAlloc", bytes, e))?;
+        Ok(Segment { addr, bytes })
+    }
+
+    fn release(&self, segment: Segment) -> Result<(), AllocError> {
+        let run = || -> Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the address came from cuMemHostAlloc in `reserve` and is freed once;
+            // copies that use it are synchronized before their staging buffer is returned.
+            unsafe { result::free_host(segment.addr as *mut std::ffi::c_void) }
+        };
+        run().map_err(|e| AllocError::Backend {
+            backend: self.name(),
+            op: "cuMemFreeHost",
+            message: e.to_string(),
+        })
+    }
+
+    fn granularity(&self) -> usize {
+        DEVICE_GRANULARITY
+    }
+
+    fn alignment(&self) -> usize {
+        PINNED_ALIGNMENT
+    }
+
+    fn capacity(&self) -> Option<u64> {
+        None
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        None
+    }
+}
