@@ -115,6 +115,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Copies `src` into `dst` (raw element bytes); `dst.len()` must equal `src.bytes()`.
     fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError>;
 
+    /// Copies `src` into `dst` (same shape and dtype). The default goes through host memory;
+    /// backends override it with a device-side copy.
+    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
+        src.expect_device("copy", self.device())?;
+        dst.expect_device("copy", self.device())?;
+        dst.expect_dtype("copy", src.dtype())?;
+        dst.expect_shape("copy", src.shape())?;
+        let mut host = vec![0u8; src.bytes()];
+        self.download(src, &mut host)?;
+        self.upload(&host, dst)
+    }
+
     /// Sets every element of `t` to `value` (bit pattern of `value as f32`; for `U32` tensors
     /// `value` must be 0).
     fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError>;

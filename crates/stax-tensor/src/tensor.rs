@@ -121,6 +121,26 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A deep copy on the same backend, with the same category (a fresh buffer that in-place
+    /// ops may overwrite).
+    ///
+    /// # Errors
+    /// Allocation or copy errors.
+    pub fn duplicate(&self) -> Result<Tensor, TensorError> {
+        let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, self.category())?;
+        self.backend.copy(self, &mut t)?;
+        Ok(t)
+    }
+
+    /// This handle if it is the only one to its buffer, else a [`Tensor::duplicate`]: what an
+    /// in-place op needs.
+    ///
+    /// # Errors
+    /// As [`Tensor::duplicate`].
+    pub fn into_unique(self) -> Result<Tensor, TensorError> {
+        if self.is_unique() { Ok(self) } else { self.duplicate() }
+    }
+
     /// Another handle to the same buffer, seen with a new shape of the same element count.
     ///
     /// # Errors

@@ -2,5 +2,9 @@
 
 pub mod data;
 pub mod error;
+pub mod report;
+pub mod trainer;
 
 pub use error::TrainError;
+pub use report::{CategoryBytes, EvalReport, MemoryReport, StepReport};
+pub use trainer::{Trainer, place_batch, summarize};

@@ -1,0 +1,262 @@
+//! The `Layer` trait, parameters, and the state a training step keeps between forward and
+//! backward passes.
+
+use crate::{LayerError, Rng};
+use stax_tensor::{Backend, Category, Shape, Tensor};
+use std::fmt;
+use std::sync::Arc;
+
+/// How a parameter tensor is initialized (stax's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// `jax.nn.initializers.glorot_normal(in_axis, out_axis)`: a normal truncated to ±2
+    /// standard deviations, scaled by `sqrt(1 / fan_avg) / 0.87962566103423978`, where the fans
+    /// multiply the receptive field (all other axes) by the sizes of `in_axis` and `out_axis`.
+    GlorotNormal {
+        /// Axis of the input features (HWIO: 2, dense `[in, out]`: 0).
+        in_axis: usize,
+        /// Axis of the output features (HWIO: 3, dense: 1).
+        out_axis: usize,
+    },
+    /// `jax.nn.initializers.normal(stddev)`: plain normal with this standard deviation.
+    Normal(f32),
+}
+
+/// One parameter tensor a layer will create: its name, shape and initializer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Short name within the layer (`w`, `b`).
+    pub name: &'static str,
+    /// Shape (f32).
+    pub shape: Shape,
+    /// Initializer.
+    pub init: Init,
+}
+
+/// Parameters (or gradients) of a layer: a list of tensors for a leaf layer, a list of
+/// per-layer parameters for [`crate::Serial`], like stax's nested lists.
+#[derive(Debug, Clone)]
+pub enum Params {
+    /// A leaf layer's tensors, in the order of its [`ParamSpec`]s (empty for Relu/Flatten).
+    Leaf(Vec<Tensor>),
+    /// One entry per sub-layer.
+    Seq(Vec<Params>),
+}
+
+/// Gradients have the structure of the parameters.
+pub type Grads = Params;
+
+impl Params {
+    /// All tensors, depth first (the order the optimizer and checkpoints walk).
+    pub fn leaves(&self) -> Vec<&Tensor> {
+        match self {
+            Params::Leaf(v) => v.iter().collect(),
+            Params::Seq(v) => v.iter().flat_map(Params::leaves).collect(),
+        }
+    }
+
+    /// All tensors, depth first, mutably.
+    pub fn leaves_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Params::Leaf(v) => v.iter_mut().collect(),
+            Params::Seq(v) => v.iter_mut().flat_map(Params::leaves_mut).collect(),
+        }
+    }
+
+    /// Total bytes of all tensors.
+    pub fn bytes(&self) -> usize {
+        self.leaves().iter().map(|t| t.bytes()).sum()
+    }
+
+    /// Total number of elements.
+    pub fn numel(&self) -> usize {
+        self.leaves().iter().map(|t| t.numel()).sum()
+    }
+
+    /// A new tree of the same structure, each tensor made by `f` from the matching one.
+    ///
+    /// # Errors
+    /// The first error `f` returns.
+    pub fn try_map<E>(&self, f: &mut impl FnMut(&Tensor) -> Result<Tensor, E>) -> Result<Params, E> {
+        Ok(match self {
+            Params::Leaf(v) => Params::Leaf(v.iter().map(&mut *f).collect::<Result<_, _>>()?),
+            Params::Seq(v) => {
+                Params::Seq(v.iter().map(|p| p.try_map(f)).collect::<Result<_, _>>()?)
+            }
+        })
+    }
+
+    /// Whether `other` has the same tree structure and the same shape at every leaf.
+    pub fn same_structure(&self, other: &Params) -> bool {
+        match (self, other) {
+            (Params::Leaf(a), Params::Leaf(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.shape() == y.shape())
+            }
+            (Params::Seq(a), Params::Seq(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_structure(y))
+            }
+            _ => false,
+        }
+    }
+
+    /// The tensors of a leaf layer, checked against the layer's specs.
+    ///
+    /// # Errors
+    /// [`LayerError::Params`] if this is not a leaf or the shapes differ from `specs`.
+    pub fn expect_leaf(&self, layer: &dyn Layer, specs: &[ParamSpec]) -> Result<&[Tensor], LayerError> {
+        let bad = |reason: String| LayerError::Params { layer: layer.name(), reason };
+        let Params::Leaf(v) = self else {
+            return Err(bad("expected a leaf parameter list, got a nested one".into()));
+        };
+        if v.len() != specs.len() {
+            return Err(bad(format!("expected {} tensors, got {}", specs.len(), v.len())));
+        }
+        for (t, s) in v.iter().zip(specs) {
+            if t.shape() != &s.shape {
+                return Err(bad(format!("{} has shape {}, expected {}", s.name, t.shape(), s.shape)));
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// What a forward pass in training mode keeps for the backward pass.
+#[derive(Debug)]
+pub enum Saved {
+    /// Tensors (inputs or masks); handles, so nothing is copied.
+    Tensors(Vec<Tensor>),
+    /// A shape (Flatten keeps its input shape).
+    Shape(Shape),
+}
+
+/// State of one step between `apply` and `vjp`: a stack of what each layer saved.
+///
+/// In inference mode nothing is saved and no ReLU masks are made.
+#[derive(Debug, Default)]
+pub struct StepContext {
+    training: bool,
+    saved: Vec<Saved>,
+}
+
+impl StepContext {
+    /// A context for a training step: layers save what their `vjp` needs.
+    pub fn training() -> Self {
+        StepContext { training: true, saved: Vec::new() }
+    }
+
+    /// A context for evaluation: nothing is saved.
+    pub fn inference() -> Self {
+        StepContext { training: false, saved: Vec::new() }
+    }
+
+    /// Whether layers should save state for a backward pass.
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// Pushes what a layer saved (ignored in inference mode).
+    pub fn save(&mut self, saved: Saved) {
+        if self.training {
+            self.saved.push(saved);
+        }
+    }
+
+    /// Pops the tensors the layer saved last.
+    ///
+    /// # Errors
+    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not tensors.
+    pub fn take_tensors(&mut self, layer: &dyn Layer) -> Result<Vec<Tensor>, LayerError> {
+        match self.saved.pop() {
+            Some(Saved::Tensors(v)) => Ok(v),
+            _ => Err(LayerError::NothingSaved { layer: layer.name() }),
+        }
+    }
+
+    /// Pops the shape the layer saved last.
+    ///
+    /// # Errors
+    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not a shape.
+    pub fn take_shape(&mut self, layer: &dyn Layer) -> Result<Shape, LayerError> {
+        match self.saved.pop() {
+            Some(Saved::Shape(s)) => Ok(s),
+            _ => Err(LayerError::NothingSaved { layer: layer.name() }),
+        }
+    }
+
+    /// Whether nothing is saved (true after a complete backward pass).
+    pub fn is_empty(&self) -> bool {
+        self.saved.is_empty()
+    }
+
+    /// Drops everything saved (e.g. after a failed step), freeing it.
+    pub fn clear(&mut self) {
+        self.saved.clear();
+    }
+}
+
+/// A stax layer: shapes first, then parameters, forward and backward.
+///
+/// Mirrors stax's `(init_fun, apply_fun)` pair, with the backward pass explicit (`vjp`).
+/// `apply` takes its input by value so that in-place layers (ReLU) reuse the buffer, and
+/// `vjp` takes `dy` by value so that gradients can overwrite buffers no longer needed.
+pub trait Layer: fmt::Debug + Send + Sync {
+    /// A short readable name, e.g. `conv(64, 3x3, stride 1x1, SAME)`.
+    fn name(&self) -> String;
+
+    /// The output shape for `input`, computed from shapes alone (no memory touched).
+    ///
+    /// # Errors
+    /// [`LayerError::Shape`] when the input does not fit the layer.
+    fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError>;
+
+    /// The parameter tensors this layer creates for `input` (empty for parameter-free layers).
+    ///
+    /// # Errors
+    /// As [`Layer::output_shape`].
+    fn param_specs(&self, input: &Shape) -> Result<Vec<ParamSpec>, LayerError>;
+
+    /// stax's `init_fun`: returns the output shape and freshly initialized parameters, placed
+    /// on `backend` and tagged [`Category::Parameter`]. Each tensor draws from its own split of
+    /// `rng`.
+    ///
+    /// # Errors
+    /// Shape errors before any allocation; allocation errors.
+    fn init(
+        &self,
+        rng: &mut Rng,
+        input: &Shape,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<(Shape, Params), LayerError> {
+        let out = self.output_shape(input)?;
+        let specs = self.param_specs(input)?;
+        let keys = rng.split(specs.len());
+        let tensors = specs
+            .iter()
+            .zip(keys)
+            .map(|(s, mut k)| {
+                let data = k.sample(s)?;
+                Ok(Tensor::from_slice(backend, &data, s.shape.clone(), Category::Parameter)?)
+            })
+            .collect::<Result<_, LayerError>>()?;
+        Ok((out, Params::Leaf(tensors)))
+    }
+
+    /// stax's `apply_fun`: the forward pass. In training mode, saves what `vjp` needs in `cx`.
+    ///
+    /// # Errors
+    /// Parameter/shape mismatches, device mismatches, allocation errors.
+    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError>;
+
+    /// The backward pass: given `dy = dL/dy`, returns `dL/dx` (only if `need_dx`) and the
+    /// parameter gradients, consuming what `apply` saved.
+    ///
+    /// # Errors
+    /// [`LayerError::NothingSaved`] without a training-mode `apply`; op errors.
+    fn vjp(
+        &self,
+        params: &Params,
+        dy: Tensor,
+        cx: &mut StepContext,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Grads), LayerError>;
+}

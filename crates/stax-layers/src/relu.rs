@@ -1,0 +1,61 @@
+//! `Relu`: elementwise `max(x, 0)`, in place (stax's `Relu`).
+
+use crate::layer::{ParamSpec, Saved};
+use crate::{Grads, Layer, LayerError, Params, StepContext};
+use stax_tensor::{Category, DType, Shape, Tensor};
+
+/// stax's `Relu`: `y = max(x, 0)`, any shape, no parameters.
+///
+/// Computed in place on the input's buffer. In training mode it keeps a bit mask of `x > 0`
+/// (one bit an element, 1/32 of the activation's bytes) instead of the activation itself, so the
+/// activation's buffer can be freed or overwritten by the next layer's backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relu;
+
+impl Layer for Relu {
+    fn name(&self) -> String {
+        "relu".into()
+    }
+
+    fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError> {
+        Ok(input.clone())
+    }
+
+    fn param_specs(&self, _input: &Shape) -> Result<Vec<ParamSpec>, LayerError> {
+        Ok(Vec::new())
+    }
+
+    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+        params.expect_leaf(self, &[])?;
+        let mut y = x.into_unique()?;
+        let be = y.backend().clone();
+        if cx.is_training() {
+            let words = y.numel().div_ceil(32);
+            let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
+            be.relu(&mut y, Some(&mut mask))?;
+            cx.save(Saved::Tensors(vec![mask]));
+        } else {
+            be.relu(&mut y, None)?;
+        }
+        Ok(y)
+    }
+
+    fn vjp(
+        &self,
+        params: &Params,
+        dy: Tensor,
+        cx: &mut StepContext,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Grads), LayerError> {
+        params.expect_leaf(self, &[])?;
+        let mask = cx.take_tensors(self)?.pop().ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let dx = if need_dx {
+            let mut dx = dy.into_unique()?;
+            dx.backend().clone().relu_bwd(&mut dx, &mask)?;
+            Some(dx)
+        } else {
+            None
+        };
+        Ok((dx, Params::Leaf(Vec::new())))
+    }
+}

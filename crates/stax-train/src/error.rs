@@ -1,0 +1,299 @@
+//! [`TrainError`], the one error enum of `stax-train`.
+//!
+//! Variants carry data, not preformatted strings, and every message is lowercase with the
+//! operation first, e.g. `"load_npy: images.npy has dtype <u2 but only u8 and f32 are
+//! accepted"`. Variants are grouped by banners, as in candle's `error.rs`.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `stax-train`: reading and validating data, batching, and
+/// (later) training.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    // ---- data: files ----
+    /// A file could not be read or written (missing, permissions, disk full...).
+    #[error("{op}: cannot access {}: {source}", path.display())]
+    Io {
+        /// The operation, e.g. `"load_idx"`.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// A file was read but its contents are malformed or truncated.
+    #[error("{op}: {} is corrupt: {reason}", path.display())]
+    Corrupt {
+        /// The operation, e.g. `"load_idx"`.
+        op: &'static str,
+        /// The file (for embedded data, `embedded:<name>`).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: Corruption,
+    },
+
+    /// An `.npz` archive has no array of the requested name(s).
+    #[error("load_npz: {} has no array named any of {tried:?} (it holds {available:?})", path.display())]
+    MissingArray {
+        /// The archive.
+        path: PathBuf,
+        /// The array names looked for, in the order tried.
+        tried: Vec<String>,
+        /// The array names the archive does hold.
+        available: Vec<String>,
+    },
+
+    /// An array's element type is not one this loader accepts.
+    #[error("{op}: {} has dtype {found} but only {accepted} are accepted", path.display())]
+    BadDtype {
+        /// The operation, e.g. `"load_npy"`.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The dtype found, as NumPy writes it (`<u2`, `<f8`) or the IDX type code (`idx 0x0d`).
+        found: String,
+        /// The accepted dtypes, in words.
+        accepted: &'static str,
+    },
+
+    // ---- data: shapes and values ----
+    /// An array or image shape is not one the operation accepts (wrong rank, a zero extent,
+    /// a size that overflows `usize`).
+    #[error("{op}: {what} has shape {shape:?} but {expected}")]
+    BadShape {
+        /// The operation, e.g. `"dataset"` or `"resize_bilinear"`.
+        op: &'static str,
+        /// What has the shape: a file name or a role such as `"images"`.
+        what: String,
+        /// The shape found.
+        shape: Vec<u64>,
+        /// What was expected, in words (e.g. `"images must be [n, h, w, c]"`).
+        expected: &'static str,
+    },
+
+    /// Two things that must agree in shape or length do not (images and labels, a buffer and
+    /// the batch it should hold).
+    #[error("{op}: {what} has shape {found:?} but {expected:?} is required")]
+    ShapeMismatch {
+        /// The operation, e.g. `"fill_batch"`.
+        op: &'static str,
+        /// What has the wrong shape, e.g. `"labels"` or `"images buffer"`.
+        what: &'static str,
+        /// The shape required.
+        expected: Vec<usize>,
+        /// The shape found.
+        found: Vec<usize>,
+    },
+
+    /// Channel counts that cannot be mapped onto each other (only `c == oc` and gray to any
+    /// count by replication are supported).
+    #[error(
+        "{op}: cannot map {from} channels to {to} (channels must match, or the source must have 1 \
+         to be replicated)"
+    )]
+    BadChannels {
+        /// The operation, e.g. `"resize_bilinear"`.
+        op: &'static str,
+        /// Source channels.
+        from: usize,
+        /// Destination channels.
+        to: usize,
+    },
+
+    /// A label is negative or not below the number of classes.
+    #[error("{op}: label {label} of example {index} is out of range for {num_classes} classes")]
+    LabelOutOfRange {
+        /// The operation, e.g. `"dataset"`.
+        op: &'static str,
+        /// The example's index.
+        index: usize,
+        /// The label found (signed: `.npy` labels may be negative).
+        label: i64,
+        /// The number of classes.
+        num_classes: usize,
+    },
+
+    /// A row of one-hot labels is not one-hot (exactly one 1, zeros elsewhere).
+    #[error("{op}: label row {index} is not one-hot (it needs exactly one 1 and zeros elsewhere)")]
+    NotOneHot {
+        /// The operation, e.g. `"load_npy"`.
+        op: &'static str,
+        /// The row's index.
+        index: usize,
+    },
+
+    /// A data set (or a subset of one) has no examples.
+    #[error("{op}: the data set is empty")]
+    EmptyDataset {
+        /// The operation, e.g. `"dataset"` or `"subset"`.
+        op: &'static str,
+    },
+
+    /// A NaN or infinity in the images: reported, never trained on silently.
+    #[error("{op}: image {index} holds {value_kind} at element {element} (h, w, c flattened)")]
+    NonFinite {
+        /// The operation, e.g. `"dataset"`.
+        op: &'static str,
+        /// The image's index in the data set.
+        index: usize,
+        /// The offset of the first bad value inside that image, `(y * w + x) * c + ch`.
+        element: usize,
+        /// Which kind of bad value.
+        value_kind: NonFiniteKind,
+    },
+
+    /// An example index past the end of the data set.
+    #[error("{op}: example index {index} is out of range for a data set of {len}")]
+    IndexOutOfRange {
+        /// The operation, e.g. `"fill_batch"`.
+        op: &'static str,
+        /// The index found.
+        index: usize,
+        /// The data set's length.
+        len: usize,
+    },
+
+    // ---- data: batching ----
+    /// A batch size of zero.
+    #[error("{op}: batch size must be at least 1")]
+    ZeroBatchSize {
+        /// The operation, e.g. `"loader"`.
+        op: &'static str,
+    },
+
+    /// A batch size larger than the data set, so an epoch would hold no full batch.
+    #[error("loader: batch size {batch} is larger than the data set ({len} examples)")]
+    BatchTooLarge {
+        /// The batch size asked for.
+        batch: usize,
+        /// The data set's length.
+        len: usize,
+    },
+    // ---- training ----
+    /// A batch or the model's input shape does not fit the trainer.
+    #[error("train: {what} should be {expected}, got {got}")]
+    BatchShape {
+        /// What was checked (`images`, `labels`, `input shape`).
+        what: &'static str,
+        /// What was expected, in words.
+        expected: String,
+        /// The shape given.
+        got: stax_tensor::Shape,
+    },
+    /// The loss was NaN or infinite; the update was not applied.
+    #[error("train: step {step} gave a non-finite loss ({loss}); parameters and optimizer state are unchanged")]
+    NonFiniteLoss {
+        /// The step that failed, from 1.
+        step: u64,
+        /// The loss value.
+        loss: f32,
+    },
+    /// A layer failed (shapes, parameters, tensor ops).
+    #[error(transparent)]
+    Layer(#[from] stax_layers::LayerError),
+    /// The optimizer failed.
+    #[error(transparent)]
+    Optim(#[from] stax_optim::OptimError),
+    /// A tensor op or placement failed (out of memory carries the allocator's diagnosis).
+    #[error(transparent)]
+    Tensor(#[from] stax_tensor::TensorError),
+}
+
+/// What is wrong inside a corrupt file (see [`TrainError::Corrupt`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Corruption {
+    /// The IDX magic number's first two bytes are not zero.
+    #[error("bad idx magic {found:02x?} (expected [00, 00, type, ndims])")]
+    BadMagic {
+        /// The first four bytes of the (decompressed) file.
+        found: [u8; 4],
+    },
+    /// The IDX header declares zero dimensions.
+    #[error("idx header declares 0 dimensions")]
+    ZeroDims,
+    /// The file ends inside its header.
+    #[error("truncated header: {expected} bytes needed, {found} present")]
+    TruncatedHeader {
+        /// Header bytes needed.
+        expected: usize,
+        /// Header bytes present.
+        found: usize,
+    },
+    /// The file ends before all the elements its header declares.
+    #[error("truncated data: {expected} bytes declared, {found} present")]
+    TruncatedData {
+        /// Data bytes the header declares.
+        expected: u64,
+        /// Data bytes present.
+        found: u64,
+    },
+    /// Bytes follow the last element the header declares.
+    #[error("trailing bytes after the {expected} declared data bytes")]
+    TrailingData {
+        /// Data bytes the header declares.
+        expected: u64,
+    },
+    /// The declared dimensions multiply to more than memory can address.
+    #[error("dimensions {dims:?} overflow usize")]
+    SizeOverflow {
+        /// The declared dimensions.
+        dims: Vec<u64>,
+    },
+    /// The gzip stream is invalid or truncated.
+    #[error("bad gzip stream: {source}")]
+    Gzip {
+        /// The decoder's error.
+        source: std::io::Error,
+    },
+    /// The `.npy` header or data could not be parsed.
+    #[error("bad npy data: {source}")]
+    Npy {
+        /// `npyz`'s error.
+        source: std::io::Error,
+    },
+    /// The `.npz` (zip) archive could not be read.
+    #[error("bad npz archive: {source}")]
+    Zip {
+        /// `npyz`'s (zip's) error.
+        source: std::io::Error,
+    },
+}
+
+/// The kind of a non-finite value (see [`TrainError::NonFinite`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonFiniteKind {
+    /// Not a number.
+    NaN,
+    /// Positive infinity.
+    PosInf,
+    /// Negative infinity.
+    NegInf,
+}
+
+impl NonFiniteKind {
+    /// The kind of `x`, or `None` when `x` is finite.
+    pub fn of(x: f32) -> Option<Self> {
+        if x.is_nan() {
+            Some(Self::NaN)
+        } else if x == f32::INFINITY {
+            Some(Self::PosInf)
+        } else if x == f32::NEG_INFINITY {
+            Some(Self::NegInf)
+        } else {
+            None
+        }
+    }
+}
+
+impl std::fmt::Display for NonFiniteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NaN => "NaN",
+            Self::PosInf => "+inf",
+            Self::NegInf => "-inf",
+        })
+    }
+}

@@ -1,0 +1,15 @@
+//! stax-rs: JAX's `stax` CNN and its training loop in Rust, with exact and minimal memory.
+//!
+//! This facade re-exports the five crates: [`stax_alloc`] (allocator and accounting),
+//! [`stax_tensor`] (tensors, devices, CPU and CUDA backends), [`stax_layers`] (stax layers and
+//! the loss), [`stax_optim`] (Adam) and [`stax_train`] (data, loop, reports).
+
+pub use stax_alloc as alloc;
+pub use stax_layers as layers;
+pub use stax_optim as optim;
+pub use stax_tensor as tensor;
+pub use stax_train as train;
+
+pub use stax_layers::{Conv, Dense, Flatten, Layer, Padding, Params, Relu, Rng, Serial, serial};
+pub use stax_optim::Adam;
+pub use stax_tensor::{Backend, BackendOptions, Category, DType, Device, Precision, Shape, Tensor};
