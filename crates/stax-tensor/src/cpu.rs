@@ -6,9 +6,10 @@
 //! host tensors are accounted like device ones, and the im2col column buffers are allocated as
 //! [`Category::Workspace`] and freed before the op returns.
 //!
-//! Each op family lives in its own file: [`conv`] (forward, backward data, backward filter),
-//! [`matmul`] (GEMM views shared with the convs), [`elementwise`] (fill, bias, ReLU),
-//! [`softmax`] (softmax cross-entropy) and [`adam`] (the fused optimizer step).
+//! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
+//! backward filter), `matmul.rs` (strided GEMM views shared with the convs), `elementwise.rs`
+//! (fill, bias, ReLU), `softmax.rs` (softmax cross-entropy), `adam.rs` (the fused optimizer
+//! step) and `host.rs` (the checked slice views of tensor buffers).
 //!
 //! ```
 //! use stax_tensor::{Backend, BackendOptions, Category, Tensor};
@@ -20,12 +21,12 @@
 //! assert_eq!(x.to_vec().unwrap(), vec![1.0, 0.0, 3.0]);
 //! ```
 
-pub mod adam;
-pub mod conv;
-pub mod elementwise;
+mod adam;
+mod conv;
+mod elementwise;
 mod host;
-pub mod matmul;
-pub mod softmax;
+mod matmul;
+mod softmax;
 #[cfg(test)]
 mod testing;
 

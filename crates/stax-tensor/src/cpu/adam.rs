@@ -50,7 +50,7 @@ fn validate(h: &AdamHyper) -> Result<(), TensorError> {
 /// [`TensorError::Shape`] if the shapes differ, [`TensorError::InvalidArgument`] for a
 /// non-finite hyper-parameter or a bias correction `<= 0`, [`TensorError::Aliased`] if `p`, `m`
 /// or `v` shares its buffer; dtype and device errors.
-pub fn adam_update(
+pub(crate) fn adam_update(
     p: &mut Tensor,
     g: &Tensor,
     m: &mut Tensor,

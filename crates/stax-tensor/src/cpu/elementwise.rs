@@ -12,7 +12,7 @@ use crate::{DType, Shape, Tensor, TensorError};
 /// # Errors
 /// [`TensorError::InvalidArgument`] for a non-zero `value` on a `U32` tensor;
 /// [`TensorError::Aliased`] if `t` shares its buffer; [`TensorError::DeviceMismatch`].
-pub fn fill(t: &mut Tensor, value: f32) -> Result<(), TensorError> {
+pub(crate) fn fill(t: &mut Tensor, value: f32) -> Result<(), TensorError> {
     const OP: &str = "fill";
     match t.dtype() {
         DType::F32 => data_mut(OP, t)?.fill(value),
@@ -38,7 +38,7 @@ fn expect_bias(op: &'static str, bias: &Tensor, of: &Tensor) -> Result<usize, Te
 ///
 /// # Errors
 /// [`TensorError::Shape`] if `b` is not `[last]`; dtype, device and alias errors as usual.
-pub fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
+pub(crate) fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
     const OP: &str = "bias_add";
     let c = expect_bias(OP, b, y)?;
     let bias = data(OP, b)?;
@@ -50,7 +50,7 @@ pub fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
 }
 
 /// Adds `bias` (length `c > 0`) to every row of the row-major `[_, c]` matrix `y`.
-pub(crate) fn add_rows(y: &mut [f32], bias: &[f32]) {
+fn add_rows(y: &mut [f32], bias: &[f32]) {
     for row in y.chunks_exact_mut(bias.len()) {
         for (v, b) in row.iter_mut().zip(bias) {
             *v += b;
@@ -62,7 +62,7 @@ pub(crate) fn add_rows(y: &mut [f32], bias: &[f32]) {
 ///
 /// # Errors
 /// [`TensorError::Shape`] if `db` is not `[dy.shape().last()]`; dtype, device and alias errors.
-pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
+pub(crate) fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
     const OP: &str = "bias_grad";
     expect_bias(OP, db, dy)?;
     let dy = data(OP, dy)?;
@@ -105,7 +105,7 @@ fn expect_mask(op: &'static str, mask: &Tensor, numel: usize) -> Result<(), Tens
 /// # Errors
 /// [`TensorError::Shape`] for a mask of the wrong length, [`TensorError::DType`] unless `x` is
 /// f32 and the mask u32, [`TensorError::Aliased`] if either output shares its buffer.
-pub fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
+pub(crate) fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
     const OP: &str = "relu";
     let numel = x.numel();
     let Some(mask) = mask else {
@@ -133,7 +133,7 @@ pub fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError
 ///
 /// # Errors
 /// As [`relu`]; `mask` must hold `ceil(dy.numel() / 32)` u32 words.
-pub fn relu_bwd(dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
+pub(crate) fn relu_bwd(dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
     const OP: &str = "relu_bwd";
     expect_mask(OP, mask, dy.numel())?;
     let bits = words(OP, mask)?;

@@ -154,7 +154,7 @@ const OP: &str = "matmul";
 /// [`TensorError::Shape`] for a non-matrix operand or disagreeing dimensions,
 /// [`TensorError::DType`] / [`TensorError::DeviceMismatch`] for a non-f32 or non-CPU operand,
 /// [`TensorError::Aliased`] if `c` shares its buffer.
-pub fn matmul(
+pub(crate) fn matmul(
     a: &Tensor,
     b: &Tensor,
     transpose_a: bool,

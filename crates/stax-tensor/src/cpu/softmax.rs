@@ -20,7 +20,7 @@ const OP: &str = "softmax_xent";
 /// [`TensorError::Shape`] unless logits are 2-D and labels and dlogits have their shape;
 /// [`TensorError::InvalidArgument`] if `n` or `k` is 0 (the mean is undefined);
 /// dtype, device and alias errors as for every op.
-pub fn softmax_xent(
+pub(crate) fn softmax_xent(
     logits: &Tensor,
     labels: &Tensor,
     dlogits: &mut Tensor,
