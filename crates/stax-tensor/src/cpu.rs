@@ -127,6 +127,16 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    /// A direct host copy (no staging buffer); same checks as the trait's default.
+    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
+        const OP: &str = "copy";
+        dst.expect_dtype(OP, src.dtype())?;
+        dst.expect_shape(OP, src.shape())?;
+        // Same shape and dtype, and both views check `bytes == numel * size`: equal lengths.
+        bytes_of_mut(OP, dst)?.copy_from_slice(bytes_of(OP, src)?);
+        Ok(())
+    }
+
     fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError> {
         elementwise::fill(t, value)
     }
@@ -275,6 +285,33 @@ mod tests {
         assert!(matches!(
             be.upload(&src, &mut t),
             Err(TensorError::Aliased { op: "upload" })
+        ));
+    }
+
+    #[test]
+    fn copy_and_duplicate() {
+        let be = backend();
+        let src = tensor(&be, &[1.0, 2.0, 3.0, 4.0], [2, 2]);
+        let mut dst = tensor(&be, &[0.0; 4], [2, 2]);
+        be.copy(&src, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        let dup = src.duplicate().unwrap();
+        assert!(!dup.same_buffer(&src));
+        assert_eq!(dup.to_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        let mut wrong = tensor(&be, &[0.0; 4], [4]);
+        assert!(matches!(
+            be.copy(&src, &mut wrong),
+            Err(TensorError::Shape { .. })
+        ));
+        let mut words = Tensor::empty(&be, [2, 2], DType::U32, Category::Other).unwrap();
+        assert!(matches!(
+            be.copy(&src, &mut words),
+            Err(TensorError::DType { .. })
+        ));
+        let _view = dst.clone();
+        assert!(matches!(
+            be.copy(&src, &mut dst),
+            Err(TensorError::Aliased { op: "copy" })
         ));
     }
 
