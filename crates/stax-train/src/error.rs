@@ -183,7 +183,9 @@ pub enum TrainError {
         got: stax_tensor::Shape,
     },
     /// The loss was NaN or infinite; the update was not applied.
-    #[error("train: step {step} gave a non-finite loss ({loss}); parameters and optimizer state are unchanged")]
+    #[error(
+        "train: step {step} gave a non-finite loss ({loss}); parameters and optimizer state are unchanged"
+    )]
     NonFiniteLoss {
         /// The step that failed, from 1.
         step: u64,
