@@ -325,8 +325,10 @@ mod tests {
     }
 
     #[test]
-    fn workspace_is_freed_after_conv() {
-        let be = backend();
+    fn workspace_is_bounded_and_freed_after_conv() {
+        // 50 output pixels with 27-float patches: a whole-batch im2col would take 5400 bytes;
+        // a 1 KiB bound gives chunks of 9 rows (972 bytes).
+        let be = super::testing::backend_with_workspace(1024);
         let g = Conv2dGeometry::new(
             &[2, 5, 5, 3].into(),
             &[3, 3, 3, 4].into(),
@@ -334,17 +336,20 @@ mod tests {
             crate::Padding::Same,
         )
         .unwrap();
-        let x = tensor(&be, &vec![0.5; 150], [2, 5, 5, 3]);
-        let w = tensor(&be, &vec![0.25; 108], [3, 3, 3, 4]);
+        let x = tensor(&be, &[0.5; 150], [2, 5, 5, 3]);
+        let w = tensor(&be, &[0.25; 108], [3, 3, 3, 4]);
         let b = tensor(&be, &[0.0; 4], [4]);
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation).unwrap();
         be.conv2d(&x, &w, &b, &g, &mut y).unwrap();
+        let mut dx = Tensor::empty(&be, g.input_shape(), DType::F32, Category::Other).unwrap();
+        be.conv2d_bwd_data(&y, &w, &g, &mut dx).unwrap();
         let stats = be.allocator().stats();
-        let ws = &stats.by_category[Category::Workspace.index()];
-        assert_eq!(ws.live, 0, "workspace still live after conv2d");
-        assert!(
-            stats.peak_by_category[Category::Workspace.index()] > 0,
-            "no workspace was used"
+        let ws = Category::Workspace.index();
+        assert_eq!(
+            stats.by_category[ws].live, 0,
+            "workspace still live after the convs"
         );
+        let peak = stats.peak_by_category[ws];
+        assert!(peak > 0 && peak <= 2048, "workspace peak {peak} bytes");
     }
 }
