@@ -240,7 +240,8 @@ impl Allocator {
 
     /// Exact statistics at this instant (see [`Stats`]).
     pub fn stats(&self) -> Stats {
-        let g = self.lock();
+        let mut g = self.lock();
+        g.pool.settle();
         assemble(
             &g.counters,
             &g.book,
@@ -274,7 +275,8 @@ impl Allocator {
     /// Every segment and block (offset, size, state, category), with the stats of the same
     /// instant.
     pub fn snapshot(&self) -> Snapshot {
-        let g = self.lock();
+        let mut g = self.lock();
+        g.pool.settle();
         Snapshot {
             backend: self.backend.name(),
             strategy: self.strategy.to_string(),

@@ -7,6 +7,13 @@
 //! lookup, O(log n), never a list scan (XLA's bins, exact). Allocation splits the chosen block
 //! when the remainder is at least `min_split` bytes; freeing coalesces with free neighbours.
 //! Ties between equal sizes go to the lowest address, so placement is deterministic.
+//!
+//! Quick reuse: the last [`PARK_SLOTS`] freed blocks are *parked* (dlmalloc's fastbins,
+//! tcmalloc's per-size lists) so that an allocation of exactly the same size takes one back
+//! without touching the index. A parked block is coalesced as usual when it leaves the quick
+//! list, when a best-fit lookup misses (so no request ever fails or reserves more because of
+//! it), and before any figure is read ([`Arena::settle`]): every statistic and snapshot shows
+//! the fully coalesced state.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +30,9 @@ pub(crate) struct Tag {
     pub requested: u64,
 }
 
+/// Number of freed blocks kept for exact-size reuse before they are coalesced.
+pub(crate) const PARK_SLOTS: usize = 16;
+
 #[derive(Debug, Clone)]
 struct Node {
     addr: u64,
@@ -30,8 +40,17 @@ struct Node {
     segment: u64,
     prev: u32,
     next: u32,
-    /// Some for a used block; None for a free block (or a vacant slab slot).
+    /// Some for a used block; None for a free or parked block (or a vacant slab slot).
     tag: Option<Tag>,
+    /// Free but parked on the quick list: not in the index, not coalesced.
+    parked: bool,
+}
+
+impl Node {
+    /// Free and in the index (may be merged with a neighbour).
+    fn is_free(&self) -> bool {
+        self.tag.is_none() && !self.parked
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,13 +72,23 @@ pub(crate) struct Taken {
     pub segment: u64,
 }
 
+/// The free index key: size in the high 64 bits, address in the low ones, so one integer
+/// comparison orders by (size, addr).
+fn key(size: usize, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
+
 /// Segments cut into blocks, with an ordered index of free blocks.
 #[derive(Debug)]
 pub(crate) struct Arena {
     nodes: Vec<Node>,
     vacant: Vec<u32>,
-    free: BTreeMap<(usize, u64), u32>,
+    free: BTreeMap<u128, u32>,
     segments: BTreeMap<u64, SegRec>,
+    /// Parked blocks, oldest first: (size, id).
+    parked: [(usize, u32); PARK_SLOTS],
+    parked_len: usize,
+    /// Bytes of free and parked blocks.
     free_bytes: u64,
     reserved: u64,
     min_split: usize,
@@ -75,6 +104,8 @@ impl Arena {
             vacant: Vec::new(),
             free: BTreeMap::new(),
             segments: BTreeMap::new(),
+            parked: [(0, NIL); PARK_SLOTS],
+            parked_len: 0,
             free_bytes: 0,
             reserved: 0,
             min_split: min_split.max(1),
@@ -88,14 +119,17 @@ impl Arena {
         self.reserved
     }
 
-    /// Bytes of all free blocks.
+    /// Bytes of all free blocks (parked ones included).
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
 
-    /// Size of the largest free block (0 when none).
+    /// Size of the largest free block (0 when none); exact after [`settle`](Arena::settle).
     pub fn largest_free(&self) -> usize {
-        self.free.keys().next_back().map_or(0, |k| k.0)
+        self.free
+            .keys()
+            .next_back()
+            .map_or(0, |k| (k >> 64) as usize)
     }
 
     /// Number of segments.
@@ -117,6 +151,7 @@ impl Arena {
     fn vacate(&mut self, id: u32) {
         let n = &mut self.nodes[id as usize];
         n.tag = None;
+        n.parked = false;
         n.prev = NIL;
         n.next = NIL;
         n.size = 0;
@@ -136,6 +171,7 @@ impl Arena {
             prev: NIL,
             next: NIL,
             tag: None,
+            parked: false,
         };
         let Some(id) = self.new_node(node) else {
             return false;
@@ -147,17 +183,54 @@ impl Arena {
                 first: id,
             },
         );
-        self.free.insert((seg.bytes, seg.addr), id);
+        self.free.insert(key(seg.bytes, seg.addr), id);
         self.free_bytes += seg.bytes as u64;
         self.reserved += seg.bytes as u64;
         true
     }
 
-    /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties),
-    /// split if the remainder is at least `min_split`, marked used with `tag`.
+    /// A block of at least `size` bytes, marked used with `tag`: a parked block of exactly
+    /// `size` bytes if there is one (the most recently freed), else best-fit; when best-fit
+    /// misses, the parked blocks are coalesced and best-fit tried again.
     pub fn alloc(&mut self, size: usize, tag: Tag) -> Option<Taken> {
-        let (&(bsize, baddr), &id) = self.free.range((size, 0)..).next()?;
-        self.free.remove(&(bsize, baddr));
+        if let Some(t) = self.unpark(size, tag) {
+            return Some(t);
+        }
+        if let Some(t) = self.best_fit(size, tag) {
+            return Some(t);
+        }
+        if self.parked_len == 0 {
+            return None;
+        }
+        self.settle();
+        self.best_fit(size, tag)
+    }
+
+    fn unpark(&mut self, size: usize, tag: Tag) -> Option<Taken> {
+        let i = self.parked[..self.parked_len]
+            .iter()
+            .rposition(|p| p.0 == size)?;
+        let id = self.parked[i].1;
+        self.parked.copy_within(i + 1..self.parked_len, i);
+        self.parked_len -= 1;
+        self.free_bytes -= size as u64;
+        let n = &mut self.nodes[id as usize];
+        n.parked = false;
+        n.tag = Some(tag);
+        Some(Taken {
+            id,
+            addr: n.addr,
+            size: n.size,
+            segment: n.segment,
+        })
+    }
+
+    /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties),
+    /// split if the remainder is at least `min_split`.
+    fn best_fit(&mut self, size: usize, tag: Tag) -> Option<Taken> {
+        let (&k, &id) = self.free.range(key(size, 0)..).next()?;
+        self.free.remove(&k);
+        let (bsize, baddr) = ((k >> 64) as usize, k as u64);
         self.free_bytes -= bsize as u64;
         let rem = bsize - size;
         if rem >= self.min_split {
@@ -165,13 +238,15 @@ impl Arena {
                 let n = &self.nodes[id as usize];
                 (n.segment, n.next)
             };
+            let raddr = baddr + size as u64;
             let rest = Node {
-                addr: baddr + size as u64,
+                addr: raddr,
                 size: rem,
                 segment,
                 prev: id,
                 next,
                 tag: None,
+                parked: false,
             };
             if let Some(rid) = self.new_node(rest) {
                 if next != NIL {
@@ -180,7 +255,7 @@ impl Arena {
                 let n = &mut self.nodes[id as usize];
                 n.next = rid;
                 n.size = size;
-                self.free.insert((rem, baddr + size as u64), rid);
+                self.free.insert(key(rem, raddr), rid);
                 self.free_bytes += rem as u64;
             }
         }
@@ -194,21 +269,55 @@ impl Arena {
         })
     }
 
-    /// Frees the used block `id`, coalescing it with free neighbours. Returns the freed block's
-    /// size and tag, or None when `id` is not a used block (nothing changes then).
+    /// Frees the used block `id`: it is parked for exact-size reuse (the oldest parked block
+    /// is coalesced when the quick list is full). Returns the block's size and tag, or None
+    /// when `id` is not a used block (nothing changes then).
     pub fn free(&mut self, id: u32) -> Option<(usize, Tag)> {
         let node = self.nodes.get_mut(id as usize)?;
         let tag = node.tag.take()?;
-        let freed = node.size;
+        node.parked = true;
+        let size = node.size;
+        self.free_bytes += size as u64;
+        if self.parked_len == PARK_SLOTS {
+            let oldest = self.parked[0].1;
+            self.parked.copy_within(1.., 0);
+            self.parked_len -= 1;
+            self.release_parked(oldest);
+        }
+        self.parked[self.parked_len] = (size, id);
+        self.parked_len += 1;
+        Some((size, tag))
+    }
+
+    /// Coalesces every parked block, so that the index and all figures are exact.
+    pub fn settle(&mut self) {
+        for i in 0..self.parked_len {
+            let id = self.parked[i].1;
+            self.release_parked(id);
+        }
+        self.parked_len = 0;
+    }
+
+    /// Takes parked block `id` off the quick list state and coalesces it into the index.
+    fn release_parked(&mut self, id: u32) {
+        let n = &mut self.nodes[id as usize];
+        n.parked = false;
+        self.free_bytes -= n.size as u64;
+        self.coalesce(id);
+    }
+
+    /// Inserts the free block `id` (not in the index, its bytes not in `free_bytes`) into the
+    /// index, merged with its free neighbours.
+    fn coalesce(&mut self, id: u32) {
         let mut id = id;
         // Merge with the next block.
         let next = self.nodes[id as usize].next;
-        if next != NIL && self.nodes[next as usize].tag.is_none() {
+        if next != NIL && self.nodes[next as usize].is_free() {
             let (naddr, nsize, nnext) = {
                 let n = &self.nodes[next as usize];
                 (n.addr, n.size, n.next)
             };
-            self.free.remove(&(nsize, naddr));
+            self.free.remove(&key(nsize, naddr));
             self.free_bytes -= nsize as u64;
             let n = &mut self.nodes[id as usize];
             n.size += nsize;
@@ -220,13 +329,13 @@ impl Arena {
         }
         // Merge into the previous block.
         let prev = self.nodes[id as usize].prev;
-        if prev != NIL && self.nodes[prev as usize].tag.is_none() {
+        if prev != NIL && self.nodes[prev as usize].is_free() {
             let (size, next) = {
                 let n = &self.nodes[id as usize];
                 (n.size, n.next)
             };
             let p = &mut self.nodes[prev as usize];
-            self.free.remove(&(p.size, p.addr));
+            self.free.remove(&key(p.size, p.addr));
             self.free_bytes -= p.size as u64;
             p.size += size;
             p.next = next;
@@ -237,26 +346,26 @@ impl Arena {
             id = prev;
         }
         let n = &self.nodes[id as usize];
-        self.free.insert((n.size, n.addr), id);
+        self.free.insert(key(n.size, n.addr), id);
         self.free_bytes += n.size as u64;
-        Some((freed, tag))
     }
 
     /// Removes every segment that is one free block and returns them, in address order, for
     /// the caller to release to the backend.
     pub fn take_free_segments(&mut self) -> Vec<Segment> {
+        self.settle();
         let idle: Vec<(u64, SegRec)> = self
             .segments
             .iter()
             .filter(|(_, s)| {
                 let n = &self.nodes[s.first as usize];
-                n.tag.is_none() && n.next == NIL
+                n.is_free() && n.next == NIL
             })
             .map(|(&a, &s)| (a, s))
             .collect();
         let mut out = Vec::with_capacity(idle.len());
         for (addr, s) in idle {
-            self.free.remove(&(s.bytes, addr));
+            self.free.remove(&key(s.bytes, addr));
             self.free_bytes -= s.bytes as u64;
             self.reserved -= s.bytes as u64;
             self.segments.remove(&addr);
@@ -284,7 +393,8 @@ impl Arena {
         out
     }
 
-    /// Every segment and its blocks, in address order.
+    /// Every segment and its blocks, in address order (parked blocks show as free; call
+    /// [`settle`](Arena::settle) first for the coalesced picture).
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         self.segments
             .iter()
@@ -342,11 +452,13 @@ mod tests {
         assert_eq!(a.free_bytes(), 1024);
         // Free the middle: two free blocks of 1024; best fit of 512 takes the lowest address.
         a.free(y.id).unwrap();
+        a.settle();
         let w = a.alloc(512, tag(512)).unwrap();
         assert_eq!(w.addr, 5120);
         a.free(w.id).unwrap();
         a.free(x.id).unwrap();
         a.free(z.id).unwrap();
+        a.settle();
         assert_eq!(a.largest_free(), 4096);
         assert_eq!(a.free(z.id), None, "double free is refused");
         let segs = a.take_free_segments();
@@ -371,5 +483,41 @@ mod tests {
         assert_eq!(t.size, 4096);
         assert_eq!(a.free_bytes(), 0);
         assert_eq!(a.free(t.id).map(|f| f.0), Some(4096));
+    }
+
+    #[test]
+    fn parked_blocks_are_reused_exactly_and_coalesced_on_demand() {
+        let mut a = Arena::new(256, PoolKind::Small);
+        a.add_segment(Segment {
+            addr: 0,
+            bytes: 1 << 20,
+        });
+        let x = a.alloc(4096, tag(4000)).unwrap();
+        a.free(x.id).unwrap();
+        assert_eq!(a.free_bytes(), 1 << 20, "parked bytes count as free");
+        let y = a.alloc(4096, tag(4096)).unwrap();
+        assert_eq!(
+            (y.id, y.addr),
+            (x.id, x.addr),
+            "the parked block is taken back"
+        );
+        a.free(y.id).unwrap();
+        // A request no parked block fits exactly and best-fit cannot serve: settle, retry.
+        let big = a.alloc(1 << 20, tag(1 << 20)).unwrap();
+        assert_eq!((big.addr, big.size), (0, 1 << 20));
+        a.free(big.id).unwrap();
+        // More frees than slots: the oldest are coalesced as they leave the quick list.
+        let blocks: Vec<_> = (0..40).map(|_| a.alloc(512, tag(512)).unwrap()).collect();
+        for b in &blocks {
+            a.free(b.id).unwrap();
+        }
+        assert_eq!(a.parked_len, PARK_SLOTS);
+        a.settle();
+        assert_eq!(
+            (a.parked_len, a.largest_free(), a.free_bytes()),
+            (0, 1 << 20, 1 << 20)
+        );
+        assert_eq!(a.snapshot()[0].blocks.len(), 1);
+        assert_eq!(a.take_free_segments().len(), 1);
     }
 }

@@ -164,10 +164,21 @@ impl fmt::Display for OomReport {
                 human_bytes(self.largest_free_block)
             )?;
         } else {
-            writeln!(
-                f,
-                "  does not fit now: free live allocations (or reserve less elsewhere) and retry"
-            )?;
+            let available = self.cached.saturating_add(self.driver_free.unwrap_or(0));
+            match self.driver_free {
+                Some(free) if available < self.requested => writeln!(
+                    f,
+                    "  does not fit now: the device has {} free and the allocator caches {}: \
+                     {} short; free live allocations and retry",
+                    human_bytes(free),
+                    human_bytes(self.cached),
+                    human_bytes(self.requested - available)
+                )?,
+                _ => writeln!(
+                    f,
+                    "  does not fit now: free live allocations (or reserve less elsewhere) and retry"
+                )?,
+            }
         }
         writeln!(f, "  reserved           {}", human_bytes(self.reserved))?;
         write!(f, "  allocated          {}", human_bytes(self.allocated))?;

@@ -265,6 +265,8 @@ pub(crate) trait Pool: Send + fmt::Debug {
     fn release_cached(&mut self, mem: &mut Metered<'_>) -> Result<(), AllocError>;
     /// Returns every segment (the allocator is being dropped; nothing is live).
     fn release_all(&mut self, mem: &mut Metered<'_>);
+    /// Coalesces any deferred frees, so that the figures below and the snapshot are exact.
+    fn settle(&mut self) {}
     fn largest_free(&self) -> u64;
     fn free_bytes(&self) -> u64;
     /// The largest block this pool could ever hand out, if bounded.

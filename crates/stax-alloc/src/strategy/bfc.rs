@@ -91,6 +91,10 @@ impl Pool for Bfc {
         }
     }
 
+    fn settle(&mut self) {
+        self.arena.settle();
+    }
+
     fn largest_free(&self) -> u64 {
         self.arena.largest_free() as u64
     }

@@ -156,6 +156,11 @@ impl Pool for Caching {
         }
     }
 
+    fn settle(&mut self) {
+        self.small.settle();
+        self.large.settle();
+    }
+
     fn largest_free(&self) -> u64 {
         self.small.largest_free().max(self.large.largest_free()) as u64
     }
