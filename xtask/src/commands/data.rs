@@ -107,11 +107,12 @@ pub fn run(args: DataArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|m| m.len())
             .sum();
         println!(
-            "data: {split}: {} images of {:?} -> {}, {} ({bytes} bytes gzipped)",
-            labels.data.len(),
+            "data: {split}: images {:?}, labels {:?} -> {} and {} in {} ({bytes} bytes)",
             images.dims,
-            out.join(image_file).display(),
+            labels.dims,
+            image_file,
             label_file,
+            out.display(),
         );
     }
     Ok(())

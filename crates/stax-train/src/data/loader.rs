@@ -31,7 +31,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
 
 use super::Dataset;
-use super::resize::resize_bilinear;
+use super::resize::{check_resizable, resize_bilinear};
 use crate::error::TrainError;
 
 const PHI: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -215,21 +215,7 @@ pub fn fill_batch(
     if b == 0 {
         return Err(TrainError::ZeroBatchSize { op: OP });
     }
-    if oh == 0 || ow == 0 || oc == 0 {
-        return Err(TrainError::BadShape {
-            op: OP,
-            what: "model input".into(),
-            shape: vec![oh as u64, ow as u64, oc as u64],
-            expected: "every extent must be at least 1",
-        });
-    }
-    if oc != c && c != 1 {
-        return Err(TrainError::BadChannels {
-            op: OP,
-            from: c,
-            to: oc,
-        });
-    }
+    check_resizable(OP, (h, w, c), out_hwc)?;
     let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
     if super::checked_volume(&[b, per_out]) != Some(images.len()) {
         return Err(TrainError::ShapeMismatch {

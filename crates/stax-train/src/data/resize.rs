@@ -71,26 +71,7 @@ pub fn resize_bilinear(
     dst: &mut [f32],
     (oh, ow, oc): (usize, usize, usize),
 ) -> Result<(), TrainError> {
-    for (what, shape) in [
-        ("source image", [h, w, c]),
-        ("destination image", [oh, ow, oc]),
-    ] {
-        if shape.contains(&0) {
-            return Err(TrainError::BadShape {
-                op: OP,
-                what: what.into(),
-                shape: shape.iter().map(|&d| d as u64).collect(),
-                expected: "every extent must be at least 1",
-            });
-        }
-    }
-    if c != oc && c != 1 {
-        return Err(TrainError::BadChannels {
-            op: OP,
-            from: c,
-            to: oc,
-        });
-    }
+    check_resizable(OP, (h, w, c), (oh, ow, oc))?;
     check_len("source buffer", src.len(), [h, w, c])?;
     check_len("destination buffer", dst.len(), [oh, ow, oc])?;
 
@@ -124,6 +105,36 @@ pub fn resize_bilinear(
 /// exactly their value (a constant image stays constant in f32).
 fn lerp(a: f32, b: f32, t: f32) -> f32 {
     a + t * (b - a)
+}
+
+/// Checks that an image of shape `from` can be resized to `to` by [`resize_bilinear`]: no
+/// zero extent, and channels kept (`c == oc`) or replicated from gray (`c == 1`).
+///
+/// # Errors
+/// [`TrainError::BadShape`] for a zero extent; [`TrainError::BadChannels`].
+pub(crate) fn check_resizable(
+    op: &'static str,
+    from: (usize, usize, usize),
+    to: (usize, usize, usize),
+) -> Result<(), TrainError> {
+    for (what, (h, w, c)) in [("source image", from), ("destination image", to)] {
+        if h == 0 || w == 0 || c == 0 {
+            return Err(TrainError::BadShape {
+                op,
+                what: what.into(),
+                shape: vec![h as u64, w as u64, c as u64],
+                expected: "every extent must be at least 1",
+            });
+        }
+    }
+    if from.2 != to.2 && from.2 != 1 {
+        return Err(TrainError::BadChannels {
+            op,
+            from: from.2,
+            to: to.2,
+        });
+    }
+    Ok(())
 }
 
 fn check_len(what: &'static str, len: usize, shape: [usize; 3]) -> Result<(), TrainError> {
