@@ -3,6 +3,9 @@
 //! This facade re-exports the five crates: [`stax_alloc`] (allocator and accounting),
 //! [`stax_tensor`] (tensors, devices, CPU and CUDA backends), [`stax_layers`] (stax layers and
 //! the loss), [`stax_optim`] (Adam) and [`stax_train`] (data, loop, reports).
+//!
+//! The README follows; its library example runs as a doctest.
+#![doc = include_str!("../README.md")]
 
 pub use stax_alloc as alloc;
 pub use stax_layers as layers;
