@@ -85,22 +85,30 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
 fn load(args: &Args) -> Result<(Dataset, Dataset), Error> {
     match (&args.data, &args.test_data) {
         (None, None) => Ok(fashion_mnist_2class()?),
-        (Some(train), Some(test)) => {
-            Ok((Dataset::from_npz(train, None, None)?, Dataset::from_npz(test, None, None)?))
-        }
+        (Some(train), Some(test)) => Ok((
+            Dataset::from_npz(train, None, None)?,
+            Dataset::from_npz(test, None, None)?,
+        )),
         _ => Err("--data and --test-data go together".into()),
     }
 }
 
 fn line(r: &StepReport, total: u64) -> String {
-    format!("step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}", r.step, r.loss, r.step_ms, r.memory)
+    format!(
+        "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}",
+        r.step, r.loss, r.step_ms, r.memory
+    )
 }
 
 fn main() -> Result<(), Error> {
     let args = Args::parse();
     let backend = open_backend(&args)?;
     let (train, test) = load(&args)?;
-    let img = args.img.unwrap_or(if backend.device() == Device::Cpu { 28 } else { 200 });
+    let img = args.img.unwrap_or(if backend.device() == Device::Cpu {
+        28
+    } else {
+        200
+    });
     let (_, _, c) = train.image_shape();
     let channels = c.max(3);
     let hwc = (img, img, channels);
@@ -128,10 +136,16 @@ fn main() -> Result<(), Error> {
         backend.precision(),
         backend.allocator().strategy()
     );
-    println!("parameters: {} ({} bytes)", trainer.params().numel(), trainer.params().bytes());
+    println!(
+        "parameters: {} ({} bytes)",
+        trainer.params().numel(),
+        trainer.params().bytes()
+    );
     let mut json = args.json.as_ref().map(std::fs::File::create).transpose()?;
     let bar = ProgressBar::new(total);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]")?);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
+    )?);
     'epochs: for epoch in 0..args.epochs {
         for indices in loader.batches(epoch) {
             if trainer.steps() >= total {

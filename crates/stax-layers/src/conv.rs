@@ -30,7 +30,12 @@ impl Conv {
         strides: (usize, usize),
         padding: Padding,
     ) -> Self {
-        Conv { out_chan, filter_shape, strides, padding }
+        Conv {
+            out_chan,
+            filter_shape,
+            strides,
+            padding,
+        }
     }
 
     /// Stride 1, SAME padding: the seed model's convs.
@@ -40,7 +45,11 @@ impl Conv {
 
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
         let (kh, kw) = self.filter_shape;
-        let c_in = if input.rank() == 4 { input.dims()[3] } else { 0 };
+        let c_in = if input.rank() == 4 {
+            input.dims()[3]
+        } else {
+            0
+        };
         let w = Shape::new([kh, kw, c_in, self.out_chan]);
         Conv2dGeometry::new(input, &w, self.strides, self.padding).map_err(|e| LayerError::Shape {
             layer: self.name(),
@@ -66,7 +75,10 @@ impl Layer for Conv {
             Padding::Same => "SAME",
             Padding::Valid => "VALID",
         };
-        format!("conv({}, {kh}x{kw}, stride {sh}x{sw}, {pad})", self.out_chan)
+        format!(
+            "conv({}, {kh}x{kw}, stride {sh}x{sw}, {pad})",
+            self.out_chan
+        )
     }
 
     fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError> {
@@ -86,13 +98,25 @@ impl Layer for Conv {
             ParamSpec {
                 name: "w",
                 shape: g.filter_shape(),
-                init: Init::GlorotNormal { in_axis: 2, out_axis: 3 },
+                init: Init::GlorotNormal {
+                    in_axis: 2,
+                    out_axis: 3,
+                },
             },
-            ParamSpec { name: "b", shape: Shape::new([g.c_out]), init: Init::Normal(1e-6) },
+            ParamSpec {
+                name: "b",
+                shape: Shape::new([g.c_out]),
+                init: Init::Normal(1e-6),
+            },
         ])
     }
 
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+    fn apply(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
         let g = self.geometry(x.shape())?;
         let wb = self.weights(params, x.shape())?;
         let be = x.backend().clone();
@@ -111,7 +135,10 @@ impl Layer for Conv {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let x = cx.take_tensors(self)?.pop().ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let x = cx
+            .take_tensors(self)?
+            .pop()
+            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
         let g = self.geometry(x.shape())?;
         let wb = self.weights(params, x.shape())?;
         let be = dy.backend().clone();

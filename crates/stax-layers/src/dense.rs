@@ -46,21 +46,39 @@ impl Layer for Dense {
             return Err(bad("out_dim must be positive"));
         }
         if input.rank() == 0 || input.last() == 0 {
-            return Err(bad("expected an input with a non-empty last (feature) axis"));
+            return Err(bad(
+                "expected an input with a non-empty last (feature) axis",
+            ));
         }
         Ok(with_last(input, self.0))
     }
 
     fn param_specs(&self, input: &Shape) -> Result<Vec<ParamSpec>, LayerError> {
         self.output_shape(input)?;
-        let glorot = Init::GlorotNormal { in_axis: 0, out_axis: 1 };
+        let glorot = Init::GlorotNormal {
+            in_axis: 0,
+            out_axis: 1,
+        };
         Ok(vec![
-            ParamSpec { name: "w", shape: Shape::new([input.last(), self.0]), init: glorot },
-            ParamSpec { name: "b", shape: Shape::new([self.0]), init: Init::Normal(1e-2) },
+            ParamSpec {
+                name: "w",
+                shape: Shape::new([input.last(), self.0]),
+                init: glorot,
+            },
+            ParamSpec {
+                name: "b",
+                shape: Shape::new([self.0]),
+                init: Init::Normal(1e-2),
+            },
         ])
     }
 
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+    fn apply(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
         let out_shape = self.output_shape(x.shape())?;
         let wb = self.weights(params, x.shape())?;
         let (rows, k) = as_matrix(x.shape());
@@ -83,7 +101,10 @@ impl Layer for Dense {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let x2 = cx.take_tensors(self)?.pop().ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let x2 = cx
+            .take_tensors(self)?
+            .pop()
+            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
         let wb = self.weights(params, x2.shape())?;
         let in_shape = with_last(dy.shape(), x2.shape().last());
         let dy2 = dy.reshape([x2.dims()[0], self.0])?;

@@ -25,7 +25,9 @@ pub enum LayerError {
         reason: String,
     },
     /// `vjp` was called without a matching training-mode `apply`.
-    #[error("{layer}: backward pass without saved forward state (apply in training mode first, and run vjp in reverse order)")]
+    #[error(
+        "{layer}: backward pass without saved forward state (apply in training mode first, and run vjp in reverse order)"
+    )]
     NothingSaved {
         /// The layer.
         layer: String,

@@ -28,7 +28,12 @@ impl Layer for Flatten {
         Ok(Vec::new())
     }
 
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+    fn apply(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
         params.expect_leaf(self, &[])?;
         let out = self.output_shape(x.shape())?;
         cx.save(Saved::Shape(x.shape().clone()));
@@ -44,7 +49,11 @@ impl Layer for Flatten {
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
         params.expect_leaf(self, &[])?;
         let shape = cx.take_shape(self)?;
-        let dx = if need_dx { Some(dy.reshape(shape)?) } else { None };
+        let dx = if need_dx {
+            Some(dy.reshape(shape)?)
+        } else {
+            None
+        };
         Ok((dx, Params::Leaf(Vec::new())))
     }
 }

@@ -1,7 +1,7 @@
 //! Seeded random initialization, with stax's initializers.
 
-use crate::layer::{Init, ParamSpec};
 use crate::LayerError;
+use crate::layer::{Init, ParamSpec};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::StandardNormal;
@@ -40,10 +40,14 @@ impl Rng {
     pub fn sample(&mut self, spec: &ParamSpec) -> Result<Vec<f32>, LayerError> {
         let n = spec.shape.numel();
         match spec.init {
-            Init::Normal(stddev) => Ok((0..n).map(|_| (self.normal() * stddev as f64) as f32).collect()),
+            Init::Normal(stddev) => Ok((0..n)
+                .map(|_| (self.normal() * stddev as f64) as f32)
+                .collect()),
             Init::GlorotNormal { in_axis, out_axis } => {
                 let stddev = glorot_stddev(spec, in_axis, out_axis)?;
-                Ok((0..n).map(|_| (self.truncated_normal() * stddev) as f32).collect())
+                Ok((0..n)
+                    .map(|_| (self.truncated_normal() * stddev) as f32)
+                    .collect())
             }
         }
     }
@@ -65,7 +69,10 @@ fn glorot_stddev(spec: &ParamSpec, in_axis: usize, out_axis: usize) -> Result<f6
     if in_axis >= dims.len() || out_axis >= dims.len() || in_axis == out_axis {
         return Err(LayerError::Config {
             layer: spec.name.to_string(),
-            reason: format!("glorot axes ({in_axis}, {out_axis}) do not fit shape {}", spec.shape),
+            reason: format!(
+                "glorot axes ({in_axis}, {out_axis}) do not fit shape {}",
+                spec.shape
+            ),
         });
     }
     let receptive: usize = dims
@@ -102,7 +109,10 @@ mod tests {
         let spec = ParamSpec {
             name: "w",
             shape: Shape::new([3, 3, 64, 64]),
-            init: Init::GlorotNormal { in_axis: 2, out_axis: 3 },
+            init: Init::GlorotNormal {
+                in_axis: 2,
+                out_axis: 3,
+            },
         };
         let v = Rng::new(0).sample(&spec).unwrap();
         let (mean, sd) = stats(&v);
@@ -115,7 +125,11 @@ mod tests {
 
     #[test]
     fn normal_stddev_and_reproducibility() {
-        let spec = ParamSpec { name: "b", shape: Shape::new([20000]), init: Init::Normal(1e-2) };
+        let spec = ParamSpec {
+            name: "b",
+            shape: Shape::new([20000]),
+            init: Init::Normal(1e-2),
+        };
         let a = Rng::new(7).sample(&spec).unwrap();
         let b = Rng::new(7).sample(&spec).unwrap();
         assert_eq!(a, b);
@@ -132,8 +146,14 @@ mod tests {
         let spec = ParamSpec {
             name: "w",
             shape: Shape::new([4]),
-            init: Init::GlorotNormal { in_axis: 0, out_axis: 1 },
+            init: Init::GlorotNormal {
+                in_axis: 0,
+                out_axis: 1,
+            },
         };
-        assert!(matches!(Rng::new(0).sample(&spec), Err(LayerError::Config { .. })));
+        assert!(matches!(
+            Rng::new(0).sample(&spec),
+            Err(LayerError::Config { .. })
+        ));
     }
 }

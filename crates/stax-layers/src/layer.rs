@@ -77,7 +77,10 @@ impl Params {
     ///
     /// # Errors
     /// The first error `f` returns.
-    pub fn try_map<E>(&self, f: &mut impl FnMut(&Tensor) -> Result<Tensor, E>) -> Result<Params, E> {
+    pub fn try_map<E>(
+        &self,
+        f: &mut impl FnMut(&Tensor) -> Result<Tensor, E>,
+    ) -> Result<Params, E> {
         Ok(match self {
             Params::Leaf(v) => Params::Leaf(v.iter().map(&mut *f).collect::<Result<_, _>>()?),
             Params::Seq(v) => {
@@ -103,17 +106,35 @@ impl Params {
     ///
     /// # Errors
     /// [`LayerError::Params`] if this is not a leaf or the shapes differ from `specs`.
-    pub fn expect_leaf(&self, layer: &dyn Layer, specs: &[ParamSpec]) -> Result<&[Tensor], LayerError> {
-        let bad = |reason: String| LayerError::Params { layer: layer.name(), reason };
+    pub fn expect_leaf(
+        &self,
+        layer: &dyn Layer,
+        specs: &[ParamSpec],
+    ) -> Result<&[Tensor], LayerError> {
+        let bad = |reason: String| LayerError::Params {
+            layer: layer.name(),
+            reason,
+        };
         let Params::Leaf(v) = self else {
-            return Err(bad("expected a leaf parameter list, got a nested one".into()));
+            return Err(bad(
+                "expected a leaf parameter list, got a nested one".into()
+            ));
         };
         if v.len() != specs.len() {
-            return Err(bad(format!("expected {} tensors, got {}", specs.len(), v.len())));
+            return Err(bad(format!(
+                "expected {} tensors, got {}",
+                specs.len(),
+                v.len()
+            )));
         }
         for (t, s) in v.iter().zip(specs) {
             if t.shape() != &s.shape {
-                return Err(bad(format!("{} has shape {}, expected {}", s.name, t.shape(), s.shape)));
+                return Err(bad(format!(
+                    "{} has shape {}, expected {}",
+                    s.name,
+                    t.shape(),
+                    s.shape
+                )));
             }
         }
         Ok(v)
@@ -141,12 +162,18 @@ pub struct StepContext {
 impl StepContext {
     /// A context for a training step: layers save what their `vjp` needs.
     pub fn training() -> Self {
-        StepContext { training: true, saved: Vec::new() }
+        StepContext {
+            training: true,
+            saved: Vec::new(),
+        }
     }
 
     /// A context for evaluation: nothing is saved.
     pub fn inference() -> Self {
-        StepContext { training: false, saved: Vec::new() }
+        StepContext {
+            training: false,
+            saved: Vec::new(),
+        }
     }
 
     /// Whether layers should save state for a backward pass.
@@ -168,7 +195,9 @@ impl StepContext {
     pub fn take_tensors(&mut self, layer: &dyn Layer) -> Result<Vec<Tensor>, LayerError> {
         match self.saved.pop() {
             Some(Saved::Tensors(v)) => Ok(v),
-            _ => Err(LayerError::NothingSaved { layer: layer.name() }),
+            _ => Err(LayerError::NothingSaved {
+                layer: layer.name(),
+            }),
         }
     }
 
@@ -179,7 +208,9 @@ impl StepContext {
     pub fn take_shape(&mut self, layer: &dyn Layer) -> Result<Shape, LayerError> {
         match self.saved.pop() {
             Some(Saved::Shape(s)) => Ok(s),
-            _ => Err(LayerError::NothingSaved { layer: layer.name() }),
+            _ => Err(LayerError::NothingSaved {
+                layer: layer.name(),
+            }),
         }
     }
 
@@ -235,7 +266,12 @@ pub trait Layer: fmt::Debug + Send + Sync {
             .zip(keys)
             .map(|(s, mut k)| {
                 let data = k.sample(s)?;
-                Ok(Tensor::from_slice(backend, &data, s.shape.clone(), Category::Parameter)?)
+                Ok(Tensor::from_slice(
+                    backend,
+                    &data,
+                    s.shape.clone(),
+                    Category::Parameter,
+                )?)
             })
             .collect::<Result<_, LayerError>>()?;
         Ok((out, Params::Leaf(tensors)))
@@ -245,7 +281,8 @@ pub trait Layer: fmt::Debug + Send + Sync {
     ///
     /// # Errors
     /// Parameter/shape mismatches, device mismatches, allocation errors.
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError>;
+    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext)
+    -> Result<Tensor, LayerError>;
 
     /// The backward pass: given `dy = dL/dy`, returns `dL/dx` (only if `need_dx`) and the
     /// parameter gradients, consuming what `apply` saved.

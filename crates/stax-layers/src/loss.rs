@@ -11,7 +11,10 @@ use stax_tensor::{Category, DType, Tensor};
 ///
 /// # Errors
 /// Shape mismatch, rank other than 2, empty batch, device mismatch (typed tensor errors).
-pub fn softmax_cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<(f32, Tensor), LayerError> {
+pub fn softmax_cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+) -> Result<(f32, Tensor), LayerError> {
     let be = logits.backend().clone();
     let mut d = Tensor::empty(&be, logits.shape().clone(), DType::F32, Category::Gradient)?;
     let loss = be.softmax_xent(logits, labels, &mut d)?;

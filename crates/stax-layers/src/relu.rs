@@ -25,7 +25,12 @@ impl Layer for Relu {
         Ok(Vec::new())
     }
 
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+    fn apply(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
         params.expect_leaf(self, &[])?;
         let mut y = x.into_unique()?;
         let be = y.backend().clone();
@@ -48,7 +53,10 @@ impl Layer for Relu {
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
         params.expect_leaf(self, &[])?;
-        let mask = cx.take_tensors(self)?.pop().ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let mask = cx
+            .take_tensors(self)?
+            .pop()
+            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
         let dx = if need_dx {
             let mut dx = dy.into_unique()?;
             dx.backend().clone().relu_bwd(&mut dx, &mask)?;

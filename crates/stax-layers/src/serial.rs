@@ -37,7 +37,11 @@ impl Serial {
             Params::Seq(v) if v.len() == self.0.len() => Ok(v),
             Params::Seq(v) => Err(LayerError::Params {
                 layer: self.name(),
-                reason: format!("expected {} per-layer entries, got {}", self.0.len(), v.len()),
+                reason: format!(
+                    "expected {} per-layer entries, got {}",
+                    self.0.len(),
+                    v.len()
+                ),
             }),
             Params::Leaf(_) => Err(LayerError::Params {
                 layer: self.name(),
@@ -84,9 +88,17 @@ impl Layer for Serial {
         Ok((shape, Params::Seq(params)))
     }
 
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext) -> Result<Tensor, LayerError> {
+    fn apply(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
         let children = self.children(params)?;
-        self.0.iter().zip(children).try_fold(x, |x, (layer, p)| layer.apply(p, x, cx))
+        self.0
+            .iter()
+            .zip(children)
+            .try_fold(x, |x, (layer, p)| layer.apply(p, x, cx))
     }
 
     /// Backward through the layers in reverse; only the first layer's `need_dx` is the
@@ -102,7 +114,9 @@ impl Layer for Serial {
         let mut grads = Vec::with_capacity(self.0.len());
         let mut dy = Some(dy);
         for (i, (layer, p)) in self.0.iter().zip(children).enumerate().rev() {
-            let d = dy.take().ok_or_else(|| LayerError::NothingSaved { layer: layer.name() })?;
+            let d = dy.take().ok_or_else(|| LayerError::NothingSaved {
+                layer: layer.name(),
+            })?;
             let (dx, g) = layer.vjp(p, d, cx, i > 0 || need_dx)?;
             grads.push(g);
             dy = dx;

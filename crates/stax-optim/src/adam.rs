@@ -44,19 +44,44 @@ pub struct AdamState {
 impl Adam {
     /// Adam with optax's defaults: `b1 = 0.9`, `b2 = 0.999`, `eps = 1e-8`, `eps_root = 0`.
     pub fn new(lr: f32) -> Self {
-        Adam { lr, b1: 0.9, b2: 0.999, eps: 1e-8, eps_root: 0.0 }
+        Adam {
+            lr,
+            b1: 0.9,
+            b2: 0.999,
+            eps: 1e-8,
+            eps_root: 0.0,
+        }
     }
 
     fn validate(&self) -> Result<(), OptimError> {
         let checks = [
-            ("lr", self.lr, self.lr.is_finite() && self.lr >= 0.0, "finite and >= 0"),
+            (
+                "lr",
+                self.lr,
+                self.lr.is_finite() && self.lr >= 0.0,
+                "finite and >= 0",
+            ),
             ("b1", self.b1, (0.0..1.0).contains(&self.b1), "in [0, 1)"),
             ("b2", self.b2, (0.0..1.0).contains(&self.b2), "in [0, 1)"),
-            ("eps", self.eps, self.eps.is_finite() && self.eps >= 0.0, "finite and >= 0"),
-            ("eps_root", self.eps_root, self.eps_root.is_finite() && self.eps_root >= 0.0, "finite and >= 0"),
+            (
+                "eps",
+                self.eps,
+                self.eps.is_finite() && self.eps >= 0.0,
+                "finite and >= 0",
+            ),
+            (
+                "eps_root",
+                self.eps_root,
+                self.eps_root.is_finite() && self.eps_root >= 0.0,
+                "finite and >= 0",
+            ),
         ];
         match checks.into_iter().find(|c| !c.2) {
-            Some((name, value, _, reason)) => Err(OptimError::Hyper { name, value, reason }),
+            Some((name, value, _, reason)) => Err(OptimError::Hyper {
+                name,
+                value,
+                reason,
+            }),
             None => Ok(()),
         }
     }
@@ -67,8 +92,13 @@ impl Adam {
     /// Invalid hyper-parameters; allocation errors (`2 ×` the parameters' bytes are needed).
     pub fn init(&self, params: &Params) -> Result<AdamState, OptimError> {
         self.validate()?;
-        let zeros = |t: &Tensor| Tensor::zeros(t.backend(), t.shape().clone(), Category::OptimizerState);
-        Ok(AdamState { count: 0, mu: params.try_map(&mut &zeros)?, nu: params.try_map(&mut &zeros)? })
+        let zeros =
+            |t: &Tensor| Tensor::zeros(t.backend(), t.shape().clone(), Category::OptimizerState);
+        Ok(AdamState {
+            count: 0,
+            mu: params.try_map(&mut &zeros)?,
+            nu: params.try_map(&mut &zeros)?,
+        })
     }
 
     /// optax's `update` followed by `apply_updates`, in place: one fused kernel per tensor reads
@@ -92,9 +122,14 @@ impl Adam {
             return Err(OptimError::Structure { what: "gradients" });
         }
         if !params.same_structure(&state.mu) || !params.same_structure(&state.nu) {
-            return Err(OptimError::Structure { what: "optimizer state" });
+            return Err(OptimError::Structure {
+                what: "optimizer state",
+            });
         }
-        let t = state.count.checked_add(1).ok_or(OptimError::CountOverflow)?;
+        let t = state
+            .count
+            .checked_add(1)
+            .ok_or(OptimError::CountOverflow)?;
         let h = self.hyper(t);
         let mut ps = params.leaves_mut();
         for p in ps.iter() {

@@ -64,7 +64,10 @@ impl BackendOptions {
     /// # Errors
     /// [`TensorError::Alloc`] if `STAX_ALLOCATOR` is malformed.
     pub fn from_env() -> Result<Self, TensorError> {
-        Ok(BackendOptions { strategy: Strategy::from_env()?, ..Default::default() })
+        Ok(BackendOptions {
+            strategy: Strategy::from_env()?,
+            ..Default::default()
+        })
     }
 }
 

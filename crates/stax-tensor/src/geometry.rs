@@ -99,7 +99,9 @@ impl Conv2dGeometry {
         if c_in != wc_in {
             return Err(TensorError::Shape {
                 op: OP,
-                reason: format!("input has {c_in} channels but the kernel expects {wc_in} (HWIO {w})"),
+                reason: format!(
+                    "input has {c_in} channels but the kernel expects {wc_in} (HWIO {w})"
+                ),
                 got: x.clone(),
             });
         }
@@ -168,7 +170,10 @@ mod tests {
     #[test]
     fn same_padding_matches_lax() {
         let g = geo([1, 200, 200, 3], [3, 3, 3, 64], (1, 1), Padding::Same);
-        assert_eq!((g.out_h, g.out_w, g.pad_top, g.pad_bottom), (200, 200, 1, 1));
+        assert_eq!(
+            (g.out_h, g.out_w, g.pad_top, g.pad_bottom),
+            (200, 200, 1, 1)
+        );
         // stride 2 on an even input: out 4, total pad (4-1)*2+3-8 = 1 -> (0, 1)
         let g = geo([1, 8, 8, 1], [3, 3, 1, 1], (2, 2), Padding::Same);
         assert_eq!((g.out_h, g.pad_top, g.pad_bottom), (4, 0, 1));
@@ -180,14 +185,24 @@ mod tests {
     fn valid_padding() {
         let g = geo([2, 7, 6, 1], [3, 2, 1, 4], (2, 1), Padding::Valid);
         assert_eq!(g.output_shape(), Shape::new([2, 3, 5, 4]));
-        let e = Conv2dGeometry::new(&[1, 2, 2, 1].into(), &[3, 3, 1, 1].into(), (1, 1), Padding::Valid);
+        let e = Conv2dGeometry::new(
+            &[1, 2, 2, 1].into(),
+            &[3, 3, 1, 1].into(),
+            (1, 1),
+            Padding::Valid,
+        );
         assert!(matches!(e, Err(TensorError::InvalidArgument { .. })));
     }
 
     #[test]
     fn channel_mismatch_names_the_kernel() {
-        let e = Conv2dGeometry::new(&[1, 4, 4, 3].into(), &[3, 3, 4, 64].into(), (1, 1), Padding::Same)
-            .unwrap_err();
+        let e = Conv2dGeometry::new(
+            &[1, 4, 4, 3].into(),
+            &[3, 3, 4, 64].into(),
+            (1, 1),
+            Padding::Same,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "conv2d: input has 3 channels but the kernel expects 4 (HWIO [3, 3, 4, 64]) (got [1, 4, 4, 3])"

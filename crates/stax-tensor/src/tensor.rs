@@ -42,7 +42,12 @@ impl Tensor {
                 reason: format!("shape {shape} of {dtype} overflows the address space"),
             })?;
         let buf = backend.allocator().allocate(bytes, category)?;
-        Ok(Tensor { shape, dtype, buf: Arc::new(buf), backend: backend.clone() })
+        Ok(Tensor {
+            shape,
+            dtype,
+            buf: Arc::new(buf),
+            backend: backend.clone(),
+        })
     }
 
     /// An f32 tensor of zeros.
@@ -90,7 +95,8 @@ impl Tensor {
     pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
         self.expect_dtype("to_vec", DType::F32)?;
         let mut out = vec![0f32; self.numel()];
-        self.backend.download(self, bytemuck::cast_slice_mut(&mut out))?;
+        self.backend
+            .download(self, bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
 
@@ -101,7 +107,8 @@ impl Tensor {
     pub fn to_vec_u32(&self) -> Result<Vec<u32>, TensorError> {
         self.expect_dtype("to_vec_u32", DType::U32)?;
         let mut out = vec![0u32; self.numel()];
-        self.backend.download(self, bytemuck::cast_slice_mut(&mut out))?;
+        self.backend
+            .download(self, bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
 
@@ -127,7 +134,12 @@ impl Tensor {
     /// # Errors
     /// Allocation or copy errors.
     pub fn duplicate(&self) -> Result<Tensor, TensorError> {
-        let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, self.category())?;
+        let mut t = Tensor::empty(
+            &self.backend,
+            self.shape.clone(),
+            self.dtype,
+            self.category(),
+        )?;
         self.backend.copy(self, &mut t)?;
         Ok(t)
     }
@@ -138,7 +150,11 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::duplicate`].
     pub fn into_unique(self) -> Result<Tensor, TensorError> {
-        if self.is_unique() { Ok(self) } else { self.duplicate() }
+        if self.is_unique() {
+            Ok(self)
+        } else {
+            self.duplicate()
+        }
     }
 
     /// Another handle to the same buffer, seen with a new shape of the same element count.
@@ -154,7 +170,10 @@ impl Tensor {
                 got: self.shape.clone(),
             });
         }
-        Ok(Tensor { shape, ..self.clone() })
+        Ok(Tensor {
+            shape,
+            ..self.clone()
+        })
     }
 
     /// The shape.
@@ -217,7 +236,11 @@ impl Tensor {
         if self.dtype == dtype {
             Ok(())
         } else {
-            Err(TensorError::DType { op, expected: dtype, got: self.dtype })
+            Err(TensorError::DType {
+                op,
+                expected: dtype,
+                got: self.dtype,
+            })
         }
     }
 
@@ -226,7 +249,11 @@ impl Tensor {
         if self.device() == device {
             Ok(())
         } else {
-            Err(TensorError::DeviceMismatch { op, lhs: device, rhs: self.device() })
+            Err(TensorError::DeviceMismatch {
+                op,
+                lhs: device,
+                rhs: self.device(),
+            })
         }
     }
 
@@ -245,7 +272,11 @@ impl Tensor {
 
     /// Fails with [`TensorError::Aliased`] unless this handle is the only one to its buffer.
     pub fn expect_unique(&self, op: &'static str) -> Result<(), TensorError> {
-        if self.is_unique() { Ok(()) } else { Err(TensorError::Aliased { op }) }
+        if self.is_unique() {
+            Ok(())
+        } else {
+            Err(TensorError::Aliased { op })
+        }
     }
 }
 

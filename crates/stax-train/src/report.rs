@@ -46,7 +46,9 @@ impl MemoryReport {
     /// Driver errors from [`Backend::driver_memory`].
     pub fn read(backend: &dyn Backend) -> Result<MemoryReport, TensorError> {
         let s: Stats = backend.allocator().stats();
-        let driver_used = backend.driver_memory()?.map(|(free, total)| total.saturating_sub(free));
+        let driver_used = backend
+            .driver_memory()?
+            .map(|(free, total)| total.saturating_sub(free));
         let by_category = Category::ALL
             .iter()
             .map(|&c| CategoryBytes {
@@ -70,7 +72,13 @@ impl MemoryReport {
 
 impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let short = |b: u64| human_bytes(b).split(" (").next().unwrap_or_default().to_string();
+        let short = |b: u64| {
+            human_bytes(b)
+                .split(" (")
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        };
         write!(
             f,
             "live {} | peak {} | workspace {} | reserved {}",

@@ -1,7 +1,7 @@
 //! The training step: forward, loss, backward, Adam, with an exact memory report.
 
-use crate::report::{EvalReport, MemoryReport, StepReport};
 use crate::TrainError;
+use crate::report::{EvalReport, MemoryReport, StepReport};
 use stax_layers::{Layer, Params, Rng, StepContext, softmax_cross_entropy};
 use stax_optim::{Adam, AdamState};
 use stax_tensor::{Backend, Shape, Tensor};
@@ -46,7 +46,15 @@ impl<L: Layer> Trainer<L> {
         }
         let (_, params) = model.init(&mut Rng::new(seed), &input, backend)?;
         let state = adam.init(&params)?;
-        Ok(Trainer { model, params, adam, state, backend: backend.clone(), input, steps: 0 })
+        Ok(Trainer {
+            model,
+            params,
+            adam,
+            state,
+            backend: backend.clone(),
+            input,
+            steps: 0,
+        })
     }
 
     /// The model.
@@ -118,14 +126,23 @@ impl<L: Layer> Trainer<L> {
             (loss, grads)
         };
         if !loss.is_finite() {
-            return Err(TrainError::NonFiniteLoss { step: self.steps + 1, loss });
+            return Err(TrainError::NonFiniteLoss {
+                step: self.steps + 1,
+                loss,
+            });
         }
-        self.adam.update(&mut self.state, &grads, &mut self.params)?;
+        self.adam
+            .update(&mut self.state, &grads, &mut self.params)?;
         drop(grads);
         self.backend.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
         self.steps += 1;
-        Ok(StepReport { step: self.steps, loss, step_ms, memory: MemoryReport::read(&*self.backend)? })
+        Ok(StepReport {
+            step: self.steps,
+            loss,
+            step_ms,
+            memory: MemoryReport::read(&*self.backend)?,
+        })
     }
 
     /// Logits for a placed batch, in inference mode (nothing saved for a backward pass).
@@ -148,9 +165,15 @@ impl<L: Layer> Trainer<L> {
         let k = logits.shape().last();
         let (l, t) = (logits.to_vec()?, y.to_vec()?);
         let argmax = |row: &[f32]| {
-            row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+            row.iter()
+                .enumerate()
+                .fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
         };
-        let correct = l.chunks_exact(k).zip(t.chunks_exact(k)).filter(|(a, b)| argmax(a) == argmax(b)).count();
+        let correct = l
+            .chunks_exact(k)
+            .zip(t.chunks_exact(k))
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
         Ok((loss, correct))
     }
 }
@@ -161,7 +184,11 @@ pub fn summarize(batches: &[(f32, usize, usize)]) -> EvalReport {
     let loss_sum: f64 = batches.iter().map(|b| b.0 as f64 * b.2 as f64).sum();
     let correct: usize = batches.iter().map(|b| b.1).sum();
     let n = examples.max(1) as f64;
-    EvalReport { loss: (loss_sum / n) as f32, accuracy: (correct as f64 / n) as f32, examples }
+    EvalReport {
+        loss: (loss_sum / n) as f32,
+        accuracy: (correct as f64 / n) as f32,
+        examples,
+    }
 }
 
 /// Gathers the examples `indices` of `dataset` on the host (resized to `hwc`, labels one-hot)
