@@ -29,7 +29,7 @@ __device__ __forceinline__ float warp_max_f32(float v) {
     return v;
 }
 
-__device__ __forceinline__ float warp_allsum_f32(float v) {
+__device__ __forceinline__ double warp_allsum_f64(double v) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         v += __shfl_xor_sync(FULL_MASK, v, offset);
     }

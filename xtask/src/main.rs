@@ -16,12 +16,15 @@ struct Cli {
 enum Command {
     /// Build the embedded two-class Fashion-MNIST subset from Debian's IDX files.
     Data(commands::data::DataArgs),
+    /// Build test binaries, the example and benches into bundle/ for the GPU machine.
+    GpuBundle(commands::gpu_bundle::GpuBundleArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Data(args) => commands::data::run(args),
+        Command::GpuBundle(args) => commands::gpu_bundle::run(args),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");

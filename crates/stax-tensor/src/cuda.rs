@@ -58,10 +58,22 @@ pub struct CudaBackend {
 
 /// The libraries the backend loads at run time, with a probe for each.
 const LIBRARIES: [(&str, unsafe fn() -> bool); 4] = [
-    ("libcuda.so (the NVIDIA driver)", cudarc::driver::sys::is_culib_present),
-    ("libnvrtc.so (CUDA 13 NVRTC)", cudarc::nvrtc::sys::is_culib_present),
-    ("libcublas.so (CUDA 13 cuBLAS)", cudarc::cublas::sys::is_culib_present),
-    ("libcudnn.so (cuDNN 9)", cudarc::cudnn::sys::is_culib_present),
+    (
+        "libcuda.so (the NVIDIA driver)",
+        cudarc::driver::sys::is_culib_present,
+    ),
+    (
+        "libnvrtc.so (CUDA 13 NVRTC)",
+        cudarc::nvrtc::sys::is_culib_present,
+    ),
+    (
+        "libcublas.so (CUDA 13 cuBLAS)",
+        cudarc::cublas::sys::is_culib_present,
+    ),
+    (
+        "libcudnn.so (cuDNN 9)",
+        cudarc::cudnn::sys::is_culib_present,
+    ),
 ];
 
 /// Fails with [`TensorError::CudaUnavailable`] naming the first library that cannot be loaded
@@ -93,7 +105,12 @@ fn check_ordinal(ordinal: usize) -> Result<(), TensorError> {
         Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
             return Err(TensorError::NoSuchDevice { ordinal, count: 0 });
         }
-        Err(source) => return Err(TensorError::Driver { op: "cuInit", source }),
+        Err(source) => {
+            return Err(TensorError::Driver {
+                op: "cuInit",
+                source,
+            });
+        }
     }
     let count = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
     let count = usize::try_from(count).unwrap_or(0);
@@ -190,7 +207,10 @@ impl CudaBackend {
         if mask.numel() != numel.div_ceil(32) {
             return Err(TensorError::Shape {
                 op,
-                reason: format!("mask needs ceil({numel} / 32) = {} words", numel.div_ceil(32)),
+                reason: format!(
+                    "mask needs ceil({numel} / 32) = {} words",
+                    numel.div_ceil(32)
+                ),
                 got: mask.shape().clone(),
             });
         }
@@ -349,9 +369,16 @@ impl Backend for CudaBackend {
         let ws = (ws_bytes > 0)
             .then(|| self.allocator.allocate(ws_bytes, Category::Workspace))
             .transpose()?;
-        let gemm = cublas::Gemm { m, n, k, transpose_a, transpose_b };
+        let gemm = cublas::Gemm {
+            m,
+            n,
+            k,
+            transpose_a,
+            transpose_b,
+        };
         let ws_addr = ws.as_ref().map_or(0, |w| w.addr());
-        self.blas.sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, ws_bytes)
+        self.blas
+            .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, ws_bytes)
     }
 
     fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
@@ -359,7 +386,8 @@ impl Backend for CudaBackend {
         self.check_output(OP, y, &y.shape().clone())?;
         self.check_input(OP, b, &[y.shape().last()].into())?;
         self.bind()?;
-        self.kernels.bias_add(y.addr(), b.addr(), y.numel(), y.shape().last())
+        self.kernels
+            .bias_add(y.addr(), b.addr(), y.numel(), y.shape().last())
     }
 
     fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
@@ -373,7 +401,8 @@ impl Backend for CudaBackend {
             (self.kernels.bias_grad_splits(rows) * c * 8).max(1),
             Category::Workspace,
         )?;
-        self.kernels.bias_grad(dy.addr(), partial.addr(), db.addr(), rows, c)
+        self.kernels
+            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, c)
     }
 
     fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
@@ -425,7 +454,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         // n row losses (f64), then the mean (f32) at a 256-byte aligned offset.
         let loss_offset = (n * 8).next_multiple_of(256);
-        let ws = self.allocator.allocate(loss_offset + 4, Category::Workspace)?;
+        let ws = self
+            .allocator
+            .allocate(loss_offset + 4, Category::Workspace)?;
         let loss_addr = ws.addr() + loss_offset as u64;
         self.kernels.softmax_xent(
             logits.addr(),
@@ -456,11 +487,14 @@ impl Backend for CudaBackend {
         self.check_output(OP, m, &shape)?;
         self.check_output(OP, v, &shape)?;
         self.bind()?;
-        self.kernels.adam(p.addr(), g.addr(), m.addr(), v.addr(), h, p.numel())
+        self.kernels
+            .adam(p.addr(), g.addr(), m.addr(), v.addr(), h, p.numel())
     }
 
     fn synchronize(&self) -> Result<(), TensorError> {
-        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
     }
 
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError> {

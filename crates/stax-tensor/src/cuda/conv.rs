@@ -8,8 +8,8 @@
 //! size, or an even kernel). Every temporary comes from the allocator tagged `Workspace` and is
 //! freed when the call returns (in stream order, so reuse is safe).
 
-use super::cudnn::{ConvPass, CudnnConv, Operands};
 use super::CudaBackend;
+use super::cudnn::{ConvPass, CudnnConv, Operands};
 use crate::{Conv2dGeometry, Tensor, TensorError};
 use stax_alloc::{Allocation, Category};
 
@@ -41,7 +41,17 @@ fn layout(g: &Conv2dGeometry, pass: ConvPass, rows_bytes: usize) -> (CudnnConv, 
         ConvPass::Forward | ConvPass::BackwardData => filter + ext_bytes,
         ConvPass::BackwardFilter => filter + ext_bytes + rows_bytes,
     };
-    (CudnnConv { geometry: *g, h, w, pad_h: ph, pad_w: pw, layout_bytes }, ext)
+    (
+        CudnnConv {
+            geometry: *g,
+            h,
+            w,
+            pad_h: ph,
+            pad_w: pw,
+            layout_bytes,
+        },
+        ext,
+    )
 }
 
 impl CudaBackend {
@@ -52,7 +62,8 @@ impl CudaBackend {
     /// The filter `w` (HWIO) copied to OHWI in a workspace buffer.
     fn filter_ohwi(&self, w: &Tensor, g: &Conv2dGeometry) -> Result<Allocation, TensorError> {
         let t = self.scratch(w.bytes())?;
-        self.kernels.transpose_filter(w.addr(), t.addr(), g.kh * g.kw, g.c_in, g.c_out, true)?;
+        self.kernels
+            .transpose_filter(w.addr(), t.addr(), g.kh * g.kw, g.c_in, g.c_out, true)?;
         Ok(t)
     }
 
@@ -76,8 +87,20 @@ impl CudaBackend {
         Ok(Some(buf))
     }
 
-    fn run_cudnn(&self, pass: ConvPass, conv: &CudnnConv, ops: Operands) -> Result<(), TensorError> {
-        self.dnn.run(pass, conv, self.precision, ops, self.workspace_limit, &self.allocator)
+    fn run_cudnn(
+        &self,
+        pass: ConvPass,
+        conv: &CudnnConv,
+        ops: Operands,
+    ) -> Result<(), TensorError> {
+        self.dnn.run(
+            pass,
+            conv,
+            self.precision,
+            ops,
+            self.workspace_limit,
+            &self.allocator,
+        )
     }
 
     /// Forward pass; see [`crate::Backend::conv2d`].
@@ -99,8 +122,17 @@ impl CudaBackend {
         let w_t = self.filter_ohwi(w, g)?;
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
-        self.run_cudnn(ConvPass::Forward, &conv, Operands { x: xp, w: w_t.addr(), y: y.addr() })?;
-        self.kernels.bias_add(y.addr(), b.addr(), y.numel(), g.c_out)
+        self.run_cudnn(
+            ConvPass::Forward,
+            &conv,
+            Operands {
+                x: xp,
+                w: w_t.addr(),
+                y: y.addr(),
+            },
+        )?;
+        self.kernels
+            .bias_add(y.addr(), b.addr(), y.numel(), g.c_out)
     }
 
     /// Input gradient; see [`crate::Backend::conv2d_bwd_data`].
@@ -123,7 +155,11 @@ impl CudaBackend {
             None => None,
         };
         let xp = dx_ext.as_ref().map_or(dx.addr(), Allocation::addr);
-        let ops = Operands { x: xp, w: w_t.addr(), y: dy.addr() };
+        let ops = Operands {
+            x: xp,
+            w: w_t.addr(),
+            y: dy.addr(),
+        };
         self.run_cudnn(ConvPass::BackwardData, &conv, ops)?;
         if let (Some(e), Some(buf)) = (ext, &dx_ext) {
             self.kernels.pad_or_crop(
@@ -159,11 +195,23 @@ impl CudaBackend {
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
         let dw_t = self.scratch(dw.bytes())?;
-        let ops = Operands { x: xp, w: dw_t.addr(), y: dy.addr() };
+        let ops = Operands {
+            x: xp,
+            w: dw_t.addr(),
+            y: dy.addr(),
+        };
         self.run_cudnn(ConvPass::BackwardFilter, &conv, ops)?;
         drop(x_ext);
-        self.kernels.transpose_filter(dw_t.addr(), dw.addr(), g.kh * g.kw, g.c_in, g.c_out, false)?;
+        self.kernels.transpose_filter(
+            dw_t.addr(),
+            dw.addr(),
+            g.kh * g.kw,
+            g.c_in,
+            g.c_out,
+            false,
+        )?;
         let partial = self.scratch(partial_bytes)?;
-        self.kernels.bias_grad(dy.addr(), partial.addr(), db.addr(), rows, g.c_out)
+        self.kernels
+            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, g.c_out)
     }
 }

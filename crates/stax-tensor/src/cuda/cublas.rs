@@ -64,10 +64,13 @@ impl Blas {
     /// # Errors
     /// [`TensorError::Cublas`] naming the failed call.
     pub(crate) fn new(stream: &Arc<CudaStream>, precision: Precision) -> Result<Blas, TensorError> {
-        stream.context().bind_to_thread().map_err(|source| TensorError::Driver {
-            op: "cuCtxSetCurrent",
-            source,
-        })?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|source| TensorError::Driver {
+                op: "cuCtxSetCurrent",
+                source,
+            })?;
         let handle = Handle(result::create_handle().map_err(cublas("cublasCreate"))?);
         // SAFETY: valid handle and live stream (the backend keeps the stream alive).
         unsafe { result::set_stream(handle.0, stream.cu_stream() as sys::cudaStream_t) }
@@ -80,7 +83,9 @@ impl Blas {
         unsafe { sys::cublasSetMathMode(handle.0, mode) }
             .result()
             .map_err(cublas("cublasSetMathMode"))?;
-        Ok(Blas { handle: Mutex::new(handle) })
+        Ok(Blas {
+            handle: Mutex::new(handle),
+        })
     }
 
     /// Runs `c = op(a) · op(b)` (row-major, f32, c overwritten) on the compute stream, with
@@ -107,7 +112,11 @@ impl Blas {
         };
         let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
         let op = |t: bool| {
-            if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N }
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
         };
         // cuBLAS's A' is our b: column-major [n, k] when b is [k, n] row-major (ld n), or the
         // transpose of column-major [k, n] when b is stored [n, k] (ld k).
@@ -119,11 +128,9 @@ impl Blas {
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
         // until this GEMM has run in stream order; every GEMM sets its own workspace first.
-        unsafe {
-            sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes)
-        }
-        .result()
-        .map_err(cublas("cublasSetWorkspace"))?;
+        unsafe { sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes) }
+            .result()
+            .map_err(cublas("cublasSetWorkspace"))?;
         // SAFETY: a, b, c are device buffers of [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 (checked
         // by the caller); alpha and beta are host scalars (the default pointer mode); the
         // leading dimensions follow the row-major-as-transposed mapping above.

@@ -250,11 +250,16 @@ impl Dnn {
     /// [`TensorError::Cudnn`] naming the failed call.
     pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Dnn, TensorError> {
         let handle = result::create_handle().map_err(cudnn("cudnnCreate"))?;
-        let state = State { handle, plans: HashMap::new() };
+        let state = State {
+            handle,
+            plans: HashMap::new(),
+        };
         // SAFETY: valid handle and live stream (the backend keeps it alive).
         unsafe { result::set_stream(state.handle, stream.cu_stream() as sys::cudaStream_t) }
             .map_err(cudnn("cudnnSetStream"))?;
-        Ok(Dnn { state: Mutex::new(state) })
+        Ok(Dnn {
+            state: Mutex::new(state),
+        })
     }
 
     /// Every choice made so far, sorted by geometry and pass order.
@@ -262,8 +267,14 @@ impl Dnn {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         for ((geometry, precision), plan) in &state.plans {
-            for pass in [ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardFilter] {
-                let Some(c) = plan.chosen[pass as usize] else { continue };
+            for pass in [
+                ConvPass::Forward,
+                ConvPass::BackwardData,
+                ConvPass::BackwardFilter,
+            ] {
+                let Some(c) = plan.chosen[pass as usize] else {
+                    continue;
+                };
                 let algorithm = match c.algo {
                     Algo::Fwd(a) => format!("{a:?}"),
                     Algo::Data(a) => format!("{a:?}"),
@@ -312,7 +323,9 @@ impl Dnn {
             };
             state.plans.insert(key, plan);
         }
-        let Some(plan) = state.plans.get_mut(&key) else { unreachable!("inserted above") };
+        let Some(plan) = state.plans.get_mut(&key) else {
+            unreachable!("inserted above")
+        };
         plan.layout_bytes[pass as usize] = conv.layout_bytes;
         let fma = sys::cudnnMathType_t::CUDNN_FMA_MATH;
         let choice = match plan.chosen[pass as usize] {
@@ -327,14 +340,22 @@ impl Dnn {
                 c
             }
         };
-        plan.desc.set_math(if precision == Precision::Highest { fma } else { choice.math })?;
+        plan.desc.set_math(if precision == Precision::Highest {
+            fma
+        } else {
+            choice.math
+        })?;
         let ws = workspace(alloc, choice.workspace)?;
         execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())
     }
 }
 
 fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>, TensorError> {
-    Ok(if bytes == 0 { None } else { Some(alloc.allocate(bytes, Category::Workspace)?) })
+    Ok(if bytes == 0 {
+        None
+    } else {
+        Some(alloc.allocate(bytes, Category::Workspace)?)
+    })
 }
 
 /// Lists candidates by heuristics, times those within `limit` with FindEx, keeps the fastest.
@@ -354,7 +375,9 @@ fn choose(
         .max()
         .ok_or_else(|| TensorError::InvalidArgument {
             op: "conv2d",
-            reason: format!("no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"),
+            reason: format!(
+                "no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"
+            ),
         })?;
     let ws = workspace(alloc, budget)?;
     let timed = candidates(handle, d, pass, Some((ops, ws.as_ref(), budget)))?;
@@ -384,7 +407,14 @@ fn candidates(
         (ConvPass::Forward, None) => unsafe {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_forward_algorithm(
-                handle, d.x, d.w, d.conv, d.y, req, &mut count, perf.as_mut_ptr(),
+                handle,
+                d.x,
+                d.w,
+                d.conv,
+                d.y,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
             )
             .map_err(cudnn("cudnnGetConvolutionForwardAlgorithm_v7"))?;
             choices!(perf, count, Fwd)
@@ -392,8 +422,19 @@ fn candidates(
         (ConvPass::Forward, Some((o, ws, bytes))) => unsafe {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
             sys::cudnnFindConvolutionForwardAlgorithmEx(
-                handle, d.x, ptr(o.x), d.w, ptr(o.w), d.conv, d.y, ptr(o.y) as *mut c_void, req,
-                &mut count, perf.as_mut_ptr(), ws_ptr(ws), bytes,
+                handle,
+                d.x,
+                ptr(o.x),
+                d.w,
+                ptr(o.w),
+                d.conv,
+                d.y,
+                ptr(o.y) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
             )
             .result()
             .map_err(cudnn("cudnnFindConvolutionForwardAlgorithmEx"))?;
@@ -403,7 +444,14 @@ fn candidates(
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_backward_data_algorithm(
-                handle, d.w, d.y, d.conv, d.x, req, &mut count, perf.as_mut_ptr(),
+                handle,
+                d.w,
+                d.y,
+                d.conv,
+                d.x,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
             )
             .map_err(cudnn("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
             choices!(perf, count, Data)
@@ -412,8 +460,19 @@ fn candidates(
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
             sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                handle, d.w, ptr(o.w), d.y, ptr(o.y), d.conv, d.x, ptr(o.x) as *mut c_void, req,
-                &mut count, perf.as_mut_ptr(), ws_ptr(ws), bytes,
+                handle,
+                d.w,
+                ptr(o.w),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                d.x,
+                ptr(o.x) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
             )
             .result()
             .map_err(cudnn("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
@@ -423,7 +482,14 @@ fn candidates(
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_backward_filter_algorithm(
-                handle, d.x, d.y, d.conv, d.w, req, &mut count, perf.as_mut_ptr(),
+                handle,
+                d.x,
+                d.y,
+                d.conv,
+                d.w,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
             )
             .map_err(cudnn("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
             choices!(perf, count, Filter)
@@ -432,8 +498,19 @@ fn candidates(
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
             sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                handle, d.x, ptr(o.x), d.y, ptr(o.y), d.conv, d.w, ptr(o.w) as *mut c_void, req,
-                &mut count, perf.as_mut_ptr(), ws_ptr(ws), bytes,
+                handle,
+                d.x,
+                ptr(o.x),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                d.w,
+                ptr(o.w) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
             )
             .result()
             .map_err(cudnn("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
@@ -468,17 +545,50 @@ fn execute(
     unsafe {
         match algo {
             Algo::Fwd(al) => result::convolution_forward(
-                handle, a, d.x, ptr(o.x), d.w, ptr(o.w), d.conv, al, ws_ptr(ws), bytes, b, d.y,
+                handle,
+                a,
+                d.x,
+                ptr(o.x),
+                d.w,
+                ptr(o.w),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.y,
                 o.y as *mut c_void,
             )
             .map_err(cudnn("cudnnConvolutionForward")),
             Algo::Data(al) => result::convolution_backward_data(
-                handle, a, d.w, ptr(o.w), d.y, ptr(o.y), d.conv, al, ws_ptr(ws), bytes, b, d.x,
+                handle,
+                a,
+                d.w,
+                ptr(o.w),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.x,
                 o.x as *mut c_void,
             )
             .map_err(cudnn("cudnnConvolutionBackwardData")),
             Algo::Filter(al) => result::convolution_backward_filter(
-                handle, a, d.x, ptr(o.x), d.y, ptr(o.y), d.conv, al, ws_ptr(ws), bytes, b, d.w,
+                handle,
+                a,
+                d.x,
+                ptr(o.x),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.w,
                 o.w as *mut c_void,
             )
             .map_err(cudnn("cudnnConvolutionBackwardFilter")),

@@ -38,8 +38,12 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 4] =
-        [KernelModule::Elementwise, KernelModule::SoftmaxXent, KernelModule::Adam, KernelModule::Layout];
+    pub const ALL: [KernelModule; 4] = [
+        KernelModule::Elementwise,
+        KernelModule::SoftmaxXent,
+        KernelModule::Adam,
+        KernelModule::Layout,
+    ];
 
     /// The file name, for messages.
     pub fn file(self) -> &'static str {
@@ -143,19 +147,33 @@ fn ptx_cache() -> &'static Mutex<HashMap<(KernelModule, String), String>> {
 /// Compiles `module` for `arch` (e.g. `sm_90`), or returns the cached PTX.
 fn compile(module: KernelModule, arch: &str) -> Result<String, TensorError> {
     let key = (module, arch.to_string());
-    if let Some(ptx) = ptx_cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(ptx) = ptx_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+    {
         return Ok(ptx.clone());
     }
-    let src = format!("{COMMON}\n#line 1 \"{}\"\n{}", module.file(), module.source());
+    let src = format!(
+        "{COMMON}\n#line 1 \"{}\"\n{}",
+        module.file(),
+        module.source()
+    );
     let opts = CompileOptions {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         name: Some(module.file().into()),
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-        .map_err(|e| TensorError::Compile { kernel: module.file(), log: compile_log(e) })?
+        .map_err(|e| TensorError::Compile {
+            kernel: module.file(),
+            log: compile_log(e),
+        })?
         .to_src();
-    ptx_cache().lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
+    ptx_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, ptx.clone());
     Ok(ptx)
 }
 
@@ -194,7 +212,9 @@ impl Kernels {
     /// function fails to load.
     pub(crate) fn load(stream: Arc<CudaStream>) -> Result<Kernels, TensorError> {
         let ctx: &Arc<CudaContext> = stream.context();
-        let (major, minor) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("cuDeviceGetAttribute"))?;
         let arch = &format!("sm_{major}{minor}");
         let sms = ctx
             .attribute(
@@ -202,26 +222,39 @@ impl Kernels {
             )
             .map_err(driver("cuDeviceGetAttribute"))?;
         let ptxs: Vec<Result<String, TensorError>> = std::thread::scope(|s| {
-            let jobs: Vec<_> =
-                KernelModule::ALL.iter().map(|&m| s.spawn(move || compile(m, arch))).collect();
+            let jobs: Vec<_> = KernelModule::ALL
+                .iter()
+                .map(|&m| s.spawn(move || compile(m, arch)))
+                .collect();
             jobs.into_iter()
                 .zip(KernelModule::ALL)
                 .map(|(j, m)| {
                     j.join().unwrap_or_else(|_| {
-                        Err(TensorError::Compile { kernel: m.file(), log: "nvrtc panicked".into() })
+                        Err(TensorError::Compile {
+                            kernel: m.file(),
+                            log: "nvrtc panicked".into(),
+                        })
                     })
                 })
                 .collect()
         });
         let mut modules = Vec::with_capacity(KernelModule::ALL.len());
         for ptx in ptxs {
-            modules.push(ctx.load_module(Ptx::from_src(ptx?)).map_err(driver("cuModuleLoadData"))?);
+            modules.push(
+                ctx.load_module(Ptx::from_src(ptx?))
+                    .map_err(driver("cuModuleLoadData"))?,
+            );
         }
         let functions = Kernel::ALL
             .iter()
             .map(|k| {
-                let index = KernelModule::ALL.iter().position(|&m| m == k.module()).unwrap_or(0);
-                modules[index].load_function(k.symbol()).map_err(driver(k.symbol()))
+                let index = KernelModule::ALL
+                    .iter()
+                    .position(|&m| m == k.module())
+                    .unwrap_or(0);
+                modules[index]
+                    .load_function(k.symbol())
+                    .map_err(driver(k.symbol()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Kernels {
@@ -238,8 +271,14 @@ impl Kernels {
 
     /// A 1-D grid-stride configuration for `n` work items.
     fn grid(&self, n: usize) -> LaunchConfig {
-        let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.max_blocks as usize) as u32;
-        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+        let blocks = n
+            .div_ceil(BLOCK as usize)
+            .clamp(1, self.max_blocks as usize) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// `p[i] = value` for `n` 32-bit words at `p`.
@@ -410,7 +449,11 @@ impl Kernels {
         }
         .map_err(driver(kern.symbol()))?;
         let kern = Kernel::MeanF64;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: `mean_f64_to_f32(const double *v, float *out, size_t n)`; v holds n doubles,
         // out one float; one block of 256 threads (8 warps, the size of its shared array).
         unsafe {
@@ -472,7 +515,11 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let k = if to_ohwi { Kernel::HwioToOhwi } else { Kernel::OhwiToHwio };
+        let k = if to_ohwi {
+            Kernel::HwioToOhwi
+        } else {
+            Kernel::OhwiToHwio
+        };
         // SAFETY: `hwio_to_ohwi_f32` / `ohwi_to_hwio_f32(const float *src, float *dst,
         // size_t hw, size_t ci, size_t co)`; src and dst hold hw*ci*co floats, distinct buffers.
         unsafe {
@@ -532,5 +579,31 @@ impl Kernels {
         }
         .map(drop)
         .map_err(driver(k.symbol()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC needs no GPU: wherever libnvrtc loads, every module must compile for Hopper.
+    #[test]
+    fn every_module_compiles_where_nvrtc_is_present() {
+        // SAFETY: only probes whether the library can be opened.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc not on the loader path");
+            return;
+        }
+        for m in KernelModule::ALL {
+            let ptx = compile(m, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+            for k in Kernel::ALL.iter().filter(|k| k.module() == m) {
+                assert!(
+                    ptx.contains(k.symbol()),
+                    "{} lacks {}",
+                    m.file(),
+                    k.symbol()
+                );
+            }
+        }
     }
 }

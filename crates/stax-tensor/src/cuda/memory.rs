@@ -22,9 +22,17 @@ pub const PINNED_ALIGNMENT: usize = 64;
 /// anything else [`AllocError::Backend`].
 fn alloc_error(backend: String, op: &'static str, bytes: usize, e: DriverError) -> AllocError {
     if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        AllocError::BackendOutOfMemory { backend, op, requested: bytes as u64 }
+        AllocError::BackendOutOfMemory {
+            backend,
+            op,
+            requested: bytes as u64,
+        }
     } else {
-        AllocError::Backend { backend, op, message: e.to_string() }
+        AllocError::Backend {
+            backend,
+            op,
+            message: e.to_string(),
+        }
     }
 }
 
@@ -137,11 +145,20 @@ impl AsyncPoolMemory {
         // SAFETY: `cu_device` is the valid device of a live context.
         let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }?;
         let total = ctx.total_mem()? as u64;
-        Ok(AsyncPoolMemory { ctx, stream, pool: PoolHandle(pool), total })
+        Ok(AsyncPoolMemory {
+            ctx,
+            stream,
+            pool: PoolHandle(pool),
+            total,
+        })
     }
 
     fn driver_error(&self, op: &'static str, e: DriverError) -> AllocError {
-        AllocError::Backend { backend: self.name(), op, message: e.to_string() }
+        AllocError::Backend {
+            backend: self.name(),
+            op,
+            message: e.to_string(),
+        }
     }
 }
 

@@ -44,12 +44,17 @@ impl Staging {
     /// [`TensorError::Alloc`] if pinned memory cannot be had; [`TensorError::Driver`].
     pub(crate) fn new(stream: Arc<CudaStream>) -> Result<Staging, TensorError> {
         let ctx: Arc<CudaContext> = stream.context().clone();
-        let allocator = Allocator::new(Arc::new(PinnedMemory::new(ctx.clone())), Strategy::Caching)?;
+        let allocator =
+            Allocator::new(Arc::new(PinnedMemory::new(ctx.clone())), Strategy::Caching)?;
         let chunk = || allocator.allocate(STAGING_CHUNK_BYTES, Category::Input);
         let chunks = [chunk()?, chunk()?];
         let event = || ctx.new_event(None).map_err(driver("cuEventCreate"));
         let done = [event()?, event()?];
-        Ok(Staging { stream, allocator, slots: Mutex::new(Slots { chunks, done }) })
+        Ok(Staging {
+            stream,
+            allocator,
+            slots: Mutex::new(Slots { chunks, done }),
+        })
     }
 
     /// The pinned-host allocator the staging chunks come from (for reports).
@@ -63,7 +68,9 @@ impl Staging {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for (i, part) in src.chunks(STAGING_CHUNK_BYTES).enumerate() {
             let s = i % 2;
-            slots.done[s].synchronize().map_err(driver("cuEventSynchronize"))?;
+            slots.done[s]
+                .synchronize()
+                .map_err(driver("cuEventSynchronize"))?;
             let pinned = slots.chunks[s].addr() as *mut u8;
             // SAFETY: the chunk holds STAGING_CHUNK_BYTES >= part.len() bytes of pinned host
             // memory that no copy uses any more (its last copy's event completed above).
@@ -76,7 +83,9 @@ impl Staging {
             // pinned source stays untouched until `done[s]` (recorded next) completes.
             unsafe { result::memcpy_htod_async(dst + offset, staged, self.stream.cu_stream()) }
                 .map_err(driver("cuMemcpyHtoDAsync"))?;
-            slots.done[s].record(&self.stream).map_err(driver("cuEventRecord"))?;
+            slots.done[s]
+                .record(&self.stream)
+                .map_err(driver("cuEventRecord"))?;
         }
         Ok(())
     }
@@ -97,7 +106,9 @@ impl Staging {
             // SAFETY: src + offset .. + part.len() lies inside the source buffer.
             unsafe { result::memcpy_dtoh_async(staging, src + offset, self.stream.cu_stream()) }
                 .map_err(driver("cuMemcpyDtoHAsync"))?;
-            slots.done[s].record(&self.stream).map_err(driver("cuEventRecord"))?;
+            slots.done[s]
+                .record(&self.stream)
+                .map_err(driver("cuEventRecord"))?;
             if let Some((prev, out)) = pending.take() {
                 self.drain(&slots, prev, out)?;
             }
@@ -112,7 +123,9 @@ impl Staging {
     /// Waits for chunk `i`'s copy and moves it from pinned memory to `out`.
     fn drain(&self, slots: &Slots, i: usize, out: &mut [u8]) -> Result<(), TensorError> {
         let s = i % 2;
-        slots.done[s].synchronize().map_err(driver("cuEventSynchronize"))?;
+        slots.done[s]
+            .synchronize()
+            .map_err(driver("cuEventSynchronize"))?;
         // SAFETY: the copy into the chunk completed (event above); it holds >= out.len() bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(

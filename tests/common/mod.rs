@@ -1,0 +1,232 @@
+//! Helpers shared by the integration tests (the one allowed `mod.rs`: Cargo would otherwise
+//! build it as a test of its own).
+//!
+//! - [`cuda_or_skip`]: the CUDA backend, or `None` with a printed skip notice on machines
+//!   without a GPU; with `STAX_REQUIRE_GPU=1` a missing GPU fails the test instead.
+//! - [`cpu`]: the CPU backend, the oracle GPU results are compared with.
+//! - [`poison`]: fill an output with NaN (or a bit pattern) before an op writes it.
+//! - [`assert_close`], [`assert_rel_close`]: comparisons that print the worst element.
+//! - [`Rng`], [`random_tensor`]: seeded inputs, reproducible but different per seed.
+#![allow(dead_code)]
+
+use stax_tensor::cuda::CudaBackend;
+use stax_tensor::{
+    Backend, BackendOptions, Category, DType, Device, Precision, Shape, Strategy, Tensor,
+};
+use std::sync::{Arc, Mutex};
+
+/// Whether `STAX_REQUIRE_GPU=1` is set (on the GPU machine: a missing GPU is a failure).
+pub fn gpu_required() -> bool {
+    std::env::var("STAX_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The CUDA backend on device 0 opened with `options`, or `None` after printing
+/// `skipped: no CUDA device (<error>)`. Panics with the error instead when `STAX_REQUIRE_GPU=1`.
+///
+/// Backends with the default strategy and workspace limit are opened once per process and
+/// precision and shared, so tests do not pay for handles and module loads again.
+pub fn cuda_backend_or_skip(options: &BackendOptions) -> Option<Arc<CudaBackend>> {
+    static SHARED: Mutex<Vec<(Precision, Arc<CudaBackend>)>> = Mutex::new(Vec::new());
+    let shareable = options.strategy == Strategy::Caching && options.workspace_limit.is_none();
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if shareable {
+        if let Some((_, b)) = shared.iter().find(|(p, _)| *p == options.precision) {
+            return Some(b.clone());
+        }
+    }
+    match CudaBackend::new(0, options) {
+        Ok(b) => {
+            if shareable {
+                shared.push((options.precision, b.clone()));
+            }
+            Some(b)
+        }
+        Err(e) if gpu_required() => panic!("STAX_REQUIRE_GPU=1 but cuda:0 cannot be opened: {e}"),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// As [`cuda_backend_or_skip`], as a `dyn Backend`.
+pub fn cuda_or_skip(options: &BackendOptions) -> Option<Arc<dyn Backend>> {
+    cuda_backend_or_skip(options).map(|b| b as Arc<dyn Backend>)
+}
+
+/// Options with `precision` and otherwise the defaults (caching allocator).
+pub fn with_precision(precision: Precision) -> BackendOptions {
+    BackendOptions {
+        strategy: Strategy::Caching,
+        precision,
+        workspace_limit: None,
+    }
+}
+
+/// The CPU backend (the oracle), default options.
+pub fn cpu() -> Arc<dyn Backend> {
+    Device::Cpu
+        .open(&BackendOptions::default())
+        .expect("the CPU backend always opens")
+}
+
+/// Overwrites `t` so that an op that forgets an element fails the comparison: NaN for f32,
+/// the word `0xDEAD_BEEF` for u32.
+pub fn poison(backend: &Arc<dyn Backend>, t: &mut Tensor) {
+    match t.dtype() {
+        DType::F32 => backend.fill(t, f32::NAN).expect("poison: fill with NaN"),
+        DType::U32 => {
+            let words = vec![0xDEAD_BEEFu32; t.numel()];
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            backend.upload(&bytes, t).expect("poison: upload pattern");
+        }
+    }
+}
+
+/// An output tensor of `shape` and `dtype` on `backend`, poisoned.
+pub fn poisoned(backend: &Arc<dyn Backend>, shape: impl Into<Shape>, dtype: DType) -> Tensor {
+    let mut t = Tensor::empty(backend, shape, dtype, Category::Other).expect("allocate output");
+    poison(backend, &mut t);
+    t
+}
+
+/// The element where `|gpu - cpu| - (atol + rtol |cpu|)` is largest (NaN counts as worst).
+fn worst(gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Option<(usize, f64)> {
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
+        let excess = if g.is_nan() != c.is_nan() || g.is_infinite() != c.is_infinite() {
+            f64::INFINITY
+        } else if g.is_nan() || g == c {
+            f64::NEG_INFINITY
+        } else {
+            (g as f64 - c as f64).abs() - (atol + rtol * (c as f64).abs())
+        };
+        if worst.is_none_or(|(_, w)| excess > w) {
+            worst = Some((i, excess));
+        }
+    }
+    worst
+}
+
+/// Asserts `|gpu[i] - cpu[i]| <= atol + rtol * |cpu[i]|` for every element (NaN only matches
+/// NaN). On failure prints `what` (name the op and shape there), the worst index and both
+/// values.
+pub fn assert_close(gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64, what: &str) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
+    if let Some((i, excess)) = worst(gpu, cpu, rtol, atol) {
+        assert!(
+            excess <= 0.0,
+            "{what}: element {i} of {}: gpu {} vs cpu {} (|diff| {:e} > atol {atol:e} + rtol {rtol:e} * |cpu|)",
+            gpu.len(),
+            gpu[i],
+            cpu[i],
+            (gpu[i] - cpu[i]).abs()
+        );
+    }
+}
+
+/// Norm-wise relative error `‖gpu − cpu‖ / ‖cpu‖` (f64 sums; 0 when both are zero).
+pub fn rel_error(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&g, &c) in gpu.iter().zip(cpu) {
+        diff += (g as f64 - c as f64).powi(2);
+        norm += (c as f64).powi(2);
+    }
+    if diff == 0.0 {
+        0.0
+    } else {
+        (diff / norm).sqrt()
+    }
+}
+
+/// Asserts the norm-wise relative error is at most `max_rel` and every element is within
+/// `atol_scale * max_rel * max|cpu|` (plus `10 max_rel |cpu|`): the check for conv and matmul,
+/// where single elements may cancel to near zero. Returns the norm-wise error.
+pub fn assert_rel_close(gpu: &[f32], cpu: &[f32], max_rel: f64, what: &str) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
+    assert!(
+        gpu.iter().all(|v| v.is_finite()),
+        "{what}: gpu output has non-finite values"
+    );
+    let rel = rel_error(gpu, cpu);
+    let scale = cpu.iter().fold(0f64, |m, &c| m.max((c as f64).abs()));
+    assert_close(gpu, cpu, 10.0 * max_rel, 10.0 * max_rel * scale, what);
+    assert!(
+        rel <= max_rel,
+        "{what}: norm-wise relative error {rel:e} > {max_rel:e}"
+    );
+    rel
+}
+
+/// A small seeded generator (SplitMix64): same seed, same numbers, on every machine.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+
+    /// `n` values uniform in `[lo, hi)`.
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// A seed derived from a test name and a shape, so every shape gets its own inputs.
+pub fn seed_for(test: &str, shape: &[usize]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in test
+        .bytes()
+        .chain(shape.iter().flat_map(|d| d.to_le_bytes()))
+    {
+        h = (h ^ b as u64).wrapping_mul(0x1000_0000_01b3);
+    }
+    h
+}
+
+/// A tensor of `shape` on `backend` with values uniform in `[-1, 1)` from `rng`, and the values.
+pub fn random_tensor(
+    backend: &Arc<dyn Backend>,
+    shape: impl Into<Shape>,
+    rng: &mut Rng,
+) -> (Tensor, Vec<f32>) {
+    let shape = shape.into();
+    let data = rng.vec(shape.numel(), -1.0, 1.0);
+    let t = Tensor::from_slice(backend, &data, shape, Category::Other).expect("upload input");
+    (t, data)
+}
+
+/// The same host values placed on both backends: `(on_gpu, on_cpu)`.
+pub fn on_both(
+    gpu: &Arc<dyn Backend>,
+    cpu: &Arc<dyn Backend>,
+    data: &[f32],
+    shape: impl Into<Shape>,
+) -> (Tensor, Tensor) {
+    let shape = shape.into();
+    let g = Tensor::from_slice(gpu, data, shape.clone(), Category::Other).expect("upload");
+    let c = Tensor::from_slice(cpu, data, shape, Category::Other).expect("host copy");
+    (g, c)
+}

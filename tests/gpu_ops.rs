@@ -1,0 +1,476 @@
+//! Every CUDA op and its backward against the CPU backend, on fresh seeded random inputs per
+//! shape, with outputs poisoned first. Highest precision: norm-wise relative error <= 1e-5;
+//! TF32: <= 5e-3. On a machine without a GPU every test prints a skip notice and passes
+//! (`STAX_REQUIRE_GPU=1` turns that into a failure).
+
+mod common;
+
+use common::*;
+use stax_tensor::{
+    AdamHyper, Backend, Category, Conv2dGeometry, DType, Device, Padding, Precision, Tensor,
+    TensorError,
+};
+use std::sync::Arc;
+
+const PRECISIONS: [Precision; 2] = [Precision::Highest, Precision::Tf32];
+
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::Highest => 1e-5,
+        Precision::Tf32 => 5e-3,
+    }
+}
+
+/// Conv cases: input NHWC, kernel (kh, kw), c_out, strides, padding.
+type ConvCase = ([usize; 4], (usize, usize), usize, (usize, usize), Padding);
+
+const CONV_CASES: [ConvCase; 9] = [
+    ([2, 9, 7, 3], (3, 3), 5, (1, 1), Padding::Same), // odd sizes, c_in 3
+    ([1, 8, 8, 4], (3, 3), 6, (2, 2), Padding::Same), // stride 2: asymmetric (0, 1)
+    ([3, 10, 11, 64], (3, 3), 16, (1, 1), Padding::Valid), // c_in 64
+    ([2, 7, 6, 3], (2, 2), 8, (1, 1), Padding::Same), // even kernel: asymmetric
+    ([2, 9, 9, 5], (3, 1), 4, (2, 1), Padding::Valid), // stride 2 VALID, 3x1
+    ([1, 16, 16, 64], (3, 3), 64, (1, 1), Padding::Same), // 64 -> 64, batch 1
+    ([4, 12, 12, 3], (3, 3), 64, (1, 1), Padding::Same), // seed's conv1, small
+    ([2, 11, 10, 3], (5, 5), 7, (2, 2), Padding::Same), // 5x5 stride 2, odd/even
+    ([1, 1, 1, 3], (1, 1), 2, (1, 1), Padding::Valid), // 1x1 everything
+];
+
+fn geometry(case: &ConvCase) -> Conv2dGeometry {
+    let ([n, h, w, c], (kh, kw), co, s, p) = *case;
+    Conv2dGeometry::new(&[n, h, w, c].into(), &[kh, kw, c, co].into(), s, p).unwrap()
+}
+
+fn vec(t: &Tensor) -> Vec<f32> {
+    t.to_vec().expect("download")
+}
+
+/// Runs all three conv passes on both backends for every case and precision.
+#[test]
+fn conv2d_all_passes_match_cpu() {
+    for precision in PRECISIONS {
+        let Some(gpu) = cuda_or_skip(&with_precision(precision)) else {
+            return;
+        };
+        let cpu = cpu();
+        for case in &CONV_CASES {
+            let g = geometry(case);
+            let what = |pass: &str| format!("conv2d {pass} {precision:?} {g:?}");
+            let dims = [g.n, g.h, g.w, g.c_in, g.kh, g.kw, g.c_out, g.stride_h];
+            let mut rng = Rng::new(seed_for("conv2d", &dims));
+            let x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+            let w = rng.vec(g.filter_shape().numel(), -1.0, 1.0);
+            let b = rng.vec(g.c_out, -1.0, 1.0);
+            let dy = rng.vec(g.output_shape().numel(), -1.0, 1.0);
+            let (xg, xc) = on_both(&gpu, &cpu, &x, g.input_shape());
+            let (wg, wc) = on_both(&gpu, &cpu, &w, g.filter_shape());
+            let (bg, bc) = on_both(&gpu, &cpu, &b, [g.c_out]);
+            let (dyg, dyc) = on_both(&gpu, &cpu, &dy, g.output_shape());
+            let tol = tolerance(precision);
+
+            let mut yg = poisoned(&gpu, g.output_shape(), DType::F32);
+            let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
+            gpu.conv2d(&xg, &wg, &bg, &g, &mut yg).unwrap();
+            cpu.conv2d(&xc, &wc, &bc, &g, &mut yc).unwrap();
+            let e1 = assert_rel_close(&vec(&yg), &vec(&yc), tol, &what("forward"));
+
+            let mut dxg = poisoned(&gpu, g.input_shape(), DType::F32);
+            let mut dxc = poisoned(&cpu, g.input_shape(), DType::F32);
+            gpu.conv2d_bwd_data(&dyg, &wg, &g, &mut dxg).unwrap();
+            cpu.conv2d_bwd_data(&dyc, &wc, &g, &mut dxc).unwrap();
+            let e2 = assert_rel_close(&vec(&dxg), &vec(&dxc), tol, &what("backward data"));
+
+            let mut dwg = poisoned(&gpu, g.filter_shape(), DType::F32);
+            let mut dbg = poisoned(&gpu, [g.c_out], DType::F32);
+            let mut dwc = poisoned(&cpu, g.filter_shape(), DType::F32);
+            let mut dbc = poisoned(&cpu, [g.c_out], DType::F32);
+            gpu.conv2d_bwd_filter(&xg, &dyg, &g, &mut dwg, &mut dbg)
+                .unwrap();
+            cpu.conv2d_bwd_filter(&xc, &dyc, &g, &mut dwc, &mut dbc)
+                .unwrap();
+            let e3 = assert_rel_close(&vec(&dwg), &vec(&dwc), tol, &what("backward filter"));
+            let e4 = assert_rel_close(&vec(&dbg), &vec(&dbc), 1e-5, &what("bias gradient"));
+            println!(
+                "{} fwd {e1:.2e} bwd-data {e2:.2e} bwd-filter {e3:.2e} db {e4:.2e}",
+                what("")
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_all_transposes_match_cpu() {
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 7),
+        (64, 300, 2),
+        (17, 1000, 128),
+        (1, 4096, 128),
+        (100, 128, 2),
+    ];
+    for precision in PRECISIONS {
+        let Some(gpu) = cuda_or_skip(&with_precision(precision)) else {
+            return;
+        };
+        let cpu = cpu();
+        for (m, k, n) in shapes {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let mut rng = Rng::new(seed_for("matmul", &[m, k, n, ta as usize, tb as usize]));
+                let a_shape = if ta { [k, m] } else { [m, k] };
+                let b_shape = if tb { [n, k] } else { [k, n] };
+                let (ag, ac) = on_both(&gpu, &cpu, &rng.vec(m * k, -1.0, 1.0), a_shape);
+                let (bg, bc) = on_both(&gpu, &cpu, &rng.vec(k * n, -1.0, 1.0), b_shape);
+                let mut cg = poisoned(&gpu, [m, n], DType::F32);
+                let mut cc = poisoned(&cpu, [m, n], DType::F32);
+                gpu.matmul(&ag, &bg, ta, tb, &mut cg).unwrap();
+                cpu.matmul(&ac, &bc, ta, tb, &mut cc).unwrap();
+                let what = format!("matmul {precision:?} m{m} k{k} n{n} ta {ta} tb {tb}");
+                let e = assert_rel_close(&vec(&cg), &vec(&cc), tolerance(precision), &what);
+                println!("{what}: {e:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_add_and_grad_match_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    let shapes: [&[usize]; 6] = [
+        &[1, 1],
+        &[7, 3],
+        &[100, 128],
+        &[2, 5, 5, 64],
+        &[10000, 2],
+        &[3, 37],
+    ];
+    for shape in shapes {
+        let mut rng = Rng::new(seed_for("bias", shape));
+        let c = *shape.last().unwrap();
+        let y = rng.vec(shape.iter().product(), -1.0, 1.0);
+        let b = rng.vec(c, -1.0, 1.0);
+        let (mut yg, mut yc) = on_both(&gpu, &cpu, &y, shape);
+        let (bg, bc) = on_both(&gpu, &cpu, &b, [c]);
+        gpu.bias_add(&mut yg, &bg).unwrap();
+        cpu.bias_add(&mut yc, &bc).unwrap();
+        assert_close(
+            &vec(&yg),
+            &vec(&yc),
+            0.0,
+            0.0,
+            &format!("bias_add {shape:?}"),
+        );
+        let mut dbg = poisoned(&gpu, [c], DType::F32);
+        let mut dbc = poisoned(&cpu, [c], DType::F32);
+        gpu.bias_grad(&yg, &mut dbg).unwrap();
+        cpu.bias_grad(&yc, &mut dbc).unwrap();
+        assert_rel_close(
+            &vec(&dbg),
+            &vec(&dbc),
+            1e-5,
+            &format!("bias_grad {shape:?}"),
+        );
+    }
+}
+
+#[test]
+fn relu_forward_mask_and_backward_match_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for n in [1, 31, 32, 33, 1000, 100_003, 1 << 20] {
+        let mut rng = Rng::new(seed_for("relu", &[n]));
+        let x = rng.vec(n, -1.0, 1.0);
+        let words = n.div_ceil(32);
+        let (mut xg, mut xc) = on_both(&gpu, &cpu, &x, [n]);
+        let mut mg = poisoned(&gpu, [words], DType::U32);
+        let mut mc = poisoned(&cpu, [words], DType::U32);
+        gpu.relu(&mut xg, Some(&mut mg)).unwrap();
+        cpu.relu(&mut xc, Some(&mut mc)).unwrap();
+        assert_close(&vec(&xg), &vec(&xc), 0.0, 0.0, &format!("relu [{n}]"));
+        assert_eq!(
+            mg.to_vec_u32().unwrap(),
+            mc.to_vec_u32().unwrap(),
+            "relu mask [{n}]"
+        );
+
+        let (mut ng, mut nc) = on_both(&gpu, &cpu, &x, [n]);
+        gpu.relu(&mut ng, None).unwrap();
+        cpu.relu(&mut nc, None).unwrap();
+        assert_close(
+            &vec(&ng),
+            &vec(&nc),
+            0.0,
+            0.0,
+            &format!("relu without mask [{n}]"),
+        );
+
+        let dy = rng.vec(n, -1.0, 1.0);
+        let (mut dg, mut dc) = on_both(&gpu, &cpu, &dy, [n]);
+        gpu.relu_bwd(&mut dg, &mg).unwrap();
+        cpu.relu_bwd(&mut dc, &mc).unwrap();
+        assert_close(&vec(&dg), &vec(&dc), 0.0, 0.0, &format!("relu_bwd [{n}]"));
+    }
+}
+
+#[test]
+fn softmax_xent_loss_and_grad_match_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for (n, k, one_hot) in [
+        (1, 2, true),
+        (100, 2, true),
+        (7, 10, false),
+        (3, 1000, true),
+        (513, 3, false),
+    ] {
+        let mut rng = Rng::new(seed_for("softmax_xent", &[n, k, one_hot as usize]));
+        let logits: Vec<f32> = rng.vec(n * k, -8.0, 8.0);
+        let mut labels = vec![0f32; n * k];
+        for row in labels.chunks_mut(k) {
+            if one_hot {
+                row[rng.below(k)] = 1.0;
+            } else {
+                let raw = rng.vec(k, 0.0, 1.0);
+                let s: f32 = raw.iter().sum();
+                row.iter_mut().zip(raw).for_each(|(l, r)| *l = r / s);
+            }
+        }
+        let (zg, zc) = on_both(&gpu, &cpu, &logits, [n, k]);
+        let (yg, yc) = on_both(&gpu, &cpu, &labels, [n, k]);
+        let mut dg = poisoned(&gpu, [n, k], DType::F32);
+        let mut dc = poisoned(&cpu, [n, k], DType::F32);
+        let lg = gpu.softmax_xent(&zg, &yg, &mut dg).unwrap();
+        let lc = cpu.softmax_xent(&zc, &yc, &mut dc).unwrap();
+        let what = format!("softmax_xent [{n}, {k}] one-hot {one_hot}");
+        assert_close(&[lg], &[lc], 1e-5, 1e-7, &format!("{what} loss"));
+        assert_close(&vec(&dg), &vec(&dc), 1e-5, 1e-7, &format!("{what} dlogits"));
+    }
+}
+
+#[test]
+fn adam_update_matches_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for n in [1, 1000, 100_003] {
+        let mut rng = Rng::new(seed_for("adam", &[n]));
+        let (mut pg, mut pc) = on_both(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), [n]);
+        let (mut mg, mut mc) = on_both(&gpu, &cpu, &rng.vec(n, -0.1, 0.1), [n]);
+        let (mut vg, mut vc) = on_both(&gpu, &cpu, &rng.vec(n, 0.0, 0.01), [n]);
+        for t in 1..=3 {
+            let (b1, b2) = (0.9f32, 0.999f32);
+            let h = AdamHyper {
+                lr: 1e-3,
+                b1,
+                b2,
+                eps: 1e-8,
+                eps_root: 0.0,
+                bias_correction1: 1.0 - b1.powi(t),
+                bias_correction2: 1.0 - b2.powi(t),
+            };
+            let (gg, gc) = on_both(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), [n]);
+            gpu.adam_update(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();
+            cpu.adam_update(&mut pc, &gc, &mut mc, &mut vc, &h).unwrap();
+            for (name, a, b) in [("p", &pg, &pc), ("m", &mg, &mc), ("v", &vg, &vc)] {
+                assert_close(
+                    &vec(a),
+                    &vec(b),
+                    1e-6,
+                    1e-6,
+                    &format!("adam [{n}] step {t} {name}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fill_copy_and_transfers_round_trip() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    // Larger than the two pinned staging chunks, and not a multiple of a chunk.
+    let n = 5_000_001;
+    let mut rng = Rng::new(seed_for("transfer", &[n]));
+    let (t, data) = random_tensor(&gpu, [n], &mut rng);
+    assert_eq!(vec(&t), data, "upload then download");
+    let copy = t.duplicate().unwrap();
+    assert_eq!(vec(&copy), data, "device copy");
+    let mut z = poisoned(&gpu, [n], DType::F32);
+    gpu.fill(&mut z, 2.5).unwrap();
+    assert!(vec(&z).iter().all(|&v| v == 2.5), "fill");
+    let mut m = poisoned(&gpu, [1000], DType::U32);
+    gpu.fill(&mut m, 0.0).unwrap();
+    assert!(m.to_vec_u32().unwrap().iter().all(|&w| w == 0), "fill u32");
+    let on_cpu = t.to(&cpu()).unwrap();
+    assert_eq!(on_cpu.to_vec().unwrap(), data, "device_put to the host");
+    gpu.synchronize().unwrap();
+    let (free, total) = gpu.driver_memory().unwrap().expect("cuda reports memory");
+    assert!(free <= total && total > 0);
+}
+
+#[test]
+fn bad_ordinal_is_no_such_device() {
+    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+        return;
+    }
+    match Device::Cuda(7).open(&with_precision(Precision::Tf32)) {
+        Err(TensorError::NoSuchDevice { ordinal: 7, count }) => assert!(count < 8),
+        Ok(_) => println!("this machine has 8 GPUs: cuda:7 exists"),
+        Err(e) => panic!("expected NoSuchDevice, got {e}"),
+    }
+}
+
+#[test]
+fn cpu_tensor_into_cuda_op_is_device_mismatch() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Tf32)) else {
+        return;
+    };
+    let cpu = cpu();
+    let g = geometry(&CONV_CASES[0]);
+    let mut rng = Rng::new(1);
+    let (x_cpu, _) = random_tensor(&cpu, g.input_shape(), &mut rng);
+    let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+    let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
+    let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+    let e = gpu.conv2d(&x_cpu, &w, &b, &g, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::DeviceMismatch {
+                op: "conv2d",
+                lhs: Device::Cuda(0),
+                rhs: Device::Cpu
+            }
+        ),
+        "{e}"
+    );
+    let (a_cpu, _) = random_tensor(&cpu, [2, 2], &mut rng);
+    let (a_gpu, _) = random_tensor(&gpu, [2, 2], &mut rng);
+    let mut c = poisoned(&gpu, [2, 2], DType::F32);
+    let e = gpu
+        .matmul(&a_gpu, &a_cpu, false, false, &mut c)
+        .unwrap_err();
+    assert!(matches!(e, TensorError::DeviceMismatch { .. }), "{e}");
+}
+
+#[test]
+fn terabyte_tensor_is_out_of_memory_and_backend_survives() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Tf32)) else {
+        return;
+    };
+    let e = Tensor::empty(
+        &gpu,
+        [250_000_000_000usize],
+        DType::F32,
+        Category::Activation,
+    )
+    .unwrap_err();
+    match &e {
+        TensorError::Alloc(stax_alloc::AllocError::OutOfMemory(report)) => {
+            assert_eq!(report.requested, 1_000_000_000_000);
+            println!("1 TB tensor: {e}");
+        }
+        other => panic!("expected out of memory, got {other}"),
+    }
+    let mut rng = Rng::new(2);
+    let (mut x, data) = random_tensor(&gpu, [4096], &mut rng);
+    gpu.relu(&mut x, None).unwrap();
+    let want: Vec<f32> = data
+        .iter()
+        .map(|&v| if v > 0.0 { v } else { 0.0 })
+        .collect();
+    assert_eq!(
+        vec(&x),
+        want,
+        "the backend works after the failed allocation"
+    );
+}
+
+/// The seed's convolutions at batch 100: the algorithms chosen and their workspace bytes
+/// (printed for the report), and finite gradients. Too large for the CPU oracle.
+#[test]
+fn seed_conv_plans_are_reported() {
+    for precision in PRECISIONS {
+        let Some(gpu) = cuda_backend_or_skip(&with_precision(precision)) else {
+            return;
+        };
+        let dynb: Arc<dyn Backend> = gpu.clone();
+        let s = (1, 1);
+        let g1 = Conv2dGeometry::new(
+            &[100, 200, 200, 3].into(),
+            &[3, 3, 3, 64].into(),
+            s,
+            Padding::Same,
+        )
+        .unwrap();
+        let g2 = Conv2dGeometry::new(
+            &[100, 200, 200, 64].into(),
+            &[3, 3, 64, 64].into(),
+            s,
+            Padding::Same,
+        )
+        .unwrap();
+        let mut rng = Rng::new(seed_for("seed", &[100]));
+        let (x, _) = random_tensor(&dynb, g1.input_shape(), &mut rng);
+        let (w1, _) = random_tensor(&dynb, g1.filter_shape(), &mut rng);
+        let (w2, _) = random_tensor(&dynb, g2.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&dynb, [64], &mut rng);
+        let mut y1 = poisoned(&dynb, g1.output_shape(), DType::F32);
+        let mut y2 = poisoned(&dynb, g2.output_shape(), DType::F32);
+        let mut dx2 = poisoned(&dynb, g2.input_shape(), DType::F32);
+        let mut dw = poisoned(&dynb, g2.filter_shape(), DType::F32);
+        let mut dw1 = poisoned(&dynb, g1.filter_shape(), DType::F32);
+        let mut db = poisoned(&dynb, [64], DType::F32);
+        let mut step = |timed: bool| {
+            let t0 = std::time::Instant::now();
+            gpu.conv2d(&x, &w1, &b, &g1, &mut y1).unwrap();
+            gpu.conv2d(&y1, &w2, &b, &g2, &mut y2).unwrap();
+            gpu.conv2d_bwd_data(&y2, &w2, &g2, &mut dx2).unwrap();
+            gpu.conv2d_bwd_filter(&y1, &y2, &g2, &mut dw, &mut db)
+                .unwrap();
+            gpu.conv2d_bwd_filter(&x, &dx2, &g1, &mut dw1, &mut db)
+                .unwrap();
+            gpu.synchronize().unwrap();
+            if timed {
+                println!(
+                    "seed convs {precision:?}: 5 passes in {:.2} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+            }
+        };
+        for i in 0..4 {
+            step(i > 0);
+        }
+        assert!(
+            vec(&dw).iter().chain(&vec(&dw1)).all(|v| v.is_finite()),
+            "finite gradients"
+        );
+        for p in gpu.conv_plans().iter().filter(|p| p.geometry.n == 100) {
+            println!(
+                "plan {:?} {:?} c_in {} -> c_out {}: {} tensor_ops {} workspace {} B layout {} B ({:.3} ms)",
+                p.precision,
+                p.pass,
+                p.geometry.c_in,
+                p.geometry.c_out,
+                p.algorithm,
+                p.tensor_ops,
+                p.workspace_bytes,
+                p.layout_bytes,
+                p.time_ms
+            );
+        }
+        let stats = gpu.allocator().stats();
+        println!(
+            "allocator after seed convs ({precision:?}): peak_allocated {} B",
+            stats.peak_allocated
+        );
+    }
+}
