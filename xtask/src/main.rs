@@ -18,6 +18,8 @@ enum Command {
     Data(commands::data::DataArgs),
     /// Build test binaries, the example and benches into bundle/ for the GPU machine.
     GpuBundle(commands::gpu_bundle::GpuBundleArgs),
+    /// Add the JAX/PyTorch step comparison (bench.sh, compare.py, anchors) to the bundle.
+    BenchGpu(commands::bench_gpu::BenchGpuArgs),
 }
 
 fn main() {
@@ -25,6 +27,7 @@ fn main() {
     let result = match cli.command {
         Command::Data(args) => commands::data::run(args),
         Command::GpuBundle(args) => commands::gpu_bundle::run(args),
+        Command::BenchGpu(args) => commands::bench_gpu::run(args),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
