@@ -53,7 +53,9 @@ pub enum TensorError {
 
     // ---- placement ----
     /// Operands of one op live on different devices.
-    #[error("{op}: operands on different devices ({lhs} and {rhs}); place them with Tensor::to first")]
+    #[error(
+        "{op}: operands on different devices ({lhs} and {rhs}); place them with Tensor::to first"
+    )]
     DeviceMismatch {
         /// The op.
         op: &'static str,
@@ -63,7 +65,9 @@ pub enum TensorError {
         rhs: Device,
     },
     /// An in-place op was given a tensor whose buffer is shared with another tensor.
-    #[error("{op}: output buffer is shared with another tensor (clone or reshape view alive); in-place ops need sole ownership")]
+    #[error(
+        "{op}: output buffer is shared with another tensor (clone or reshape view alive); in-place ops need sole ownership"
+    )]
     Aliased {
         /// The op.
         op: &'static str,
