@@ -214,15 +214,19 @@ impl Arena {
         self.parked.copy_within(i + 1..self.parked_len, i);
         self.parked_len -= 1;
         self.free_bytes -= size as u64;
+        Some(self.mark_used(id, tag))
+    }
+
+    fn mark_used(&mut self, id: u32, tag: Tag) -> Taken {
         let n = &mut self.nodes[id as usize];
         n.parked = false;
         n.tag = Some(tag);
-        Some(Taken {
+        Taken {
             id,
             addr: n.addr,
             size: n.size,
             segment: n.segment,
-        })
+        }
     }
 
     /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties),
@@ -259,14 +263,7 @@ impl Arena {
                 self.free_bytes += rem as u64;
             }
         }
-        let n = &mut self.nodes[id as usize];
-        n.tag = Some(tag);
-        Some(Taken {
-            id,
-            addr: n.addr,
-            size: n.size,
-            segment: n.segment,
-        })
+        Some(self.mark_used(id, tag))
     }
 
     /// Frees the used block `id`: it is parked for exact-size reuse (the oldest parked block

@@ -49,8 +49,9 @@ const FORMS: &str = "accepted forms: caching | bfc | bfc:fraction=F (0 < F <= 1,
 pub enum Strategy {
     /// Segments reserved on demand (large ones rounded up to the backend granularity, small
     /// requests of at most 1 MiB from their own 2 MiB segments), best-fit with splitting,
-    /// coalescing on free, freed blocks kept cached; on out-of-memory the cache is released and
-    /// the request retried once. Mirrors PyTorch's CUDACachingAllocator.
+    /// coalescing on free (the last 16 freed blocks are first parked for exact-size reuse),
+    /// freed blocks kept cached; on out-of-memory the cache is released and the request retried
+    /// once. Mirrors PyTorch's CUDACachingAllocator.
     #[default]
     Caching,
     /// Reserves `fraction` of the device's free memory (or of its capacity when the driver

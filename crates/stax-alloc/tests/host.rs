@@ -64,3 +64,16 @@ fn host_backend_refuses_bad_segments() {
         (2 << 20, 64, None)
     );
 }
+
+#[test]
+fn absurd_host_requests_are_out_of_memory() {
+    let alloc = Allocator::new(Arc::new(HostMemory::new()), Strategy::Caching).unwrap();
+    for bytes in [usize::MAX, usize::MAX / 2 + 1, 1 << 62] {
+        match alloc.allocate(bytes, Category::Other) {
+            Err(stax_alloc::AllocError::OutOfMemory(r)) => assert_eq!(r.requested, bytes as u64),
+            other => panic!("{bytes}: expected out of memory, got {other:?}"),
+        }
+    }
+    let a = alloc.allocate(64, Category::Other).unwrap();
+    assert_eq!(a.bytes(), 64);
+}

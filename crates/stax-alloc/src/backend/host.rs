@@ -59,19 +59,19 @@ impl RawMemory for HostMemory {
         if bytes == 0 {
             return Err(Self::error("reserve", "zero-byte segment".into()));
         }
-        let size = crate::round_up(bytes, HOST_ALIGN)
-            .ok_or_else(|| Self::error("reserve", format!("{bytes} bytes overflows")))?;
-        let layout = Layout::from_size_align(size, HOST_ALIGN)
-            .map_err(|e| Self::error("reserve", format!("{bytes} bytes: {e}")))?;
+        // A size no layout can describe (over isize::MAX) is out of memory, not a bug.
+        let oom = || AllocError::BackendOutOfMemory {
+            backend: "host".into(),
+            op: "reserve",
+            requested: bytes as u64,
+        };
+        let size = crate::round_up(bytes, HOST_ALIGN).ok_or_else(oom)?;
+        let layout = Layout::from_size_align(size, HOST_ALIGN).map_err(|_| oom())?;
         // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two
         // alignment (constructed by `Layout::from_size_align`).
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
-            return Err(AllocError::BackendOutOfMemory {
-                backend: "host".into(),
-                op: "reserve",
-                requested: size as u64,
-            });
+            return Err(oom());
         }
         let addr = ptr as usize as u64;
         let mut map = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
