@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::block::Tag;
 use crate::stats::{BackendBook, Counters, Snapshot, Stats, assemble};
 use crate::strategy::{self, Grant, Metered, Pool, Refusal};
-use crate::trace::{Recorder, Trace, TraceOp};
+use crate::trace::{Recorded, Recorder, Trace, TraceOp};
 use crate::{AllocError, Category, OomReport, RawMemory, Strategy, round_up};
 
 /// Handle of a zero-byte allocation (no block behind it).
@@ -167,7 +167,14 @@ impl Allocator {
             .counters
             .on_alloc(category, bytes as u64, grant.block as u64);
         if let Some(rec) = &mut inner.trace {
-            rec.record(TraceOp::Alloc, id, bytes as u64, category, stream);
+            let a = Recorded {
+                id,
+                bytes: bytes as u64,
+                category,
+                stream,
+                addr: grant.addr,
+            };
+            rec.record(TraceOp::Alloc, a);
         }
         drop(guard);
         Ok(Allocation {
@@ -234,7 +241,14 @@ impl Allocator {
             }
         }
         if let Some(rec) = &mut inner.trace {
-            rec.record(TraceOp::Free, a.id, a.bytes as u64, a.category, a.stream);
+            let r = Recorded {
+                id: a.id,
+                bytes: a.bytes as u64,
+                category: a.category,
+                stream: a.stream,
+                addr: a.addr,
+            };
+            rec.record(TraceOp::Free, r);
         }
     }
 

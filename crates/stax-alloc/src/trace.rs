@@ -53,6 +53,15 @@ pub struct TraceEvent {
     pub t_ns: u64,
     /// Stream the allocation was made on.
     pub stream: u32,
+    /// Address handed out to the allocation (its start; the same on its free event), so that
+    /// a trace event can be tied to the tensor that owns the buffer. 0 in synthetic traces
+    /// ([`TraceBuilder`]) and in traces written before the field existed; not written when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub addr: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// A sequence of allocation and free events.
@@ -159,6 +168,7 @@ impl TraceBuilder {
             category,
             t_ns,
             stream: 0,
+            addr: 0,
         });
     }
 
@@ -166,6 +176,16 @@ impl TraceBuilder {
     pub fn finish(self) -> Trace {
         self.trace
     }
+}
+
+/// What the recorder keeps of one allocation (for its alloc and its free event).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recorded {
+    pub id: u64,
+    pub bytes: u64,
+    pub category: Category,
+    pub stream: u32,
+    pub addr: u64,
 }
 
 /// Records events for [`Allocator::start_trace`].
@@ -183,15 +203,16 @@ impl Recorder {
         }
     }
 
-    pub fn record(&mut self, op: TraceOp, id: u64, bytes: u64, category: Category, stream: u32) {
+    pub fn record(&mut self, op: TraceOp, a: Recorded) {
         let t_ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.events.push(TraceEvent {
             op,
-            id,
-            bytes,
-            category,
+            id: a.id,
+            bytes: a.bytes,
+            category: a.category,
             t_ns,
-            stream,
+            stream: a.stream,
+            addr: a.addr,
         });
     }
 

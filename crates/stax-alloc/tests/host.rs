@@ -77,3 +77,21 @@ fn absurd_host_requests_are_out_of_memory() {
     let a = alloc.allocate(64, Category::Other).unwrap();
     assert_eq!(a.bytes(), 64);
 }
+
+#[test]
+fn capped_host_memory_runs_a_bfc_arena() {
+    let cap = 8u64 << 20;
+    let alloc = Allocator::new(
+        Arc::new(HostMemory::with_capacity(cap)),
+        Strategy::Bfc { fraction: 1.0 },
+    )
+    .unwrap();
+    assert_eq!(alloc.stats().reserved, cap);
+    let a = alloc.allocate(6 << 20, Category::Activation).unwrap();
+    match alloc.allocate(3 << 20, Category::Activation) {
+        Err(stax_alloc::AllocError::OutOfMemory(r)) => assert_eq!(r.limit, Some(cap)),
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    drop(a);
+    let _b = alloc.allocate(3 << 20, Category::Activation).unwrap();
+}

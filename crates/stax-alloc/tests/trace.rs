@@ -156,6 +156,7 @@ fn bad_traces_are_typed_errors() {
         category: Category::Other,
         t_ns: 0,
         stream: 0,
+        addr: 0,
     };
     trace.events.push(ev(TraceOp::Free, 7));
     let e = replay(&trace, &alloc).unwrap_err();
@@ -187,4 +188,24 @@ fn bad_traces_are_typed_errors() {
         replay(&trace, &alloc),
         Err(AllocError::OutOfMemory(_))
     ));
+}
+
+#[test]
+fn recorded_events_carry_the_allocation_address() {
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(1 << 30, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    alloc.start_trace();
+    let a = alloc.allocate(3 << 20, Category::Activation).unwrap();
+    let addr = a.addr();
+    drop(a);
+    let trace = alloc.stop_trace();
+    assert_eq!(trace.events.len(), 2);
+    assert!(trace.events.iter().all(|e| e.addr == addr && addr != 0));
+    // traces written before the field existed still read (addr defaults to 0)
+    let old = br#"{"op":"alloc","id":0,"bytes":8,"category":"other","t_ns":0,"stream":0}"#;
+    let back = stax_alloc::Trace::read_jsonl(&old[..]).unwrap();
+    assert_eq!(back.events[0].addr, 0);
 }

@@ -18,20 +18,44 @@ const HOST_GRANULARITY: usize = 2 << 20;
 /// zeroed (CPU code may read it as f32 at once) and every address is a real, dereferenceable
 /// pointer valid until the allocation is dropped. [`reserve`](RawMemory::reserve) rounds only to
 /// the 64-byte alignment; [`granularity`](RawMemory::granularity) is 2 MiB, which the caching
-/// strategy uses to round large segments. Capacity and free bytes are unknown (None).
+/// strategy uses to round large segments. Capacity and free bytes are unknown (None), unless
+/// the backend was made with [`HostMemory::with_capacity`], which caps what it hands out (so
+/// that `bfc` can size an arena and tests can run a CPU step under a memory budget).
 ///
 /// Outstanding segments are tracked, so a release of an unknown segment is an error instead
 /// of undefined behaviour, and segments still outstanding are freed when the backend drops.
 #[derive(Debug, Default)]
 pub struct HostMemory {
     outstanding: Mutex<HashMap<u64, usize>>,
+    capacity: Option<u64>,
 }
 
 impl HostMemory {
-    /// A new host backend with no outstanding segments.
+    /// A new host backend with no outstanding segments and no capacity limit.
     pub fn new() -> Self {
         HostMemory {
             outstanding: Mutex::new(HashMap::new()),
+            capacity: None,
+        }
+    }
+
+    /// A host backend that hands out at most `capacity` bytes at once: a reservation that would
+    /// take the outstanding bytes past it fails with [`AllocError::BackendOutOfMemory`], as a
+    /// full device would. [`capacity`](RawMemory::capacity) reports it and
+    /// [`free_bytes`](RawMemory::free_bytes) reports `capacity - outstanding`.
+    ///
+    /// ```
+    /// use stax_alloc::{HostMemory, RawMemory};
+    /// let host = HostMemory::with_capacity(1 << 20);
+    /// let seg = host.reserve(600 << 10).unwrap();
+    /// assert_eq!(host.free_bytes(), Some((1 << 20) - (600 << 10)));
+    /// assert!(host.reserve(600 << 10).is_err());
+    /// host.release(seg).unwrap();
+    /// ```
+    pub fn with_capacity(capacity: u64) -> Self {
+        HostMemory {
+            outstanding: Mutex::new(HashMap::new()),
+            capacity: Some(capacity),
         }
     }
 
@@ -67,6 +91,10 @@ impl RawMemory for HostMemory {
         };
         let size = crate::round_up(bytes, HOST_ALIGN).ok_or_else(oom)?;
         let layout = Layout::from_size_align(size, HOST_ALIGN).map_err(|_| oom())?;
+        let over = |cap: u64| self.outstanding_bytes().saturating_add(size as u64) > cap;
+        if self.capacity.is_some_and(over) {
+            return Err(oom());
+        }
         // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two
         // alignment (constructed by `Layout::from_size_align`).
         let ptr = unsafe { alloc_zeroed(layout) };
@@ -108,11 +136,12 @@ impl RawMemory for HostMemory {
     }
 
     fn capacity(&self) -> Option<u64> {
-        None
+        self.capacity
     }
 
     fn free_bytes(&self) -> Option<u64> {
-        None
+        self.capacity
+            .map(|c| c.saturating_sub(self.outstanding_bytes()))
     }
 }
 
