@@ -97,6 +97,53 @@ pub struct AdamHyper {
     pub bias_correction2: f32,
 }
 
+/// One of the three passes of a 2-D convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConvPass {
+    /// `y = conv(x, w) + b` ([`Backend::conv2d`]).
+    Forward,
+    /// `dx` from `dy` and `w` ([`Backend::conv2d_bwd_data`]).
+    BackwardData,
+    /// `dw` and `db` from `x` and `dy` ([`Backend::conv2d_bwd_filter`]).
+    BackwardFilter,
+}
+
+/// An op whose scratch memory a memory planner asks about ([`Backend::workspace_bytes`]): the
+/// op and the sizes its workspace depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkspaceOp {
+    /// One pass of a convolution of this geometry.
+    Conv {
+        /// Shapes, strides and padding.
+        geometry: Conv2dGeometry,
+        /// Which pass.
+        pass: ConvPass,
+    },
+    /// [`Backend::matmul`] with `op(a)` `[m, k]`, `op(b)` `[k, n]`.
+    Matmul {
+        /// Rows of the product.
+        m: usize,
+        /// Columns of the product.
+        n: usize,
+        /// The contracted dimension.
+        k: usize,
+    },
+    /// [`Backend::bias_grad`] of `dy` seen as `[rows, cols]`.
+    BiasGrad {
+        /// Rows summed over.
+        rows: usize,
+        /// Bias length.
+        cols: usize,
+    },
+    /// [`Backend::softmax_xent`] of `[rows, classes]` logits.
+    SoftmaxXent {
+        /// Batch rows.
+        rows: usize,
+        /// Classes.
+        classes: usize,
+    },
+}
+
 /// A compute backend: owns an allocator and computes the ops of a stax training step.
 ///
 /// All tensors are row-major. Unless stated, ops need `F32` operands on this backend's device
@@ -221,4 +268,31 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `(free, total)` device bytes as the driver reports them (`cuMemGetInfo`); `None` on the
     /// host.
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError>;
+
+    /// The most workspace bytes (allocations tagged [`stax_alloc::Category::Workspace`]) this
+    /// backend holds at once during one call of `op`, in steady state (once any per-shape
+    /// algorithm choice has been made). A memory planner that allocates exactly this much
+    /// around the op predicts the step's peak to the byte; 0 means the op allocates nothing.
+    ///
+    /// The default says the backend cannot tell, so planning on it fails with that message.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] when the backend cannot tell (the default) or the
+    /// shapes are invalid; backend errors where answering needs the device.
+    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
+        Err(TensorError::InvalidArgument {
+            op: "workspace_bytes",
+            reason: format!(
+                "the {} backend does not report the workspace of {op:?}",
+                self.device()
+            ),
+        })
+    }
+
+    /// The allocator of the pinned host buffers this backend keeps for transfers (tagged
+    /// [`stax_alloc::Category::Input`]), so reports can show pinned host memory beside device
+    /// memory; `None` (the default) when it keeps none.
+    fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
+        None
+    }
 }

@@ -30,7 +30,7 @@ mod softmax;
 #[cfg(test)]
 mod testing;
 
-use crate::{AdamHyper, Backend, BackendOptions, Conv2dGeometry, Device, Precision};
+use crate::{AdamHyper, Backend, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp};
 use crate::{Tensor, TensorError};
 use host::{Workspace, bytes_of, bytes_of_mut, data, data_mut, words, words_mut};
 use stax_alloc::{Allocator, Category, HostMemory};
@@ -61,7 +61,24 @@ impl CpuBackend {
     /// # Errors
     /// [`TensorError::Alloc`] if the allocator rejects the strategy.
     pub fn new(options: &BackendOptions) -> Result<Arc<CpuBackend>, TensorError> {
-        let allocator = Allocator::new(Arc::new(HostMemory::new()), options.strategy.clone())?;
+        Self::over(HostMemory::new(), options)
+    }
+
+    /// As [`CpuBackend::new`], but the allocator's host memory holds at most `capacity` bytes
+    /// ([`HostMemory::with_capacity`]): a CPU stand-in for a device of that size, so a step can
+    /// be run under a memory budget (`bfc` then reserves `fraction x capacity` up front).
+    ///
+    /// # Errors
+    /// As [`CpuBackend::new`]; [`TensorError::Alloc`] when a `bfc` arena cannot be reserved.
+    pub fn with_capacity(
+        options: &BackendOptions,
+        capacity: u64,
+    ) -> Result<Arc<CpuBackend>, TensorError> {
+        Self::over(HostMemory::with_capacity(capacity), options)
+    }
+
+    fn over(memory: HostMemory, options: &BackendOptions) -> Result<Arc<CpuBackend>, TensorError> {
+        let allocator = Allocator::new(Arc::new(memory), options.strategy.clone())?;
         Ok(Arc::new(CpuBackend {
             allocator,
             precision: options.precision,
@@ -227,6 +244,17 @@ impl Backend for CpuBackend {
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError> {
         Ok(None)
     }
+
+    /// Convolutions allocate one im2col column buffer per call (none when pointwise); no other
+    /// op allocates.
+    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
+        match op {
+            WorkspaceOp::Conv { geometry, pass } => conv::workspace_bytes(self, geometry, *pass),
+            WorkspaceOp::Matmul { .. }
+            | WorkspaceOp::BiasGrad { .. }
+            | WorkspaceOp::SoftmaxXent { .. } => Ok(0),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -351,5 +379,37 @@ mod tests {
         );
         let peak = stats.peak_by_category[ws];
         assert!(peak > 0 && peak <= 2048, "workspace peak {peak} bytes");
+        // the planner's query says exactly what each pass allocated: 9 rows of 27 floats
+        for pass in [
+            crate::ConvPass::Forward,
+            crate::ConvPass::BackwardData,
+            crate::ConvPass::BackwardFilter,
+        ] {
+            let q = WorkspaceOp::Conv { geometry: g, pass };
+            assert_eq!(be.workspace_bytes(&q).unwrap(), 9 * 27 * 4);
+        }
+        assert_eq!(stats.by_category[ws].peak, 9 * 27 * 4);
+        let mm = WorkspaceOp::Matmul { m: 4, n: 4, k: 4 };
+        assert_eq!(be.workspace_bytes(&mm).unwrap(), 0);
+    }
+
+    #[test]
+    fn pointwise_convs_need_no_workspace_and_capacity_caps_memory() {
+        let be = CpuBackend::with_capacity(&BackendOptions::default(), 4 << 20).unwrap();
+        let g = Conv2dGeometry::new(
+            &[2, 5, 5, 3].into(),
+            &[1, 1, 3, 4].into(),
+            (1, 1),
+            crate::Padding::Valid,
+        )
+        .unwrap();
+        let q = WorkspaceOp::Conv {
+            geometry: g,
+            pass: crate::ConvPass::BackwardFilter,
+        };
+        assert_eq!(be.workspace_bytes(&q).unwrap(), 0);
+        let be: Arc<dyn Backend> = be;
+        let e = Tensor::empty(&be, [2 << 20], DType::F32, Category::Other).unwrap_err();
+        assert!(matches!(e, TensorError::Alloc(_)), "{e}");
     }
 }

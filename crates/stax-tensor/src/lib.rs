@@ -24,7 +24,7 @@ pub mod geometry;
 pub mod shape;
 pub mod tensor;
 
-pub use backend::{AdamHyper, Backend, BackendOptions, Precision};
+pub use backend::{AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::TensorError;

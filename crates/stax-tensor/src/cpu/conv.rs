@@ -20,7 +20,7 @@
 use super::elementwise::column_sums;
 use super::matmul::{MatMut, MatRef, gemm};
 use super::{CpuBackend, data, data_mut};
-use crate::{Conv2dGeometry, Shape, Tensor, TensorError};
+use crate::{Conv2dGeometry, ConvPass, Shape, Tensor, TensorError};
 use std::ops::Range;
 
 #[cfg(test)]
@@ -164,6 +164,43 @@ fn col2im(g: &Conv2dGeometry, dcol: &[f32], p0: usize, dx: &mut [f32]) {
     }
 }
 
+/// Floats of the im2col column buffer one call of any pass allocates: none for a pointwise conv
+/// (a plain GEMM on `x` or into `dx`), else a chunk of rows of `K` floats within the backend's
+/// workspace bound (at least one row, at most every output pixel).
+fn column_floats(be: &CpuBackend, g: &Conv2dGeometry) -> usize {
+    if is_pointwise(g) {
+        0
+    } else {
+        let k = patch_len(g);
+        be.workspace_rows(k).min(pixels(g)) * k
+    }
+}
+
+/// Workspace bytes one call of `pass` allocates (and frees before returning): the column buffer
+/// of [`column_floats`], the same for the three passes. What [`crate::Backend::workspace_bytes`]
+/// answers on the CPU.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] for an inconsistent geometry or a size that overflows.
+pub(crate) fn workspace_bytes(
+    be: &CpuBackend,
+    g: &Conv2dGeometry,
+    pass: ConvPass,
+) -> Result<usize, TensorError> {
+    let op = match pass {
+        ConvPass::Forward => FWD,
+        ConvPass::BackwardData => BWD_DATA,
+        ConvPass::BackwardFilter => BWD_FILTER,
+    };
+    validate(op, g)?;
+    column_floats(be, g)
+        .checked_mul(4)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op,
+            reason: format!("the column buffer of {g:?} overflows the address space"),
+        })
+}
+
 /// Calls `f(rows, col)` for consecutive chunks of output pixels, `col` being their patch matrix
 /// `[rows.len(), K]`. Pointwise convs pass `x` itself as one chunk; otherwise the column buffer
 /// is one workspace allocation of at most the backend's workspace bound (at least one row).
@@ -177,8 +214,9 @@ fn for_each_chunk(
     if is_pointwise(g) {
         return f(0..total, MatRef::row_major(x, total, k));
     }
-    let chunk = be.workspace_rows(k).min(total);
-    let mut workspace = be.workspace(chunk * k)?;
+    let floats = column_floats(be, g);
+    let chunk = floats / k;
+    let mut workspace = be.workspace(floats)?;
     let buf = workspace.as_mut_slice();
     for start in (0..total).step_by(chunk) {
         let rows = start..(start + chunk).min(total);
@@ -263,8 +301,9 @@ pub(crate) fn backward_data(
         );
     }
     dxs.fill(0.0);
-    let chunk = be.workspace_rows(k).min(total);
-    let mut workspace = be.workspace(chunk * k)?;
+    let floats = column_floats(be, g);
+    let chunk = floats / k;
+    let mut workspace = be.workspace(floats)?;
     let buf = workspace.as_mut_slice();
     for start in (0..total).step_by(chunk) {
         let rows = (start + chunk).min(total) - start;
