@@ -6,9 +6,10 @@
 mod common;
 
 use common::*;
+use stax_tensor::cuda::CudaBackend;
 use stax_tensor::{
-    AdamHyper, Backend, Category, Conv2dGeometry, DType, Device, Padding, Precision, Tensor,
-    TensorError,
+    AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, DType, Device, Padding,
+    Precision, Strategy, Tensor, TensorError,
 };
 use std::sync::Arc;
 
@@ -455,22 +456,89 @@ fn seed_conv_plans_are_reported() {
         );
         for p in gpu.conv_plans().iter().filter(|p| p.geometry.n == 100) {
             println!(
-                "plan {:?} {:?} c_in {} -> c_out {}: {} tensor_ops {} workspace {} B layout {} B ({:.3} ms)",
+                "plan {:?} {:?} c_in {} -> c_out {}: {} {} workspace {} B layout {} B ({:.3} ms)",
                 p.precision,
                 p.pass,
                 p.geometry.c_in,
                 p.geometry.c_out,
                 p.algorithm,
-                p.tensor_ops,
+                p.math,
                 p.workspace_bytes,
                 p.layout_bytes,
                 p.time_ms
             );
+            for c in &p.candidates {
+                println!(
+                    "    candidate {} {} workspace {} B time {:?} ms {}",
+                    c.algorithm, c.math, c.workspace_bytes, c.time_ms, c.status
+                );
+            }
         }
         let stats = gpu.allocator().stats();
         println!(
             "allocator after seed convs ({precision:?}): peak_allocated {} B",
             stats.peak_allocated
+        );
+    }
+}
+
+/// Every allocator strategy opens on the device (bfc after the modules are loaded: seeds/004)
+/// and computes the same conv, matmul and ReLU as the CPU.
+#[test]
+fn every_strategy_opens_and_computes() {
+    if cuda_or_skip(&with_precision(Precision::Highest)).is_none() {
+        return;
+    }
+    let cpu = cpu();
+    let strategies = [
+        Strategy::Bfc { fraction: 0.25 },
+        Strategy::Platform,
+        Strategy::Async {
+            release_threshold: 1 << 30,
+        },
+    ];
+    for strategy in strategies {
+        let options = BackendOptions {
+            strategy: strategy.clone(),
+            precision: Precision::Highest,
+            workspace_limit: Some(64 << 20),
+        };
+        let gpu: Arc<dyn Backend> =
+            CudaBackend::new(0, &options).unwrap_or_else(|e| panic!("open with {strategy:?}: {e}"));
+        let g = geometry(&CONV_CASES[1]);
+        let mut rng = Rng::new(seed_for("strategies", &[g.n, g.h]));
+        let x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+        let w = rng.vec(g.filter_shape().numel(), -1.0, 1.0);
+        let b = rng.vec(g.c_out, -1.0, 1.0);
+        let (xg, xc) = on_both(&gpu, &cpu, &x, g.input_shape());
+        let (wg, wc) = on_both(&gpu, &cpu, &w, g.filter_shape());
+        let (bg, bc) = on_both(&gpu, &cpu, &b, [g.c_out]);
+        let mut yg = poisoned(&gpu, g.output_shape(), DType::F32);
+        let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
+        gpu.conv2d(&xg, &wg, &bg, &g, &mut yg).unwrap();
+        cpu.conv2d(&xc, &wc, &bc, &g, &mut yc).unwrap();
+        let mut mg = poisoned(&gpu, [yg.numel().div_ceil(32)], DType::U32);
+        gpu.relu(&mut yg, Some(&mut mg)).unwrap();
+        cpu.relu(&mut yc, None).unwrap();
+        let what = format!("conv2d + relu with {strategy:?}");
+        assert_rel_close(&vec(&yg), &vec(&yc), 1e-5, &what);
+        let (ag, ac) = on_both(&gpu, &cpu, &rng.vec(64 * 96, -1.0, 1.0), [64, 96]);
+        let mut cg = poisoned(&gpu, [64, 64], DType::F32);
+        let mut cc = poisoned(&cpu, [64, 64], DType::F32);
+        gpu.matmul(&ag, &ag, false, true, &mut cg).unwrap();
+        cpu.matmul(&ac, &ac, false, true, &mut cc).unwrap();
+        assert_rel_close(
+            &vec(&cg),
+            &vec(&cc),
+            1e-5,
+            &format!("matmul with {strategy:?}"),
+        );
+        let stats = gpu.allocator().stats();
+        println!(
+            "{strategy:?}: reserved {} B, peak allocated {} B, driver {:?}",
+            stats.reserved,
+            stats.peak_allocated,
+            gpu.driver_memory().unwrap()
         );
     }
 }

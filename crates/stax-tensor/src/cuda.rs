@@ -56,8 +56,11 @@ pub struct CudaBackend {
     workspace_limit: usize,
 }
 
+/// cudarc's probe of whether a library can be loaded.
+type Probe = unsafe fn() -> bool;
+
 /// The libraries the backend loads at run time, with a probe for each.
-const LIBRARIES: [(&str, unsafe fn() -> bool); 4] = [
+const LIBRARIES: [(&str, Probe); 4] = [
     (
         "libcuda.so (the NVIDIA driver)",
         cudarc::driver::sys::is_culib_present,
@@ -231,6 +234,15 @@ impl CudaBackend {
     }
 }
 
+impl Drop for CudaBackend {
+    /// Lets queued work finish with the context current, before the handles, modules and
+    /// stream are destroyed (possibly on a thread that never used the device).
+    fn drop(&mut self) {
+        let _ = self.bind();
+        let _ = self.stream.synchronize();
+    }
+}
+
 impl Backend for CudaBackend {
     fn device(&self) -> Device {
         Device::Cuda(self.ordinal)
@@ -396,7 +408,7 @@ impl Backend for CudaBackend {
         self.check_input(OP, dy, dy.shape())?;
         self.check_output(OP, db, &[c].into())?;
         self.bind()?;
-        let rows = if c == 0 { 0 } else { dy.numel() / c };
+        let rows = dy.numel().checked_div(c).unwrap_or(0);
         let partial = self.allocator.allocate(
             (self.kernels.bias_grad_splits(rows) * c * 8).max(1),
             Category::Workspace,

@@ -73,8 +73,14 @@ struct Artifact {
 }
 
 /// Runs `cargo <args> --message-format=json` in `root`, returning the executables it built
-/// (test harnesses when `tests`, otherwise examples or benches).
-fn build(root: &Path, args: &[&str], kind: &'static str) -> Result<Vec<Artifact>, BundleError> {
+/// whose target kind is `target_kind` (`example`, `bench`), or the test harnesses when `None`
+/// (`cargo test` builds examples too, and `cargo bench` the libraries' bench harnesses).
+fn build(
+    root: &Path,
+    args: &[&str],
+    kind: &'static str,
+    target_kind: Option<&str>,
+) -> Result<Vec<Artifact>, BundleError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let shown = format!("cargo {}", args.join(" "));
     eprintln!("gpu-bundle: {shown}");
@@ -99,6 +105,15 @@ fn build(root: &Path, args: &[&str], kind: &'static str) -> Result<Vec<Artifact>
         let Some(exe) = msg["executable"].as_str() else {
             continue;
         };
+        let wanted = match target_kind {
+            None => msg["profile"]["test"] == true,
+            Some(k) => msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|v| v.as_str() == Some(k))),
+        };
+        if !wanted {
+            continue;
+        }
         let manifest = msg["manifest_path"].as_str().unwrap_or_default();
         let dir = Path::new(manifest).parent().unwrap_or(root);
         let package_dir = dir
@@ -187,6 +202,7 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
         &root,
         &["test", "--release", "--no-run", "--workspace"],
         "tests",
+        None,
     )?;
     let mut others = Vec::new();
     if !args.tests_only {
@@ -195,6 +211,7 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 &root,
                 &["build", "--release", "--example", "stax_cnn"],
                 "examples",
+                Some("example"),
             )?);
         } else {
             eprintln!("gpu-bundle: examples/stax_cnn.rs does not exist yet; no example bundled");
@@ -204,6 +221,7 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 &root,
                 &["bench", "--no-run", "--workspace"],
                 "benches",
+                Some("bench"),
             )?);
         } else {
             eprintln!("gpu-bundle: no benches to bundle");

@@ -16,6 +16,7 @@ use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
 use stax_alloc::{Allocation, Allocator, Category};
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -46,8 +47,9 @@ pub struct ConvPlanInfo {
     pub pass: ConvPass,
     /// cuDNN's name for the algorithm, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
     pub algorithm: String,
-    /// Whether it runs on tensor cores (TF32).
-    pub tensor_ops: bool,
+    /// cuDNN's math type for it: `CUDNN_DEFAULT_MATH` or `CUDNN_TENSOR_OP_MATH` may use TF32
+    /// tensor cores (only under [`Precision::Tf32`]), `CUDNN_FMA_MATH` never does.
+    pub math: String,
     /// cuDNN workspace bytes each call of this pass allocates (tagged `Workspace`).
     pub workspace_bytes: usize,
     /// Further workspace bytes each call allocates for layout changes: the OHWI filter copy,
@@ -55,6 +57,25 @@ pub struct ConvPlanInfo {
     pub layout_bytes: usize,
     /// Time `cudnnFind*AlgorithmEx` measured for it, in ms.
     pub time_ms: f32,
+    /// Every candidate cuDNN's heuristics listed, with its workspace need and, for those that
+    /// were timed, the time: what the choice was made from.
+    pub candidates: Vec<ConvCandidate>,
+}
+
+/// One algorithm cuDNN offered for a pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvCandidate {
+    /// cuDNN's name for the algorithm.
+    pub algorithm: String,
+    /// cuDNN's math type for it.
+    pub math: String,
+    /// Workspace bytes it needs.
+    pub workspace_bytes: usize,
+    /// Time measured by `cudnnFind*AlgorithmEx`, in ms, or None if it was not timed (over the
+    /// workspace budget, or not supported).
+    pub time_ms: Option<f32>,
+    /// cuDNN's status for it (`CUDNN_STATUS_SUCCESS` when usable).
+    pub status: String,
 }
 
 fn cudnn(op: &'static str) -> impl FnOnce(result::CudnnError) -> TensorError {
@@ -182,16 +203,27 @@ impl Descriptors {
 struct Choice {
     algo: Algo,
     ok: bool,
+    status: sys::cudnnStatus_t,
     time_ms: f32,
     workspace: usize,
     math: sys::cudnnMathType_t,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Algo {
     Fwd(sys::cudnnConvolutionFwdAlgo_t),
     Data(sys::cudnnConvolutionBwdDataAlgo_t),
     Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+impl Algo {
+    fn name(self) -> String {
+        match self {
+            Algo::Fwd(a) => format!("{a:?}"),
+            Algo::Data(a) => format!("{a:?}"),
+            Algo::Filter(a) => format!("{a:?}"),
+        }
+    }
 }
 
 macro_rules! choices {
@@ -201,6 +233,7 @@ macro_rules! choices {
             .map(|p| Choice {
                 algo: Algo::$variant(p.algo),
                 ok: p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                status: p.status,
                 time_ms: p.time,
                 workspace: p.memory,
                 math: p.mathType,
@@ -214,6 +247,7 @@ macro_rules! choices {
 struct Plan {
     desc: Descriptors,
     chosen: [Option<Choice>; 3],
+    candidates: [Vec<ConvCandidate>; 3],
     layout_bytes: [usize; 3],
 }
 
@@ -275,20 +309,16 @@ impl Dnn {
                 let Some(c) = plan.chosen[pass as usize] else {
                     continue;
                 };
-                let algorithm = match c.algo {
-                    Algo::Fwd(a) => format!("{a:?}"),
-                    Algo::Data(a) => format!("{a:?}"),
-                    Algo::Filter(a) => format!("{a:?}"),
-                };
                 out.push(ConvPlanInfo {
                     geometry: *geometry,
                     precision: *precision,
                     pass,
-                    algorithm,
-                    tensor_ops: c.math == sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                    algorithm: c.algo.name(),
+                    math: format!("{:?}", c.math),
                     workspace_bytes: c.workspace,
                     layout_bytes: plan.layout_bytes[pass as usize],
                     time_ms: c.time_ms,
+                    candidates: plan.candidates[pass as usize].clone(),
                 });
             }
         }
@@ -315,16 +345,14 @@ impl Dnn {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let key = (conv.geometry, precision);
-        if !state.plans.contains_key(&key) {
-            let plan = Plan {
+        let plan = match state.plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(Plan {
                 desc: Descriptors::new(conv)?,
                 chosen: [None; 3],
+                candidates: Default::default(),
                 layout_bytes: [0; 3],
-            };
-            state.plans.insert(key, plan);
-        }
-        let Some(plan) = state.plans.get_mut(&key) else {
-            unreachable!("inserted above")
+            }),
         };
         plan.layout_bytes[pass as usize] = conv.layout_bytes;
         let fma = sys::cudnnMathType_t::CUDNN_FMA_MATH;
@@ -335,8 +363,9 @@ impl Dnn {
                     Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
                     Precision::Highest => fma,
                 })?;
-                let c = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
+                let (c, all) = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
                 plan.chosen[pass as usize] = Some(c);
+                plan.candidates[pass as usize] = all;
                 c
             }
         };
@@ -358,7 +387,8 @@ fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>,
     })
 }
 
-/// Lists candidates by heuristics, times those within `limit` with FindEx, keeps the fastest.
+/// Lists candidates by heuristics, times those within `limit` with FindEx, keeps the fastest;
+/// returns it with every candidate for the report.
 fn choose(
     handle: sys::cudnnHandle_t,
     d: &Descriptors,
@@ -366,7 +396,7 @@ fn choose(
     ops: Operands,
     limit: usize,
     alloc: &Arc<Allocator>,
-) -> Result<Choice, TensorError> {
+) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
     let heuristic = candidates(handle, d, pass, None)?;
     let budget = heuristic
         .iter()
@@ -381,14 +411,30 @@ fn choose(
         })?;
     let ws = workspace(alloc, budget)?;
     let timed = candidates(handle, d, pass, Some((ops, ws.as_ref(), budget)))?;
-    timed
+    let report = heuristic
+        .iter()
+        .map(|h| {
+            let t = timed
+                .iter()
+                .find(|t| t.algo == h.algo && t.math == h.math && t.ok);
+            ConvCandidate {
+                algorithm: h.algo.name(),
+                math: format!("{:?}", h.math),
+                workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
+                time_ms: t.map(|t| t.time_ms),
+                status: format!("{:?}", t.map_or(h.status, |t| t.status)),
+            }
+        })
+        .collect();
+    let best = timed
         .into_iter()
         .chain(heuristic)
         .find(|c| c.ok && c.workspace <= budget)
         .ok_or_else(|| TensorError::InvalidArgument {
             op: "conv2d",
             reason: format!("cuDNN found no {pass:?} algorithm within {budget} workspace bytes"),
-        })
+        })?;
+    Ok((best, report))
 }
 
 /// Heuristic candidates (`find == None`), or candidates timed on `ops` with a workspace.
