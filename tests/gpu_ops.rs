@@ -8,8 +8,8 @@ mod common;
 use common::*;
 use stax_tensor::cuda::CudaBackend;
 use stax_tensor::{
-    AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, DType, Device, Padding,
-    Precision, Strategy, Tensor, TensorError,
+    AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType, Device, Padding,
+    Precision, Strategy, Tensor, TensorError, WorkspaceOp,
 };
 use std::sync::Arc;
 
@@ -541,4 +541,90 @@ fn every_strategy_opens_and_computes() {
             gpu.driver_memory().unwrap()
         );
     }
+}
+
+/// `workspace_bytes` predicts, to the byte, the workspace peak of each op (after the first
+/// query has chosen the conv algorithms on temporary buffers).
+#[test]
+fn workspace_bytes_match_what_ops_allocate() {
+    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+        return;
+    }
+    let options = BackendOptions {
+        workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
+        ..with_precision(Precision::Tf32)
+    };
+    let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
+    let ws = Category::Workspace.index();
+    let check = |what: &str, op: WorkspaceOp, run: &mut dyn FnMut()| {
+        let predicted = gpu.workspace_bytes(&op).unwrap();
+        run(); // steady state: the algorithm is chosen, buffers are cached
+        gpu.synchronize().unwrap();
+        gpu.allocator().reset_peak();
+        run();
+        gpu.synchronize().unwrap();
+        let peak = gpu.allocator().stats().by_category[ws].peak;
+        assert_eq!(
+            peak, predicted as u64,
+            "{what}: workspace peak vs workspace_bytes"
+        );
+        println!("workspace {what}: {predicted} B");
+    };
+    let mut rng = Rng::new(seed_for("workspace", &[]));
+    for case in [&CONV_CASES[1], &CONV_CASES[2], &CONV_CASES[3]] {
+        let g = geometry(case);
+        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
+        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+        let mut dx = poisoned(&gpu, g.input_shape(), DType::F32);
+        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
+        let op = |pass| WorkspaceOp::Conv { geometry: g, pass };
+        check(
+            &format!("conv fwd {g:?}"),
+            op(ConvPass::Forward),
+            &mut || gpu.conv2d(&x, &w, &b, &g, &mut y).unwrap(),
+        );
+        check(
+            &format!("conv bwd data {g:?}"),
+            op(ConvPass::BackwardData),
+            &mut || gpu.conv2d_bwd_data(&dy, &w, &g, &mut dx).unwrap(),
+        );
+        check(
+            &format!("conv bwd filter {g:?}"),
+            op(ConvPass::BackwardFilter),
+            &mut || {
+                gpu.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)
+                    .unwrap()
+            },
+        );
+    }
+    let (a, _) = random_tensor(&gpu, [33, 70], &mut rng);
+    let mut c = poisoned(&gpu, [33, 33], DType::F32);
+    check(
+        "matmul",
+        WorkspaceOp::Matmul {
+            m: 33,
+            n: 33,
+            k: 70,
+        },
+        &mut || gpu.matmul(&a, &a, false, true, &mut c).unwrap(),
+    );
+    let mut db = poisoned(&gpu, [70], DType::F32);
+    check(
+        "bias_grad",
+        WorkspaceOp::BiasGrad { rows: 33, cols: 70 },
+        &mut || gpu.bias_grad(&a, &mut db).unwrap(),
+    );
+    let mut da = poisoned(&gpu, [33, 70], DType::F32);
+    check(
+        "softmax_xent",
+        WorkspaceOp::SoftmaxXent {
+            rows: 33,
+            classes: 70,
+        },
+        &mut || gpu.softmax_xent(&a, &a, &mut da).map(drop).unwrap(),
+    );
 }

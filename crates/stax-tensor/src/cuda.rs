@@ -29,16 +29,17 @@ pub mod cudnn;
 pub mod kernels;
 pub mod memory;
 mod transfer;
+mod workspace;
 
 use crate::{
     AdamHyper, Backend, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape, Tensor,
-    TensorError,
+    TensorError, WorkspaceOp,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocator, Category, RawMemory, Strategy};
 use std::sync::Arc;
 
-pub use cudnn::{ConvPass, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
+pub use cudnn::{ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
 pub use transfer::STAGING_CHUNK_BYTES;
 
 /// A CUDA device opened for computing (see the module docs).
@@ -377,7 +378,7 @@ impl Backend for CudaBackend {
         if k == 0 {
             return self.kernels.fill_u32(c.addr(), 0, m * n);
         }
-        let ws_bytes = cublas::CUBLAS_WORKSPACE_BYTES.min(self.workspace_limit);
+        let ws_bytes = self.matmul_bytes(m, n, k);
         let ws = (ws_bytes > 0)
             .then(|| self.allocator.allocate(ws_bytes, Category::Workspace))
             .transpose()?;
@@ -409,10 +410,12 @@ impl Backend for CudaBackend {
         self.check_output(OP, db, &[c].into())?;
         self.bind()?;
         let rows = dy.numel().checked_div(c).unwrap_or(0);
-        let partial = self.allocator.allocate(
-            (self.kernels.bias_grad_splits(rows) * c * 8).max(1),
-            Category::Workspace,
-        )?;
+        if c == 0 {
+            return Ok(());
+        }
+        let partial = self
+            .allocator
+            .allocate(self.bias_grad_bytes(rows, c), Category::Workspace)?;
         self.kernels
             .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, c)
     }
@@ -465,7 +468,7 @@ impl Backend for CudaBackend {
         self.check_output(OP, dlogits, logits.shape())?;
         self.bind()?;
         // n row losses (f64), then the mean (f32) at a 256-byte aligned offset.
-        let loss_offset = (n * 8).next_multiple_of(256);
+        let loss_offset = Self::softmax_loss_offset(n);
         let ws = self
             .allocator
             .allocate(loss_offset + 4, Category::Workspace)?;
@@ -512,6 +515,14 @@ impl Backend for CudaBackend {
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError> {
         let (free, total) = memory::mem_info(&self.ctx).map_err(driver("cuMemGetInfo"))?;
         Ok(Some((free as u64, total as u64)))
+    }
+
+    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
+        self.op_workspace_bytes(op)
+    }
+
+    fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
+        Some(self.staging.allocator())
     }
 }
 

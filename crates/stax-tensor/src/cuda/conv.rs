@@ -9,8 +9,8 @@
 //! freed when the call returns (in stream order, so reuse is safe).
 
 use super::CudaBackend;
-use super::cudnn::{ConvPass, CudnnConv, Operands};
-use crate::{Conv2dGeometry, Tensor, TensorError};
+use super::cudnn::{CudnnConv, Operands};
+use crate::{Conv2dGeometry, ConvPass, Tensor, TensorError};
 use stax_alloc::{Allocation, Category};
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -24,8 +24,8 @@ struct Extended {
 
 const F32: usize = 4;
 
-/// What cuDNN computes for `g` and `pass`, and the extended input if one is needed.
-fn layout(g: &Conv2dGeometry, pass: ConvPass, rows_bytes: usize) -> (CudnnConv, Option<Extended>) {
+/// What cuDNN computes for `g`, and the extended input if one is needed.
+fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
     let ph = g.pad_top.min(g.pad_bottom);
     let pw = g.pad_left.min(g.pad_right);
     let ext = (!g.symmetric_padding()).then(|| Extended {
@@ -35,23 +35,32 @@ fn layout(g: &Conv2dGeometry, pass: ConvPass, rows_bytes: usize) -> (CudnnConv, 
         left: g.pad_left - pw,
     });
     let (h, w) = ext.map_or((g.h, g.w), |e| (e.h, e.w));
-    let filter = g.kh * g.kw * g.c_in * g.c_out * F32;
-    let ext_bytes = ext.map_or(0, |e| g.n * e.h * e.w * g.c_in * F32);
-    let layout_bytes = match pass {
-        ConvPass::Forward | ConvPass::BackwardData => filter + ext_bytes,
-        ConvPass::BackwardFilter => filter + ext_bytes + rows_bytes,
+    let conv = CudnnConv {
+        geometry: *g,
+        h,
+        w,
+        pad_h: ph,
+        pad_w: pw,
+        layout_bytes: 0,
     };
     (
         CudnnConv {
-            geometry: *g,
-            h,
-            w,
-            pad_h: ph,
-            pad_w: pw,
-            layout_bytes,
+            layout_bytes: layout_bytes(g, &conv),
+            ..conv
         },
         ext,
     )
+}
+
+/// Bytes held beside cuDNN's workspace during a pass: the OHWI filter (or its gradient)
+/// and, for asymmetric padding, the extended input (or its gradient).
+fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
+    let ext = if g.symmetric_padding() {
+        0
+    } else {
+        g.n * conv.h * conv.w * g.c_in * F32
+    };
+    g.kh * g.kw * g.c_in * g.c_out * F32 + ext
 }
 
 impl CudaBackend {
@@ -118,7 +127,7 @@ impl CudaBackend {
         self.check_input(OP, b, &[g.c_out].into())?;
         self.check_output(OP, y, &g.output_shape())?;
         self.bind()?;
-        let (conv, ext) = layout(g, ConvPass::Forward, 0);
+        let (conv, ext) = layout(g);
         let w_t = self.filter_ohwi(w, g)?;
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
@@ -148,7 +157,7 @@ impl CudaBackend {
         self.check_input(OP, w, &g.filter_shape())?;
         self.check_output(OP, dx, &g.input_shape())?;
         self.bind()?;
-        let (conv, ext) = layout(g, ConvPass::BackwardData, 0);
+        let (conv, ext) = layout(g);
         let w_t = self.filter_ohwi(w, g)?;
         let dx_ext = match ext {
             Some(e) => Some(self.scratch(g.n * e.h * e.w * g.c_in * F32)?),
@@ -189,9 +198,7 @@ impl CudaBackend {
         self.check_output(OP, dw, &g.filter_shape())?;
         self.check_output(OP, db, &[g.c_out].into())?;
         self.bind()?;
-        let rows = g.n * g.out_h * g.out_w;
-        let partial_bytes = self.kernels.bias_grad_splits(rows) * g.c_out * 8;
-        let (conv, ext) = layout(g, ConvPass::BackwardFilter, partial_bytes);
+        let (conv, ext) = layout(g);
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
         let dw_t = self.scratch(dw.bytes())?;
@@ -202,16 +209,51 @@ impl CudaBackend {
         };
         self.run_cudnn(ConvPass::BackwardFilter, &conv, ops)?;
         drop(x_ext);
-        self.kernels.transpose_filter(
-            dw_t.addr(),
-            dw.addr(),
-            g.kh * g.kw,
-            g.c_in,
-            g.c_out,
-            false,
-        )?;
-        let partial = self.scratch(partial_bytes)?;
+        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
         self.kernels
-            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, g.c_out)
+            .transpose_filter(dw_t.addr(), dw.addr(), hw, ci, co, false)?;
+        drop(dw_t);
+        let rows = g.n * g.out_h * g.out_w;
+        let partial = self.scratch(self.bias_grad_bytes(rows, co))?;
+        self.kernels
+            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, co)
+    }
+
+    /// The workspace bytes one call of `pass` holds at once, in steady state (see
+    /// [`crate::Backend::workspace_bytes`]): the layout buffers plus cuDNN's workspace, or for
+    /// the filter gradient the bias-gradient partials if larger (they are allocated after the
+    /// others are freed). If the pass's algorithm has not been chosen yet, it is chosen now, by
+    /// timing the candidates on temporary buffers of the pass's shapes.
+    pub(super) fn conv_workspace_bytes(
+        &self,
+        g: &Conv2dGeometry,
+        pass: ConvPass,
+    ) -> Result<usize, TensorError> {
+        let (conv, _) = layout(g);
+        let chosen = self.dnn.chosen_workspace(g, self.precision, pass);
+        let cudnn = match chosen {
+            Some(bytes) => bytes,
+            None => {
+                self.bind()?;
+                let x = self.scratch(g.n * conv.h * conv.w * g.c_in * F32)?;
+                let w = self.scratch(g.filter_shape().numel() * F32)?;
+                let y = self.scratch(g.output_shape().numel() * F32)?;
+                let ops = Operands {
+                    x: x.addr(),
+                    w: w.addr(),
+                    y: y.addr(),
+                };
+                let limit = self.workspace_limit;
+                self.dnn
+                    .prepare(pass, &conv, self.precision, ops, limit, &self.allocator)?
+            }
+        };
+        let main = conv.layout_bytes + cudnn;
+        Ok(match pass {
+            ConvPass::Forward | ConvPass::BackwardData => main,
+            ConvPass::BackwardFilter => {
+                main.max(self.bias_grad_bytes(g.n * g.out_h * g.out_w, g.c_out))
+            }
+        })
     }
 }

@@ -11,7 +11,7 @@
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
 //! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`.
 
-use crate::{Conv2dGeometry, Precision, TensorError};
+use crate::{Conv2dGeometry, ConvPass, Precision, TensorError};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
 use stax_alloc::{Allocation, Allocator, Category};
@@ -24,17 +24,6 @@ use std::sync::{Arc, Mutex};
 /// implicit-GEMM and Winograd kernels of the seed's 3x3 convolutions, small beside its
 /// 1 GB activations, and far from the multi-GB autotuning scratch JAX takes.
 pub const DEFAULT_WORKSPACE_LIMIT: usize = 256 << 20;
-
-/// One of the three convolution passes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ConvPass {
-    /// `y = conv(x, w)`.
-    Forward,
-    /// `dx` from `dy` and `w`.
-    BackwardData,
-    /// `dw` from `x` and `dy`.
-    BackwardFilter,
-}
 
 /// The algorithm chosen for one pass of one convolution, as the trainer reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -326,6 +315,38 @@ impl Dnn {
         out
     }
 
+    /// The cuDNN workspace bytes of `pass` for `geometry` and `precision`, if its algorithm
+    /// has been chosen.
+    pub(crate) fn chosen_workspace(
+        &self,
+        geometry: &Conv2dGeometry,
+        precision: Precision,
+        pass: ConvPass,
+    ) -> Option<usize> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = state.plans.get(&(*geometry, precision))?;
+        plan.chosen[pass as usize].map(|c| c.workspace)
+    }
+
+    /// Chooses the algorithm of `pass` (if not chosen yet) by timing the candidates on `ops`,
+    /// whose output is overwritten; returns its workspace bytes.
+    ///
+    /// # Errors
+    /// As [`Dnn::run`].
+    pub(crate) fn prepare(
+        &self,
+        pass: ConvPass,
+        conv: &CudnnConv,
+        precision: Precision,
+        ops: Operands,
+        limit: usize,
+        alloc: &Arc<Allocator>,
+    ) -> Result<usize, TensorError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
+        Ok(choice.workspace)
+    }
+
     /// Runs `pass` of `conv` on `ops` (output overwritten), choosing its algorithm first if
     /// this is the pass's first call for this geometry and precision. Workspaces come from
     /// `alloc` (tagged `Workspace`) and are at most `limit` bytes.
@@ -344,39 +365,49 @@ impl Dnn {
     ) -> Result<(), TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
-        let key = (conv.geometry, precision);
-        let plan = match state.plans.entry(key) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(Plan {
-                desc: Descriptors::new(conv)?,
-                chosen: [None; 3],
-                candidates: Default::default(),
-                layout_bytes: [0; 3],
-            }),
-        };
-        plan.layout_bytes[pass as usize] = conv.layout_bytes;
-        let fma = sys::cudnnMathType_t::CUDNN_FMA_MATH;
-        let choice = match plan.chosen[pass as usize] {
-            Some(c) => c,
-            None => {
-                plan.desc.set_math(match precision {
-                    Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-                    Precision::Highest => fma,
-                })?;
-                let (c, all) = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
-                plan.chosen[pass as usize] = Some(c);
-                plan.candidates[pass as usize] = all;
-                c
-            }
-        };
+        let (plan, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
         plan.desc.set_math(if precision == Precision::Highest {
-            fma
+            sys::cudnnMathType_t::CUDNN_FMA_MATH
         } else {
             choice.math
         })?;
         let ws = workspace(alloc, choice.workspace)?;
         execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())
     }
+}
+
+/// The plan of `conv` (created on first use) and the choice for `pass` (made on first use).
+fn plan_and_choice<'s>(
+    state: &'s mut State,
+    pass: ConvPass,
+    conv: &CudnnConv,
+    precision: Precision,
+    ops: Operands,
+    limit: usize,
+    alloc: &Arc<Allocator>,
+) -> Result<(&'s mut Plan, Choice), TensorError> {
+    let handle = state.handle;
+    let plan = match state.plans.entry((conv.geometry, precision)) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(Plan {
+            desc: Descriptors::new(conv)?,
+            chosen: [None; 3],
+            candidates: Default::default(),
+            layout_bytes: [0; 3],
+        }),
+    };
+    plan.layout_bytes[pass as usize] = conv.layout_bytes;
+    if let Some(c) = plan.chosen[pass as usize] {
+        return Ok((plan, c));
+    }
+    plan.desc.set_math(match precision {
+        Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+    })?;
+    let (c, all) = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
+    plan.chosen[pass as usize] = Some(c);
+    plan.candidates[pass as usize] = all;
+    Ok((plan, c))
 }
 
 fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>, TensorError> {
