@@ -37,7 +37,7 @@ use crate::{
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocator, Category, RawMemory, Strategy};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cudnn::{ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
 pub use transfer::STAGING_CHUNK_BYTES;
@@ -98,6 +98,18 @@ fn probe_libraries() -> Result<(), TensorError> {
     Ok(())
 }
 
+/// A process-wide lock for the CUDA calls that must not overlap cuDNN's algorithm search.
+///
+/// `cudnnFind*AlgorithmEx` may capture CUDA graphs in global mode; while it does, other
+/// threads of the process may not create streams or allocate and free device or pinned memory
+/// (they fail with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: seen on the H200 on 2026-11-30,
+/// a backend opened while another thread's search ran). The search, backend set-up and every
+/// raw memory reserve and release take this lock; none of them allocates while holding it.
+pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
     move |source| TensorError::Driver { op, source }
 }
@@ -139,12 +151,14 @@ impl CudaBackend {
     /// [`TensorError::Cudnn`] for failed calls; [`TensorError::Alloc`] for the strategy.
     pub fn new(ordinal: usize, options: &BackendOptions) -> Result<Arc<CudaBackend>, TensorError> {
         probe_libraries()?;
+        let exclusive = exclusive();
         check_ordinal(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let blas = cublas::Blas::new(&stream, options.precision)?;
         let dnn = cudnn::Dnn::new(&stream)?;
         let kernels = kernels::Kernels::load(stream.clone())?;
+        drop(exclusive); // the allocator's reservations take it again
         let raw: Arc<dyn RawMemory> = match options.strategy {
             Strategy::Async { .. } => Arc::new(
                 memory::AsyncPoolMemory::new(stream.clone())

@@ -13,57 +13,17 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{CompileOptions, Ptx};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+mod source;
+
+pub use source::KernelModule;
+use source::compile;
+
+use cudarc::nvrtc::Ptx;
+use std::sync::Arc;
 
 // SAFETY: `AdamHyper` is `#[repr(C)]` with seven f32 fields, the layout of `struct AdamHyper`
 // in kernels/adam.cu, and holds no pointers; it is passed by value as a kernel parameter.
 unsafe impl DeviceRepr for AdamHyper {}
-
-const COMMON: &str = include_str!("../../../../kernels/common.cuh");
-
-/// One `.cu` file: a module loaded once per backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelModule {
-    /// `kernels/elementwise.cu`: fill, bias add and gradient, ReLU forward and backward.
-    Elementwise,
-    /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, and a mean.
-    SoftmaxXent,
-    /// `kernels/adam.cu`: the fused Adam step.
-    Adam,
-    /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
-    Layout,
-}
-
-impl KernelModule {
-    /// Every module, in index order.
-    pub const ALL: [KernelModule; 4] = [
-        KernelModule::Elementwise,
-        KernelModule::SoftmaxXent,
-        KernelModule::Adam,
-        KernelModule::Layout,
-    ];
-
-    /// The file name, for messages.
-    pub fn file(self) -> &'static str {
-        match self {
-            KernelModule::Elementwise => "elementwise.cu",
-            KernelModule::SoftmaxXent => "softmax_xent.cu",
-            KernelModule::Adam => "adam.cu",
-            KernelModule::Layout => "layout.cu",
-        }
-    }
-
-    fn source(self) -> &'static str {
-        match self {
-            KernelModule::Elementwise => include_str!("../../../../kernels/elementwise.cu"),
-            KernelModule::SoftmaxXent => include_str!("../../../../kernels/softmax_xent.cu"),
-            KernelModule::Adam => include_str!("../../../../kernels/adam.cu"),
-            KernelModule::Layout => include_str!("../../../../kernels/layout.cu"),
-        }
-    }
-}
 
 /// Every kernel symbol, indexing the loaded functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,54 +97,6 @@ impl Kernel {
 
 /// Threads per block of the 1-D launches.
 const BLOCK: u32 = 256;
-
-/// PTX per (module, architecture), shared by every backend of the process.
-fn ptx_cache() -> &'static Mutex<HashMap<(KernelModule, String), String>> {
-    static CACHE: OnceLock<Mutex<HashMap<(KernelModule, String), String>>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
-}
-
-/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the cached PTX.
-fn compile(module: KernelModule, arch: &str) -> Result<String, TensorError> {
-    let key = (module, arch.to_string());
-    if let Some(ptx) = ptx_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-    {
-        return Ok(ptx.clone());
-    }
-    let src = format!(
-        "{COMMON}\n#line 1 \"{}\"\n{}",
-        module.file(),
-        module.source()
-    );
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
-        name: Some(module.file().into()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-        .map_err(|e| TensorError::Compile {
-            kernel: module.file(),
-            log: compile_log(e),
-        })?
-        .to_src();
-    ptx_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
-    Ok(ptx)
-}
-
-fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
-    match e {
-        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
-            format!("{nvrtc:?}: {}", log.to_string_lossy())
-        }
-        other => format!("{other:?}"),
-    }
-}
 
 /// The loaded kernel modules of one backend and their launchers (all on the compute stream).
 #[derive(Debug)]

@@ -36,6 +36,31 @@ fn alloc_error(backend: String, op: &'static str, bytes: usize, e: DriverError) 
     }
 }
 
+/// Runs driver call `op` (`f`) of backend `name` with `ctx` current and
+/// [`super::exclusive`] held. A failure becomes an [`AllocError`]; for a reservation of
+/// `reserving` bytes, out of memory becomes [`AllocError::BackendOutOfMemory`].
+fn call<T>(
+    ctx: &CudaContext,
+    name: impl FnOnce() -> String,
+    op: &'static str,
+    reserving: Option<usize>,
+    f: impl FnOnce() -> Result<T, DriverError>,
+) -> Result<T, AllocError> {
+    let run = || {
+        let _exclusive = super::exclusive();
+        ctx.bind_to_thread()?;
+        f()
+    };
+    run().map_err(|e| match reserving {
+        Some(bytes) => alloc_error(name(), op, bytes, e),
+        None => AllocError::Backend {
+            backend: name(),
+            op,
+            message: e.to_string(),
+        },
+    })
+}
+
 /// `(free, total)` device bytes of `ctx`'s device (`cuMemGetInfo`).
 pub(crate) fn mem_info(ctx: &CudaContext) -> Result<(usize, usize), DriverError> {
     ctx.bind_to_thread()?;
@@ -68,30 +93,29 @@ impl RawMemory for DeviceMemory {
     }
 
     fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
-        let run = || -> Result<u64, DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the context is current; the memory is returned uninitialized, which is
-            // fine for raw bytes that no Rust reference ever points to.
-            unsafe { result::malloc_sync(bytes) }
-        };
-        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemAlloc", bytes, e))?;
+        let name = || self.name();
+        // SAFETY: the context is current; the memory is returned uninitialized, which is
+        // fine for raw bytes that no Rust reference ever points to.
+        let addr = call(&self.ctx, name, "cuMemAlloc", Some(bytes), || unsafe {
+            result::malloc_sync(bytes)
+        })?;
         Ok(Segment { addr, bytes })
     }
 
     fn release(&self, segment: Segment) -> Result<(), AllocError> {
-        let run = || -> Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            // Work queued on the stream may still read or write the segment.
-            self.stream.synchronize()?;
-            // SAFETY: `segment` came from `reserve` (cuMemAlloc) and the allocator releases
-            // each segment once; no queued work uses it after the synchronization above.
-            unsafe { result::free_sync(segment.addr) }
-        };
-        run().map_err(|e| AllocError::Backend {
-            backend: self.name(),
-            op: "cuMemFree",
-            message: e.to_string(),
-        })
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemFree",
+            None,
+            || {
+                // Work queued on the stream may still read or write the segment.
+                self.stream.synchronize()?;
+                // SAFETY: `segment` came from `reserve` (cuMemAlloc) and the allocator releases
+                // each segment once; no queued work uses it after the synchronization above.
+                unsafe { result::free_sync(segment.addr) }
+            },
+        )
     }
 
     fn granularity(&self) -> usize {
@@ -152,14 +176,6 @@ impl AsyncPoolMemory {
             total,
         })
     }
-
-    fn driver_error(&self, op: &'static str, e: DriverError) -> AllocError {
-        AllocError::Backend {
-            backend: self.name(),
-            op,
-            message: e.to_string(),
-        }
-    }
 }
 
 impl RawMemory for AsyncPoolMemory {
@@ -168,24 +184,25 @@ impl RawMemory for AsyncPoolMemory {
     }
 
     fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
-        let run = || -> Result<u64, DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the stream is live; the memory is used only by work on this stream
-            // (one compute stream per backend), uninitialized raw bytes.
-            unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }
-        };
-        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemAllocAsync", bytes, e))?;
+        let name = || self.name();
+        // SAFETY: the stream is live; the memory is used only by work on this stream (one
+        // compute stream per backend), uninitialized raw bytes.
+        let addr = call(&self.ctx, name, "cuMemAllocAsync", Some(bytes), || unsafe {
+            result::malloc_async(self.stream.cu_stream(), bytes)
+        })?;
         Ok(Segment { addr, bytes })
     }
 
     fn release(&self, segment: Segment) -> Result<(), AllocError> {
-        let run = || -> Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: `segment` came from cuMemAllocAsync on this stream and is released once;
-            // the free is ordered after all work queued on the stream so far.
-            unsafe { result::free_async(segment.addr, self.stream.cu_stream()) }
-        };
-        run().map_err(|e| self.driver_error("cuMemFreeAsync", e))
+        // SAFETY: `segment` came from cuMemAllocAsync on this stream and is released once; the
+        // free is ordered after all work queued on the stream so far.
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemFreeAsync",
+            None,
+            || unsafe { result::free_async(segment.addr, self.stream.cu_stream()) },
+        )
     }
 
     fn granularity(&self) -> usize {
@@ -210,29 +227,36 @@ impl RawMemory for AsyncPoolMemory {
 
     fn set_release_threshold(&self, bytes: u64) -> Result<(), AllocError> {
         let mut value: u64 = bytes;
-        let mut run = || -> Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the pool is the device's default pool; RELEASE_THRESHOLD takes a
-            // cuuint64_t, which `value` is.
-            unsafe {
+        let op = "cuMemPoolSetAttribute(RELEASE_THRESHOLD)";
+        // SAFETY: the pool is the device's default pool; RELEASE_THRESHOLD takes a
+        // cuuint64_t, which `value` is.
+        call(
+            &self.ctx,
+            || self.name(),
+            op,
+            None,
+            || unsafe {
                 result::mem_pool::set_attribute(
                     self.pool.0,
                     sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                     (&mut value as *mut u64).cast(),
                 )
-            }
-        };
-        run().map_err(|e| self.driver_error("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", e))
+            },
+        )
     }
 
     fn trim(&self) -> Result<(), AllocError> {
-        let run = || -> Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            self.stream.synchronize()?;
-            // SAFETY: the pool is the device's default pool, valid for the context's life.
-            unsafe { result::mem_pool::trim_to(self.pool.0, 0) }
-        };
-        run().map_err(|e| self.driver_error("cuMemPoolTrimTo", e))
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemPoolTrimTo",
+            None,
+            || {
+                self.stream.synchronize()?;
+                // SAFETY: the pool is the device's default pool, valid for the context's life.
+                unsafe { result::mem_pool::trim_to(self.pool.0, 0) }
+            },
+        )
     }
 }
 
@@ -255,29 +279,32 @@ impl RawMemory for PinnedMemory {
     }
 
     fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
-        let run = || -> Result<u64, DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: plain page-locked allocation; the bytes are only touched through the
-            // address the allocator hands out, within `bytes`.
-            let p = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }?;
-            Ok(p as u64)
-        };
-        let addr = run().map_err(|e| alloc_error(self.name(), "cuMemHostAlloc", bytes, e))?;
-        Ok(Segment { addr, bytes })
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: plain page-locked allocation; the bytes are only touched through the
+        // address the allocator hands out, within `bytes`.
+        let p = call(
+            &self.ctx,
+            || self.name(),
+            "cuMemHostAlloc",
+            Some(bytes),
+            || unsafe { result::malloc_host(bytes, flags) },
+        )?;
+        Ok(Segment {
+            addr: p as u64,
+            bytes,
+        })
     }
 
     fn release(&self, segment: Segment) -> Result<(), AllocError> {
-        let run = || -> Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the address came from cuMemHostAlloc in `reserve` and is freed once;
-            // copies that use it are synchronized before their staging buffer is returned.
-            unsafe { result::free_host(segment.addr as *mut std::ffi::c_void) }
-        };
-        run().map_err(|e| AllocError::Backend {
-            backend: self.name(),
-            op: "cuMemFreeHost",
-            message: e.to_string(),
-        })
+        // SAFETY: the address came from cuMemHostAlloc in `reserve` and is freed once; copies
+        // that use it are synchronized before their staging buffer is returned.
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemFreeHost",
+            None,
+            || unsafe { result::free_host(segment.addr as *mut std::ffi::c_void) },
+        )
     }
 
     fn granularity(&self) -> usize {

@@ -1,0 +1,350 @@
+//! The raw cuDNN calls of the conv passes: descriptors, algorithm listing (heuristics and
+//! `cudnnFind*AlgorithmEx`) and execution, each a `match` over the three passes.
+
+use super::{CudnnConv, Operands};
+use crate::{ConvPass, TensorError};
+use cudarc::cudnn::{result, sys};
+use stax_alloc::Allocation;
+use std::ffi::{c_int, c_void};
+
+/// Maps a cuDNN error of call `op` to [`TensorError::Cudnn`].
+pub(super) fn cudnn(op: &'static str) -> impl FnOnce(result::CudnnError) -> TensorError {
+    move |source| TensorError::Cudnn { op, source }
+}
+
+/// Tensor, filter and convolution descriptors of one geometry.
+#[derive(Debug)]
+pub(super) struct Descriptors {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created in `Descriptors::new` and is destroyed once.
+        unsafe {
+            let _ = result::destroy_tensor_descriptor(self.x);
+            let _ = result::destroy_filter_descriptor(self.w);
+            let _ = result::destroy_tensor_descriptor(self.y);
+            let _ = result::destroy_convolution_descriptor(self.conv);
+        }
+    }
+}
+
+pub(super) fn int(v: usize) -> Result<c_int, TensorError> {
+    c_int::try_from(v).map_err(|_| TensorError::InvalidArgument {
+        op: "conv2d",
+        reason: format!("dimension {v} exceeds cuDNN's 32-bit limit"),
+    })
+}
+
+impl Descriptors {
+    pub(super) fn new(c: &CudnnConv) -> Result<Descriptors, TensorError> {
+        let g = &c.geometry;
+        let nhwc = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
+        let f32t = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let d = Descriptors {
+            x: result::create_tensor_descriptor().map_err(cudnn("cudnnCreateTensorDescriptor"))?,
+            w: result::create_filter_descriptor().map_err(cudnn("cudnnCreateFilterDescriptor"))?,
+            y: result::create_tensor_descriptor().map_err(cudnn("cudnnCreateTensorDescriptor"))?,
+            conv: result::create_convolution_descriptor()
+                .map_err(cudnn("cudnnCreateConvolutionDescriptor"))?,
+        };
+        let (n, ci, co) = (int(g.n)?, int(g.c_in)?, int(g.c_out)?);
+        // SAFETY: the descriptors were just created and are owned by `d`.
+        unsafe {
+            result::set_tensor4d_descriptor(d.x, nhwc, f32t, [n, ci, int(c.h)?, int(c.w)?])
+                .map_err(cudnn("cudnnSetTensor4dDescriptor(x)"))?;
+            result::set_filter4d_descriptor(d.w, f32t, nhwc, [co, ci, int(g.kh)?, int(g.kw)?])
+                .map_err(cudnn("cudnnSetFilter4dDescriptor"))?;
+            result::set_tensor4d_descriptor(d.y, nhwc, f32t, [n, co, int(g.out_h)?, int(g.out_w)?])
+                .map_err(cudnn("cudnnSetTensor4dDescriptor(y)"))?;
+            result::set_convolution2d_descriptor(
+                d.conv,
+                int(c.pad_h)?,
+                int(c.pad_w)?,
+                int(g.stride_h)?,
+                int(g.stride_w)?,
+                1,
+                1,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                f32t,
+            )
+            .map_err(cudnn("cudnnSetConvolution2dDescriptor"))?;
+        }
+        let mut out = [0 as c_int; 4];
+        // SAFETY: valid descriptors; four writable ints.
+        unsafe {
+            let [a, b, h, w] = &mut out;
+            sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, a, b, h, w)
+        }
+        .result()
+        .map_err(cudnn("cudnnGetConvolution2dForwardOutputDim"))?;
+        if out != [n, co, int(g.out_h)?, int(g.out_w)?] {
+            return Err(TensorError::InvalidArgument {
+                op: "conv2d",
+                reason: format!("cuDNN computes output NCHW {out:?} for geometry {g:?}"),
+            });
+        }
+        Ok(d)
+    }
+
+    pub(super) fn set_math(&self, math: sys::cudnnMathType_t) -> Result<(), TensorError> {
+        // SAFETY: live convolution descriptor.
+        unsafe { result::set_convolution_math_type(self.conv, math) }
+            .map_err(cudnn("cudnnSetConvolutionMathType"))
+    }
+}
+
+/// One algorithm candidate of any pass, as cuDNN's perf structs describe it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Choice {
+    pub(super) algo: Algo,
+    pub(super) ok: bool,
+    pub(super) status: sys::cudnnStatus_t,
+    pub(super) time_ms: f32,
+    pub(super) workspace: usize,
+    pub(super) math: sys::cudnnMathType_t,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Algo {
+    Fwd(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+impl Algo {
+    pub(super) fn name(self) -> String {
+        match self {
+            Algo::Fwd(a) => format!("{a:?}"),
+            Algo::Data(a) => format!("{a:?}"),
+            Algo::Filter(a) => format!("{a:?}"),
+        }
+    }
+}
+
+macro_rules! choices {
+    ($perf:expr, $count:expr, $variant:ident) => {
+        $perf[..$count.max(0) as usize]
+            .iter()
+            .map(|p| Choice {
+                algo: Algo::$variant(p.algo),
+                ok: p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                status: p.status,
+                time_ms: p.time,
+                workspace: p.memory,
+                math: p.mathType,
+            })
+            .collect::<Vec<_>>()
+    };
+}
+
+pub(super) const MAX_ALGOS: usize = 16;
+
+/// Heuristic candidates (`find == None`), or candidates timed on `ops` with a workspace.
+pub(super) fn candidates(
+    handle: sys::cudnnHandle_t,
+    d: &Descriptors,
+    pass: ConvPass,
+    find: Option<(Operands, Option<&Allocation>, usize)>,
+) -> Result<Vec<Choice>, TensorError> {
+    let mut count: c_int = 0;
+    let req = MAX_ALGOS as c_int;
+    // SAFETY (all arms): live handle and descriptors; `perf` has room for `req` results;
+    // for FindEx the operands are device buffers of the descriptors' shapes and the workspace
+    // holds `bytes` bytes (or is null with 0 bytes).
+    let out = match (pass, find) {
+        (ConvPass::Forward, None) => unsafe {
+            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
+            result::get_convolution_forward_algorithm(
+                handle,
+                d.x,
+                d.w,
+                d.conv,
+                d.y,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+            .map_err(cudnn("cudnnGetConvolutionForwardAlgorithm_v7"))?;
+            choices!(perf, count, Fwd)
+        },
+        (ConvPass::Forward, Some((o, ws, bytes))) => unsafe {
+            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
+            sys::cudnnFindConvolutionForwardAlgorithmEx(
+                handle,
+                d.x,
+                ptr(o.x),
+                d.w,
+                ptr(o.w),
+                d.conv,
+                d.y,
+                ptr(o.y) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
+            )
+            .result()
+            .map_err(cudnn("cudnnFindConvolutionForwardAlgorithmEx"))?;
+            choices!(perf, count, Fwd)
+        },
+        (ConvPass::BackwardData, None) => unsafe {
+            let mut perf =
+                [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
+            result::get_convolution_backward_data_algorithm(
+                handle,
+                d.w,
+                d.y,
+                d.conv,
+                d.x,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+            .map_err(cudnn("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
+            choices!(perf, count, Data)
+        },
+        (ConvPass::BackwardData, Some((o, ws, bytes))) => unsafe {
+            let mut perf =
+                [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
+            sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                handle,
+                d.w,
+                ptr(o.w),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                d.x,
+                ptr(o.x) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
+            )
+            .result()
+            .map_err(cudnn("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
+            choices!(perf, count, Data)
+        },
+        (ConvPass::BackwardFilter, None) => unsafe {
+            let mut perf =
+                [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
+            result::get_convolution_backward_filter_algorithm(
+                handle,
+                d.x,
+                d.y,
+                d.conv,
+                d.w,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+            .map_err(cudnn("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
+            choices!(perf, count, Filter)
+        },
+        (ConvPass::BackwardFilter, Some((o, ws, bytes))) => unsafe {
+            let mut perf =
+                [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
+            sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                handle,
+                d.x,
+                ptr(o.x),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                d.w,
+                ptr(o.w) as *mut c_void,
+                req,
+                &mut count,
+                perf.as_mut_ptr(),
+                ws_ptr(ws),
+                bytes,
+            )
+            .result()
+            .map_err(cudnn("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
+            choices!(perf, count, Filter)
+        },
+    };
+    Ok(out)
+}
+
+fn ptr(addr: u64) -> *const c_void {
+    addr as *const c_void
+}
+
+fn ws_ptr(ws: Option<&Allocation>) -> *mut c_void {
+    ws.map_or(std::ptr::null_mut(), |a| a.addr() as *mut c_void)
+}
+
+/// Runs one pass with `algo` (alpha 1, beta 0: the output is overwritten).
+pub(super) fn execute(
+    handle: sys::cudnnHandle_t,
+    d: &Descriptors,
+    algo: Algo,
+    o: Operands,
+    ws: Option<&Allocation>,
+) -> Result<(), TensorError> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (a, b) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
+    let bytes = ws.map_or(0, |w| w.bytes());
+    // SAFETY (all arms): live handle and descriptors; x, w, y are device buffers of the
+    // descriptors' shapes (checked by the caller), the workspace holds `bytes` bytes, which is
+    // what the algorithm was chosen with; alpha and beta are host f32 scalars.
+    unsafe {
+        match algo {
+            Algo::Fwd(al) => result::convolution_forward(
+                handle,
+                a,
+                d.x,
+                ptr(o.x),
+                d.w,
+                ptr(o.w),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.y,
+                o.y as *mut c_void,
+            )
+            .map_err(cudnn("cudnnConvolutionForward")),
+            Algo::Data(al) => result::convolution_backward_data(
+                handle,
+                a,
+                d.w,
+                ptr(o.w),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.x,
+                o.x as *mut c_void,
+            )
+            .map_err(cudnn("cudnnConvolutionBackwardData")),
+            Algo::Filter(al) => result::convolution_backward_filter(
+                handle,
+                a,
+                d.x,
+                ptr(o.x),
+                d.y,
+                ptr(o.y),
+                d.conv,
+                al,
+                ws_ptr(ws),
+                bytes,
+                b,
+                d.w,
+                o.w as *mut c_void,
+            )
+            .map_err(cudnn("cudnnConvolutionBackwardFilter")),
+        }
+    }
+}
