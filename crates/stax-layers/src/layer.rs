@@ -2,7 +2,7 @@
 //! backward passes.
 
 use crate::{LayerError, Rng};
-use stax_tensor::{Backend, Category, Shape, Tensor};
+use stax_tensor::{Backend, Category, DType, Shape, Tensor};
 use std::fmt;
 use std::sync::Arc;
 
@@ -270,6 +270,34 @@ pub trait Layer: fmt::Debug + Send + Sync {
                     backend,
                     &data,
                     s.shape.clone(),
+                    Category::Parameter,
+                )?)
+            })
+            .collect::<Result<_, LayerError>>()?;
+        Ok((out, Params::Leaf(tensors)))
+    }
+
+    /// [`Layer::init`] without drawing any values: the same output shape and parameter tree,
+    /// the tensors allocated in the same order and tagged [`Category::Parameter`], their
+    /// contents unspecified ([`Tensor::empty`]). A memory plan allocates with it exactly what
+    /// `init` would, without the cost of sampling; loading saved parameters can fill it.
+    ///
+    /// # Errors
+    /// Shape errors before any allocation; allocation errors.
+    fn init_empty(
+        &self,
+        input: &Shape,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<(Shape, Params), LayerError> {
+        let out = self.output_shape(input)?;
+        let tensors = self
+            .param_specs(input)?
+            .into_iter()
+            .map(|s| {
+                Ok(Tensor::empty(
+                    backend,
+                    s.shape,
+                    DType::F32,
                     Category::Parameter,
                 )?)
             })

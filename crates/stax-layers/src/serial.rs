@@ -88,6 +88,23 @@ impl Layer for Serial {
         Ok((shape, Params::Seq(params)))
     }
 
+    /// Every sub-layer's [`Layer::init_empty`], in order (the allocation order of `init`).
+    fn init_empty(
+        &self,
+        input: &Shape,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<(Shape, Params), LayerError> {
+        self.shapes(input)?;
+        let mut shape = input.clone();
+        let mut params = Vec::with_capacity(self.0.len());
+        for layer in &self.0 {
+            let (out, p) = layer.init_empty(&shape, backend)?;
+            params.push(p);
+            shape = out;
+        }
+        Ok((shape, Params::Seq(params)))
+    }
+
     fn apply(
         &self,
         params: &Params,

@@ -37,7 +37,7 @@ impl std::str::FromStr for Precision {
 }
 
 /// How to open a backend.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct BackendOptions {
     /// Allocator strategy (default: `Strategy::from_env()`, i.e. `STAX_ALLOCATOR` or caching).
     pub strategy: Strategy,
@@ -46,16 +46,6 @@ pub struct BackendOptions {
     /// Upper bound on the workspace bytes one cuDNN call may use (CUDA only). `None`: the
     /// backend's default, which favours a low peak.
     pub workspace_limit: Option<usize>,
-}
-
-impl Default for BackendOptions {
-    fn default() -> Self {
-        BackendOptions {
-            strategy: Strategy::default(),
-            precision: Precision::default(),
-            workspace_limit: None,
-        }
-    }
 }
 
 impl BackendOptions {

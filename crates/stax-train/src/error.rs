@@ -192,6 +192,21 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
+    /// A step ran out of memory: the breakdown, the request that failed and the largest batch
+    /// that fits (see [`crate::report::StepOom`]); parameters and optimizer state are those of
+    /// the last finished step.
+    #[error("{0}")]
+    OutOfMemory(Box<crate::report::StepOom>),
+    /// A memory budget was needed (to find the largest batch that fits) but none was given and
+    /// the backend reports no memory size (the host, unless capped).
+    #[error(
+        "plan: the {device} backend reports no memory size; give a budget in bytes \
+         (e.g. max_batch_that_fits(Some(8 << 30)))"
+    )]
+    NoBudget {
+        /// The device planned for.
+        device: stax_tensor::Device,
+    },
     /// A layer failed (shapes, parameters, tensor ops).
     #[error(transparent)]
     Layer(#[from] stax_layers::LayerError),

@@ -1,9 +1,15 @@
 //! Per-step memory and timing reports.
+//!
+//! [`MemoryReport`] is the per-step breakdown: device bytes by category (live and at the
+//! step's peak), the allocator's cache, what lives outside the allocator (driver-used minus
+//! reserved), and host memory (pageable staging and, on CUDA, pinned staging) in the same
+//! report. Its `Display` is the short per-step line; [`MemoryReport::breakdown`] is the full
+//! table; the JSON (serde) has everything. [`StepOom`] is a step's out-of-memory diagnosis.
 
 use serde::Serialize;
-use stax_alloc::{Category, Stats, human_bytes};
+use stax_alloc::{Allocator, Category, OomReport, Stats, human_bytes};
 use stax_tensor::{Backend, TensorError};
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// Live and peak bytes of one category, as the allocator counted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -37,10 +43,72 @@ pub struct MemoryReport {
     pub outside_allocator: Option<u64>,
     /// Per-category breakdown.
     pub by_category: Vec<CategoryBytes>,
+    /// Host memory beside it: pageable staging and (CUDA) pinned staging.
+    pub host: HostReport,
+}
+
+/// One allocator's figures in a report (host memory). All sizes are bytes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PoolReport {
+    /// Requested bytes live now.
+    pub live: u64,
+    /// Highest requested bytes live since the previous report.
+    pub peak: u64,
+    /// Bytes the allocator holds from its backend.
+    pub reserved: u64,
+    /// Reserved bytes not allocated.
+    pub cached: u64,
+    /// Per-category live bytes and bytes at the peak.
+    pub by_category: Vec<CategoryBytes>,
+}
+
+impl PoolReport {
+    /// Reads `allocator`'s counters now.
+    pub fn read(allocator: &Allocator) -> PoolReport {
+        let s = allocator.stats();
+        PoolReport {
+            live: s.requested,
+            peak: s.peak_requested,
+            reserved: s.reserved,
+            cached: s.cached,
+            by_category: categories(&s),
+        }
+    }
+}
+
+/// Host memory of a step: the pageable buffers batches are staged in and, on CUDA, the pinned
+/// buffers of the transfers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HostReport {
+    /// Pageable host staging (the trainer's [`crate::HostStaging`]).
+    pub pageable: PoolReport,
+    /// Pinned host staging of the backend ([`Backend::staging_allocator`]); None without one.
+    pub pinned: Option<PoolReport>,
+}
+
+fn categories(s: &Stats) -> Vec<CategoryBytes> {
+    Category::ALL
+        .iter()
+        .map(|&c| CategoryBytes {
+            category: c,
+            live: s.by_category[c.index()].live,
+            at_peak: s.peak_by_category[c.index()],
+        })
+        .collect()
+}
+
+/// `"1.31 GB"`: [`human_bytes`] without the exact count.
+pub(crate) fn short(b: u64) -> String {
+    human_bytes(b)
+        .split(" (")
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 impl MemoryReport {
-    /// Reads the allocator's counters and the driver's figure now.
+    /// Reads the allocator's counters, the driver's figure and the backend's pinned staging
+    /// now (host pageable staging is added by [`MemoryReport::with_host`]).
     ///
     /// # Errors
     /// Driver errors from [`Backend::driver_memory`].
@@ -49,14 +117,11 @@ impl MemoryReport {
         let driver_used = backend
             .driver_memory()?
             .map(|(free, total)| total.saturating_sub(free));
-        let by_category = Category::ALL
-            .iter()
-            .map(|&c| CategoryBytes {
-                category: c,
-                live: s.by_category[c.index()].live,
-                at_peak: s.peak_by_category[c.index()],
-            })
-            .collect();
+        let by_category = categories(&s);
+        let host = HostReport {
+            pageable: PoolReport::default(),
+            pinned: backend.staging_allocator().map(|a| PoolReport::read(a)),
+        };
         Ok(MemoryReport {
             live: s.requested,
             peak: s.peak_requested,
@@ -66,19 +131,93 @@ impl MemoryReport {
             driver_used,
             outside_allocator: driver_used.map(|u| u.saturating_sub(s.reserved)),
             by_category,
+            host,
         })
     }
+
+    /// The report with `pageable`'s figures as its pageable host memory.
+    pub fn with_host(mut self, pageable: &Allocator) -> MemoryReport {
+        self.host.pageable = PoolReport::read(pageable);
+        self
+    }
+
+    /// Requested bytes of `category` live at the step's peak.
+    pub fn at_peak(&self, category: Category) -> u64 {
+        self.by_category
+            .iter()
+            .find(|c| c.category == category)
+            .map_or(0, |c| c.at_peak)
+    }
+
+    /// The full breakdown, one line per figure: device bytes by category (live after the step
+    /// and at its peak), the allocator's cache, what lives outside the allocator, and host
+    /// memory (pageable and pinned).
+    pub fn breakdown(&self) -> String {
+        let mut out = String::new();
+        let row = |o: &mut String, what: &str, live: u64, at_peak: Option<u64>| {
+            let peak = at_peak.map_or(String::new(), |p| format!("{:>28}", group(p)));
+            let _ = writeln!(o, "  {what:<24}{:>28}{peak}", group(live));
+        };
+        let _ = writeln!(
+            out,
+            "  {:<24}{:>28}{:>28}",
+            "device (bytes)", "live", "at peak"
+        );
+        for c in &self.by_category {
+            row(&mut out, c.category.name(), c.live, Some(c.at_peak));
+        }
+        row(&mut out, "total requested", self.live, Some(self.peak));
+        row(&mut out, "allocator cache", self.cached, None);
+        row(&mut out, "reserved", self.reserved, None);
+        match (self.driver_used, self.outside_allocator) {
+            (Some(u), Some(o)) => {
+                row(&mut out, "outside the allocator", o, None);
+                row(&mut out, "driver used", u, None);
+            }
+            _ => {
+                let _ = writeln!(out, "  {:<24}{:>28}", "outside the allocator", "n/a (host)");
+            }
+        }
+        let pools = [
+            ("host pageable", Some(&self.host.pageable)),
+            ("host pinned", self.host.pinned.as_ref()),
+        ];
+        for (what, pool) in pools {
+            match pool {
+                Some(p) => {
+                    let _ = writeln!(
+                        out,
+                        "  {what:<24}{:>28}{:>28}   (reserved {}, cached {})",
+                        group(p.live),
+                        group(p.peak),
+                        short(p.reserved),
+                        short(p.cached)
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "  {what:<24}{:>28}", "none");
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `1310876424` -> `"1,310,876,424"`.
+pub(crate) fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
 }
 
 impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let short = |b: u64| {
-            human_bytes(b)
-                .split(" (")
-                .next()
-                .unwrap_or_default()
-                .to_string()
-        };
         write!(
             f,
             "live {} | peak {} | workspace {} | reserved {}",
@@ -90,7 +229,70 @@ impl fmt::Display for MemoryReport {
         if let Some(u) = self.driver_used {
             write!(f, " | driver used {}", short(u))?;
         }
-        Ok(())
+        let host = self.host.pageable.peak + self.host.pinned.as_ref().map_or(0, |p| p.peak);
+        write!(f, " | host {}", short(host))
+    }
+}
+
+/// Why a training step ran out of memory, in numbers: the failed request (the allocator's
+/// diagnosis), which buffer of the plan it was, the breakdown when it failed, the plan's peak
+/// for this batch and the largest batch that fits. Parameters and optimizer state are those
+/// of `last_finished_step`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepOom {
+    /// The step that failed, from 1.
+    pub step: u64,
+    /// Its batch size.
+    pub batch: usize,
+    /// The request that failed and the allocator's state then.
+    pub request: OomReport,
+    /// The plan's name for the failed buffer (e.g. `conv2.output`), when the step's events so
+    /// far matched the plan.
+    pub buffer: Option<String>,
+    /// The breakdown when it failed (peaks are the step's up to the failure).
+    pub memory: MemoryReport,
+    /// The plan's peak for this batch, in bytes.
+    pub planned_peak: Option<u64>,
+    /// The largest batch that fits this allocator's memory, by the plan.
+    pub max_batch: Option<usize>,
+    /// The last step that finished (its parameters and optimizer state are kept).
+    pub last_finished_step: u64,
+}
+
+impl fmt::Display for StepOom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.request;
+        write!(
+            f,
+            "train: step {} (batch {}) ran out of memory allocating ",
+            self.step, self.batch
+        )?;
+        match &self.buffer {
+            Some(b) => write!(f, "{b} ({}, {})", r.category, short(r.requested))?,
+            None => write!(f, "{} of {}", short(r.requested), r.category)?,
+        }
+        writeln!(f)?;
+        match (self.max_batch, self.planned_peak) {
+            (Some(0), _) => writeln!(f, "  no batch fits: the persistent state alone does not")?,
+            (Some(m), Some(p)) => writeln!(
+                f,
+                "  the largest batch that fits is {m} (this batch's planned peak: {})",
+                short(p)
+            )?,
+            (Some(m), None) => writeln!(f, "  the largest batch that fits is {m}")?,
+            (None, _) => writeln!(
+                f,
+                "  the largest batch that fits is unknown (no memory size)"
+            )?,
+        }
+        writeln!(f, "  request: {}", r.to_string().replace('\n', "\n  "))?;
+        writeln!(f, "  step's memory when it failed (bytes):")?;
+        write!(f, "{}", self.memory.breakdown())?;
+        write!(
+            f,
+            "  parameters and optimizer state are those of step {}",
+            self.last_finished_step
+        )
     }
 }
 

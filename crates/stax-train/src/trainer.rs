@@ -1,12 +1,114 @@
 //! The training step: forward, loss, backward, Adam, with an exact memory report.
+//!
+//! The step's computation is one function, [`run_step`], shared by [`Trainer::step`] and the
+//! memory plan's dry run ([`crate::plan::MemoryPlan`]), so the plan allocates exactly what the
+//! step does. The update runs last: a step that fails (out of memory, a non-finite loss)
+//! leaves parameters and optimizer state as the last finished step left them.
 
 use crate::TrainError;
-use crate::report::{EvalReport, MemoryReport, StepReport};
-use stax_layers::{Layer, Params, Rng, StepContext, softmax_cross_entropy};
-use stax_optim::{Adam, AdamState};
-use stax_tensor::{Backend, Shape, Tensor};
+use crate::plan::{self, MemoryPlan};
+use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
+use crate::staging::HostStaging;
+use stax_alloc::{Allocator, OomReport};
+use stax_layers::{Layer, LayerError, Params, Rng, StepContext, softmax_cross_entropy};
+use stax_optim::{Adam, AdamState, OptimError};
+use stax_tensor::{Backend, Shape, Tensor, TensorError};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The parts of a step, in order (the plan says in which one the peak falls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// `apply` in training mode: activations and ReLU masks are saved.
+    Forward,
+    /// Softmax cross-entropy and its gradient.
+    Loss,
+    /// `vjp` through the model: parameter gradients; activation gradients over dead buffers.
+    Backward,
+    /// Adam, in place.
+    Update,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Phase::Forward => "forward",
+            Phase::Loss => "loss",
+            Phase::Backward => "backward",
+            Phase::Update => "update",
+        })
+    }
+}
+
+/// One training step's computation on placed tensors: forward, loss, backward, then (only if
+/// all of that worked and the loss is finite) Adam in place. `on_phase` is called as each
+/// [`Phase`] starts. Returns the loss. Every temporary is freed at its last use.
+///
+/// # Errors
+/// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors. On any
+/// error `params` and `state` are unchanged.
+pub(crate) fn run_step<L: Layer + ?Sized>(
+    model: &L,
+    params: &mut Params,
+    adam: &Adam,
+    state: &mut AdamState,
+    batch: (&Tensor, &Tensor),
+    step: u64,
+    on_phase: &mut dyn FnMut(Phase),
+) -> Result<f32, TrainError> {
+    let (x, y) = batch;
+    on_phase(Phase::Forward);
+    let (loss, grads) = {
+        let mut cx = StepContext::training();
+        let logits = model.apply(params, x.clone(), &mut cx)?;
+        on_phase(Phase::Loss);
+        let (loss, dlogits) = softmax_cross_entropy(&logits, y)?;
+        drop(logits);
+        on_phase(Phase::Backward);
+        let (_, grads) = model.vjp(params, dlogits, &mut cx, false)?;
+        (loss, grads)
+    };
+    if !loss.is_finite() {
+        return Err(TrainError::NonFiniteLoss { step, loss });
+    }
+    on_phase(Phase::Update);
+    adam.update(state, &grads, params)?;
+    drop(grads);
+    Ok(loss)
+}
+
+/// Checks a model input shape: NHWC with every extent positive.
+pub(crate) fn check_input_shape(input: &Shape) -> Result<(), TrainError> {
+    if input.rank() != 4 || input.dims().contains(&0) {
+        return Err(TrainError::BatchShape {
+            what: "input shape",
+            expected: "NHWC [batch, height, width, channels], all positive".into(),
+            got: input.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The allocator's diagnosis inside an error, if the error is an out-of-memory.
+pub(crate) fn oom_of(e: &TrainError) -> Option<&OomReport> {
+    let t = match e {
+        TrainError::Tensor(t)
+        | TrainError::Layer(LayerError::Tensor(t))
+        | TrainError::Optim(OptimError::Tensor(t)) => t,
+        _ => return None,
+    };
+    match t {
+        TensorError::Alloc(stax_alloc::AllocError::OutOfMemory(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// Allocations plus frees the allocator has served (the index of its next trace event).
+fn events(a: &Allocator) -> u64 {
+    let s = a.stats();
+    s.allocs + s.frees
+}
 
 /// A model, its parameters and Adam state on one backend.
 ///
@@ -22,6 +124,7 @@ pub struct Trainer<L: Layer> {
     backend: Arc<dyn Backend>,
     input: Shape,
     steps: u64,
+    staging: HostStaging,
 }
 
 impl<L: Layer> Trainer<L> {
@@ -37,13 +140,7 @@ impl<L: Layer> Trainer<L> {
         backend: &Arc<dyn Backend>,
         seed: u64,
     ) -> Result<Self, TrainError> {
-        if input.rank() != 4 || input.dims().contains(&0) {
-            return Err(TrainError::BatchShape {
-                what: "input shape",
-                expected: "NHWC [batch, height, width, channels], all positive".into(),
-                got: input,
-            });
-        }
+        check_input_shape(&input)?;
         let (_, params) = model.init(&mut Rng::new(seed), &input, backend)?;
         let state = adam.init(&params)?;
         Ok(Trainer {
@@ -54,6 +151,7 @@ impl<L: Layer> Trainer<L> {
             backend: backend.clone(),
             input,
             steps: 0,
+            staging: HostStaging::new()?,
         })
     }
 
@@ -103,7 +201,7 @@ impl<L: Layer> Trainer<L> {
     }
 
     /// One training step on a placed batch: x NHWC `[n, h, w, c]` and one-hot labels `[n, k]`,
-    /// both on this trainer's backend.
+    /// both on this trainer's backend (any batch size `n`).
     ///
     /// The allocator's peak is reset at the start, so the report's `peak` is this step's.
     /// Nothing is updated unless the forward and backward passes succeed and the loss is finite:
@@ -111,38 +209,145 @@ impl<L: Layer> Trainer<L> {
     /// finished step.
     ///
     /// # Errors
-    /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`], out of memory and other
-    /// tensor errors.
+    /// [`TrainError::OutOfMemory`] when any allocation of the step fails, with the breakdown,
+    /// the failed request, the buffer the plan says it was, and the largest batch that fits;
+    /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`] and other tensor errors.
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepReport, TrainError> {
         self.check_batch(x, y)?;
-        self.backend.allocator().reset_peak();
+        let allocator = self.backend.allocator().clone();
+        allocator.reset_peak();
+        let first_event = events(&allocator);
         let start = Instant::now();
-        let (loss, grads) = {
-            let mut cx = StepContext::training();
-            let logits = self.model.apply(&self.params, x.clone(), &mut cx)?;
-            let (loss, dlogits) = softmax_cross_entropy(&logits, y)?;
-            drop(logits);
-            let (_, grads) = self.model.vjp(&self.params, dlogits, &mut cx, false)?;
-            (loss, grads)
-        };
-        if !loss.is_finite() {
-            return Err(TrainError::NonFiniteLoss {
-                step: self.steps + 1,
-                loss,
-            });
-        }
-        self.adam
-            .update(&mut self.state, &grads, &mut self.params)?;
-        drop(grads);
+        let step = self.steps + 1;
+        let loss = run_step(
+            &self.model,
+            &mut self.params,
+            &self.adam,
+            &mut self.state,
+            (x, y),
+            step,
+            &mut |_| {},
+        )
+        .map_err(|e| self.explain(e, x.dims()[0], events(&allocator) - first_event))?;
         self.backend.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
-        self.steps += 1;
+        self.steps = step;
         Ok(StepReport {
-            step: self.steps,
+            step,
             loss,
             step_ms,
-            memory: MemoryReport::read(&*self.backend)?,
+            memory: self.memory_report()?,
         })
+    }
+
+    /// The memory report now: the backend's allocator (peaks since the step started), its
+    /// pinned staging if any, and this trainer's host staging. Host peaks are reset after
+    /// reading, so each report covers the placements since the previous one.
+    ///
+    /// # Errors
+    /// Driver errors from [`Backend::driver_memory`].
+    pub fn memory_report(&self) -> Result<MemoryReport, TrainError> {
+        let report = MemoryReport::read(&*self.backend)?.with_host(self.staging.allocator());
+        self.staging.allocator().reset_peak();
+        if let Some(pinned) = self.backend.staging_allocator() {
+            pinned.reset_peak();
+        }
+        Ok(report)
+    }
+
+    /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`];
+    /// other errors pass through. `failed_event` is the index, among the step's allocator
+    /// events, of the request that failed.
+    fn explain(&self, e: TrainError, batch: usize, failed_event: u64) -> TrainError {
+        let Some(request) = oom_of(&e).cloned() else {
+            return e;
+        };
+        let memory = MemoryReport::read(&*self.backend)
+            .map(|m| m.with_host(self.staging.allocator()))
+            .unwrap_or_default();
+        let plan = MemoryPlan::new(
+            &self.model,
+            &self.input_with(batch),
+            &self.adam,
+            &self.backend,
+        );
+        let (buffer, planned_peak) = match &plan {
+            Ok(p) => {
+                let event = usize::try_from(failed_event).ok();
+                let hit = event.and_then(|i| p.timeline.events.get(i));
+                let name = hit
+                    .filter(|ev| ev.bytes == request.requested && ev.category == request.category)
+                    .map(|ev| ev.name.clone());
+                (name, Some(p.peak.bytes))
+            }
+            Err(_) => (None, None),
+        };
+        let max_batch = plan::default_budget(&*self.backend)
+            .ok()
+            .and_then(|b| self.max_batch_that_fits(Some(b)).ok());
+        TrainError::OutOfMemory(Box::new(StepOom {
+            step: self.steps + 1,
+            batch,
+            request,
+            buffer,
+            memory,
+            planned_peak,
+            max_batch,
+            last_finished_step: self.steps,
+        }))
+    }
+
+    /// The trainer's input shape with batch size `batch`.
+    fn input_with(&self, batch: usize) -> Shape {
+        let mut d = self.input.dims().to_vec();
+        d[0] = batch;
+        Shape::new(d)
+    }
+
+    /// The memory plan of one step with batch size `batch` on this trainer's backend (a dry
+    /// run on a planning backend: nothing is allocated here).
+    ///
+    /// # Errors
+    /// Shape errors; [`stax_tensor::TensorError`]s when the backend cannot size a workspace.
+    pub fn plan(&self, batch: usize) -> Result<MemoryPlan, TrainError> {
+        MemoryPlan::new(
+            &self.model,
+            &self.input_with(batch),
+            &self.adam,
+            &self.backend,
+        )
+    }
+
+    /// The largest batch whose step fits `budget` bytes of this backend's memory (by the
+    /// plan, replayed on an allocator like this one's; see [`plan::max_batch_that_fits`]).
+    /// `None`: the backend's free memory plus what its allocator holds
+    /// ([`plan::default_budget`]).
+    ///
+    /// # Errors
+    /// [`TrainError::NoBudget`] when `budget` is None and the backend reports no memory size;
+    /// planning errors.
+    pub fn max_batch_that_fits(&self, budget: Option<u64>) -> Result<usize, TrainError> {
+        plan::max_batch_that_fits(&self.model, &self.input, &self.adam, &self.backend, budget)
+    }
+
+    /// Places a batch of `dataset` for this trainer (its image size), staged through the
+    /// trainer's host allocator so host bytes show in the reports.
+    ///
+    /// # Errors
+    /// As [`HostStaging::place_batch`].
+    pub fn place_batch(
+        &self,
+        dataset: &crate::data::Dataset,
+        indices: &[usize],
+    ) -> Result<(Tensor, Tensor), TrainError> {
+        let d = self.input.dims();
+        self.staging
+            .place_batch(&self.backend, dataset, indices, (d[1], d[2], d[3]))
+    }
+
+    /// The host staging the trainer places batches through.
+    pub fn staging(&self) -> &HostStaging {
+        &self.staging
     }
 
     /// Logits for a placed batch, in inference mode (nothing saved for a backward pass).
@@ -193,7 +398,8 @@ pub fn summarize(batches: &[(f32, usize, usize)]) -> EvalReport {
 
 /// Gathers the examples `indices` of `dataset` on the host (resized to `hwc`, labels one-hot)
 /// and places them on `backend`, tagged [`stax_tensor::Category::Input`]: images NHWC
-/// `[len, h, w, c]`, labels `[len, num_classes]`.
+/// `[len, h, w, c]`, labels `[len, num_classes]`. The host buffers come from a throwaway
+/// [`HostStaging`]; use [`Trainer::place_batch`] (or keep a `HostStaging`) to have them counted.
 ///
 /// # Errors
 /// Data errors from [`crate::data::loader::fill_batch`]; allocation and copy errors.
@@ -203,15 +409,7 @@ pub fn place_batch(
     indices: &[usize],
     hwc: (usize, usize, usize),
 ) -> Result<(Tensor, Tensor), TrainError> {
-    let (h, w, c) = hwc;
-    let (n, k) = (indices.len(), dataset.num_classes());
-    let mut images = vec![0f32; n * h * w * c];
-    let mut labels = vec![0f32; n * k];
-    crate::data::loader::fill_batch(dataset, indices, hwc, &mut images, &mut labels)?;
-    let input = stax_tensor::Category::Input;
-    let x = Tensor::from_slice(backend, &images, [n, h, w, c], input)?;
-    let y = Tensor::from_slice(backend, &labels, [n, k], input)?;
-    Ok((x, y))
+    HostStaging::new()?.place_batch(backend, dataset, indices, hwc)
 }
 
 impl<L: Layer> Trainer<L> {
@@ -229,7 +427,9 @@ impl<L: Layer> Trainer<L> {
         let hwc = (d[1], d[2], d[3]);
         let mut parts = Vec::new();
         for indices in loader.eval_batches() {
-            let (x, y) = place_batch(&self.backend, dataset, &indices, hwc)?;
+            let (x, y) = self
+                .staging
+                .place_batch(&self.backend, dataset, &indices, hwc)?;
             let (loss, correct) = self.eval_batch(&x, &y)?;
             parts.push((loss, correct, indices.len()));
         }

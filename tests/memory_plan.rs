@@ -1,0 +1,288 @@
+//! The static memory plan equals what the step measures, to the byte, on the CPU: the peak,
+//! the bytes per category at the peak, and every allocation and free of the step (names
+//! included), for the seed model at two batch sizes and for two other models (other paddings,
+//! strides, depths, a pointwise conv, chunked im2col workspaces). The exports are checked on the
+//! same runs: the Perfetto JSON's counters replay to the measured peak, and the plot's series
+//! is the timeline.
+
+use std::sync::Arc;
+
+use stax::alloc::{Category, TraceOp};
+use stax::layers::Padding;
+use stax::train::export::{XAxis, perfetto_json, stacked_series};
+use stax::train::plan::MemoryPlan;
+use stax::train::{StepReport, Trainer};
+use stax::{Adam, Backend, BackendOptions, Conv, Dense, Device, Flatten, Relu, Serial, Shape};
+use stax::{Tensor, serial};
+
+fn seed_model() -> Serial {
+    serial![
+        Conv::same(64, (3, 3)),
+        Relu,
+        Conv::same(64, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(2)
+    ]
+}
+
+/// Strided SAME, an even VALID kernel.
+fn strided_model() -> Serial {
+    serial![
+        Conv::new(8, (3, 3), (2, 2), Padding::Same),
+        Relu,
+        Conv::new(16, (2, 2), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(10),
+        Relu,
+        Dense(3)
+    ]
+}
+
+/// Deeper: a pointwise conv (no workspace), mixed strides, three convs.
+fn deep_model() -> Serial {
+    serial![
+        Conv::new(4, (1, 1), (1, 1), Padding::Valid),
+        Relu,
+        Conv::new(6, (5, 5), (2, 1), Padding::Same),
+        Relu,
+        Conv::new(6, (3, 3), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(16),
+        Relu,
+        Dense(3)
+    ]
+}
+
+fn cpu(workspace_limit: Option<usize>) -> Arc<dyn Backend> {
+    let options = BackendOptions {
+        workspace_limit,
+        ..BackendOptions::default()
+    };
+    Device::Cpu.open(&options).unwrap()
+}
+
+/// A placed batch: deterministic images, one-hot labels.
+fn batch(be: &Arc<dyn Backend>, input: &Shape, classes: usize) -> (Tensor, Tensor) {
+    let n = input.dims()[0];
+    let images: Vec<f32> = (0..input.numel())
+        .map(|i| ((i * 7919 % 997) as f32 / 997.0) - 0.5)
+        .collect();
+    let mut labels = vec![0f32; n * classes];
+    for i in 0..n {
+        labels[i * classes + i % classes] = 1.0;
+    }
+    let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
+    let y = Tensor::from_slice(be, &labels, [n, classes], Category::Input).unwrap();
+    (x, y)
+}
+
+fn assert_matches(plan: &MemoryPlan, r: &StepReport) {
+    assert_eq!(r.memory.peak, plan.peak.bytes, "step {} peak", r.step);
+    for c in Category::ALL {
+        assert_eq!(
+            r.memory.at_peak(c),
+            plan.peak.by_category[c.index()],
+            "step {}: {c} at the peak",
+            r.step
+        );
+    }
+    assert_eq!(
+        r.memory.live,
+        plan.persistent_bytes(),
+        "live after the step"
+    );
+}
+
+/// Plans, then trains two steps with a recorded trace; checks plan == measured and returns
+/// the plan and the run's trace.
+fn plan_and_measure(
+    model: fn() -> Serial,
+    input: Shape,
+    be: &Arc<dyn Backend>,
+) -> (MemoryPlan, stax::alloc::Trace, Vec<StepReport>) {
+    let adam = Adam::new(1e-3);
+    let plan = MemoryPlan::new(&model(), &input, &adam, be).unwrap();
+    let classes = plan.labels.dims()[1];
+    be.allocator().start_trace();
+    let mut trainer = Trainer::new(model(), input.clone(), adam, be, 7).unwrap();
+    let mut reports = Vec::new();
+    for _ in 0..2 {
+        let (x, y) = batch(be, &input, classes);
+        let r = trainer.step(&x, &y).unwrap();
+        assert_matches(&plan, &r);
+        reports.push(r);
+    }
+    let trace = be.allocator().stop_trace();
+    (plan, trace, reports)
+}
+
+/// The recorded step's events are the plan's, name for name.
+fn assert_same_events(plan: &MemoryPlan, trace: &stax::alloc::Trace) {
+    let named = plan.name_trace(trace);
+    assert_eq!(named.step_starts.len(), 2, "two steps found in the trace");
+    for &start in &named.step_starts {
+        // the step begins after the placement of images and labels
+        let step = &named.timeline.events[start + 2..][..plan.timeline.events.len()];
+        for (got, want) in step.iter().zip(&plan.timeline.events) {
+            assert_eq!(
+                (got.op, got.category, got.bytes, &got.name),
+                (want.op, want.category, want.bytes, &want.name)
+            );
+        }
+    }
+}
+
+#[test]
+fn seed_model_plan_is_exact_at_two_batch_sizes() {
+    let be = cpu(None);
+    for n in [2, 7] {
+        let (plan, trace, _) = plan_and_measure(seed_model, Shape::new([n, 10, 10, 3]), &be);
+        assert_same_events(&plan, &trace);
+        let names: Vec<&str> = plan.buffers.iter().map(|b| b.name.as_str()).collect();
+        for want in [
+            "conv1.w",
+            "conv1.w.m",
+            "dense2.b.v",
+            "input.images",
+            "conv1.output",
+            "relu1.mask",
+            "conv2.workspace",
+            "dense1.dw",
+            "loss.dlogits",
+        ] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+        // ReLU runs in place and the gradient of conv2's input is written over it
+        let conv1 = plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "conv1.output")
+            .unwrap();
+        assert!(conv1.reused_as.contains(&"relu1.output".to_string()));
+        assert!(conv1.reused_as.contains(&"conv2.dx".to_string()));
+        assert_eq!(conv1.bytes, (n * 10 * 10 * 64 * 4) as u64);
+        let mask = plan
+            .buffers
+            .iter()
+            .find(|b| b.name == "relu1.mask")
+            .unwrap();
+        assert_eq!(mask.bytes, ((n * 10 * 10 * 64).div_ceil(32) * 4) as u64);
+        // the plan's table names the peak
+        let table = plan.to_string();
+        assert!(table.contains("peak"), "{table}");
+        assert!(table.contains("conv2.workspace"), "{table}");
+    }
+}
+
+#[test]
+fn other_models_plan_is_exact() {
+    // a small im2col bound splits the convs into many chunks of a few rows
+    let (plan, trace, _) =
+        plan_and_measure(strided_model, Shape::new([3, 9, 9, 2]), &cpu(Some(512)));
+    assert_same_events(&plan, &trace);
+    let ws = plan.peak.by_category[Category::Workspace.index()];
+    assert!(plan.buffers.iter().any(|b| b.name == "conv2.workspace"));
+    assert!(ws <= 512, "workspace at the peak {ws}");
+
+    let (plan, trace, _) = plan_and_measure(deep_model, Shape::new([2, 11, 10, 3]), &cpu(None));
+    assert_same_events(&plan, &trace);
+    // the pointwise conv is a plain GEMM: no workspace
+    assert!(!plan.buffers.iter().any(|b| b.name == "conv1.workspace"));
+    assert!(plan.buffers.iter().any(|b| b.name == "conv3.workspace"));
+}
+
+#[test]
+fn exports_replay_to_the_measured_peak() {
+    let be = cpu(None);
+    let (plan, trace, reports) = plan_and_measure(seed_model, Shape::new([4, 8, 8, 3]), &be);
+    let named = plan.name_trace(&trace);
+    let json = perfetto_json(&named.timeline, &named.step_starts, "stax-rs test");
+    // it is JSON text that parses back, with the Trace Event Format's fields
+    let text = serde_json::to_string(&json).unwrap();
+    let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let events = back["traceEvents"].as_array().unwrap();
+    // replay the counters: the highest total is the highest step peak the reports measured
+    let mut peak = 0u64;
+    for e in events.iter().filter(|e| e["ph"] == "C") {
+        let total: u64 = e["args"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        peak = peak.max(total);
+    }
+    let measured = reports.iter().map(|r| r.memory.peak).max().unwrap();
+    assert_eq!(peak, measured);
+    let slices = events.iter().filter(|e| e["ph"] == "X").count();
+    let allocs = trace
+        .events
+        .iter()
+        .filter(|e| e.op == TraceOp::Alloc)
+        .count();
+    assert_eq!(slices, allocs + 2, "one slice per buffer and per step");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "X" && e["name"] == "conv2.output")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("peak"))
+    );
+    // timestamps never go backwards on a lane
+    let mut last: std::collections::HashMap<u64, f64> = Default::default();
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        let (tid, ts, dur) = (
+            e["tid"].as_u64().unwrap(),
+            e["ts"].as_f64().unwrap(),
+            e["dur"].as_f64().unwrap(),
+        );
+        let end = last.entry(tid).or_insert(f64::MIN);
+        if tid > 0 {
+            assert!(ts >= *end, "overlapping slices on lane {tid}");
+        }
+        *end = ts + dur;
+    }
+
+    // the plot's data: the plan's step, stacked
+    let s = stacked_series(&plan.timeline, XAxis::Events);
+    assert_eq!(s.peak.1, plan.peak.bytes);
+    assert!(
+        s.peak
+            .2
+            .contains(&plan.allocated_at(plan.peak.event.unwrap()).unwrap().name)
+    );
+    let cats: Vec<Category> = s.layers.iter().map(|l| l.0).collect();
+    for c in [
+        Category::Parameter,
+        Category::OptimizerState,
+        Category::Input,
+        Category::Activation,
+        Category::Gradient,
+        Category::Workspace,
+    ] {
+        assert!(cats.contains(&c), "{c} not drawn");
+    }
+    let total = &s.layers.last().unwrap().1;
+    assert_eq!(total.len(), s.x.len());
+    assert_eq!(
+        total.iter().cloned().fold(0.0, f64::max),
+        plan.peak.bytes as f64
+    );
+    assert_eq!(total[0], plan.persistent_bytes() as f64);
+    assert!(s.x.len() > 2 * plan.timeline.events.len());
+    let dir = std::env::temp_dir().join(format!("stax-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("step.svg");
+    stax::train::export::write_svg(&s, "seed model, one step", &svg).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("polygon") || text.contains("path"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
