@@ -7,16 +7,34 @@
 //!
 //! Model (as the seed's JAX code): `Conv(64, (3, 3), (1, 1), SAME) Relu Conv(64, ...) Relu
 //! Flatten Dense(128) Relu Dense(2)`, Adam(1e-3), batch 100, 2 epochs. Every step prints the
-//! loss, the step time and the memory line: live, peak and workspace bytes, reserved bytes and
-//! (on CUDA) the driver's used bytes.
+//! loss, the step time and the memory line: live, peak and workspace bytes, reserved bytes,
+//! (on CUDA) the driver's used bytes, and host staging bytes; `--breakdown` prints the full
+//! breakdown by category.
+//!
+//! Memory tools:
+//! ```text
+//! cargo run --example stax_cnn --release -- --plan --img 200 --batch 100   # the step's memory plan
+//! cargo run --example stax_cnn --release -- --plan --budget 16GB           # ... and the largest batch
+//! cargo run --example stax_cnn --release -- --trace run.json --plot step.svg --json steps.jsonl
+//! ```
+//! `--plan` prints every buffer of one step (name, shape, bytes, category, live range), the
+//! peak and where it falls, and exits without allocating; it works without a GPU. `--trace`
+//! writes every allocation and free as Chrome trace / Perfetto JSON (open it in
+//! ui.perfetto.dev); `--plot` draws one step's memory stacked by category (the plan's step
+//! with `--plan`, else the last step run).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use stax::alloc::{human_bytes, parse_size};
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
-use stax::train::{StepReport, Trainer, place_batch};
-use stax::{Adam, BackendOptions, Conv, Dense, Device, Flatten, Precision, Relu, Shape, serial};
+use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
+use stax::train::plan::{MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
+use stax::train::{StepReport, TrainError, Trainer};
+use stax::{
+    Adam, BackendOptions, Conv, Dense, Device, Flatten, Precision, Relu, Serial, Shape, serial,
+};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Train the seed's stax CNN and report exact memory every step.
@@ -57,9 +75,29 @@ struct Args {
     /// Stop after this many steps in total (for timing runs).
     #[arg(long)]
     max_steps: Option<u64>,
-    /// Write one JSON object per step to this file.
+    /// Write one JSON object per step to this file (with --plan: the plan as JSON).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Print the memory plan of one step (every buffer, the peak and where it falls) and exit
+    /// without allocating; works without a GPU for any --img/--batch.
+    #[arg(long)]
+    plan: bool,
+    /// Memory budget for "largest batch that fits" (bytes, or with KiB/MiB/GiB/KB/MB/GB); default:
+    /// the device's free memory (none on the CPU).
+    #[arg(long)]
+    budget: Option<String>,
+    /// Write every allocation and free as Chrome trace / Perfetto JSON to this file (with
+    /// --plan: the plan's step).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Draw one step's memory, stacked by category, as SVG to this file (with --plan: the
+    /// plan's step; otherwise the last step run).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Print the full memory breakdown (by category, cache, outside the allocator, host) after
+    /// every step.
+    #[arg(long)]
+    breakdown: bool,
 }
 
 type Error = Box<dyn std::error::Error>;
@@ -93,6 +131,112 @@ fn load(args: &Args) -> Result<(Dataset, Dataset), Error> {
     }
 }
 
+fn seed_model(classes: usize) -> Serial {
+    serial![
+        Conv::same(64, (3, 3)),
+        Relu,
+        Conv::same(64, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(classes)
+    ]
+}
+
+/// `--plan`: the table, the largest batch for the budget, and the plan's exports.
+fn show_plan(
+    args: &Args,
+    plan: &MemoryPlan,
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(), Error> {
+    println!("{plan}");
+    let budget = match args.budget.as_deref() {
+        Some(b) => Some(parse_size(b).ok_or(format!(
+            "--budget {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
+        ))?),
+        None => None,
+    };
+    let model = seed_model(plan.labels.dims()[1]);
+    match max_batch_that_fits(&model, &plan.input, &Adam::new(args.lr), backend, budget) {
+        Ok(n) => println!(
+            "largest batch that fits {}: {n} (allocator {})",
+            budget.map_or("the free device memory".into(), human_bytes),
+            backend.allocator().strategy()
+        ),
+        Err(TrainError::NoBudget { device }) => {
+            println!(
+                "largest batch that fits: give --budget (the {device} backend has no memory size)"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(plan)?)?;
+    }
+    let title = format!(
+        "memory plan: one step, batch {}, input {}",
+        plan.batch(),
+        plan.input
+    );
+    let t = &plan.timeline;
+    export(args, (t, &[]), (t, XAxis::Events), &title)
+}
+
+/// Writes `--trace` (a timeline and its step starts) and `--plot` (one step's timeline).
+fn export(
+    args: &Args,
+    (trace, steps): (&Timeline, &[usize]),
+    (step, axis): (&Timeline, XAxis),
+    title: &str,
+) -> Result<(), Error> {
+    if let Some(path) = &args.trace {
+        write_perfetto(trace, steps, title, path)?;
+        println!("trace: {} (open in ui.perfetto.dev)", path.display());
+    }
+    if let Some(path) = &args.plot {
+        write_svg(&stacked_series(step, axis), title, path)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The last step of a named run, with the bytes live before it as baseline.
+fn last_step(named: &NamedTrace) -> Timeline {
+    let events = &named.timeline.events;
+    let start = named.step_starts.last().copied().unwrap_or(0);
+    let before = Timeline {
+        baseline: [0; 7],
+        events: events[..start].to_vec(),
+    };
+    Timeline {
+        baseline: before.live_by_category().last().copied().unwrap_or([0; 7]),
+        events: events[start..].to_vec(),
+    }
+}
+
+fn check_path(p: &Option<PathBuf>) -> Result<(), Error> {
+    if let Some(dir) = p
+        .as_deref()
+        .and_then(Path::parent)
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        if !dir.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()).into());
+        }
+    }
+    Ok(())
+}
+
+/// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
+fn say(bar: &ProgressBar, text: String) {
+    if bar.is_hidden() {
+        println!("{text}");
+    } else {
+        bar.println(text);
+    }
+}
+
 fn line(r: &StepReport, total: u64) -> String {
     format!(
         "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}",
@@ -111,19 +255,21 @@ fn main() -> Result<(), Error> {
     });
     let (_, _, c) = train.image_shape();
     let channels = c.max(3);
-    let hwc = (img, img, channels);
-    let model = serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(train.num_classes())
-    ];
+    for p in [&args.json, &args.trace, &args.plot] {
+        check_path(p)?;
+    }
     let input = Shape::new([args.batch, img, img, channels]);
-    let mut trainer = Trainer::new(model, input, Adam::new(args.lr), &backend, args.seed)?;
+    let adam = Adam::new(args.lr);
+    let plan = MemoryPlan::new(&seed_model(train.num_classes()), &input, &adam, &backend)?;
+    if args.plan {
+        return show_plan(&args, &plan, &backend);
+    }
+    let tracing = args.trace.is_some() || args.plot.is_some();
+    if tracing {
+        backend.allocator().start_trace();
+    }
+    let model = seed_model(train.num_classes());
+    let mut trainer = Trainer::new(model, input, adam, &backend, args.seed)?;
     let loader = Loader::new(train.len(), args.batch, args.seed)?;
     let total = (loader.num_batches() as u64 * args.epochs).min(args.max_steps.unwrap_or(u64::MAX));
     println!(
@@ -141,19 +287,30 @@ fn main() -> Result<(), Error> {
         trainer.params().numel(),
         trainer.params().bytes()
     );
+    println!(
+        "plan: peak {} = persistent {} + step {} (--plan for every buffer)",
+        human_bytes(plan.peak.bytes),
+        human_bytes(plan.persistent_bytes()),
+        human_bytes(plan.peak.bytes - plan.persistent_bytes())
+    );
     let mut json = args.json.as_ref().map(std::fs::File::create).transpose()?;
     let bar = ProgressBar::new(total);
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
+    let mut last_peak = None;
     'epochs: for epoch in 0..args.epochs {
         for indices in loader.batches(epoch) {
             if trainer.steps() >= total {
                 break 'epochs;
             }
-            let (x, y) = place_batch(&backend, &train, &indices, hwc)?;
+            let (x, y) = trainer.place_batch(&train, &indices)?;
             let report = trainer.step(&x, &y)?;
-            bar.println(line(&report, total));
+            say(&bar, line(&report, total));
+            if args.breakdown {
+                say(&bar, report.memory.breakdown());
+            }
+            last_peak = Some(report.memory.peak);
             bar.set_message(format!("loss {:.4}", report.loss));
             bar.inc(1);
             if let Some(f) = json.as_mut() {
@@ -162,6 +319,30 @@ fn main() -> Result<(), Error> {
         }
     }
     bar.finish_and_clear();
+    if let Some(peak) = last_peak {
+        let verdict = if peak == plan.peak.bytes {
+            "equal"
+        } else {
+            "differ"
+        };
+        println!(
+            "peak of the last step: measured {}, planned {} ({verdict})",
+            human_bytes(peak),
+            human_bytes(plan.peak.bytes)
+        );
+    }
+    if tracing {
+        let named = plan.name_trace(&backend.allocator().stop_trace());
+        let title = format!(
+            "stax_cnn on {}, batch {}: step {}",
+            backend.device(),
+            args.batch,
+            named.step_starts.len()
+        );
+        let step = last_step(&named);
+        let trace = (&named.timeline, &named.step_starts[..]);
+        export(&args, trace, (&step, XAxis::Milliseconds), &title)?;
+    }
     let eval = trainer.evaluate(&test, args.batch)?;
     println!(
         "test: loss {:.4}, accuracy {:.2}% ({} images)",

@@ -25,6 +25,8 @@ pub struct CategoryBytes {
 /// Device (or host, on the CPU backend) memory of one step, in bytes, exact counts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct MemoryReport {
+    /// The backend's device (`cpu`, `cuda:0`).
+    pub device: String,
     /// Requested bytes live after the step: parameters, optimizer state, and what the caller
     /// placed on the device (the batch).
     pub live: u64,
@@ -123,6 +125,7 @@ impl MemoryReport {
             pinned: backend.staging_allocator().map(|a| PoolReport::read(a)),
         };
         Ok(MemoryReport {
+            device: backend.device().to_string(),
             live: s.requested,
             peak: s.peak_requested,
             workspace_peak: s.by_category[Category::Workspace.index()].peak,
@@ -158,11 +161,8 @@ impl MemoryReport {
             let peak = at_peak.map_or(String::new(), |p| format!("{:>28}", group(p)));
             let _ = writeln!(o, "  {what:<24}{:>28}{peak}", group(live));
         };
-        let _ = writeln!(
-            out,
-            "  {:<24}{:>28}{:>28}",
-            "device (bytes)", "live", "at peak"
-        );
+        let head = format!("{} (bytes)", self.device);
+        let _ = writeln!(out, "  {head:<24}{:>28}{:>28}", "live", "at peak");
         for c in &self.by_category {
             row(&mut out, c.category.name(), c.live, Some(c.at_peak));
         }
@@ -286,7 +286,10 @@ impl fmt::Display for StepOom {
             )?,
         }
         writeln!(f, "  request: {}", r.to_string().replace('\n', "\n  "))?;
-        writeln!(f, "  step's memory when it failed (bytes):")?;
+        writeln!(
+            f,
+            "  memory after the failed step unwound (live) and at its highest point (at peak):"
+        )?;
         write!(f, "{}", self.memory.breakdown())?;
         write!(
             f,

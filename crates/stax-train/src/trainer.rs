@@ -9,7 +9,7 @@ use crate::TrainError;
 use crate::plan::{self, MemoryPlan};
 use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
 use crate::staging::HostStaging;
-use stax_alloc::{Allocator, OomReport};
+use stax_alloc::{Allocator, OomReport, TraceOp};
 use stax_layers::{Layer, LayerError, Params, Rng, StepContext, softmax_cross_entropy};
 use stax_optim::{Adam, AdamState, OptimError};
 use stax_tensor::{Backend, Shape, Tensor, TensorError};
@@ -104,10 +104,10 @@ pub(crate) fn oom_of(e: &TrainError) -> Option<&OomReport> {
     }
 }
 
-/// Allocations plus frees the allocator has served (the index of its next trace event).
-fn events(a: &Allocator) -> u64 {
-    let s = a.stats();
-    s.allocs + s.frees
+/// Allocations the allocator has served. (Frees are not counted: when a step fails, its
+/// temporaries are freed on the way out, before the error is seen.)
+fn allocations(a: &Allocator) -> u64 {
+    a.stats().allocs
 }
 
 /// A model, its parameters and Adam state on one backend.
@@ -216,7 +216,7 @@ impl<L: Layer> Trainer<L> {
         self.check_batch(x, y)?;
         let allocator = self.backend.allocator().clone();
         allocator.reset_peak();
-        let first_event = events(&allocator);
+        let first = allocations(&allocator);
         let start = Instant::now();
         let step = self.steps + 1;
         let loss = run_step(
@@ -228,7 +228,7 @@ impl<L: Layer> Trainer<L> {
             step,
             &mut |_| {},
         )
-        .map_err(|e| self.explain(e, x.dims()[0], events(&allocator) - first_event))?;
+        .map_err(|e| self.explain(e, x.dims()[0], allocations(&allocator) - first))?;
         self.backend.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
         self.steps = step;
@@ -256,9 +256,9 @@ impl<L: Layer> Trainer<L> {
     }
 
     /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`];
-    /// other errors pass through. `failed_event` is the index, among the step's allocator
-    /// events, of the request that failed.
-    fn explain(&self, e: TrainError, batch: usize, failed_event: u64) -> TrainError {
+    /// other errors pass through. `done` is the number of the step's allocations that
+    /// succeeded: the failed request is the plan's next one.
+    fn explain(&self, e: TrainError, batch: usize, done: u64) -> TrainError {
         let Some(request) = oom_of(&e).cloned() else {
             return e;
         };
@@ -273,8 +273,8 @@ impl<L: Layer> Trainer<L> {
         );
         let (buffer, planned_peak) = match &plan {
             Ok(p) => {
-                let event = usize::try_from(failed_event).ok();
-                let hit = event.and_then(|i| p.timeline.events.get(i));
+                let mut allocs = p.timeline.events.iter().filter(|e| e.op == TraceOp::Alloc);
+                let hit = usize::try_from(done).ok().and_then(|k| allocs.nth(k));
                 let name = hit
                     .filter(|ev| ev.bytes == request.requested && ev.category == request.category)
                     .map(|ev| ev.name.clone());

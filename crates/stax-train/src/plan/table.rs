@@ -84,7 +84,7 @@ impl fmt::Display for MemoryPlan {
             human_bytes(self.peak.bytes - self.persistent_bytes())
         )?;
         if let Some(b) = self.largest() {
-            write!(f, "largest buffer: {} ({})", b.name, human_bytes(b.bytes))?;
+            write!(f, "largest buffer: {}, {}", b.name, human_bytes(b.bytes))?;
         }
         Ok(())
     }
