@@ -264,20 +264,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// algorithm choice has been made). A memory planner that allocates exactly this much
     /// around the op predicts the step's peak to the byte; 0 means the op allocates nothing.
     ///
-    /// The default says the backend cannot tell, so planning on it fails with that message.
-    ///
     /// # Errors
-    /// [`TensorError::InvalidArgument`] when the backend cannot tell (the default) or the
-    /// shapes are invalid; backend errors where answering needs the device.
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
-        Err(TensorError::InvalidArgument {
-            op: "workspace_bytes",
-            reason: format!(
-                "the {} backend does not report the workspace of {op:?}",
-                self.device()
-            ),
-        })
-    }
+    /// [`TensorError::InvalidArgument`] for invalid shapes; backend errors where answering
+    /// needs the device (choosing a convolution algorithm).
+    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError>;
 
     /// The allocator of the pinned host buffers this backend keeps for transfers (tagged
     /// [`stax_alloc::Category::Input`]), so reports can show pinned host memory beside device
