@@ -26,6 +26,7 @@
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
+use stax::tensor::cpu::CpuBackend;
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
@@ -83,7 +84,7 @@ struct Args {
     #[arg(long)]
     plan: bool,
     /// Memory budget for "largest batch that fits" (bytes, or with KiB/MiB/GiB/KB/MB/GB); default:
-    /// the device's free memory (none on the CPU).
+    /// the device's free memory. On the CPU it also caps the host memory the backend may use.
     #[arg(long)]
     budget: Option<String>,
     /// Write every allocation and free as Chrome trace / Perfetto JSON to this file (with
@@ -102,6 +103,24 @@ struct Args {
 
 type Error = Box<dyn std::error::Error>;
 
+fn budget(args: &Args) -> Result<Option<u64>, Error> {
+    match args.budget.as_deref() {
+        Some(b) => Ok(Some(parse_size(b).ok_or(format!(
+            "--budget {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
+        ))?)),
+        None => Ok(None),
+    }
+}
+
+/// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
+/// device of that size: `bfc` works, and running out of memory is the real, typed error).
+fn open_cpu(args: &Args, options: &BackendOptions) -> Result<Arc<dyn stax::Backend>, Error> {
+    Ok(match budget(args)? {
+        Some(b) => CpuBackend::with_capacity(options, b)?,
+        None => Device::Cpu.open(options)?,
+    })
+}
+
 fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     let mut options = BackendOptions::from_env()?;
     if let Some(s) = &args.allocator {
@@ -109,13 +128,16 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     }
     options.precision = args.precision.parse::<Precision>()?;
     if args.device != "auto" {
-        return Ok(args.device.parse::<Device>()?.open(&options)?);
+        return match args.device.parse::<Device>()? {
+            Device::Cpu => open_cpu(args, &options),
+            d => Ok(d.open(&options)?),
+        };
     }
     match Device::Cuda(0).open(&options) {
         Ok(b) => Ok(b),
         Err(e) => {
             eprintln!("note: CUDA not usable ({e}); training on the CPU");
-            Ok(Device::Cpu.open(&options)?)
+            open_cpu(args, &options)
         }
     }
 }
@@ -151,12 +173,7 @@ fn show_plan(
     backend: &Arc<dyn stax::Backend>,
 ) -> Result<(), Error> {
     println!("{plan}");
-    let budget = match args.budget.as_deref() {
-        Some(b) => Some(parse_size(b).ok_or(format!(
-            "--budget {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
-        ))?),
-        None => None,
-    };
+    let budget = budget(args)?;
     let model = seed_model(plan.labels.dims()[1]);
     match max_batch_that_fits(&model, &plan.input, &Adam::new(args.lr), backend, budget) {
         Ok(n) => println!(
@@ -244,8 +261,18 @@ fn line(r: &StepReport, total: u64) -> String {
     )
 }
 
-fn main() -> Result<(), Error> {
-    let args = Args::parse();
+/// Runs, and prints an error with its full diagnosis (`Display`, not `Debug`).
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), Error> {
     let backend = open_backend(&args)?;
     let (train, test) = load(&args)?;
     let img = args.img.unwrap_or(if backend.device() == Device::Cpu {

@@ -291,11 +291,10 @@ impl fmt::Display for StepOom {
             "  memory after the failed step unwound (live) and at its highest point (at peak):"
         )?;
         write!(f, "{}", self.memory.breakdown())?;
-        write!(
-            f,
-            "  parameters and optimizer state are those of step {}",
-            self.last_finished_step
-        )
+        match self.last_finished_step {
+            0 => write!(f, "  parameters and optimizer state are as initialized"),
+            n => write!(f, "  parameters and optimizer state are those of step {n}"),
+        }
     }
 }
 

@@ -61,6 +61,14 @@ impl AllocatorModel {
 }
 
 impl MemoryPlan {
+    /// The same plan judged under another allocator `strategy` on the same memory (for
+    /// [`MemoryPlan::fits`] and [`MemoryPlan::min_budget`]): what would the run need with a
+    /// `bfc` arena instead of the caching allocator, say.
+    pub fn for_strategy(mut self, strategy: Strategy) -> MemoryPlan {
+        self.allocator.strategy = strategy;
+        self
+    }
+
     /// Whether the planned run (trainer set-up, then placement and step, twice) fits `budget`
     /// bytes of memory under the target's allocator: the plan's trace replayed on a simulated
     /// memory of that size with the same strategy, alignment and granularity.
@@ -152,7 +160,12 @@ pub fn max_batch_that_fits<L: Layer + ?Sized>(
         if let Some(n) = dims.first_mut() {
             *n = batch;
         }
-        MemoryPlan::new(model, &Shape::new(dims), adam, target)?.fits(budget)
+        match MemoryPlan::new(model, &Shape::new(dims), adam, target) {
+            Ok(plan) => plan.fits(budget),
+            // a backend that sizes workspaces by trying (cuDNN) may run out on the way
+            Err(e) if crate::trainer::oom_of(&e).is_some() => Ok(false),
+            Err(e) => Err(e),
+        }
     };
     if !fits(1)? {
         return Ok(0);

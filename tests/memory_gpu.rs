@@ -1,0 +1,202 @@
+//! The memory plan on the GPU (skipped, with a notice, without one): for the seed model at two
+//! batch sizes and two other models, the plan equals the measured peak and per-category bytes
+//! of the allocator on every step; from step 2 on, driver-used minus reserved (what lives
+//! outside the allocator) stays constant and, with the caching allocator, reserved stops
+//! growing. Then budgets: under a `bfc` arena of the plan's figure for batch B, B trains and
+//! B + 1 gets the typed out-of-memory error with the state unchanged.
+//!
+//! One test, run in order: the checks read the device's driver figures, which other tests
+//! running beside them would move.
+
+mod common;
+
+use std::sync::Arc;
+
+use stax::alloc::{Category, Strategy};
+use stax::layers::Padding;
+use stax::tensor::cuda::{CudaBackend, DEFAULT_WORKSPACE_LIMIT};
+use stax::train::plan::MemoryPlan;
+use stax::train::{TrainError, Trainer};
+use stax::{Adam, Backend, BackendOptions, Conv, Dense, Flatten, Relu, Serial, Shape, Tensor};
+use stax::{Params, serial};
+
+fn seed_model() -> Serial {
+    serial![
+        Conv::same(64, (3, 3)),
+        Relu,
+        Conv::same(64, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(2)
+    ]
+}
+
+fn strided_model() -> Serial {
+    serial![
+        Conv::new(8, (3, 3), (2, 2), Padding::Same),
+        Relu,
+        Conv::new(16, (2, 2), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(10),
+        Relu,
+        Dense(3)
+    ]
+}
+
+fn deep_model() -> Serial {
+    serial![
+        Conv::new(4, (1, 1), (1, 1), Padding::Valid),
+        Relu,
+        Conv::new(6, (5, 5), (2, 1), Padding::Same),
+        Relu,
+        Conv::new(6, (3, 3), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(16),
+        Relu,
+        Dense(3)
+    ]
+}
+
+fn batch(be: &Arc<dyn Backend>, input: &Shape, classes: usize) -> (Tensor, Tensor) {
+    let n = input.dims()[0];
+    let images: Vec<f32> = (0..input.numel())
+        .map(|i| ((i * 7919 % 997) as f32 / 997.0) - 0.5)
+        .collect();
+    let mut labels = vec![0f32; n * classes];
+    for i in 0..n {
+        labels[i * classes + i % classes] = 1.0;
+    }
+    let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
+    let y = Tensor::from_slice(be, &labels, [n, classes], Category::Input).unwrap();
+    (x, y)
+}
+
+fn values(p: &Params) -> Vec<Vec<f32>> {
+    p.leaves().iter().map(|t| t.to_vec().unwrap()).collect()
+}
+
+/// Plan == measured on every step; no growth outside the allocator or of reserved after step 2.
+fn plan_matches(be: &Arc<dyn Backend>, model: fn() -> Serial, input: Shape) {
+    let adam = Adam::new(1e-3);
+    let plan = MemoryPlan::new(&model(), &input, &adam, be).unwrap();
+    let classes = plan.labels.dims()[1];
+    let mut trainer = Trainer::new(model(), input.clone(), adam, be, 7).unwrap();
+    let (mut outside, mut reserved) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let (x, y) = batch(be, &input, classes);
+        let r = trainer.step(&x, &y).unwrap();
+        assert_eq!(
+            r.memory.peak, plan.peak.bytes,
+            "{input}: step {} peak",
+            r.step
+        );
+        for c in Category::ALL {
+            let want = plan.peak.by_category[c.index()];
+            assert_eq!(r.memory.at_peak(c), want, "{input}: step {}: {c}", r.step);
+        }
+        outside.push(r.memory.outside_allocator.expect("the driver's figure"));
+        reserved.push(r.memory.reserved);
+    }
+    eprintln!(
+        "{input}: peak {} as planned; outside the allocator {outside:?}; reserved {reserved:?}",
+        plan.peak.bytes
+    );
+    assert!(outside[1..].windows(2).all(|w| w[0] == w[1]), "{outside:?}");
+    assert!(
+        reserved[1..].windows(2).all(|w| w[0] == w[1]),
+        "{reserved:?}"
+    );
+}
+
+/// A `bfc` backend whose arena is exactly `arena` bytes (a multiple of 2 MiB): the arena is a
+/// fraction of what the driver says is free when the allocator is made, so aim, look, retry.
+fn bfc_backend(arena: u64) -> Arc<dyn Backend> {
+    let g = 2u64 << 20;
+    let mut free_guess = None;
+    for _ in 0..4 {
+        let free = match free_guess {
+            Some(f) => f,
+            None => {
+                let probe = CudaBackend::new(0, &BackendOptions::default()).unwrap();
+                probe.driver_memory().unwrap().unwrap().0
+            }
+        };
+        let fraction = ((arena + g / 2) as f64 / free as f64).min(1.0);
+        let options = BackendOptions {
+            strategy: Strategy::Bfc { fraction },
+            ..BackendOptions::default()
+        };
+        let be: Arc<dyn Backend> = CudaBackend::new(0, &options).unwrap();
+        let got = be.allocator().stats().reserved;
+        if got == arena {
+            return be;
+        }
+        // got = floor(fraction * free / g) * g: free lies in [got, got + g) / fraction
+        free_guess = Some(((got as f64 + g as f64 / 2.0) / fraction) as u64);
+    }
+    panic!("could not make a bfc arena of {arena} bytes");
+}
+
+fn budget_b_and_b_plus_one(caching: &Arc<dyn Backend>) {
+    let input = |n: usize| Shape::new([n, 24, 24, 3]);
+    let adam = Adam::new(1e-3);
+    let bfc = Strategy::Bfc { fraction: 1.0 };
+    let figure = |n: usize| {
+        let plan = MemoryPlan::new(&seed_model(), &input(n), &adam, caching).unwrap();
+        plan.for_strategy(bfc.clone()).min_budget().unwrap()
+    };
+    let (b, arena) = (1..256)
+        .map(|n| (n, figure(n)))
+        .find(|&(n, a)| figure(n + 1) > a)
+        .unwrap();
+    let be = bfc_backend(arena);
+    // the arena's own algorithm choices must need what the caching backend's did
+    let plan = MemoryPlan::new(&seed_model(), &input(b), &adam, &be).unwrap();
+    assert_eq!(
+        plan.min_budget().unwrap(),
+        arena,
+        "batch {b}: figure on the bfc backend"
+    );
+    let mut trainer = Trainer::new(seed_model(), input(b), adam, &be, 3).unwrap();
+    let (x, y) = batch(&be, &input(b), 2);
+    let r = trainer.step(&x, &y).unwrap();
+    assert_eq!(r.memory.peak, plan.peak.bytes);
+    drop((x, y));
+    let state = (values(trainer.params()), values(&trainer.state().mu));
+    let (x, y) = batch(&be, &input(b + 1), 2);
+    let e = trainer.step(&x, &y).unwrap_err();
+    eprintln!(
+        "bfc arena {arena} bytes, batch {b} trained; batch {}:\n{e}",
+        b + 1
+    );
+    let TrainError::OutOfMemory(oom) = &e else {
+        panic!("expected the step's out-of-memory error, got {e}");
+    };
+    assert_eq!((oom.batch, oom.last_finished_step), (b + 1, 1));
+    assert_eq!(
+        state,
+        (values(trainer.params()), values(&trainer.state().mu))
+    );
+    assert_eq!(trainer.state().count, 1);
+}
+
+#[test]
+fn gpu_plan_equals_measured_and_budgets_hold() {
+    // a backend of its own (a workspace limit makes the helper open a fresh one)
+    let options = BackendOptions {
+        workspace_limit: Some(DEFAULT_WORKSPACE_LIMIT),
+        ..BackendOptions::default()
+    };
+    let Some(be) = common::cuda_or_skip(&options) else {
+        return;
+    };
+    plan_matches(&be, seed_model, Shape::new([4, 32, 32, 3]));
+    plan_matches(&be, seed_model, Shape::new([16, 32, 32, 3]));
+    plan_matches(&be, strided_model, Shape::new([3, 9, 9, 2]));
+    plan_matches(&be, deep_model, Shape::new([2, 11, 10, 3]));
+    budget_b_and_b_plus_one(&be);
+}
