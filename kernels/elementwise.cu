@@ -55,7 +55,8 @@ extern "C" __global__ void relu_f32(float *x, u32 *mask, size_t n) {
         float v = i < n ? x[i] : 0.0f;
         bool pos = v > 0.0f;
         u32 bits = __ballot_sync(FULL_MASK, pos);
-        if (i < n) x[i] = pos ? v : 0.0f;
+        // NaN propagates, as jnp.maximum(x, 0): the trainer must see it in the loss.
+        if (i < n) x[i] = (pos || v != v) ? v : 0.0f;
         if (mask != 0 && lane == 0) mask[base >> 5] = bits;
     }
 }

@@ -105,12 +105,18 @@ fn expect_mask(op: &'static str, mask: &Tensor, numel: usize) -> Result<(), Tens
 /// # Errors
 /// [`TensorError::Shape`] for a mask of the wrong length, [`TensorError::DType`] unless `x` is
 /// f32 and the mask u32, [`TensorError::Aliased`] if either output shares its buffer.
+/// `max(v, 0)` with NaN propagated, as `jnp.maximum(x, 0)` does (a NaN input must reach the
+/// loss, where the trainer reports it, instead of being silently zeroed).
+fn relu1(v: f32) -> f32 {
+    if v > 0.0 || v.is_nan() { v } else { 0.0 }
+}
+
 pub(crate) fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
     const OP: &str = "relu";
     let numel = x.numel();
     let Some(mask) = mask else {
         for v in data_mut(OP, x)? {
-            *v = if *v > 0.0 { *v } else { 0.0 };
+            *v = relu1(*v);
         }
         return Ok(());
     };
@@ -122,7 +128,7 @@ pub(crate) fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), Tens
         for (i, v) in chunk.iter_mut().enumerate() {
             let on = *v > 0.0;
             w |= u32::from(on) << i;
-            *v = if on { *v } else { 0.0 };
+            *v = relu1(*v);
         }
         *word = w;
     }
