@@ -200,6 +200,32 @@ impl CudaBackend {
         self.staging.allocator()
     }
 
+    /// The device time of the work `f` queues on the compute stream, in ms, measured with a
+    /// pair of CUDA events around it (host-side launch overhead is not counted unless the
+    /// stream runs dry waiting for it). Blocks until that work is done.
+    ///
+    /// # Errors
+    /// [`TensorError::Driver`] for event calls; whatever `f` returns.
+    pub fn time_ms(
+        &self,
+        f: &mut dyn FnMut() -> Result<(), TensorError>,
+    ) -> Result<f32, TensorError> {
+        self.bind()?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self
+            .stream
+            .record_event(flags)
+            .map_err(driver("cuEventRecord"))?;
+        f()?;
+        let end = self
+            .stream
+            .record_event(flags)
+            .map_err(driver("cuEventRecord"))?;
+        start
+            .elapsed_ms(&end)
+            .map_err(driver("cuEventElapsedTime"))
+    }
+
     /// Makes the context current on the calling thread (raw driver and library calls need it).
     fn bind(&self) -> Result<(), TensorError> {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
