@@ -17,8 +17,8 @@ use stax::tensor::cuda::CudaBackend;
 use stax::tensor::{AdamHyper, Conv2dGeometry, TensorError};
 use stax::train::Trainer;
 use stax::{
-    Adam, Backend, BackendOptions, Category, Conv, DType, Dense, Flatten, Padding, Precision,
-    Relu, Shape, Tensor, serial,
+    Adam, Backend, BackendOptions, Category, Conv, DType, Dense, Flatten, Padding, Precision, Relu,
+    Shape, Tensor, serial,
 };
 use std::sync::Arc;
 
@@ -235,24 +235,39 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     });
     let y2f = y2.reshape([b, feat])?;
     let wbytes = (feat * 128 * 4) as f64;
-    p.time("dense1 forward (matmul + bias)", act + wbytes, true, &mut || {
-        be.matmul(&y2f, &wd, false, false, &mut z)?;
-        be.bias_add(&mut z, &bd)
-    });
-    p.time("relu3, dense2, loss, dense2 bwd, relu3 bwd", 0.0, true, &mut || {
-        be.relu(&mut z, Some(&mut m3))?;
-        be.matmul(&z, &w3, false, false, &mut logits)?;
-        be.bias_add(&mut logits, &b3)?;
-        be.softmax_xent(&logits, &labels, &mut dlogits)?;
-        be.matmul(&z, &dlogits, true, false, &mut dw3)?;
-        be.bias_grad(&dlogits, &mut db3)?;
-        be.matmul(&dlogits, &w3, false, true, &mut dz)?;
-        be.relu_bwd(&mut dz, &m3)
-    });
-    p.time("dense1 weight gradient (+bias grad)", act + wbytes, true, &mut || {
-        be.matmul(&y2f, &dz, true, false, &mut dwd)?;
-        be.bias_grad(&dz, &mut dbd)
-    });
+    p.time(
+        "dense1 forward (matmul + bias)",
+        act + wbytes,
+        true,
+        &mut || {
+            be.matmul(&y2f, &wd, false, false, &mut z)?;
+            be.bias_add(&mut z, &bd)
+        },
+    );
+    p.time(
+        "relu3, dense2, loss, dense2 bwd, relu3 bwd",
+        0.0,
+        true,
+        &mut || {
+            be.relu(&mut z, Some(&mut m3))?;
+            be.matmul(&z, &w3, false, false, &mut logits)?;
+            be.bias_add(&mut logits, &b3)?;
+            be.softmax_xent(&logits, &labels, &mut dlogits)?;
+            be.matmul(&z, &dlogits, true, false, &mut dw3)?;
+            be.bias_grad(&dlogits, &mut db3)?;
+            be.matmul(&dlogits, &w3, false, true, &mut dz)?;
+            be.relu_bwd(&mut dz, &m3)
+        },
+    );
+    p.time(
+        "dense1 weight gradient (+bias grad)",
+        act + wbytes,
+        true,
+        &mut || {
+            be.matmul(&y2f, &dz, true, false, &mut dwd)?;
+            be.bias_grad(&dz, &mut dbd)
+        },
+    );
     p.time("dense1 input gradient", act + wbytes, true, &mut || {
         be.matmul(&dz, &wd, false, true, &mut dy2)
     });
@@ -261,18 +276,24 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     p.time("relu2 backward", 2.0 * act + mask, true, &mut || {
         be.relu_bwd(&mut dy2v, &m2)
     });
-    p.time("conv2 backward filter (+bias grad)", 2.0 * act, true, &mut || {
-        be.conv2d_bwd_filter(&y1, &dy2v, &g2, &mut dw2, &mut db)
-    });
+    p.time(
+        "conv2 backward filter (+bias grad)",
+        2.0 * act,
+        true,
+        &mut || be.conv2d_bwd_filter(&y1, &dy2v, &g2, &mut dw2, &mut db),
+    );
     p.time("conv2 backward data", 2.0 * act, true, &mut || {
         be.conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
     });
     p.time("relu1 backward", 2.0 * act + mask, true, &mut || {
         be.relu_bwd(&mut dy1, &m1)
     });
-    p.time("conv1 backward filter (+bias grad)", in_act + act, true, &mut || {
-        be.conv2d_bwd_filter(&x, &dy1, &g1, &mut dw1, &mut db)
-    });
+    p.time(
+        "conv1 backward filter (+bias grad)",
+        in_act + act,
+        true,
+        &mut || be.conv2d_bwd_filter(&x, &dy1, &g1, &mut dw1, &mut db),
+    );
     p.time("bias gradient alone, 64 channels", act, false, &mut || {
         be.bias_grad(&dy1, &mut db)
     });
@@ -280,9 +301,12 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         be.bias_add(&mut dy1, &b1)
     });
     let mut copy_dst = empty(&be, &[b, h, h, c], DType::F32);
-    p.time("device copy of one activation", 2.0 * act, false, &mut || {
-        be.copy(&y2, &mut copy_dst)
-    });
+    p.time(
+        "device copy of one activation",
+        2.0 * act,
+        false,
+        &mut || be.copy(&y2, &mut copy_dst),
+    );
     drop(copy_dst);
 
     // Adam: the large Dense(128) weight, then the 7 small tensors as one row.
@@ -292,9 +316,12 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     let adam = Adam::new(1e-3);
     let h1: AdamHyper = adam.hyper(1);
     let n = (feat * 128) as f64;
-    p.time("adam dense1.w (327.7 M params)", 28.0 * n, true, &mut || {
-        be.adam_update(&mut wd, &dwd, &mut m, &mut v, &h1)
-    });
+    p.time(
+        "adam dense1.w (327.7 M params)",
+        28.0 * n,
+        true,
+        &mut || be.adam_update(&mut wd, &dwd, &mut m, &mut v, &h1),
+    );
     let mut small: Vec<[Tensor; 4]> = Vec::new();
     for (i, shape) in [
         &[3, 3, 3, c][..],

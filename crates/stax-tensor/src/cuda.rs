@@ -221,9 +221,7 @@ impl CudaBackend {
             .stream
             .record_event(flags)
             .map_err(driver("cuEventRecord"))?;
-        start
-            .elapsed_ms(&end)
-            .map_err(driver("cuEventElapsedTime"))
+        start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))
     }
 
     /// Makes the context current on the calling thread (raw driver and library calls need it).
