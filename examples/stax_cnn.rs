@@ -20,8 +20,8 @@
 //! `--plan` prints every buffer of one step (name, shape, bytes, category, live range), the
 //! peak and where it falls, and exits without allocating; it works without a GPU. `--trace`
 //! writes every allocation and free as Chrome trace / Perfetto JSON (open it in
-//! ui.perfetto.dev); `--plot` draws one step's memory stacked by category (the plan's step
-//! with `--plan`, else the last step run).
+//! ui.perfetto.dev); `--plot` draws one step's memory stacked by category against its
+//! allocation events (the plan's step with `--plan`, else the last step run).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -368,7 +368,7 @@ fn run(args: Args) -> Result<(), Error> {
         );
         let step = last_step(&named);
         let trace = (&named.timeline, &named.step_starts[..]);
-        export(&args, trace, (&step, XAxis::Milliseconds), &title)?;
+        export(&args, trace, (&step, XAxis::Events), &title)?;
     }
     let eval = trainer.evaluate(&test, args.batch)?;
     println!(

@@ -140,10 +140,12 @@ pub fn default_budget(backend: &dyn Backend) -> Result<u64, TrainError> {
 
 /// The largest batch size whose run fits `budget` bytes on `target` ([`MemoryPlan::fits`]):
 /// `input` gives the image shape (its batch dimension is ignored). `None` uses
-/// [`default_budget`]. 0 when not even a batch of one fits; at most [`MAX_BATCH`].
+/// [`default_budget`]. 0 when not even a batch of one fits; at most [`MAX_BATCH`]. A batch
+/// larger than one that the backend cannot plan (say, a tensor past cuDNN's 32-bit limits)
+/// counts as not fitting.
 ///
 /// # Errors
-/// [`TrainError::NoBudget`]; shape and planning errors.
+/// [`TrainError::NoBudget`]; shape and planning errors of a batch of one.
 pub fn max_batch_that_fits<L: Layer + ?Sized>(
     model: &L,
     input: &Shape,
@@ -160,16 +162,14 @@ pub fn max_batch_that_fits<L: Layer + ?Sized>(
         if let Some(n) = dims.first_mut() {
             *n = batch;
         }
-        match MemoryPlan::new(model, &Shape::new(dims), adam, target) {
-            Ok(plan) => plan.fits(budget),
-            // a backend that sizes workspaces by trying (cuDNN) may run out on the way
-            Err(e) if crate::trainer::oom_of(&e).is_some() => Ok(false),
-            Err(e) => Err(e),
-        }
+        MemoryPlan::new(model, &Shape::new(dims), adam, target)?.fits(budget)
     };
     if !fits(1)? {
         return Ok(0);
     }
+    // Past batch 1, a batch the backend cannot even plan does not fit: sizing a workspace
+    // by trying (cuDNN) may run out of memory, or a tensor may pass a library's 32-bit limit.
+    let fits = |batch: usize| fits(batch).or(Ok::<bool, TrainError>(false));
     // Invariant: `lo` fits; `hi` does not (or is past the largest size tried).
     let (mut lo, mut hi) = (1usize, 2usize);
     while hi <= MAX_BATCH && fits(hi)? {
