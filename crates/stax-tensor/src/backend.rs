@@ -203,6 +203,40 @@ pub trait Backend: Send + Sync + fmt::Debug {
         db: &mut Tensor,
     ) -> Result<(), TensorError>;
 
+    /// `y = relu(conv(x, w) + b)` with the ReLU's bit mask: what [`Backend::conv2d`] then
+    /// [`Backend::relu`] with `mask` compute (the default does exactly that), in fewer passes
+    /// over `y` where the backend can fuse them. `mask` is U32 of `ceil(y.numel() / 32)` words.
+    fn conv2d_relu(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        g: &Conv2dGeometry,
+        y: &mut Tensor,
+        mask: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        self.conv2d(x, w, b, g, y)?;
+        self.relu(y, Some(mask))
+    }
+
+    /// Kernel and bias gradients of `relu(conv(x, w) + b)`: `dy`, the gradient with respect
+    /// to the ReLU's output, is masked in place (the ReLU's backward), then dw and db are as
+    /// [`Backend::conv2d_bwd_filter`] computes them. The default does exactly those two ops;
+    /// backends may fuse the masking with the bias gradient (one pass over `dy`). Workspace:
+    /// at most that of [`Backend::conv2d_bwd_filter`] at any time.
+    fn conv2d_bwd_filter_relu(
+        &self,
+        x: &Tensor,
+        dy: &mut Tensor,
+        mask: &Tensor,
+        g: &Conv2dGeometry,
+        dw: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        self.relu_bwd(dy, mask)?;
+        self.conv2d_bwd_filter(x, dy, g, dw, db)
+    }
+
     /// `c = op(a) · op(b)` for 2-D row-major matrices, where `op` transposes when the flag is
     /// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
     fn matmul(

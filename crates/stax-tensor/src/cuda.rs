@@ -37,6 +37,7 @@ use crate::{
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocator, Category, RawMemory, Strategy};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cudnn::{ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
@@ -55,6 +56,8 @@ pub struct CudaBackend {
     allocator: Arc<Allocator>,
     precision: Precision,
     workspace_limit: usize,
+    /// Whether epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
+    fused: AtomicBool,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -181,12 +184,26 @@ impl CudaBackend {
             allocator,
             precision: options.precision,
             workspace_limit: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_LIMIT),
+            fused: AtomicBool::new(true),
         }))
     }
 
     /// The algorithm chosen for every convolution pass run so far, with its workspace bytes.
     pub fn conv_plans(&self) -> Vec<ConvPlanInfo> {
         self.dnn.plans()
+    }
+
+    /// Turns the fused epilogues on (the default) or off: the conv bias and ReLU in cuDNN's
+    /// forward epilogue, the ReLU backward in the bias-gradient pass. Off, each runs as its own
+    /// pass over the activation, as in the unfused ops; results agree to rounding and workspace
+    /// bytes are the same either way. For A/B timing and tests.
+    pub fn set_fused_epilogues(&self, on: bool) {
+        self.fused.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
+    pub fn fused_epilogues(&self) -> bool {
+        self.fused.load(Ordering::Relaxed)
     }
 
     /// The bound on one cuDNN call's workspace, in bytes.
@@ -354,7 +371,19 @@ impl Backend for CudaBackend {
         g: &Conv2dGeometry,
         y: &mut Tensor,
     ) -> Result<(), TensorError> {
-        self.conv_forward(x, w, b, g, y)
+        self.conv_forward(x, w, b, g, y, None)
+    }
+
+    fn conv2d_relu(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        g: &Conv2dGeometry,
+        y: &mut Tensor,
+        mask: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        self.conv_forward(x, w, b, g, y, Some(mask))
     }
 
     fn conv2d_bwd_data(
@@ -375,7 +404,20 @@ impl Backend for CudaBackend {
         dw: &mut Tensor,
         db: &mut Tensor,
     ) -> Result<(), TensorError> {
-        self.conv_backward_filter(x, dy, g, dw, db)
+        self.conv_backward_filter(x, dy, g, dw, db, None)
+    }
+
+    fn conv2d_bwd_filter_relu(
+        &self,
+        x: &Tensor,
+        dy: &mut Tensor,
+        mask: &Tensor,
+        g: &Conv2dGeometry,
+        dw: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), TensorError> {
+        dy.expect_unique("conv2d_bwd_filter_relu")?;
+        self.conv_backward_filter(x, dy, g, dw, db, Some(mask))
     }
 
     fn matmul(
@@ -455,7 +497,7 @@ impl Backend for CudaBackend {
             .allocator
             .allocate(self.bias_grad_bytes(rows, c), Category::Workspace)?;
         self.kernels
-            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, c)
+            .bias_grad(dy.addr(), 0, partial.addr(), db.addr(), rows, c)
     }
 
     fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
@@ -470,7 +512,7 @@ impl Backend for CudaBackend {
             None => 0,
         };
         self.bind()?;
-        self.kernels.relu(x.addr(), mask_addr, x.numel())
+        self.kernels.relu(x.addr(), mask_addr, x.numel(), true)
     }
 
     fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {

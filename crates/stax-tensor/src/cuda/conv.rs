@@ -9,7 +9,7 @@
 //! freed when the call returns (in stream order, so reuse is safe).
 
 use super::CudaBackend;
-use super::cudnn::{CudnnConv, Operands};
+use super::cudnn::{CudnnConv, Epilogue, Operands};
 use crate::{Conv2dGeometry, ConvPass, Tensor, TensorError};
 use stax_alloc::{Allocation, Category};
 
@@ -112,7 +112,10 @@ impl CudaBackend {
         )
     }
 
-    /// Forward pass; see [`crate::Backend::conv2d`].
+    /// Forward pass; see [`crate::Backend::conv2d`], and with `relu_mask`
+    /// [`crate::Backend::conv2d_relu`]. The bias (and the ReLU) run in cuDNN's epilogue where
+    /// it fuses them, else as our own passes over `y`; with a fused ReLU the mask is one
+    /// read-only pass.
     pub(super) fn conv_forward(
         &self,
         x: &Tensor,
@@ -120,28 +123,53 @@ impl CudaBackend {
         b: &Tensor,
         g: &Conv2dGeometry,
         y: &mut Tensor,
+        relu_mask: Option<&mut Tensor>,
     ) -> Result<(), TensorError> {
         const OP: &str = "conv2d";
         self.check_input(OP, x, &g.input_shape())?;
         self.check_input(OP, w, &g.filter_shape())?;
         self.check_input(OP, b, &[g.c_out].into())?;
         self.check_output(OP, y, &g.output_shape())?;
+        if let Some(m) = &relu_mask {
+            self.check_mask(OP, m, y.numel())?;
+            m.expect_unique(OP)?;
+        }
         self.bind()?;
         let (conv, ext) = layout(g);
         let w_t = self.filter_ohwi(w, g)?;
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
-        self.run_cudnn(
-            ConvPass::Forward,
-            &conv,
-            Operands {
-                x: xp,
-                w: w_t.addr(),
-                y: y.addr(),
-            },
-        )?;
-        self.kernels
-            .bias_add(y.addr(), b.addr(), y.numel(), g.c_out)
+        let ops = Operands {
+            x: xp,
+            w: w_t.addr(),
+            y: y.addr(),
+        };
+        let epi = Epilogue {
+            bias: b.addr(),
+            relu: relu_mask.is_some(),
+        };
+        let fused = if self.fused_epilogues() {
+            self.dnn.run_forward(
+                &conv,
+                self.precision,
+                ops,
+                epi,
+                self.workspace_limit,
+                &self.allocator,
+            )?
+        } else {
+            self.run_cudnn(ConvPass::Forward, &conv, ops)?;
+            false
+        };
+        drop((w_t, x_ext));
+        if !fused {
+            self.kernels
+                .bias_add(y.addr(), b.addr(), y.numel(), g.c_out)?;
+        }
+        match relu_mask {
+            Some(m) => self.kernels.relu(y.addr(), m.addr(), y.numel(), !fused),
+            None => Ok(()),
+        }
     }
 
     /// Input gradient; see [`crate::Backend::conv2d_bwd_data`].
@@ -183,7 +211,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Filter and bias gradients; see [`crate::Backend::conv2d_bwd_filter`].
+    /// Filter and bias gradients; see [`crate::Backend::conv2d_bwd_filter`], and with
+    /// `relu_mask` [`crate::Backend::conv2d_bwd_filter_relu`] (dy masked in place first).
+    ///
+    /// The bias gradient runs first, so that with a mask it is fused with the masking (one
+    /// pass over dy) where the kernels vectorize; then the filter gradient. Each step frees its
+    /// workspace before the next allocates, so the workspace peak is that of
+    /// [`Self::conv_workspace_bytes`] in either order.
     pub(super) fn conv_backward_filter(
         &self,
         x: &Tensor,
@@ -191,13 +225,30 @@ impl CudaBackend {
         g: &Conv2dGeometry,
         dw: &mut Tensor,
         db: &mut Tensor,
+        relu_mask: Option<&Tensor>,
     ) -> Result<(), TensorError> {
         const OP: &str = "conv2d_bwd_filter";
         self.check_input(OP, x, &g.input_shape())?;
         self.check_input(OP, dy, &g.output_shape())?;
         self.check_output(OP, dw, &g.filter_shape())?;
         self.check_output(OP, db, &[g.c_out].into())?;
+        if let Some(m) = relu_mask {
+            self.check_mask(OP, m, dy.numel())?;
+        }
         self.bind()?;
+        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
+        let rows = g.n * g.out_h * g.out_w;
+        let mut mask = relu_mask.map_or(0, Tensor::addr);
+        if mask != 0
+            && !(self.fused_epilogues() && self.kernels.bias_grad_vectorizes(co, dy.addr()))
+        {
+            self.kernels.relu_bwd(dy.addr(), mask, dy.numel())?;
+            mask = 0;
+        }
+        let partial = self.scratch(self.bias_grad_bytes(rows, co))?;
+        self.kernels
+            .bias_grad(dy.addr(), mask, partial.addr(), db.addr(), rows, co)?;
+        drop(partial);
         let (conv, ext) = layout(g);
         let x_ext = self.extend(x, g, ext)?;
         let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
@@ -209,14 +260,8 @@ impl CudaBackend {
         };
         self.run_cudnn(ConvPass::BackwardFilter, &conv, ops)?;
         drop(x_ext);
-        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
         self.kernels
-            .transpose_filter(dw_t.addr(), dw.addr(), hw, ci, co, false)?;
-        drop(dw_t);
-        let rows = g.n * g.out_h * g.out_w;
-        let partial = self.scratch(self.bias_grad_bytes(rows, co))?;
-        self.kernels
-            .bias_grad(dy.addr(), partial.addr(), db.addr(), rows, co)
+            .transpose_filter(dw_t.addr(), dw.addr(), hw, ci, co, false)
     }
 
     /// The workspace bytes one call of `pass` holds at once, in steady state (see

@@ -14,7 +14,7 @@
 mod calls;
 
 use crate::{Conv2dGeometry, ConvPass, Precision, TensorError};
-use calls::{Choice, Descriptors, candidates, cudnn, execute};
+use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
 use stax_alloc::{Allocation, Allocator, Category};
@@ -106,6 +106,18 @@ struct Plan {
     chosen: [Option<Choice>; 3],
     candidates: [Vec<ConvCandidate>; 3],
     layout_bytes: [usize; 3],
+    /// Set once cuDNN refused the fused bias + activation forward for this geometry, which
+    /// then runs as the plain forward and our own epilogue kernels.
+    no_fused_epilogue: bool,
+}
+
+/// What the fused forward adds after the convolution: the bias, then optionally a ReLU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Epilogue {
+    /// Device address of the `[c_out]` f32 bias.
+    pub bias: u64,
+    /// Whether a ReLU follows the bias.
+    pub relu: bool,
 }
 
 #[derive(Debug)]
@@ -242,6 +254,67 @@ impl Dnn {
     }
 }
 
+impl Dnn {
+    /// The forward pass of `conv` with `epi` fused by cuDNN where it can be
+    /// (`cudnnConvolutionBiasActivationForward` with the chosen algorithm when that is
+    /// `IMPLICIT_PRECOMP_GEMM`, the only one cuDNN fuses the identity with): returns whether
+    /// the epilogue was applied. When it returns false the output holds the plain convolution
+    /// (the caller adds the epilogue). Workspace as [`Dnn::run`]: the same bytes.
+    ///
+    /// # Errors
+    /// As [`Dnn::run`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_forward(
+        &self,
+        conv: &CudnnConv,
+        precision: Precision,
+        ops: Operands,
+        epi: Epilogue,
+        limit: usize,
+        alloc: &Arc<Allocator>,
+    ) -> Result<bool, TensorError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let handle = state.handle;
+        let pass = ConvPass::Forward;
+        let (plan, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
+        plan.desc.set_math(if precision == Precision::Highest {
+            sys::cudnnMathType_t::CUDNN_FMA_MATH
+        } else {
+            choice.math
+        })?;
+        let ws = workspace(alloc, choice.workspace)?;
+        let precomp =
+            sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+        if let Algo::Fwd(algo) = choice.algo
+            && algo == precomp
+            && !plan.no_fused_epilogue
+        {
+            match execute_bias_act(
+                handle,
+                &plan.desc,
+                algo,
+                ops,
+                epi.bias,
+                epi.relu,
+                ws.as_ref(),
+            ) {
+                Ok(()) => return Ok(true),
+                Err(e) if e.0 == sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED => {
+                    plan.no_fused_epilogue = true;
+                }
+                Err(source) => {
+                    return Err(TensorError::Cudnn {
+                        op: "cudnnConvolutionBiasActivationForward",
+                        source,
+                    });
+                }
+            }
+        }
+        execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())?;
+        Ok(false)
+    }
+}
+
 /// The plan of `conv` (created on first use) and the choice for `pass` (made on first use).
 fn plan_and_choice<'s>(
     state: &'s mut State,
@@ -260,6 +333,7 @@ fn plan_and_choice<'s>(
             chosen: [None; 3],
             candidates: Default::default(),
             layout_bytes: [0; 3],
+            no_fused_epilogue: false,
         }),
     };
     plan.layout_bytes[pass as usize] = conv.layout_bytes;

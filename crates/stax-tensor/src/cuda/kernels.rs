@@ -30,13 +30,18 @@ unsafe impl DeviceRepr for AdamHyper {}
 enum Kernel {
     FillU32,
     BiasAdd,
+    BiasAddVec,
     BiasGradPartial,
+    BiasGradVec,
     BiasGradFinish,
     Relu,
+    ReluVec,
     ReluBwd,
+    ReluBwdVec,
     SoftmaxXent,
     MeanF64,
     Adam,
+    AdamVec,
     HwioToOhwi,
     OhwiToHwio,
     PadNhwc,
@@ -44,16 +49,21 @@ enum Kernel {
 }
 
 impl Kernel {
-    const ALL: [Kernel; 13] = [
+    const ALL: [Kernel; 18] = [
         Kernel::FillU32,
         Kernel::BiasAdd,
+        Kernel::BiasAddVec,
         Kernel::BiasGradPartial,
+        Kernel::BiasGradVec,
         Kernel::BiasGradFinish,
         Kernel::Relu,
+        Kernel::ReluVec,
         Kernel::ReluBwd,
+        Kernel::ReluBwdVec,
         Kernel::SoftmaxXent,
         Kernel::MeanF64,
         Kernel::Adam,
+        Kernel::AdamVec,
         Kernel::HwioToOhwi,
         Kernel::OhwiToHwio,
         Kernel::PadNhwc,
@@ -64,13 +74,18 @@ impl Kernel {
         match self {
             Kernel::FillU32 => "fill_u32",
             Kernel::BiasAdd => "bias_add_f32",
+            Kernel::BiasAddVec => "bias_add_vec_f32",
             Kernel::BiasGradPartial => "bias_grad_partial_f32",
+            Kernel::BiasGradVec => "bias_grad_vec_f32",
             Kernel::BiasGradFinish => "bias_grad_finish_f32",
             Kernel::Relu => "relu_f32",
+            Kernel::ReluVec => "relu_vec_f32",
             Kernel::ReluBwd => "relu_bwd_f32",
+            Kernel::ReluBwdVec => "relu_bwd_vec_f32",
             Kernel::SoftmaxXent => "softmax_xent_f32",
             Kernel::MeanF64 => "mean_f64_to_f32",
             Kernel::Adam => "adam_f32",
+            Kernel::AdamVec => "adam_vec_f32",
             Kernel::HwioToOhwi => "hwio_to_ohwi_f32",
             Kernel::OhwiToHwio => "ohwi_to_hwio_f32",
             Kernel::PadNhwc => "pad_nhwc_f32",
@@ -82,12 +97,16 @@ impl Kernel {
         match self {
             Kernel::FillU32
             | Kernel::BiasAdd
+            | Kernel::BiasAddVec
             | Kernel::BiasGradPartial
+            | Kernel::BiasGradVec
             | Kernel::BiasGradFinish
             | Kernel::Relu
-            | Kernel::ReluBwd => KernelModule::Elementwise,
+            | Kernel::ReluVec
+            | Kernel::ReluBwd
+            | Kernel::ReluBwdVec => KernelModule::Elementwise,
             Kernel::SoftmaxXent | Kernel::MeanF64 => KernelModule::SoftmaxXent,
-            Kernel::Adam => KernelModule::Adam,
+            Kernel::Adam | Kernel::AdamVec => KernelModule::Adam,
             Kernel::HwioToOhwi | Kernel::OhwiToHwio | Kernel::PadNhwc | Kernel::CropNhwc => {
                 KernelModule::Layout
             }
@@ -97,6 +116,11 @@ impl Kernel {
 
 /// Threads per block of the 1-D launches.
 const BLOCK: u32 = 256;
+
+/// Whether every address is 16-byte aligned (the vectorized kernels load `float4`s).
+fn aligned16(addrs: &[u64]) -> bool {
+    addrs.iter().all(|a| a % 16 == 0)
+}
 
 /// The loaded kernel modules of one backend and their launchers (all on the compute stream).
 #[derive(Debug)]
@@ -108,6 +132,8 @@ pub(crate) struct Kernels {
     functions: Vec<CudaFunction>,
     /// Upper bound on blocks of a grid-stride launch (32 per multiprocessor).
     max_blocks: u32,
+    /// Multiprocessors of the device.
+    sms: u32,
 }
 
 fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
@@ -174,6 +200,7 @@ impl Kernels {
             _modules: modules,
             functions,
             max_blocks: (sms.max(1) as u32) * 32,
+            sms: sms.max(1) as u32,
         })
     }
 
@@ -212,10 +239,28 @@ impl Kernels {
         .map_err(driver(k.symbol()))
     }
 
-    /// `y[i] += b[i % c]` over `n` floats at `y`, `c` floats at `b`.
+    /// `y[i] += b[i % c]` over `n` floats at `y`, `c` floats at `b` (16 bytes per thread when
+    /// `c % 4 == 0` and both are 16-byte aligned).
     pub(crate) fn bias_add(&self, y: u64, b: u64, n: usize, c: usize) -> Result<(), TensorError> {
         if n == 0 {
             return Ok(());
+        }
+        if c % 4 == 0 && n % 4 == 0 && aligned16(&[y, b]) {
+            let (n4, c4) = (n / 4, c / 4);
+            let k = Kernel::BiasAddVec;
+            // SAFETY: `bias_add_vec_f32(float *y, const float *b, size_t n4, size_t c4)`; y holds
+            // 4 n4 floats and b 4 c4 >= 4, both 16-byte aligned.
+            return unsafe {
+                self.stream
+                    .launch_builder(self.function(k))
+                    .arg(&y)
+                    .arg(&b)
+                    .arg(&n4)
+                    .arg(&c4)
+                    .launch(self.grid(n4))
+            }
+            .map(drop)
+            .map_err(driver(k.symbol()));
         }
         let k = Kernel::BiasAdd;
         // SAFETY: `bias_add_f32(float *y, const float *b, size_t n, size_t c)`; y holds n
@@ -234,16 +279,26 @@ impl Kernels {
     }
 
     /// How many row splits `bias_grad` uses for `rows` rows: the size, in `c` doubles each, of
-    /// the partial-sum workspace it needs.
+    /// the partial-sum workspace it needs. At most 4 blocks of 256 threads per multiprocessor,
+    /// so the vectorized kernel runs as one wave.
     pub(crate) fn bias_grad_splits(&self, rows: usize) -> usize {
-        rows.div_ceil(256).clamp(1, 1024)
+        rows.div_ceil(256).clamp(1, 4 * self.sms as usize)
+    }
+
+    /// Whether `bias_grad` of `c` columns at `dy` takes the vectorized path, the one that can
+    /// fuse the ReLU backward (`mask`): `c` a multiple of 4 dividing 1024, `dy` 16-byte aligned.
+    pub(crate) fn bias_grad_vectorizes(&self, c: usize, dy: u64) -> bool {
+        c % 4 == 0 && c > 0 && 1024 % c == 0 && aligned16(&[dy])
     }
 
     /// `db[j] = sum_r dy[r, j]` for dy `[rows, c]`, through `partial`, a workspace of
-    /// `bias_grad_splits(rows) * c` doubles.
+    /// `bias_grad_splits(rows) * c` doubles. With `mask != 0` (only where
+    /// [`Self::bias_grad_vectorizes`]), `dy` is first masked in place as [`Self::relu_bwd`]
+    /// does, in the same pass.
     pub(crate) fn bias_grad(
         &self,
         dy: u64,
+        mask: u64,
         partial: u64,
         db: u64,
         rows: usize,
@@ -253,27 +308,55 @@ impl Kernels {
             return Ok(());
         }
         let splits = self.bias_grad_splits(rows);
-        let rows_per_split = rows.div_ceil(splits).max(1);
-        let k = Kernel::BiasGradPartial;
-        let cfg = LaunchConfig {
-            grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: `bias_grad_partial_f32(const float *dy, double *partial, size_t rows,
-        // size_t c, size_t rows_per_split)`; dy holds rows*c floats, partial splits*c doubles,
-        // and the grid has exactly `splits` rows of blocks of 32x8 threads.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(k))
-                .arg(&dy)
-                .arg(&partial)
-                .arg(&rows)
-                .arg(&c)
-                .arg(&rows_per_split)
-                .launch(cfg)
+        if self.bias_grad_vectorizes(c, dy) {
+            let n4 = rows * c / 4;
+            let k = Kernel::BiasGradVec;
+            let cfg = LaunchConfig {
+                grid_dim: (splits as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `bias_grad_vec_f32(float *dy, const u32 *mask, double *partial, size_t n4,
+            // size_t c)`; dy holds 4 n4 = rows*c floats (16-byte aligned), mask is null or
+            // holds ceil(rows*c / 32) words, partial splits*c doubles; blocks of 256 threads and
+            // c divides 1024 (bias_grad_vectorizes), as the kernel needs.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(k))
+                    .arg(&dy)
+                    .arg(&mask)
+                    .arg(&partial)
+                    .arg(&n4)
+                    .arg(&c)
+                    .launch(cfg)
+            }
+            .map_err(driver(k.symbol()))?;
+        } else {
+            if mask != 0 {
+                self.relu_bwd(dy, mask, rows * c)?;
+            }
+            let rows_per_split = rows.div_ceil(splits).max(1);
+            let k = Kernel::BiasGradPartial;
+            let cfg = LaunchConfig {
+                grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `bias_grad_partial_f32(const float *dy, double *partial, size_t rows,
+            // size_t c, size_t rows_per_split)`; dy holds rows*c floats, partial splits*c
+            // doubles, and the grid has exactly `splits` rows of blocks of 32x8 threads.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(k))
+                    .arg(&dy)
+                    .arg(&partial)
+                    .arg(&rows)
+                    .arg(&c)
+                    .arg(&rows_per_split)
+                    .launch(cfg)
+            }
+            .map_err(driver(k.symbol()))?;
         }
-        .map_err(driver(k.symbol()))?;
         let k = Kernel::BiasGradFinish;
         // SAFETY: `bias_grad_finish_f32(const double *partial, float *db, size_t splits,
         // size_t c)`; partial holds splits*c doubles, db holds c floats.
@@ -291,20 +374,52 @@ impl Kernels {
     }
 
     /// In-place ReLU on `n` floats at `x`; `mask` (0 for none) receives `ceil(n/32)` words.
-    pub(crate) fn relu(&self, x: u64, mask: u64, n: usize) -> Result<(), TensorError> {
+    /// With `apply == false` `x` is only read: the mask of an `x` that is already ReLU'd.
+    pub(crate) fn relu(&self, x: u64, mask: u64, n: usize, apply: bool) -> Result<(), TensorError> {
         if n == 0 {
             return Ok(());
         }
+        let apply = i32::from(apply);
+        // Whole chunks of 128 floats (32 lanes x 16 bytes, 4 mask words) vectorized.
+        let chunks = if aligned16(&[x]) { n / 128 } else { 0 };
+        if chunks > 0 {
+            let k = Kernel::ReluVec;
+            // SAFETY: `relu_vec_f32(float *x, u32 *mask, size_t chunks, int apply)`; x holds
+            // at least 128 chunks floats, 16-byte aligned; mask is null or holds at least
+            // 4 chunks words; blocks are whole warps (256 threads), as the shuffles need.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(k))
+                    .arg(&x)
+                    .arg(&mask)
+                    .arg(&chunks)
+                    .arg(&apply)
+                    .launch(self.grid(chunks * 32))
+            }
+            .map_err(driver(k.symbol()))?;
+        }
+        let done = chunks * 128;
+        if done == n {
+            return Ok(());
+        }
+        let (xt, nt) = (x + 4 * done as u64, n - done);
+        let mt = if mask == 0 {
+            0
+        } else {
+            mask + 4 * (done / 32) as u64
+        };
         let k = Kernel::Relu;
-        // SAFETY: `relu_f32(float *x, u32 *mask, size_t n)`; x holds n floats, mask is null
-        // or holds ceil(n/32) words. Blocks are whole warps (256 threads), as the ballot needs.
+        // SAFETY: `relu_f32(float *x, u32 *mask, size_t n, int apply)`; the tail of x from
+        // element `done` (a multiple of 32) holds nt floats, the mask from word done/32 holds
+        // ceil(nt/32) words or is null. Blocks are whole warps (256 threads), as the ballot needs.
         unsafe {
             self.stream
                 .launch_builder(self.function(k))
-                .arg(&x)
-                .arg(&mask)
-                .arg(&n)
-                .launch(self.grid(n))
+                .arg(&xt)
+                .arg(&mt)
+                .arg(&nt)
+                .arg(&apply)
+                .launch(self.grid(nt))
         }
         .map(drop)
         .map_err(driver(k.symbol()))
@@ -315,16 +430,41 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
+        // Whole groups of 32 floats (8 float4s, one mask word) vectorized.
+        let n4 = if aligned16(&[dy]) { n / 32 * 8 } else { 0 };
+        if n4 > 0 {
+            let k = Kernel::ReluBwdVec;
+            // SAFETY: `relu_bwd_vec_f32(float *dy, const u32 *mask, size_t n4)`; dy holds at
+            // least 4 n4 floats, 16-byte aligned; mask at least n4/8 words.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(k))
+                    .arg(&dy)
+                    .arg(&mask)
+                    .arg(&n4)
+                    .launch(self.grid(n4))
+            }
+            .map_err(driver(k.symbol()))?;
+        }
+        let done = n4 * 4;
+        if done == n {
+            return Ok(());
+        }
+        let (dt, mt, nt) = (
+            dy + 4 * done as u64,
+            mask + 4 * (done / 32) as u64,
+            n - done,
+        );
         let k = Kernel::ReluBwd;
-        // SAFETY: `relu_bwd_f32(float *dy, const u32 *mask, size_t n)`; dy holds n floats,
-        // mask ceil(n/32) words.
+        // SAFETY: `relu_bwd_f32(float *dy, const u32 *mask, size_t n)`; from element `done` (a
+        // multiple of 32) dy holds nt floats and the mask, from word done/32, ceil(nt/32) words.
         unsafe {
             self.stream
                 .launch_builder(self.function(k))
-                .arg(&dy)
-                .arg(&mask)
-                .arg(&n)
-                .launch(self.grid(n))
+                .arg(&dt)
+                .arg(&mt)
+                .arg(&nt)
+                .launch(self.grid(nt))
         }
         .map(drop)
         .map_err(driver(k.symbol()))
@@ -393,10 +533,16 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let k = Kernel::Adam;
-        // SAFETY: `adam_f32(float *p, const float *g, float *m, float *v, AdamHyper h,
-        // size_t n)`; the four arrays hold n floats; AdamHyper's layout matches (see the
-        // DeviceRepr impl above).
+        let vec = aligned16(&[p, g, m, v]);
+        let (k, threads) = if vec {
+            (Kernel::AdamVec, (n / 4).max(n % 4))
+        } else {
+            (Kernel::Adam, n)
+        };
+        // SAFETY: `adam_f32` / `adam_vec_f32(float *p, const float *g, float *m, float *v,
+        // AdamHyper h, size_t n)`; the four arrays hold n floats (16-byte aligned for the vector
+        // kernel, whose grid has at least n % 4 threads in block 0 for the tail); AdamHyper's
+        // layout matches (see the DeviceRepr impl above).
         unsafe {
             self.stream
                 .launch_builder(self.function(k))
@@ -406,7 +552,7 @@ impl Kernels {
                 .arg(&v)
                 .arg(h)
                 .arg(&n)
-                .launch(self.grid(n))
+                .launch(self.grid(threads))
         }
         .map(drop)
         .map_err(driver(k.symbol()))

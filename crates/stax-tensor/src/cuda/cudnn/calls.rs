@@ -12,13 +12,17 @@ pub(super) fn cudnn(op: &'static str) -> impl FnOnce(result::CudnnError) -> Tens
     move |source| TensorError::Cudnn { op, source }
 }
 
-/// Tensor, filter and convolution descriptors of one geometry.
+/// Tensor, filter and convolution descriptors of one geometry, with the bias (`[1, c_out, 1,
+/// 1]` NHWC) and the two activations (identity, ReLU propagating NaN) of the fused forward.
 #[derive(Debug)]
 pub(super) struct Descriptors {
     x: sys::cudnnTensorDescriptor_t,
     w: sys::cudnnFilterDescriptor_t,
     y: sys::cudnnTensorDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
+    bias: sys::cudnnTensorDescriptor_t,
+    identity: sys::cudnnActivationDescriptor_t,
+    relu: sys::cudnnActivationDescriptor_t,
 }
 
 impl Drop for Descriptors {
@@ -29,6 +33,9 @@ impl Drop for Descriptors {
             let _ = result::destroy_filter_descriptor(self.w);
             let _ = result::destroy_tensor_descriptor(self.y);
             let _ = result::destroy_convolution_descriptor(self.conv);
+            let _ = result::destroy_tensor_descriptor(self.bias);
+            let _ = sys::cudnnDestroyActivationDescriptor(self.identity);
+            let _ = sys::cudnnDestroyActivationDescriptor(self.relu);
         }
     }
 }
@@ -51,6 +58,12 @@ impl Descriptors {
             y: result::create_tensor_descriptor().map_err(cudnn("cudnnCreateTensorDescriptor"))?,
             conv: result::create_convolution_descriptor()
                 .map_err(cudnn("cudnnCreateConvolutionDescriptor"))?,
+            bias: result::create_tensor_descriptor()
+                .map_err(cudnn("cudnnCreateTensorDescriptor"))?,
+            identity: result::create_activation_descriptor()
+                .map_err(cudnn("cudnnCreateActivationDescriptor"))?,
+            relu: result::create_activation_descriptor()
+                .map_err(cudnn("cudnnCreateActivationDescriptor"))?,
         };
         let (n, ci, co) = (int(g.n)?, int(g.c_in)?, int(g.c_out)?);
         // SAFETY: the descriptors were just created and are owned by `d`.
@@ -73,6 +86,23 @@ impl Descriptors {
                 f32t,
             )
             .map_err(cudnn("cudnnSetConvolution2dDescriptor"))?;
+            result::set_tensor4d_descriptor(d.bias, nhwc, f32t, [1, co, 1, 1])
+                .map_err(cudnn("cudnnSetTensor4dDescriptor(bias)"))?;
+            let nan = sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN;
+            result::set_activation_descriptor(
+                d.identity,
+                sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+                nan,
+                0.0,
+            )
+            .map_err(cudnn("cudnnSetActivationDescriptor(identity)"))?;
+            result::set_activation_descriptor(
+                d.relu,
+                sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+                nan,
+                0.0,
+            )
+            .map_err(cudnn("cudnnSetActivationDescriptor(relu)"))?;
         }
         let mut out = [0 as c_int; 4];
         // SAFETY: valid descriptors; four writable ints.
@@ -346,5 +376,47 @@ pub(super) fn execute(
             )
             .map_err(cudnn("cudnnConvolutionBackwardFilter")),
         }
+    }
+}
+
+/// The forward pass with its epilogue fused by cuDNN: `y = act(conv(x, w) + bias)`, `act` the
+/// identity or a ReLU (`relu`), with `algo` (cuDNN supports the identity only with
+/// `IMPLICIT_PRECOMP_GEMM`). `z` is `y` with weight 0: cuDNN reads no side input.
+pub(super) fn execute_bias_act(
+    handle: sys::cudnnHandle_t,
+    d: &Descriptors,
+    algo: sys::cudnnConvolutionFwdAlgo_t,
+    o: Operands,
+    bias: u64,
+    relu: bool,
+    ws: Option<&Allocation>,
+) -> Result<(), result::CudnnError> {
+    let (alpha1, alpha2) = (1.0f32, 0.0f32);
+    let bytes = ws.map_or(0, |w| w.bytes());
+    let act = if relu { d.relu } else { d.identity };
+    // SAFETY: live handle and descriptors; x, w, y are device buffers of the descriptors'
+    // shapes (checked by the caller), bias holds c_out floats, the workspace holds `bytes`
+    // bytes, which is what `algo` was chosen with; alpha1 and alpha2 are host f32 scalars.
+    unsafe {
+        result::convolution_bias_activation_forward(
+            handle,
+            (&alpha1 as *const f32).cast(),
+            d.x,
+            ptr(o.x),
+            d.w,
+            ptr(o.w),
+            d.conv,
+            algo,
+            ws_ptr(ws),
+            bytes,
+            (&alpha2 as *const f32).cast(),
+            d.y,
+            ptr(o.y),
+            d.bias,
+            ptr(bias),
+            act,
+            d.y,
+            o.y as *mut c_void,
+        )
     }
 }
