@@ -221,16 +221,59 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     println!("timing each op alone ({} reps):", p.reps);
     let in_act = (b * h * h * 3 * 4) as f64;
     let mask = (words * 4) as f64;
-    p.time("conv1 forward (+bias)", in_act + act, true, &mut || {
+    let gpu = p.gpu.clone();
+    // Each fused op, then (as references) its parts alone and the same with the epilogues
+    // unfused (bias and ReLU as their own passes).
+    p.time(
+        "conv1 forward + bias + relu1 (fused)",
+        in_act + act + mask,
+        true,
+        &mut || be.conv2d_relu(&x, &w1, &b1, &g1, &mut y1, &mut m1),
+    );
+    gpu.set_fused_epilogues(false);
+    p.time(
+        "conv1 forward + bias + relu1, unfused",
+        in_act + act + mask,
+        false,
+        &mut || be.conv2d_relu(&x, &w1, &b1, &g1, &mut y1, &mut m1),
+    );
+    p.time(
+        "conv1 forward (+bias), unfused",
+        in_act + act,
+        false,
+        &mut || be.conv2d(&x, &w1, &b1, &g1, &mut y1),
+    );
+    gpu.set_fused_epilogues(true);
+    p.time("conv1 forward (+bias)", in_act + act, false, &mut || {
         be.conv2d(&x, &w1, &b1, &g1, &mut y1)
     });
-    p.time("relu1 (+bit mask)", 2.0 * act + mask, true, &mut || {
+    p.time("relu1 (+bit mask)", 2.0 * act + mask, false, &mut || {
         be.relu(&mut y1, Some(&mut m1))
     });
-    p.time("conv2 forward (+bias)", 2.0 * act, true, &mut || {
+    p.time(
+        "conv2 forward + bias + relu2 (fused)",
+        2.0 * act + mask,
+        true,
+        &mut || be.conv2d_relu(&y1, &w2, &b2, &g2, &mut y2, &mut m2),
+    );
+    gpu.set_fused_epilogues(false);
+    p.time(
+        "conv2 forward + bias + relu2, unfused",
+        2.0 * act + mask,
+        false,
+        &mut || be.conv2d_relu(&y1, &w2, &b2, &g2, &mut y2, &mut m2),
+    );
+    p.time(
+        "conv2 forward (+bias), unfused",
+        2.0 * act,
+        false,
+        &mut || be.conv2d(&y1, &w2, &b2, &g2, &mut y2),
+    );
+    gpu.set_fused_epilogues(true);
+    p.time("conv2 forward (+bias)", 2.0 * act, false, &mut || {
         be.conv2d(&y1, &w2, &b2, &g2, &mut y2)
     });
-    p.time("relu2 (+bit mask)", 2.0 * act + mask, true, &mut || {
+    p.time("relu2 (+bit mask)", 2.0 * act + mask, false, &mut || {
         be.relu(&mut y2, Some(&mut m2))
     });
     let y2f = y2.reshape([b, feat])?;
@@ -273,25 +316,53 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     });
     let mut dy2v = dy2.reshape([b, h, h, c])?;
     drop(dy2);
-    p.time("relu2 backward", 2.0 * act + mask, true, &mut || {
+    p.time(
+        "relu2 bwd + conv2 bwd filter + bias grad (fused)",
+        4.0 * act + mask,
+        true,
+        &mut || be.conv2d_bwd_filter_relu(&y1, &mut dy2v, &m2, &g2, &mut dw2, &mut db),
+    );
+    gpu.set_fused_epilogues(false);
+    p.time(
+        "relu2 bwd + conv2 bwd filter + bias grad, unfused",
+        4.0 * act + mask,
+        false,
+        &mut || be.conv2d_bwd_filter_relu(&y1, &mut dy2v, &m2, &g2, &mut dw2, &mut db),
+    );
+    gpu.set_fused_epilogues(true);
+    p.time("relu2 backward", 2.0 * act + mask, false, &mut || {
         be.relu_bwd(&mut dy2v, &m2)
     });
     p.time(
         "conv2 backward filter (+bias grad)",
         2.0 * act,
-        true,
+        false,
         &mut || be.conv2d_bwd_filter(&y1, &dy2v, &g2, &mut dw2, &mut db),
     );
     p.time("conv2 backward data", 2.0 * act, true, &mut || {
         be.conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
     });
-    p.time("relu1 backward", 2.0 * act + mask, true, &mut || {
+    p.time(
+        "relu1 bwd + conv1 bwd filter + bias grad (fused)",
+        3.0 * act + in_act + mask,
+        true,
+        &mut || be.conv2d_bwd_filter_relu(&x, &mut dy1, &m1, &g1, &mut dw1, &mut db),
+    );
+    gpu.set_fused_epilogues(false);
+    p.time(
+        "relu1 bwd + conv1 bwd filter + bias grad, unfused",
+        3.0 * act + in_act + mask,
+        false,
+        &mut || be.conv2d_bwd_filter_relu(&x, &mut dy1, &m1, &g1, &mut dw1, &mut db),
+    );
+    gpu.set_fused_epilogues(true);
+    p.time("relu1 backward", 2.0 * act + mask, false, &mut || {
         be.relu_bwd(&mut dy1, &m1)
     });
     p.time(
         "conv1 backward filter (+bias grad)",
         in_act + act,
-        true,
+        false,
         &mut || be.conv2d_bwd_filter(&x, &dy1, &g1, &mut dw1, &mut db),
     );
     p.time("bias gradient alone, 64 channels", act, false, &mut || {
@@ -444,5 +515,9 @@ fn main() {
     gpu.allocator().empty_cache().ok();
     if args.steps > 0 {
         whole_step(&gpu, args.batch, args.img, args.steps);
+        gpu.set_fused_epilogues(false);
+        println!("(again with the epilogues unfused)");
+        whole_step(&gpu, args.batch, args.img, args.steps);
+        gpu.set_fused_epilogues(true);
     }
 }

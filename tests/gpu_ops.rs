@@ -99,6 +99,158 @@ fn conv2d_all_passes_match_cpu() {
     }
 }
 
+/// The ops that fuse a ReLU into the convolution (`conv2d_relu`, `conv2d_bwd_filter_relu`)
+/// against the CPU, whose defaults run the unfused ops. The mask must match the GPU's own
+/// output (TF32 may flip signs of near-zero values against the CPU), and the backward pass is
+/// given that mask on both backends.
+#[test]
+fn conv_relu_fused_ops_match_cpu() {
+    let extra: ConvCase = ([2, 24, 20, 64], (3, 3), 64, (1, 1), Padding::Same);
+    for precision in PRECISIONS {
+        let Some(gpu) = cuda_or_skip(&with_precision(precision)) else {
+            return;
+        };
+        let cpu = cpu();
+        for case in CONV_CASES.iter().chain([&extra]) {
+            let g = geometry(case);
+            let what = |pass: &str| format!("conv2d_relu {pass} {precision:?} {g:?}");
+            let dims = [g.n, g.h, g.w, g.c_in, g.kh, g.kw, g.c_out, g.stride_h];
+            let mut rng = Rng::new(seed_for("conv2d_relu", &dims));
+            let x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+            let w = rng.vec(g.filter_shape().numel(), -1.0, 1.0);
+            let b = rng.vec(g.c_out, -1.0, 1.0);
+            let dy = rng.vec(g.output_shape().numel(), -1.0, 1.0);
+            let (xg, xc) = on_both(&gpu, &cpu, &x, g.input_shape());
+            let (wg, wc) = on_both(&gpu, &cpu, &w, g.filter_shape());
+            let (bg, bc) = on_both(&gpu, &cpu, &b, [g.c_out]);
+            let n = g.output_shape().numel();
+            let words = n.div_ceil(32);
+            let tol = tolerance(precision);
+
+            let mut yg = poisoned(&gpu, g.output_shape(), DType::F32);
+            let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
+            let mut mg = poisoned(&gpu, [words], DType::U32);
+            let mut mc = poisoned(&cpu, [words], DType::U32);
+            gpu.conv2d_relu(&xg, &wg, &bg, &g, &mut yg, &mut mg)
+                .unwrap();
+            cpu.conv2d_relu(&xc, &wc, &bc, &g, &mut yc, &mut mc)
+                .unwrap();
+            let y_gpu = vec(&yg);
+            let e1 = assert_rel_close(&y_gpu, &vec(&yc), tol, &what("forward"));
+            let bits = mg.to_vec_u32().unwrap();
+            for (i, v) in y_gpu.iter().enumerate() {
+                let bit = bits[i / 32] >> (i % 32) & 1 == 1;
+                assert_eq!(bit, *v > 0.0, "{}: mask bit {i} vs y {v}", what("mask"));
+                assert!(
+                    *v >= 0.0,
+                    "{}: y[{i}] = {v} after the ReLU",
+                    what("forward")
+                );
+            }
+            if n % 32 != 0 {
+                assert_eq!(bits[words - 1] >> (n % 32), 0, "{}", what("mask tail"));
+            }
+            let (mgg, mcc) = {
+                let bytes: Vec<u8> = bits.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let mut on_cpu = Tensor::empty(&cpu, [words], DType::U32, Category::Other).unwrap();
+                cpu.upload(&bytes, &mut on_cpu).unwrap();
+                (mg, on_cpu)
+            };
+
+            let (mut dyg, mut dyc) = on_both(&gpu, &cpu, &dy, g.output_shape());
+            let mut dwg = poisoned(&gpu, g.filter_shape(), DType::F32);
+            let mut dbg = poisoned(&gpu, [g.c_out], DType::F32);
+            let mut dwc = poisoned(&cpu, g.filter_shape(), DType::F32);
+            let mut dbc = poisoned(&cpu, [g.c_out], DType::F32);
+            gpu.conv2d_bwd_filter_relu(&xg, &mut dyg, &mgg, &g, &mut dwg, &mut dbg)
+                .unwrap();
+            cpu.conv2d_bwd_filter_relu(&xc, &mut dyc, &mcc, &g, &mut dwc, &mut dbc)
+                .unwrap();
+            assert_close(&vec(&dyg), &vec(&dyc), 0.0, 0.0, &what("masked dy"));
+            let e2 = assert_rel_close(&vec(&dwg), &vec(&dwc), tol, &what("backward filter"));
+            let e3 = assert_rel_close(&vec(&dbg), &vec(&dbc), 1e-5, &what("bias gradient"));
+            println!("{} fwd {e1:.2e} bwd-filter {e2:.2e} db {e3:.2e}", what(""));
+        }
+    }
+}
+
+/// At the seed's shapes (batch 100, 200x200), where cuDNN picks the algorithm that fuses the
+/// bias and ReLU into its epilogue: fused and unfused runs agree, and so do the bias gradient
+/// fused with the ReLU backward and the separate passes. Too large for the CPU oracle.
+#[test]
+fn seed_conv_fused_epilogues_match_unfused() {
+    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+        return;
+    }
+    let private = CudaBackend::new(0, &with_precision(Precision::Tf32)).expect("open cuda:0");
+    let gpu: Arc<dyn Backend> = private.clone();
+    let s = (1, 1);
+    for (c_in, seed) in [(3usize, 1u64), (64, 2)] {
+        let g = Conv2dGeometry::new(
+            &[100, 200, 200, c_in].into(),
+            &[3, 3, c_in, 64].into(),
+            s,
+            Padding::Same,
+        )
+        .unwrap();
+        let mut rng = Rng::new(seed_for("seed_fused", &[c_in, seed as usize]));
+        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&gpu, [64], &mut rng);
+        let words = g.output_shape().numel().div_ceil(32);
+        let run = |fused: bool| {
+            private.set_fused_epilogues(fused);
+            let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+            let mut m = poisoned(&gpu, [words], DType::U32);
+            gpu.conv2d_relu(&x, &w, &b, &g, &mut y, &mut m).unwrap();
+            let mut plain = poisoned(&gpu, g.output_shape(), DType::F32);
+            gpu.conv2d(&x, &w, &b, &g, &mut plain).unwrap();
+            // Backward on a copy of the plain output as dy (real values, both signs).
+            let mut dy = plain.duplicate().unwrap();
+            let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+            let mut db = poisoned(&gpu, [64], DType::F32);
+            gpu.conv2d_bwd_filter_relu(&x, &mut dy, &m, &g, &mut dw, &mut db)
+                .unwrap();
+            let mut db_plain = poisoned(&gpu, [64], DType::F32);
+            gpu.bias_grad(&plain, &mut db_plain).unwrap();
+            private.set_fused_epilogues(true);
+            (
+                vec(&y),
+                m.to_vec_u32().unwrap(),
+                vec(&plain),
+                vec(&dy),
+                vec(&dw),
+                vec(&db),
+                vec(&db_plain),
+            )
+        };
+        let f = run(true);
+        let u = run(false);
+        let what = |t: &str| format!("seed conv {c_in}->64 fused vs unfused: {t}");
+        let e_y = assert_rel_close(&f.0, &u.0, 1e-5, &what("conv2d_relu y"));
+        let flipped: u32 =
+            f.1.iter()
+                .zip(&u.1)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+        assert!(
+            (flipped as usize) * 100_000 <= f.0.len(),
+            "{}: {flipped} mask bits differ",
+            what("mask")
+        );
+        let e_p = assert_rel_close(&f.2, &u.2, 1e-5, &what("conv2d"));
+        let e_dy = assert_rel_close(&f.3, &u.3, 1e-5, &what("masked dy"));
+        let e_dw = assert_rel_close(&f.4, &u.4, 1e-4, &what("dw"));
+        let e_db = assert_rel_close(&f.5, &u.5, 1e-5, &what("db"));
+        let e_dbp = assert_rel_close(&f.6, &u.6, 1e-5, &what("bias_grad"));
+        println!(
+            "{}: y {e_y:.2e}, mask bits flipped {flipped}, conv2d {e_p:.2e}, dy {e_dy:.2e}, \
+             dw {e_dw:.2e}, db {e_db:.2e}, bias_grad {e_dbp:.2e}",
+            what("")
+        );
+    }
+}
+
 #[test]
 fn matmul_all_transposes_match_cpu() {
     let shapes = [
@@ -139,13 +291,16 @@ fn bias_add_and_grad_match_cpu() {
         return;
     };
     let cpu = cpu();
-    let shapes: [&[usize]; 6] = [
+    let shapes: [&[usize]; 9] = [
         &[1, 1],
         &[7, 3],
         &[100, 128],
         &[2, 5, 5, 64],
         &[10000, 2],
         &[3, 37],
+        &[4096, 64],
+        &[100_000, 64],
+        &[513, 16],
     ];
     for shape in shapes {
         let mut rng = Rng::new(seed_for("bias", shape));

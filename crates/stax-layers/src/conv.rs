@@ -1,7 +1,7 @@
 //! `Conv`: 2-D convolution, NHWC input, HWIO kernel (stax's `Conv`).
 
 use crate::layer::{Init, ParamSpec, Saved};
-use crate::{Grads, Layer, LayerError, Params, StepContext};
+use crate::{Grads, Layer, LayerError, Params, Relu, StepContext};
 use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Shape, Tensor};
 
 /// stax's `Conv(out_chan, filter_shape, strides, padding)`: `y = conv(x, w) + b`.
@@ -135,6 +135,61 @@ impl Layer for Conv {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
+        self.backward(params, dy, None, cx, need_dx)
+    }
+
+    /// Conv then ReLU as one backend op ([`stax_tensor::Backend::conv2d_relu`]) in training
+    /// mode; saves the input, then the ReLU's mask, as the two layers would.
+    fn apply_then_relu(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
+        if !cx.is_training() {
+            let y = self.apply(params, x, cx)?;
+            return Relu.apply(&Params::Leaf(Vec::new()), y, cx);
+        }
+        let g = self.geometry(x.shape())?;
+        let wb = self.weights(params, x.shape())?;
+        let be = x.backend().clone();
+        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
+        let words = y.numel().div_ceil(32);
+        let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
+        be.conv2d_relu(&x, &wb[0], &wb[1], &g, &mut y, &mut mask)?;
+        cx.save(Saved::Tensors(vec![x]));
+        cx.save(Saved::Tensors(vec![mask]));
+        Ok(y)
+    }
+
+    /// The ReLU's backward fused with the kernel and bias gradients
+    /// ([`stax_tensor::Backend::conv2d_bwd_filter_relu`]).
+    fn vjp_through_relu(
+        &self,
+        params: &Params,
+        dy: Tensor,
+        cx: &mut StepContext,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Grads), LayerError> {
+        let mask = cx
+            .take_tensors(&Relu)?
+            .pop()
+            .ok_or_else(|| LayerError::NothingSaved { layer: Relu.name() })?;
+        self.backward(params, dy, Some(mask), cx, need_dx)
+    }
+}
+
+impl Conv {
+    /// The backward pass; with `mask`, `dy` is the gradient with respect to the output of the
+    /// ReLU that followed, masked here (fused with the bias gradient where the backend can).
+    fn backward(
+        &self,
+        params: &Params,
+        dy: Tensor,
+        mask: Option<Tensor>,
+        cx: &mut StepContext,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Grads), LayerError> {
         let x = cx
             .take_tensors(self)?
             .pop()
@@ -144,7 +199,17 @@ impl Layer for Conv {
         let be = dy.backend().clone();
         let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, Category::Gradient)?;
         let mut db = Tensor::empty(&be, [g.c_out], DType::F32, Category::Gradient)?;
-        be.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)?;
+        let dy = match mask {
+            Some(mask) => {
+                let mut dy = dy.into_unique()?;
+                be.conv2d_bwd_filter_relu(&x, &mut dy, &mask, &g, &mut dw, &mut db)?;
+                dy
+            }
+            None => {
+                be.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)?;
+                dy
+            }
+        };
         let dx = if need_dx {
             let mut dx = if x.is_unique() {
                 x

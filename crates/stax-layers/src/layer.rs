@@ -324,4 +324,45 @@ pub trait Layer: fmt::Debug + Send + Sync {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError>;
+
+    /// Whether this layer is a ReLU, which [`crate::Serial`] hands to the layer before it
+    /// ([`Layer::apply_then_relu`], [`Layer::vjp_through_relu`]) so the two can be fused.
+    fn is_relu(&self) -> bool {
+        false
+    }
+
+    /// `apply` followed by a ReLU, saving in `cx` exactly what `apply` then
+    /// [`crate::Relu`]'s `apply` would save (so either backward pass reads it). The default
+    /// runs the two; layers that can fuse the ReLU into their own op override it.
+    ///
+    /// # Errors
+    /// As `apply`.
+    fn apply_then_relu(
+        &self,
+        params: &Params,
+        x: Tensor,
+        cx: &mut StepContext,
+    ) -> Result<Tensor, LayerError> {
+        let y = self.apply(params, x, cx)?;
+        crate::Relu.apply(&Params::Leaf(Vec::new()), y, cx)
+    }
+
+    /// The backward pass of `apply_then_relu` (or of `apply` then a ReLU): `dy` is the
+    /// gradient with respect to the ReLU's output; returns what `vjp` returns. The default runs
+    /// the ReLU's backward, then `vjp`.
+    ///
+    /// # Errors
+    /// As `vjp`.
+    fn vjp_through_relu(
+        &self,
+        params: &Params,
+        dy: Tensor,
+        cx: &mut StepContext,
+        need_dx: bool,
+    ) -> Result<(Option<Tensor>, Grads), LayerError> {
+        let relu = crate::Relu;
+        let (dx, _) = relu.vjp(&Params::Leaf(Vec::new()), dy, cx, true)?;
+        let dx = dx.ok_or_else(|| LayerError::NothingSaved { layer: relu.name() })?;
+        self.vjp(params, dx, cx, need_dx)
+    }
 }

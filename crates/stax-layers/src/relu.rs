@@ -17,6 +17,10 @@ impl Layer for Relu {
         "relu".into()
     }
 
+    fn is_relu(&self) -> bool {
+        true
+    }
+
     fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError> {
         Ok(input.clone())
     }

@@ -112,10 +112,18 @@ impl Layer for Serial {
         cx: &mut StepContext,
     ) -> Result<Tensor, LayerError> {
         let children = self.children(params)?;
-        self.0
-            .iter()
-            .zip(children)
-            .try_fold(x, |x, (layer, p)| layer.apply(p, x, cx))
+        let mut x = x;
+        let mut i = 0;
+        while i < self.0.len() {
+            if self.relu_follows(children, i) {
+                x = self.0[i].apply_then_relu(&children[i], x, cx)?;
+                i += 2;
+            } else {
+                x = self.0[i].apply(&children[i], x, cx)?;
+                i += 1;
+            }
+        }
+        Ok(x)
     }
 
     /// Backward through the layers in reverse; only the first layer's `need_dx` is the
@@ -130,15 +138,37 @@ impl Layer for Serial {
         let children = self.children(params)?;
         let mut grads = Vec::with_capacity(self.0.len());
         let mut dy = Some(dy);
-        for (i, (layer, p)) in self.0.iter().zip(children).enumerate().rev() {
+        let mut end = self.0.len();
+        while end > 0 {
+            let i = end - 1;
             let d = dy.take().ok_or_else(|| LayerError::NothingSaved {
-                layer: layer.name(),
+                layer: self.0[i].name(),
             })?;
-            let (dx, g) = layer.vjp(p, d, cx, i > 0 || need_dx)?;
-            grads.push(g);
-            dy = dx;
+            if i > 0 && self.relu_follows(children, i - 1) {
+                let (dx, g) =
+                    self.0[i - 1].vjp_through_relu(&children[i - 1], d, cx, i > 1 || need_dx)?;
+                grads.push(Params::Leaf(Vec::new()));
+                grads.push(g);
+                dy = dx;
+                end -= 2;
+            } else {
+                let (dx, g) = self.0[i].vjp(&children[i], d, cx, i > 0 || need_dx)?;
+                grads.push(g);
+                dy = dx;
+                end -= 1;
+            }
         }
         grads.reverse();
         Ok((dy, Params::Seq(grads)))
+    }
+}
+
+impl Serial {
+    /// Whether layer `i + 1` is a ReLU with its (empty) parameters, so that layer `i` runs it
+    /// ([`Layer::apply_then_relu`], [`Layer::vjp_through_relu`]: one fused op where the layer
+    /// can). Otherwise the ReLU runs alone (and reports bad parameters itself).
+    fn relu_follows(&self, children: &[Params], i: usize) -> bool {
+        self.0.get(i + 1).is_some_and(|l| l.is_relu())
+            && matches!(children.get(i + 1), Some(Params::Leaf(v)) if v.is_empty())
     }
 }

@@ -207,12 +207,11 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut others = Vec::new();
     if !args.tests_only {
         if root.join("examples/stax_cnn.rs").exists() {
-            others.extend(build(
-                &root,
-                &["build", "--release", "--example", "stax_cnn"],
-                "examples",
-                Some("example"),
-            )?);
+            let mut cmd = vec!["build", "--release", "--example", "stax_cnn"];
+            if root.join("examples/step_profile.rs").exists() {
+                cmd.extend(["--example", "step_profile"]);
+            }
+            others.extend(build(&root, &cmd, "examples", Some("example"))?);
         } else {
             eprintln!("gpu-bundle: examples/stax_cnn.rs does not exist yet; no example bundled");
         }
