@@ -189,6 +189,7 @@ fn budget_b_and_b_plus_one() {
         panic!("expected the step's out-of-memory error, got {e}");
     };
     assert_eq!((oom.batch, oom.last_finished_step), (b + 1, 1));
+    assert!(oom.buffer.is_some(), "the plan names the failed buffer");
     assert_eq!(
         state,
         (values(trainer.params()), values(&trainer.state().mu))

@@ -29,6 +29,9 @@ pub struct CategoryStats {
     pub allocated: u64,
     /// Peak of `live` since the allocator started or [`reset_peak`](crate::Allocator::reset_peak).
     pub peak: u64,
+    /// Number of allocations of this category served since the allocator started (never
+    /// reset), so a caller can tell how far a known sequence of allocations got.
+    pub allocs: u64,
 }
 
 /// Exact allocator statistics at one instant. All sizes are bytes.
@@ -165,6 +168,7 @@ impl Counters {
         let c = &mut self.by_category[category.index()];
         c.live += requested;
         c.allocated += allocated;
+        c.allocs += 1;
         c.peak = c.peak.max(c.live);
         self.peak_allocated = self.peak_allocated.max(self.allocated);
         if self.requested >= self.peak_requested {

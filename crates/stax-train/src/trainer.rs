@@ -9,7 +9,7 @@ use crate::TrainError;
 use crate::plan::{self, MemoryPlan};
 use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
 use crate::staging::HostStaging;
-use stax_alloc::{Allocator, OomReport, TraceOp};
+use stax_alloc::{Allocator, Category, OomReport, TraceOp};
 use stax_layers::{Layer, LayerError, Params, Rng, StepContext, softmax_cross_entropy};
 use stax_optim::{Adam, AdamState, OptimError};
 use stax_tensor::{Backend, Shape, Tensor, TensorError};
@@ -104,10 +104,44 @@ pub(crate) fn oom_of(e: &TrainError) -> Option<&OomReport> {
     }
 }
 
-/// Allocations the allocator has served. (Frees are not counted: when a step fails, its
-/// temporaries are freed on the way out, before the error is seen.)
-fn allocations(a: &Allocator) -> u64 {
-    a.stats().allocs
+/// Allocations the allocator has served, per category. (Frees are not counted: when a step
+/// fails, its temporaries are freed on the way out, before the error is seen.)
+fn allocations(a: &Allocator) -> [u64; 7] {
+    a.stats().by_category.map(|c| c.allocs)
+}
+
+/// The plan's name for the request that failed after `done[c]` allocations of each category
+/// `c` succeeded: the next planned allocation of its category. A failed workspace request is
+/// named after the layer of the last other allocation made (backends may cut an op's workspace
+/// into more blocks than the plan's one, so workspace counts need not match).
+fn failed_buffer(plan: &MemoryPlan, request: &OomReport, done: [u64; 7]) -> Option<String> {
+    let allocs = || {
+        plan.timeline
+            .events
+            .iter()
+            .filter(|e| e.op == TraceOp::Alloc)
+    };
+    let ws = Category::Workspace;
+    if request.category == ws {
+        let others: u64 = Category::ALL
+            .iter()
+            .filter(|&&c| c != ws)
+            .map(|c| done[c.index()])
+            .sum();
+        let last = usize::try_from(others).ok()?.checked_sub(1);
+        let layer = match last {
+            Some(k) => allocs().filter(|e| e.category != ws).nth(k)?.name.clone(),
+            None => allocs().find(|e| e.category == ws)?.name.clone(),
+        };
+        let layer = layer.split('.').next().unwrap_or_default();
+        return Some(format!("{layer}.workspace"));
+    }
+    let k = usize::try_from(done[request.category.index()]).ok()?;
+    allocs()
+        .filter(|e| e.category == request.category)
+        .nth(k)
+        .filter(|e| e.bytes == request.requested)
+        .map(|e| e.name.clone())
 }
 
 /// A model, its parameters and Adam state on one backend.
@@ -228,7 +262,11 @@ impl<L: Layer> Trainer<L> {
             step,
             &mut |_| {},
         )
-        .map_err(|e| self.explain(e, x.dims()[0], allocations(&allocator) - first))?;
+        .map_err(|e| {
+            let now = allocations(&allocator);
+            let done = std::array::from_fn(|i| now[i] - first[i]);
+            self.explain(e, x.dims()[0], done)
+        })?;
         self.backend.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
         self.steps = step;
@@ -256,9 +294,9 @@ impl<L: Layer> Trainer<L> {
     }
 
     /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`];
-    /// other errors pass through. `done` is the number of the step's allocations that
-    /// succeeded: the failed request is the plan's next one.
-    fn explain(&self, e: TrainError, batch: usize, done: u64) -> TrainError {
+    /// other errors pass through. `done` counts the step's allocations that succeeded, per
+    /// category: the failed request is the plan's next one of its category.
+    fn explain(&self, e: TrainError, batch: usize, done: [u64; 7]) -> TrainError {
         let Some(request) = oom_of(&e).cloned() else {
             return e;
         };
@@ -272,14 +310,7 @@ impl<L: Layer> Trainer<L> {
             &self.backend,
         );
         let (buffer, planned_peak) = match &plan {
-            Ok(p) => {
-                let mut allocs = p.timeline.events.iter().filter(|e| e.op == TraceOp::Alloc);
-                let hit = usize::try_from(done).ok().and_then(|k| allocs.nth(k));
-                let name = hit
-                    .filter(|ev| ev.bytes == request.requested && ev.category == request.category)
-                    .map(|ev| ev.name.clone());
-                (name, Some(p.peak.bytes))
-            }
+            Ok(p) => (failed_buffer(p, &request, done), Some(p.peak.bytes)),
             Err(_) => (None, None),
         };
         let max_batch = plan::default_budget(&*self.backend)
