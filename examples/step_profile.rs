@@ -503,13 +503,14 @@ fn main() {
     p.print();
     for plan in gpu.conv_plans() {
         println!(
-            "conv plan {:?} c_in {} -> c_out {}: {} {} workspace {} B",
+            "conv plan {:?} c_in {} -> c_out {}: {} {} workspace {} B {}",
             plan.pass,
             plan.geometry.c_in,
             plan.geometry.c_out,
             plan.algorithm,
             plan.math,
-            plan.workspace_bytes
+            plan.workspace_bytes,
+            plan.epilogue
         );
     }
     gpu.allocator().empty_cache().ok();

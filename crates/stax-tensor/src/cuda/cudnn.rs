@@ -51,6 +51,9 @@ pub struct ConvPlanInfo {
     /// Every candidate cuDNN's heuristics listed, with its workspace need and, for those that
     /// were timed, the time: what the choice was made from.
     pub candidates: Vec<ConvCandidate>,
+    /// For the forward pass: how the bias (and a following ReLU) ran last, `fused` (in
+    /// cuDNN's epilogue), `separate` (our own passes), or why cuDNN refused to fuse them.
+    pub epilogue: String,
 }
 
 /// One algorithm cuDNN offered for a pass.
@@ -106,9 +109,11 @@ struct Plan {
     chosen: [Option<Choice>; 3],
     candidates: [Vec<ConvCandidate>; 3],
     layout_bytes: [usize; 3],
-    /// Set once cuDNN refused the fused bias + activation forward for this geometry, which
-    /// then runs as the plain forward and our own epilogue kernels.
-    no_fused_epilogue: bool,
+    /// Set once cuDNN refused the fused bias + activation forward for this geometry (its
+    /// status), which then runs as the plain forward and our own epilogue kernels.
+    no_fused_epilogue: Option<String>,
+    /// Whether the last forward pass ran its epilogue fused.
+    fused_last: bool,
 }
 
 /// What the fused forward adds after the convolution: the bias, then optionally a ReLU.
@@ -186,6 +191,12 @@ impl Dnn {
                     layout_bytes: plan.layout_bytes[pass as usize],
                     time_ms: c.time_ms,
                     candidates: plan.candidates[pass as usize].clone(),
+                    epilogue: match (pass, &plan.no_fused_epilogue, plan.fused_last) {
+                        (ConvPass::Forward, Some(why), _) => format!("separate ({why})"),
+                        (ConvPass::Forward, None, true) => "fused".into(),
+                        (ConvPass::Forward, None, false) => "separate".into(),
+                        _ => String::new(),
+                    },
                 });
             }
         }
@@ -287,29 +298,20 @@ impl Dnn {
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
         if let Algo::Fwd(algo) = choice.algo
             && algo == precomp
-            && !plan.no_fused_epilogue
+            && plan.no_fused_epilogue.is_none()
         {
-            match execute_bias_act(
-                handle,
-                &plan.desc,
-                algo,
-                ops,
-                epi.bias,
-                epi.relu,
-                ws.as_ref(),
-            ) {
-                Ok(()) => return Ok(true),
-                Err(e) if e.0 == sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED => {
-                    plan.no_fused_epilogue = true;
+            // Any refusal (the output is then untouched) falls back to the separate epilogue,
+            // for good: the status is kept for the plan report.
+            let (bias, relu) = (epi.bias, epi.relu);
+            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, ws.as_ref()) {
+                Ok(()) => {
+                    plan.fused_last = true;
+                    return Ok(true);
                 }
-                Err(source) => {
-                    return Err(TensorError::Cudnn {
-                        op: "cudnnConvolutionBiasActivationForward",
-                        source,
-                    });
-                }
+                Err(e) => plan.no_fused_epilogue = Some(format!("{:?}", e.0)),
             }
         }
+        plan.fused_last = false;
         execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())?;
         Ok(false)
     }
@@ -333,7 +335,8 @@ fn plan_and_choice<'s>(
             chosen: [None; 3],
             candidates: Default::default(),
             layout_bytes: [0; 3],
-            no_fused_epilogue: false,
+            no_fused_epilogue: None,
+            fused_last: false,
         }),
     };
     plan.layout_bytes[pass as usize] = conv.layout_bytes;
