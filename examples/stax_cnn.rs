@@ -173,6 +173,11 @@ fn show_plan(
     backend: &Arc<dyn stax::Backend>,
 ) -> Result<(), Error> {
     println!("{plan}");
+    println!(
+        "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
+        backend.allocator().strategy(),
+        human_bytes(plan.min_budget()?)
+    );
     let budget = budget(args)?;
     let model = seed_model(plan.labels.dims()[1]);
     match max_batch_that_fits(&model, &plan.input, &Adam::new(args.lr), backend, budget) {
