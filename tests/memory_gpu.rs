@@ -12,68 +12,17 @@ mod common;
 
 use std::sync::Arc;
 
+#[path = "support/memory_models.rs"]
+mod models;
+
+use models::{batch, deep_model, seed_model, strided_model};
+
+use stax::Params;
 use stax::alloc::{Category, Strategy};
-use stax::layers::Padding;
 use stax::tensor::cuda::{CudaBackend, DEFAULT_WORKSPACE_LIMIT};
 use stax::train::plan::MemoryPlan;
 use stax::train::{TrainError, Trainer};
-use stax::{Adam, Backend, BackendOptions, Conv, Dense, Flatten, Relu, Serial, Shape, Tensor};
-use stax::{Params, serial};
-
-fn seed_model() -> Serial {
-    serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(2)
-    ]
-}
-
-fn strided_model() -> Serial {
-    serial![
-        Conv::new(8, (3, 3), (2, 2), Padding::Same),
-        Relu,
-        Conv::new(16, (2, 2), (1, 1), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(10),
-        Relu,
-        Dense(3)
-    ]
-}
-
-fn deep_model() -> Serial {
-    serial![
-        Conv::new(4, (1, 1), (1, 1), Padding::Valid),
-        Relu,
-        Conv::new(6, (5, 5), (2, 1), Padding::Same),
-        Relu,
-        Conv::new(6, (3, 3), (1, 1), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(16),
-        Relu,
-        Dense(3)
-    ]
-}
-
-fn batch(be: &Arc<dyn Backend>, input: &Shape, classes: usize) -> (Tensor, Tensor) {
-    let n = input.dims()[0];
-    let images: Vec<f32> = (0..input.numel())
-        .map(|i| ((i * 7919 % 997) as f32 / 997.0) - 0.5)
-        .collect();
-    let mut labels = vec![0f32; n * classes];
-    for i in 0..n {
-        labels[i * classes + i % classes] = 1.0;
-    }
-    let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
-    let y = Tensor::from_slice(be, &labels, [n, classes], Category::Input).unwrap();
-    (x, y)
-}
+use stax::{Adam, Backend, BackendOptions, Serial, Shape};
 
 fn values(p: &Params) -> Vec<Vec<f32>> {
     p.leaves().iter().map(|t| t.to_vec().unwrap()).collect()

@@ -7,56 +7,16 @@
 
 use std::sync::Arc;
 
+#[path = "support/memory_models.rs"]
+mod models;
+
+use models::{batch, deep_model, seed_model, strided_model};
+
 use stax::alloc::{Category, TraceOp};
-use stax::layers::Padding;
 use stax::train::export::{XAxis, perfetto_json, stacked_series};
 use stax::train::plan::MemoryPlan;
 use stax::train::{StepReport, Trainer};
-use stax::{Adam, Backend, BackendOptions, Conv, Dense, Device, Flatten, Relu, Serial, Shape};
-use stax::{Tensor, serial};
-
-fn seed_model() -> Serial {
-    serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(2)
-    ]
-}
-
-/// Strided SAME, an even VALID kernel.
-fn strided_model() -> Serial {
-    serial![
-        Conv::new(8, (3, 3), (2, 2), Padding::Same),
-        Relu,
-        Conv::new(16, (2, 2), (1, 1), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(10),
-        Relu,
-        Dense(3)
-    ]
-}
-
-/// Deeper: a pointwise conv (no workspace), mixed strides, three convs.
-fn deep_model() -> Serial {
-    serial![
-        Conv::new(4, (1, 1), (1, 1), Padding::Valid),
-        Relu,
-        Conv::new(6, (5, 5), (2, 1), Padding::Same),
-        Relu,
-        Conv::new(6, (3, 3), (1, 1), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(16),
-        Relu,
-        Dense(3)
-    ]
-}
+use stax::{Adam, Backend, BackendOptions, Device, Serial, Shape};
 
 fn cpu(workspace_limit: Option<usize>) -> Arc<dyn Backend> {
     let options = BackendOptions {
@@ -64,21 +24,6 @@ fn cpu(workspace_limit: Option<usize>) -> Arc<dyn Backend> {
         ..BackendOptions::default()
     };
     Device::Cpu.open(&options).unwrap()
-}
-
-/// A placed batch: deterministic images, one-hot labels.
-fn batch(be: &Arc<dyn Backend>, input: &Shape, classes: usize) -> (Tensor, Tensor) {
-    let n = input.dims()[0];
-    let images: Vec<f32> = (0..input.numel())
-        .map(|i| ((i * 7919 % 997) as f32 / 997.0) - 0.5)
-        .collect();
-    let mut labels = vec![0f32; n * classes];
-    for i in 0..n {
-        labels[i * classes + i % classes] = 1.0;
-    }
-    let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
-    let y = Tensor::from_slice(be, &labels, [n, classes], Category::Input).unwrap();
-    (x, y)
 }
 
 fn assert_matches(plan: &MemoryPlan, r: &StepReport) {

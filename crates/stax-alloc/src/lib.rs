@@ -69,8 +69,13 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// `1310876424` -> `"1,310,876,424"`.
-fn group_digits(n: u64) -> String {
+/// A byte (or any) count with thousands separators, as tables print exact figures.
+///
+/// ```
+/// assert_eq!(stax_alloc::group_digits(1_310_876_424), "1,310,876,424");
+/// assert_eq!(stax_alloc::group_digits(512), "512");
+/// ```
+pub fn group_digits(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, ch) in s.chars().enumerate() {

@@ -6,7 +6,7 @@
 //! ([`TensorError::DeviceMismatch`]), that shapes and dtypes fit ([`TensorError::Shape`],
 //! [`TensorError::DType`]) and that outputs are not shared ([`TensorError::Aliased`]).
 
-use crate::{Conv2dGeometry, Device, Tensor, TensorError};
+use crate::{Conv2dGeometry, Device, Shape, Tensor, TensorError};
 use stax_alloc::{Allocator, Strategy};
 use std::fmt;
 use std::sync::Arc;
@@ -132,6 +132,40 @@ pub enum WorkspaceOp {
         /// Classes.
         classes: usize,
     },
+}
+
+/// `(m, n, k)` of [`Backend::matmul`]'s `op(a) · op(b)` for operands of shapes `a` and `b`:
+/// `op(a)` is `[m, k]`, `op(b)` is `[k, n]` (shared by the backends' checks).
+///
+/// # Errors
+/// [`TensorError::Shape`] (naming `op`) when an operand is not a matrix or the contracted
+/// dimensions differ.
+pub fn matmul_dims(
+    op: &'static str,
+    a: &Shape,
+    b: &Shape,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Result<(usize, usize, usize), TensorError> {
+    let dims = |s: &Shape, what: &str| match *s.dims() {
+        [r, c] => Ok((r, c)),
+        _ => Err(TensorError::Shape {
+            op,
+            reason: format!("{what} must be a 2-D matrix"),
+            got: s.clone(),
+        }),
+    };
+    let ((ra, ca), (rb, cb)) = (dims(a, "a")?, dims(b, "b")?);
+    let (m, k) = if transpose_a { (ca, ra) } else { (ra, ca) };
+    let (k2, n) = if transpose_b { (cb, rb) } else { (rb, cb) };
+    if k != k2 {
+        return Err(TensorError::Shape {
+            op,
+            reason: format!("op(a) is [{m}, {k}] but op(b) is [{k2}, {n}]"),
+            got: b.clone(),
+        });
+    }
+    Ok((m, n, k))
 }
 
 /// A compute backend: owns an allocator and computes the ops of a stax training step.

@@ -24,7 +24,9 @@ pub mod geometry;
 pub mod shape;
 pub mod tensor;
 
-pub use backend::{AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp};
+pub use backend::{
+    AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp, matmul_dims,
+};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::TensorError;

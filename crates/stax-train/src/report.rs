@@ -7,6 +7,7 @@
 //! table; the JSON (serde) has everything. [`StepOom`] is a step's out-of-memory diagnosis.
 
 use serde::Serialize;
+pub(crate) use stax_alloc::group_digits as group;
 use stax_alloc::{Allocator, Category, OomReport, Stats, human_bytes};
 use stax_tensor::{Backend, TensorError};
 use std::fmt::{self, Write as _};
@@ -201,19 +202,6 @@ impl MemoryReport {
         }
         out
     }
-}
-
-/// `1310876424` -> `"1,310,876,424"`.
-pub(crate) fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 impl fmt::Display for MemoryReport {

@@ -133,18 +133,6 @@ fn gemm_error(op: &'static str, m: usize, k: usize, n: usize) -> TensorError {
     }
 }
 
-/// Rows and columns of a rank-2 tensor, or a [`TensorError::Shape`] naming `what`.
-fn matrix_dims(t: &Tensor, what: &str) -> Result<(usize, usize), TensorError> {
-    match *t.dims() {
-        [r, c] => Ok((r, c)),
-        _ => Err(TensorError::Shape {
-            op: OP,
-            reason: format!("{what} must be a 2-D matrix"),
-            got: t.shape().clone(),
-        }),
-    }
-}
-
 const OP: &str = "matmul";
 
 /// `c = op(a) · op(b)` for row-major 2-D f32 tensors (see [`crate::Backend::matmul`]):
@@ -161,19 +149,9 @@ pub(crate) fn matmul(
     transpose_b: bool,
     c: &mut Tensor,
 ) -> Result<(), TensorError> {
-    let (ra, ca) = matrix_dims(a, "a")?;
-    let (rb, cb) = matrix_dims(b, "b")?;
-    matrix_dims(c, "c")?;
-    let (m, k) = if transpose_a { (ca, ra) } else { (ra, ca) };
-    let (k2, n) = if transpose_b { (cb, rb) } else { (rb, cb) };
-    if k != k2 {
-        return Err(TensorError::Shape {
-            op: OP,
-            reason: format!("op(a) is [{m}, {k}] but op(b) is [{k2}, {n}]"),
-            got: b.shape().clone(),
-        });
-    }
+    let (m, n, _) = crate::matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
     c.expect_shape(OP, &[m, n].into())?;
+    let ((ra, ca), (rb, cb)) = ((a.dims()[0], a.dims()[1]), (b.dims()[0], b.dims()[1]));
     let mut av = MatRef::row_major(data(OP, a)?, ra, ca);
     let mut bv = MatRef::row_major(data(OP, b)?, rb, cb);
     if transpose_a {

@@ -294,17 +294,8 @@ impl Backend for PlanBackend {
         c: &mut Tensor,
     ) -> Result<(), TensorError> {
         const OP: &str = "matmul";
-        let dims = |t: &Tensor| match *t.dims() {
-            [r, c] => Ok((r, c)),
-            _ => Err(TensorError::Shape {
-                op: OP,
-                reason: "expected a 2-D matrix".into(),
-                got: t.shape().clone(),
-            }),
-        };
-        let ((ar, ac), (br, bc)) = (dims(a)?, dims(b)?);
-        let (m, k) = if transpose_a { (ac, ar) } else { (ar, ac) };
-        let n_cols = if transpose_b { br } else { bc };
+        let (m, n_cols, k) =
+            stax_tensor::matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
         output(OP, c, &Shape::new([m, n_cols]))?;
         let layer = {
             let mut n = self.namer();
