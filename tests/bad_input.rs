@@ -18,7 +18,11 @@ fn small_trainer(be: &Arc<dyn Backend>) -> Trainer<stax::Serial> {
 }
 
 fn values(t: &Trainer<stax::Serial>) -> Vec<Vec<f32>> {
-    t.params().leaves().iter().map(|p| p.to_vec().unwrap()).collect()
+    t.params()
+        .leaves()
+        .iter()
+        .map(|p| p.to_vec().unwrap())
+        .collect()
 }
 
 fn tensor(be: &Arc<dyn Backend>, shape: &[usize], value: f32) -> Tensor {
@@ -33,10 +37,18 @@ fn image_shape_that_does_not_match_the_model() {
     let y = tensor(&be, &[4, 2], 0.5);
     for shape in [[4, 7, 6, 3], [4, 6, 6, 1], [0, 6, 6, 3]] {
         let err = t.step(&tensor(&be, &shape, 0.1), &y).unwrap_err();
-        assert!(matches!(err, TrainError::BatchShape { what: "images", .. }), "{err}");
+        assert!(
+            matches!(err, TrainError::BatchShape { what: "images", .. }),
+            "{err}"
+        );
     }
-    let err = t.step(&tensor(&be, &[4, 6, 6, 3], 0.1), &tensor(&be, &[4, 3], 0.5)).unwrap_err();
-    assert!(matches!(err, TrainError::BatchShape { what: "labels", .. }), "{err}");
+    let err = t
+        .step(&tensor(&be, &[4, 6, 6, 3], 0.1), &tensor(&be, &[4, 3], 0.5))
+        .unwrap_err();
+    assert!(
+        matches!(err, TrainError::BatchShape { what: "labels", .. }),
+        "{err}"
+    );
     assert_eq!(t.steps(), 0);
 }
 
@@ -46,8 +58,13 @@ fn nan_in_placed_inputs_is_reported_and_not_trained_on() {
     let mut t = small_trainer(&be);
     let before = values(&t);
     let y = tensor(&be, &[4, 2], 0.5);
-    let err = t.step(&tensor(&be, &[4, 6, 6, 3], f32::NAN), &y).unwrap_err();
-    assert!(matches!(err, TrainError::NonFiniteLoss { step: 1, .. }), "{err}");
+    let err = t
+        .step(&tensor(&be, &[4, 6, 6, 3], f32::NAN), &y)
+        .unwrap_err();
+    assert!(
+        matches!(err, TrainError::NonFiniteLoss { step: 1, .. }),
+        "{err}"
+    );
     assert_eq!(values(&t), before, "parameters changed by a NaN batch");
     assert_eq!(t.state().count, 0);
     // the trainer still works afterwards, and its memory is back to the persistent bytes
@@ -61,15 +78,24 @@ fn nan_in_a_dataset_is_reported_at_load() {
     let mut px = vec![0.5f32; 2 * 2 * 2];
     px[5] = f32::NAN;
     let err = Dataset::new(Pixels::F32(px), 2, 2, 2, 1, vec![0, 1], 2).unwrap_err();
-    assert!(matches!(err, TrainError::NonFinite { index: 1, .. }), "{err}");
+    assert!(
+        matches!(err, TrainError::NonFinite { index: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("NaN"), "{err}");
 }
 
 #[test]
 fn data_set_and_batch_errors() {
     let ds = Dataset::new(Pixels::U8(vec![1; 3 * 4]), 3, 2, 2, 1, vec![0, 1, 1], 2).unwrap();
-    assert!(matches!(Loader::new(ds.len(), 4, 0), Err(TrainError::BatchTooLarge { batch: 4, len: 3 })));
-    assert!(matches!(Loader::new(0, 1, 0), Err(TrainError::EmptyDataset { .. })));
+    assert!(matches!(
+        Loader::new(ds.len(), 4, 0),
+        Err(TrainError::BatchTooLarge { batch: 4, len: 3 })
+    ));
+    assert!(matches!(
+        Loader::new(0, 1, 0),
+        Err(TrainError::EmptyDataset { .. })
+    ));
     let err = Dataset::new(Pixels::U8(vec![1; 4]), 1, 2, 2, 1, vec![2], 2).unwrap_err();
     assert!(matches!(err, TrainError::LabelOutOfRange { .. }), "{err}");
 }
@@ -77,9 +103,17 @@ fn data_set_and_batch_errors() {
 #[test]
 fn a_model_that_does_not_fit_the_input_fails_in_init() {
     let be = cpu();
-    let model = serial![Conv::new(2, (5, 5), (1, 1), stax::Padding::Valid), Flatten, Dense(2)];
+    let model = serial![
+        Conv::new(2, (5, 5), (1, 1), stax::Padding::Valid),
+        Flatten,
+        Dense(2)
+    ];
     let before = be.allocator().stats().requested;
     let err = Trainer::new(model, Shape::new([1, 3, 3, 1]), Adam::new(1e-3), &be, 0).unwrap_err();
     assert!(err.to_string().contains("conv(2, 5x5"), "{err}");
-    assert_eq!(be.allocator().stats().requested, before, "init allocated before failing");
+    assert_eq!(
+        be.allocator().stats().requested,
+        before,
+        "init allocated before failing"
+    );
 }

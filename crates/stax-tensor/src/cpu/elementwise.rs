@@ -241,7 +241,10 @@ mod tests {
         let be = backend();
         let mut x = tensor(&be, &[-1.0, 0.0, 2.0, f32::NAN, f32::INFINITY], [5]);
         be.relu(&mut x, None).unwrap();
-        assert_eq!(x.to_vec().unwrap(), vec![0.0, 0.0, 2.0, 0.0, f32::INFINITY]);
+        let y = x.to_vec().unwrap();
+        // NaN propagates, as jnp.maximum(x, 0) does.
+        assert_eq!((y[0], y[1], y[2], y[4]), (0.0, 0.0, 2.0, f32::INFINITY));
+        assert!(y[3].is_nan());
     }
 
     #[test]
