@@ -2,7 +2,7 @@
 //!
 //! A layer is a small value with `init(rng, input_shape) -> (output_shape, params)` and
 //! `apply(params, inputs)`, plus an explicit vector-Jacobian product `vjp` for the backward pass.
-//! Parameters live outside the layer ([`Params`]), as in stax. [`serial`] composes layers.
+//! Parameters live outside the layer ([`Params`]), as in stax. [`serial!`] composes layers.
 //!
 //! ```
 //! use stax_layers::{serial, Conv, Dense, Flatten, Layer, Padding, Relu};
