@@ -1,6 +1,6 @@
 //! The training step: forward, loss, backward, Adam, with an exact memory report.
 //!
-//! The step's computation is one function, [`run_step`], shared by [`Trainer::step`] and the
+//! The step's computation is one function, `run_step`, shared by [`Trainer::step`] and the
 //! memory plan's dry run ([`crate::plan::MemoryPlan`]), so the plan allocates exactly what the
 //! step does. The update runs last: a step that fails (out of memory, a non-finite loss)
 //! leaves parameters and optimizer state as the last finished step left them.

@@ -7,8 +7,9 @@
 //! allocator updates its peak on `>=`), so the per-category bytes at the peak agree to the byte
 //! with [`stax_alloc::Stats::peak_by_category`].
 //!
-//! [`name_trace`] names the events of a trace recorded while training (on any backend) by
-//! matching them against a plan's allocation sequence.
+//! [`MemoryPlan::name_trace`](crate::plan::MemoryPlan::name_trace) names the events of a trace
+//! recorded while training (on any backend) by matching them against a plan's allocation
+//! sequence.
 //!
 //! ```
 //! use stax_alloc::{Category, TraceOp};
@@ -113,7 +114,8 @@ impl Timeline {
     }
 }
 
-/// Names for the events of a recorded trace (see [`name_trace`]).
+/// Names for the events of a recorded trace (see
+/// [`MemoryPlan::name_trace`](crate::plan::MemoryPlan::name_trace)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamedTrace {
     /// The trace as a timeline with baseline zero: names from the plan where the events match
