@@ -168,6 +168,29 @@ pub fn matmul_dims(
     Ok((m, n, k))
 }
 
+/// `(n, k)` of softmax cross-entropy logits `[n, k]`: the shape check every backend shares.
+///
+/// # Errors
+/// [`TensorError::Shape`] unless the logits are 2-D; [`TensorError::InvalidArgument`] if `n`
+/// or `k` is 0 (the mean is undefined).
+pub fn softmax_xent_dims(logits: &Shape) -> Result<(usize, usize), TensorError> {
+    const OP: &str = "softmax_xent";
+    let &[n, k] = logits.dims() else {
+        return Err(TensorError::Shape {
+            op: OP,
+            reason: "logits must be [batch, classes]".into(),
+            got: logits.clone(),
+        });
+    };
+    if n == 0 || k == 0 {
+        return Err(TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("logits {logits} have no rows or no classes"),
+        });
+    }
+    Ok((n, k))
+}
+
 /// A compute backend: owns an allocator and computes the ops of a stax training step.
 ///
 /// All tensors are row-major. Unless stated, ops need `F32` operands on this backend's device

@@ -530,19 +530,7 @@ impl Backend for CudaBackend {
         dlogits: &mut Tensor,
     ) -> Result<f32, TensorError> {
         const OP: &str = "softmax_xent";
-        let [n, k] = *logits.dims() else {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: "expected logits [n, k]".into(),
-                got: logits.shape().clone(),
-            });
-        };
-        if n == 0 || k == 0 {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!("empty logits {}", logits.shape()),
-            });
-        }
+        let (n, k) = crate::backend::softmax_xent_dims(logits.shape())?;
         self.check_input(OP, logits, logits.shape())?;
         self.check_input(OP, labels, logits.shape())?;
         self.check_output(OP, dlogits, logits.shape())?;

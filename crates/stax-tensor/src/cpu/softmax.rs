@@ -25,19 +25,7 @@ pub(crate) fn softmax_xent(
     labels: &Tensor,
     dlogits: &mut Tensor,
 ) -> Result<f32, TensorError> {
-    let &[n, k] = logits.dims() else {
-        return Err(TensorError::Shape {
-            op: OP,
-            reason: "logits must be [batch, classes]".into(),
-            got: logits.shape().clone(),
-        });
-    };
-    if n == 0 || k == 0 {
-        return Err(TensorError::InvalidArgument {
-            op: OP,
-            reason: format!("logits {} have no rows or no classes", logits.shape()),
-        });
-    }
+    let (n, k) = crate::backend::softmax_xent_dims(logits.shape())?;
     labels.expect_shape(OP, logits.shape())?;
     dlogits.expect_shape(OP, logits.shape())?;
     let x = data(OP, logits)?;

@@ -376,13 +376,7 @@ impl Backend for PlanBackend {
         dlogits: &mut Tensor,
     ) -> Result<f32, TensorError> {
         const OP: &str = "softmax_xent";
-        let [rows, classes] = *logits.dims() else {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: "expected logits [n, k]".into(),
-                got: logits.shape().clone(),
-            });
-        };
+        let (rows, classes) = stax_tensor::backend::softmax_xent_dims(logits.shape())?;
         labels.expect_shape(OP, logits.shape())?;
         output(OP, dlogits, logits.shape())?;
         {
