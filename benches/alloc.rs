@@ -6,7 +6,8 @@
 //!   through 32 sizes so that exact-size reuse of parked blocks never hits and every pair
 //!   goes through the ordered best-fit index, split and coalesce;
 //! - `tail`: per-pair latency percentiles (p50/p99/p99.9), printed;
-//! - `step/*`: replay of a trace shaped like one training step of the seed model at full scale
+//! - `step/*`: replay of one real training step of the seed model at full scale (batch 100,
+//!   200x200x3; recorded from the trainer's step code through the memory planner)
 //!   (virtual addresses, so 1.31 GB is just a number), printing reserved / peak requested and
 //!   backend calls per replayed step; the targets are reserved <= 1.05 x peak requested
 //!   for `caching` and zero backend calls from the third step on.
@@ -18,8 +19,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use stax::train::MemoryPlan;
+use stax::{Adam, BackendOptions, Conv, Dense, Device, Flatten, Relu, Shape, serial};
 use stax_alloc::{
-    Allocation, Allocator, Category, SimMemory, Strategy, Trace, TraceBuilder, human_bytes, replay,
+    Allocation, Allocator, Category, SimMemory, Strategy, Trace, TraceBuilder, TraceOp,
+    human_bytes, replay,
 };
 
 /// A virtual H200: 143,771 MiB, 2 MiB granularity.
@@ -212,62 +216,52 @@ const PARAMS: [u64; 8] = [
     128 * 2 * 4,
     2 * 4,
 ];
-const ACT: u64 = 100 * 200 * 200 * 64 * 4; // 1,024,000,000
-const INPUT: u64 = 100 * 200 * 200 * 3 * 4; // 48,000,000
 
-/// One step at batch 100: input, forward (activations and cuDNN workspaces), loss, backward
-/// (gradients, which free the activations they consume), then Adam consumes the gradients.
+/// One real training step of the seed model at batch 100, 200x200x3: the batch is placed, then
+/// every allocation and free of `Trainer::step` in order, then the batch is dropped.
+///
+/// The events are recorded from the trainer's own step code: [`MemoryPlan`] runs it on a
+/// planning backend (simulated memory, no arithmetic) with the CPU backend's workspace sizes,
+/// so the trace is the step's exact allocation sequence at full scale without 8 GB of RAM.
 fn step_trace() -> Trace {
-    use Category::*;
+    let cpu = Device::Cpu
+        .open(&BackendOptions::default())
+        .expect("cpu backend");
+    let model = serial![
+        Conv::same(64, (3, 3)),
+        Relu,
+        Conv::same(64, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(2)
+    ];
+    let input = Shape::new([100, 200, 200, 3]);
+    let plan = MemoryPlan::new(&model, &input, &Adam::new(1e-3), &cpu).expect("seed plan");
     let mut t = TraceBuilder::new();
-    let x = t.alloc(INPUT, Input);
-    let y = t.alloc(100 * 4, Input);
-    // Forward.
-    let ws = t.alloc(16 << 20, Workspace);
-    let a1 = t.alloc(ACT, Activation); // conv1 + relu in place
-    t.free(ws);
-    let ws = t.alloc(64 << 20, Workspace);
-    let a2 = t.alloc(ACT, Activation); // conv2 + relu in place
-    t.free(ws);
-    let h = t.alloc(100 * 128 * 4, Activation); // dense(128) + relu
-    let logits = t.alloc(100 * 2 * 4, Activation);
-    let probs = t.alloc(100 * 2 * 4, Activation);
-    let loss = t.alloc(4, Activation);
-    // Backward.
-    let dlogits = t.alloc(100 * 2 * 4, Gradient);
-    t.free(probs);
-    t.free(logits);
-    let dw4 = t.alloc(PARAMS[6], Gradient);
-    let db4 = t.alloc(PARAMS[7], Gradient);
-    let dh = t.alloc(100 * 128 * 4, Gradient);
-    t.free(dlogits);
-    t.free(h);
-    let dw3 = t.alloc(PARAMS[4], Gradient);
-    let db3 = t.alloc(PARAMS[5], Gradient);
-    let da2 = t.alloc(ACT, Gradient); // d(flatten) = d(conv2 out), relu bwd in place
-    t.free(dh);
-    t.free(a2);
-    let ws = t.alloc(64 << 20, Workspace);
-    let dw2 = t.alloc(PARAMS[2], Gradient);
-    let db2 = t.alloc(PARAMS[3], Gradient);
-    let da1 = t.alloc(ACT, Gradient); // conv2 bwd data, relu bwd in place
-    t.free(ws);
-    t.free(da2);
-    let ws = t.alloc(16 << 20, Workspace);
-    let dw1 = t.alloc(PARAMS[0], Gradient);
-    let db1 = t.alloc(PARAMS[1], Gradient);
-    t.free(ws);
-    t.free(da1);
-    t.free(a1);
+    let x = t.alloc(100 * 200 * 200 * 3 * 4, Category::Input);
+    let y = t.alloc(100 * 2 * 4, Category::Input);
+    let mut ids = std::collections::HashMap::new();
+    for e in &plan.timeline.events {
+        match e.op {
+            TraceOp::Alloc => {
+                ids.insert(e.id, t.alloc(e.bytes, e.category));
+            }
+            TraceOp::Free => {
+                if let Some(id) = ids.remove(&e.id) {
+                    t.free(id);
+                }
+            }
+        }
+    }
+    assert!(
+        ids.is_empty(),
+        "the step left {} buffers allocated",
+        ids.len()
+    );
     t.free(x);
     t.free(y);
-    // Adam, in place, consumes each gradient.
-    for g in [dw1, db1, dw2, db2, dw3, db3, dw4, db4] {
-        let tmp = t.alloc(4, Workspace); // per-tensor scalar (bias correction)
-        t.free(g);
-        t.free(tmp);
-    }
-    t.free(loss);
     t.finish()
 }
 
