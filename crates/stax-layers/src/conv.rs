@@ -122,7 +122,7 @@ impl Layer for Conv {
         let be = x.backend().clone();
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
         be.conv2d(&x, &wb[0], &wb[1], &g, &mut y)?;
-        cx.save(Saved::Tensors(vec![x]));
+        cx.save(Saved::Tensor(x));
         Ok(y)
     }
 
@@ -157,8 +157,8 @@ impl Layer for Conv {
         let words = y.numel().div_ceil(32);
         let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
         be.conv2d_relu(&x, &wb[0], &wb[1], &g, &mut y, &mut mask)?;
-        cx.save(Saved::Tensors(vec![x]));
-        cx.save(Saved::Tensors(vec![mask]));
+        cx.save(Saved::Tensor(x));
+        cx.save(Saved::Tensor(mask));
         Ok(y)
     }
 
@@ -171,10 +171,7 @@ impl Layer for Conv {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let mask = cx
-            .take_tensors(&Relu)?
-            .pop()
-            .ok_or_else(|| LayerError::NothingSaved { layer: Relu.name() })?;
+        let mask = cx.take_tensor(&Relu)?;
         self.backward(params, dy, Some(mask), cx, need_dx)
     }
 }
@@ -190,10 +187,7 @@ impl Conv {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let x = cx
-            .take_tensors(self)?
-            .pop()
-            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let x = cx.take_tensor(self)?;
         let g = self.geometry(x.shape())?;
         let wb = self.weights(params, x.shape())?;
         let be = dy.backend().clone();

@@ -88,7 +88,7 @@ impl Layer for Dense {
         let mut y = Tensor::empty(&be, [rows, self.0], DType::F32, Category::Activation)?;
         be.matmul(&x2, &wb[0], false, false, &mut y)?;
         be.bias_add(&mut y, &wb[1])?;
-        cx.save(Saved::Tensors(vec![x2]));
+        cx.save(Saved::Tensor(x2));
         Ok(y.reshape(out_shape)?)
     }
 
@@ -101,10 +101,7 @@ impl Layer for Dense {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let x2 = cx
-            .take_tensors(self)?
-            .pop()
-            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let x2 = cx.take_tensor(self)?;
         let wb = self.weights(params, x2.shape())?;
         let in_shape = with_last(dy.shape(), x2.shape().last());
         let dy2 = dy.reshape([x2.dims()[0], self.0])?;

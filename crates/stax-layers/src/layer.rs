@@ -144,8 +144,8 @@ impl Params {
 /// What a forward pass in training mode keeps for the backward pass.
 #[derive(Debug)]
 pub enum Saved {
-    /// Tensors (inputs or masks); handles, so nothing is copied.
-    Tensors(Vec<Tensor>),
+    /// A tensor (an input or a mask); a handle, so nothing is copied.
+    Tensor(Tensor),
     /// A shape (Flatten keeps its input shape).
     Shape(Shape),
 }
@@ -188,13 +188,13 @@ impl StepContext {
         }
     }
 
-    /// Pops the tensors the layer saved last.
+    /// Pops the one tensor (an input or a mask) the layer saved last.
     ///
     /// # Errors
-    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not tensors.
-    pub fn take_tensors(&mut self, layer: &dyn Layer) -> Result<Vec<Tensor>, LayerError> {
+    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not a tensor.
+    pub fn take_tensor(&mut self, layer: &dyn Layer) -> Result<Tensor, LayerError> {
         match self.saved.pop() {
-            Some(Saved::Tensors(v)) => Ok(v),
+            Some(Saved::Tensor(t)) => Ok(t),
             _ => Err(LayerError::NothingSaved {
                 layer: layer.name(),
             }),

@@ -42,7 +42,7 @@ impl Layer for Relu {
             let words = y.numel().div_ceil(32);
             let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
             be.relu(&mut y, Some(&mut mask))?;
-            cx.save(Saved::Tensors(vec![mask]));
+            cx.save(Saved::Tensor(mask));
         } else {
             be.relu(&mut y, None)?;
         }
@@ -57,10 +57,7 @@ impl Layer for Relu {
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
         params.expect_leaf(self, &[])?;
-        let mask = cx
-            .take_tensors(self)?
-            .pop()
-            .ok_or_else(|| LayerError::NothingSaved { layer: self.name() })?;
+        let mask = cx.take_tensor(self)?;
         let dx = if need_dx {
             let mut dx = dy.into_unique()?;
             dx.backend().clone().relu_bwd(&mut dx, &mask)?;
