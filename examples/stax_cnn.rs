@@ -145,12 +145,34 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
 fn load(args: &Args) -> Result<(Dataset, Dataset), Error> {
     match (&args.data, &args.test_data) {
         (None, None) => Ok(fashion_mnist_2class()?),
-        (Some(train), Some(test)) => Ok((
-            Dataset::from_npz(train, None, None)?,
-            Dataset::from_npz(test, None, None)?,
-        )),
+        (Some(train), Some(test)) => {
+            let (train, test) = (
+                Dataset::from_npz(train, None, None)?,
+                Dataset::from_npz(test, None, None)?,
+            );
+            // One model for both splits: as many classes as either split names.
+            let k = train.num_classes().max(test.num_classes());
+            Ok((train.with_num_classes(k)?, test.with_num_classes(k)?))
+        }
         _ => Err("--data and --test-data go together".into()),
     }
+}
+
+/// The model's input channels: the data's (gray is replicated to 3, as the seed's RGB input),
+/// checked for both splits before anything trains.
+fn input_channels(train: &Dataset, test: &Dataset) -> Result<usize, Error> {
+    let (ct, cv) = (train.image_shape().2, test.image_shape().2);
+    let channels = ct.max(cv).max(3);
+    for (split, c) in [("training", ct), ("test", cv)] {
+        if c != 1 && c != channels {
+            return Err(format!(
+                "{split} images have {c} channels but the model takes {channels} \
+                 (channel counts must match, or be 1 for gray)"
+            )
+            .into());
+        }
+    }
+    Ok(channels)
 }
 
 fn seed_model(classes: usize) -> Serial {
@@ -285,8 +307,7 @@ fn run(args: Args) -> Result<(), Error> {
     } else {
         200
     });
-    let (_, _, c) = train.image_shape();
-    let channels = c.max(3);
+    let channels = input_channels(&train, &test)?;
     for p in [&args.json, &args.trace, &args.plot] {
         check_path(p)?;
     }
@@ -325,7 +346,12 @@ fn run(args: Args) -> Result<(), Error> {
         human_bytes(plan.persistent_bytes()),
         human_bytes(plan.peak.bytes - plan.persistent_bytes())
     );
-    let mut json = args.json.as_ref().map(std::fs::File::create).transpose()?;
+    let mut json = match &args.json {
+        Some(p) => {
+            Some(std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))?)
+        }
+        None => None,
+    };
     let bar = ProgressBar::new(total);
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",

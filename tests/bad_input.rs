@@ -117,3 +117,11 @@ fn a_model_that_does_not_fit_the_input_fails_in_init() {
         "init allocated before failing"
     );
 }
+
+#[test]
+fn flatten_feature_count_overflow_is_a_shape_error() {
+    use stax::Layer;
+    let huge = Shape::new([2, usize::MAX / 2, 3, 1]);
+    let err = Flatten.output_shape(&huge).unwrap_err();
+    assert!(err.to_string().contains("overflows"), "{err}");
+}

@@ -20,7 +20,15 @@ impl Layer for Flatten {
                 reason: "expected at least a batch axis".into(),
                 input: input.clone(),
             }),
-            [n, rest @ ..] => Ok(Shape::new([*n, rest.iter().product()])),
+            [n, rest @ ..] => {
+                let features = rest.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+                let features = features.ok_or_else(|| LayerError::Shape {
+                    layer: self.name(),
+                    reason: "the flattened feature count overflows usize".into(),
+                    input: input.clone(),
+                })?;
+                Ok(Shape::new([*n, features]))
+            }
         }
     }
 
