@@ -13,6 +13,7 @@ use stax_tensor::cuda::CudaBackend;
 use stax_tensor::{
     Backend, BackendOptions, Category, DType, Device, Precision, Shape, Strategy, Tensor,
 };
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 /// Whether `STAX_REQUIRE_GPU=1` is set (on the GPU machine: a missing GPU is a failure).
@@ -43,7 +44,9 @@ pub fn cuda_backend_or_skip(options: &BackendOptions) -> Option<Arc<CudaBackend>
         }
         Err(e) if gpu_required() => panic!("STAX_REQUIRE_GPU=1 but cuda:0 cannot be opened: {e}"),
         Err(e) => {
-            eprintln!("skipped: no CUDA device ({e})");
+            // Straight to stderr: libtest captures `eprintln!`, and CI must show the skip.
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let _ = writeln!(std::io::stderr(), "{test}: skipped: no CUDA device ({e})");
             None
         }
     }
