@@ -154,8 +154,7 @@ impl Layer for Conv {
         let wb = self.weights(params, x.shape())?;
         let be = x.backend().clone();
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
-        let words = y.numel().div_ceil(32);
-        let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
+        let mut mask = crate::relu::mask_for(&y)?;
         be.conv2d_relu(&x, &wb[0], &wb[1], &g, &mut y, &mut mask)?;
         cx.save(Saved::Tensor(x));
         cx.save(Saved::Tensor(mask));

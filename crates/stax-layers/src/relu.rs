@@ -12,6 +12,18 @@ use stax_tensor::{Category, DType, Shape, Tensor};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Relu;
 
+/// An empty bit mask for ReLU over `y` (U32, one bit an element, `ceil(numel / 32)` words),
+/// tagged [`Category::Activation`] because it is what the backward pass keeps of the activation.
+pub(crate) fn mask_for(y: &Tensor) -> Result<Tensor, LayerError> {
+    let words = y.numel().div_ceil(32);
+    Ok(Tensor::empty(
+        y.backend(),
+        [words],
+        DType::U32,
+        Category::Activation,
+    )?)
+}
+
 impl Layer for Relu {
     fn name(&self) -> String {
         "relu".into()
@@ -39,8 +51,7 @@ impl Layer for Relu {
         let mut y = x.into_unique()?;
         let be = y.backend().clone();
         if cx.is_training() {
-            let words = y.numel().div_ceil(32);
-            let mut mask = Tensor::empty(&be, [words], DType::U32, Category::Activation)?;
+            let mut mask = mask_for(&y)?;
             be.relu(&mut y, Some(&mut mask))?;
             cx.save(Saved::Tensor(mask));
         } else {
