@@ -29,7 +29,7 @@ use stax::alloc::{human_bytes, parse_size};
 use stax::tensor::cpu::CpuBackend;
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
-use stax::train::plan::{MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
+use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
 use stax::train::{StepReport, TrainError, Trainer};
 use stax::{
     Adam, BackendOptions, Conv, Dense, Device, Flatten, Precision, Relu, Serial, Shape, serial,
@@ -37,6 +37,7 @@ use stax::{
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Train the seed's stax CNN and report exact memory every step.
 #[derive(Parser, Debug)]
@@ -99,6 +100,21 @@ struct Args {
     /// every step.
     #[arg(long)]
     breakdown: bool,
+    /// Place each batch just before its step instead of prefetching it (the next batch's copy
+    /// overlapping the current step): one batch fewer on the device, less overlap.
+    #[arg(long)]
+    no_prefetch: bool,
+}
+
+impl Args {
+    /// How the loop feeds batches.
+    fn feed(&self) -> Feed {
+        if self.no_prefetch {
+            Feed::Placed
+        } else {
+            Feed::Prefetched
+        }
+    }
 }
 
 type Error = Box<dyn std::error::Error>;
@@ -202,7 +218,8 @@ fn show_plan(
     );
     let budget = budget(args)?;
     let model = seed_model(plan.labels.dims()[1]);
-    match max_batch_that_fits(&model, &plan.input, &Adam::new(args.lr), backend, budget) {
+    let adam = Adam::new(args.lr);
+    match max_batch_that_fits(&model, &plan.input, &adam, backend, args.feed(), budget) {
         Ok(n) => println!(
             "largest batch that fits {}: {n} (allocator {})",
             budget.map_or("the free device memory".into(), human_bytes),
@@ -313,7 +330,8 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let input = Shape::new([args.batch, img, img, channels]);
     let adam = Adam::new(args.lr);
-    let plan = MemoryPlan::new(&seed_model(train.num_classes()), &input, &adam, &backend)?;
+    let model = seed_model(train.num_classes());
+    let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
     if args.plan {
         return show_plan(&args, &plan, &backend);
     }
@@ -321,7 +339,6 @@ fn run(args: Args) -> Result<(), Error> {
     if tracing {
         backend.allocator().start_trace();
     }
-    let model = seed_model(train.num_classes());
     let mut trainer = Trainer::new(model, input, adam, &backend, args.seed)?;
     let loader = Loader::new(train.len(), args.batch, args.seed)?;
     let total = (loader.num_batches() as u64 * args.epochs).min(args.max_steps.unwrap_or(u64::MAX));
@@ -357,26 +374,45 @@ fn run(args: Args) -> Result<(), Error> {
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
     let mut last_peak = None;
-    'epochs: for epoch in 0..args.epochs {
-        for indices in loader.batches(epoch) {
-            if trainer.steps() >= total {
-                break 'epochs;
-            }
+    let batches = (0..args.epochs)
+        .flat_map(|epoch| loader.batches(epoch))
+        .take(total as usize);
+    let started = Instant::now();
+    let mut show = |report: StepReport| -> Result<(), Error> {
+        say(&bar, line(&report, total));
+        if args.breakdown {
+            say(&bar, report.memory.breakdown());
+        }
+        last_peak = Some(report.memory.peak);
+        bar.set_message(format!("loss {:.4}", report.loss));
+        bar.inc(1);
+        if let Some(f) = json.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&report)?)?;
+        }
+        Ok(())
+    };
+    if args.no_prefetch {
+        for indices in batches {
             let (x, y) = trainer.place_batch(&train, &indices)?;
-            let report = trainer.step(&x, &y)?;
-            say(&bar, line(&report, total));
-            if args.breakdown {
-                say(&bar, report.memory.breakdown());
-            }
-            last_peak = Some(report.memory.peak);
-            bar.set_message(format!("loss {:.4}", report.loss));
-            bar.inc(1);
-            if let Some(f) = json.as_mut() {
-                writeln!(f, "{}", serde_json::to_string(&report)?)?;
-            }
+            show(trainer.step(&x, &y)?)?;
+        }
+    } else {
+        let mut feed = trainer.prefetch(&train, batches);
+        while let Some(report) = trainer.step_prefetched(&mut feed)? {
+            show(report)?;
         }
     }
+    let loop_s = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    println!(
+        "loop: {} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
+        trainer.steps(),
+        loop_s * 1e3 / trainer.steps().max(1) as f64,
+        match args.feed() {
+            Feed::Prefetched => "next batch prefetched",
+            Feed::Placed => "each batch placed before its step",
+        }
+    );
     if let Some(peak) = last_peak {
         let verdict = if peak == plan.peak.bytes {
             "equal"

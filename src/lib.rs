@@ -15,4 +15,7 @@ pub use stax_train as train;
 
 pub use stax_layers::{Conv, Dense, Flatten, Layer, Padding, Params, Relu, Rng, Serial, serial};
 pub use stax_optim::Adam;
-pub use stax_tensor::{Backend, BackendOptions, Category, DType, Device, Precision, Shape, Tensor};
+pub use stax_tensor::{
+    Backend, BackendOptions, Category, DType, Device, Precision, Shape, Strategy, Tensor,
+    TensorError,
+};

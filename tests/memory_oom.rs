@@ -8,7 +8,7 @@ use std::sync::Arc;
 use stax::alloc::{Category, Strategy};
 use stax::tensor::cpu::CpuBackend;
 use stax::train::plan::MemoryPlan;
-use stax::train::{TrainError, Trainer, max_batch_that_fits};
+use stax::train::{Feed, TrainError, Trainer, max_batch_that_fits};
 use stax::{Adam, Backend, BackendOptions, Conv, Dense, Flatten, Relu, Serial, Shape, Tensor};
 use stax::{Params, serial};
 
@@ -72,7 +72,15 @@ fn budget_of_batch_b_trains_b_and_refuses_b_plus_one() {
             .expect("a batch size where the budget grows");
         let adam = Adam::new(1e-3);
         assert_eq!(
-            max_batch_that_fits(&model(), &input(1), &adam, &template, Some(cap)).unwrap(),
+            max_batch_that_fits(
+                &model(),
+                &input(1),
+                &adam,
+                &template,
+                Feed::Placed,
+                Some(cap)
+            )
+            .unwrap(),
             b,
             "{strategy}"
         );
@@ -138,9 +146,24 @@ fn budget_of_batch_b_trains_b_and_refuses_b_plus_one() {
 #[test]
 fn max_batch_needs_a_budget_on_an_uncapped_host() {
     let be = stax::Device::Cpu.open(&BackendOptions::default()).unwrap();
-    let e = max_batch_that_fits(&model(), &input(1), &Adam::new(1e-3), &be, None).unwrap_err();
+    let e = max_batch_that_fits(
+        &model(),
+        &input(1),
+        &Adam::new(1e-3),
+        &be,
+        Feed::Placed,
+        None,
+    )
+    .unwrap_err();
     assert!(matches!(e, TrainError::NoBudget { .. }), "{e}");
     // a budget below the persistent state fits no batch
-    let n = max_batch_that_fits(&model(), &input(1), &Adam::new(1e-3), &be, Some(1 << 10));
+    let n = max_batch_that_fits(
+        &model(),
+        &input(1),
+        &Adam::new(1e-3),
+        &be,
+        Feed::Placed,
+        Some(1 << 10),
+    );
     assert_eq!(n.unwrap(), 0);
 }

@@ -408,6 +408,30 @@ impl Allocation {
     pub fn allocator(&self) -> &Arc<Allocator> {
         &self.owner
     }
+
+    /// Its requested bytes as a host slice, when its memory is host memory
+    /// ([`RawMemory::host_access`](crate::RawMemory::host_access)); None on devices and
+    /// simulations.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        self.owner.backend().host_access()?;
+        if self.bytes == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: `host_access` promises the segment is readable, initialized host memory; the
+        // block [addr, addr + bytes) lies inside it and is this allocation's while it lives.
+        Some(unsafe { std::slice::from_raw_parts(self.addr as usize as *const u8, self.bytes) })
+    }
+
+    /// As [`Allocation::host_bytes`], writable: `&mut self` makes the slice the only access.
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        self.owner.backend().host_access()?;
+        if self.bytes == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: as in `host_bytes`; the allocation is owned and borrowed mutably, so no
+        // other slice of the block exists.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.addr as usize as *mut u8, self.bytes) })
+    }
 }
 
 impl Drop for Allocation {

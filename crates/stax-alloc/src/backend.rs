@@ -45,6 +45,25 @@ impl Segment {
     }
 }
 
+/// Proof that a [`RawMemory`]'s segments are host memory that Rust code may read and write
+/// ([`RawMemory::host_access`], [`Allocation::host_bytes`](crate::Allocation::host_bytes)).
+/// Only an `unsafe` promise makes one, so the safety of host slices rests on that promise.
+#[derive(Debug, Clone, Copy)]
+pub struct HostAccess(());
+
+impl HostAccess {
+    /// The promise that the memory returning it is host memory.
+    ///
+    /// # Safety
+    /// Only for a [`RawMemory`] whose every reserved segment `[addr, addr + bytes)` is host
+    /// memory this process may read and write through `addr as *mut u8` until the segment is
+    /// released, initialized (zeroed, say) when reserved, and written by nothing but Rust code
+    /// holding the allocation (no device writes into it behind the allocator's back).
+    pub unsafe fn new() -> HostAccess {
+        HostAccess(())
+    }
+}
+
 /// A source of raw memory segments (device memory, pinned or pageable host memory, or a
 /// simulation). The strategies of this crate are generic over it.
 ///
@@ -87,6 +106,13 @@ pub trait RawMemory: Send + Sync + Debug + 'static {
     /// which the `async` strategy requires.
     fn stream_ordered(&self) -> bool {
         false
+    }
+
+    /// `Some` when segments are host memory Rust code may read and write (see
+    /// [`HostAccess::new`]): pageable host memory, pinned host memory. Default: None (devices,
+    /// simulations).
+    fn host_access(&self) -> Option<HostAccess> {
+        None
     }
 
     /// Sets how many bytes a stream-ordered pool keeps cached across synchronizations

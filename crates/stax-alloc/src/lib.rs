@@ -39,7 +39,7 @@ mod strategy;
 mod trace;
 
 pub use allocator::{Allocation, Allocator};
-pub use backend::{HostMemory, RawMemory, Segment, SimMemory};
+pub use backend::{HostAccess, HostMemory, RawMemory, Segment, SimMemory};
 pub use category::Category;
 pub use error::{AllocError, OomReport};
 pub use stats::{

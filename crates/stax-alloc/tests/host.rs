@@ -2,28 +2,36 @@
 
 use std::sync::Arc;
 
-use stax_alloc::{Allocator, Category, HostMemory, RawMemory, Strategy};
+use stax_alloc::{Allocator, Category, HostMemory, RawMemory, SimMemory, Strategy};
 
 fn write_read(strategy: Strategy) {
     let host = Arc::new(HostMemory::new());
     let alloc = Allocator::new(host.clone(), strategy.clone()).unwrap();
     for &n in &[1usize, 17, 1000, 300_000, 3_000_000] {
-        let a = alloc.allocate(n * 4, Category::Activation).unwrap();
+        let mut a = alloc.allocate(n * 4, Category::Activation).unwrap();
         assert_eq!(a.addr() % 64, 0, "{strategy}: 64-byte aligned");
-        let ptr = a.addr() as usize as *mut f32;
-        // SAFETY: `a` owns at least `n * 4` bytes of host memory at `ptr`, aligned to 64, and
-        // lives until the end of this scope; nothing else aliases it.
-        let xs = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
-        for (i, x) in xs.iter_mut().enumerate() {
-            *x = i as f32 * 0.5;
+        let bytes = a.host_bytes_mut().expect("host memory gives host slices");
+        assert_eq!(bytes.len(), n * 4);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
         }
-        // SAFETY: as above; the mutable slice is no longer used.
-        let ys = unsafe { std::slice::from_raw_parts(ptr as *const f32, n) };
-        assert!(ys.iter().enumerate().all(|(i, &y)| y == i as f32 * 0.5));
+        let back = a.host_bytes().unwrap();
+        assert!(back.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
     }
     assert!(host.outstanding_bytes() > 0 || strategy == Strategy::Platform);
     alloc.empty_cache().unwrap();
     assert_eq!(host.outstanding_bytes(), 0, "{strategy}");
+}
+
+#[test]
+fn simulated_memory_gives_no_host_slice() {
+    let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20));
+    let alloc = Allocator::new(sim, Strategy::Caching).unwrap();
+    let mut a = alloc.allocate(1000, Category::Input).unwrap();
+    assert!(a.host_bytes().is_none() && a.host_bytes_mut().is_none());
+    let host = Allocator::new(Arc::new(HostMemory::new()), Strategy::Caching).unwrap();
+    let empty = host.allocate(0, Category::Input).unwrap();
+    assert_eq!(empty.host_bytes(), Some(&[][..]));
 }
 
 #[test]
@@ -40,9 +48,7 @@ fn host_platform_write_read() {
 fn fresh_host_memory_is_zeroed() {
     let alloc = Allocator::new(Arc::new(HostMemory::new()), Strategy::Caching).unwrap();
     let a = alloc.allocate(3 << 20, Category::Parameter).unwrap();
-    // SAFETY: `a` owns 3 MiB of host memory at this address for the whole scope.
-    let bytes = unsafe { std::slice::from_raw_parts(a.addr() as usize as *const u8, 3 << 20) };
-    assert!(bytes.iter().all(|&b| b == 0));
+    assert!(a.host_bytes().unwrap().iter().all(|&b| b == 0));
 }
 
 #[test]

@@ -6,8 +6,9 @@
 //! ([`TensorError::DeviceMismatch`]), that shapes and dtypes fit ([`TensorError::Shape`],
 //! [`TensorError::DType`]) and that outputs are not shared ([`TensorError::Aliased`]).
 
+use crate::upload::{Upload, host_source};
 use crate::{Conv2dGeometry, Device, Shape, Tensor, TensorError};
-use stax_alloc::{Allocator, Strategy};
+use stax_alloc::{Allocation, Allocator, Strategy};
 use std::fmt;
 use std::sync::Arc;
 
@@ -209,6 +210,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `dst.bytes()`.
     fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError>;
 
+    /// Starts copying host memory `src` (raw element bytes, exactly `dst.bytes()` of them)
+    /// into `dst` and returns the copy in flight, which owns both until it is done: the
+    /// non-blocking `.to(device, non_blocking=True)` of a pinned PyTorch tensor. The copy is
+    /// ordered after all work queued before the call (`dst` may reuse memory that work
+    /// freed) and overlaps work queued after it; [`Upload::wait`] returns `dst` filled. The
+    /// CUDA backend copies on a second stream, from pinned memory at full speed when `src`
+    /// comes from [`Backend::staging_allocator`]. The default copies synchronously.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] when `src` is not host memory;
+    /// [`TensorError::HostLength`] for a size mismatch; device and copy errors.
+    fn upload_async(&self, src: Allocation, mut dst: Tensor) -> Result<Upload, TensorError> {
+        self.upload(host_source("upload_async", &src, &dst)?, &mut dst)?;
+        Ok(Upload::done(dst))
+    }
+
     /// Copies `src` into `dst` (raw element bytes); `dst.len()` must equal `src.bytes()`.
     fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError>;
 
@@ -360,9 +377,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// needs the device (choosing a convolution algorithm).
     fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError>;
 
-    /// The allocator of the pinned host buffers this backend keeps for transfers (tagged
-    /// [`stax_alloc::Category::Input`]), so reports can show pinned host memory beside device
-    /// memory; `None` (the default) when it keeps none.
+    /// The allocator of the pinned host memory this backend copies from and to (its staging
+    /// buffers are tagged [`stax_alloc::Category::Input`]): allocate [`Backend::upload_async`]
+    /// sources here for full-speed copies; reports show it as pinned host memory beside device
+    /// memory. `None` (the default) when the backend has none (the CPU reads any host memory).
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
         None
     }

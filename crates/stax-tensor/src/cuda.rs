@@ -10,7 +10,8 @@
 //! module compiled and loaded (`warm_up`), and only then the [`Allocator`]. Every device
 //! buffer comes from that allocator; kernels and libraries get raw `CUdeviceptr`s
 //! ([`crate::Tensor::addr`]). Ops are queued on the one compute stream; downloads and
-//! [`Backend::synchronize`] wait for it.
+//! [`Backend::synchronize`] wait for it. [`Backend::upload_async`] copies on a second stream,
+//! so the next batch's copy overlaps the current step.
 //!
 //! ```
 //! use stax_tensor::{BackendOptions, Device, TensorError};
@@ -33,10 +34,10 @@ mod workspace;
 
 use crate::{
     AdamHyper, Backend, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape, Tensor,
-    TensorError, WorkspaceOp,
+    TensorError, Upload, WorkspaceOp,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
-use stax_alloc::{Allocator, Category, RawMemory, Strategy};
+use stax_alloc::{Allocation, Allocator, Category, RawMemory, Strategy};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -158,6 +159,7 @@ impl CudaBackend {
         check_ordinal(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        let copy_stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let blas = cublas::Blas::new(&stream, options.precision)?;
         let dnn = cudnn::Dnn::new(&stream)?;
         let kernels = kernels::Kernels::load(stream.clone())?;
@@ -172,7 +174,7 @@ impl CudaBackend {
             ),
         };
         let allocator = Allocator::new(raw, options.strategy.clone())?;
-        let staging = transfer::Staging::new(stream.clone())?;
+        let staging = transfer::Staging::new(stream.clone(), copy_stream)?;
         Ok(Arc::new(CudaBackend {
             ordinal,
             ctx,
@@ -317,6 +319,13 @@ impl Backend for CudaBackend {
         dst.expect_unique("upload")?;
         self.bind()?;
         self.staging.upload(src, dst.addr())
+    }
+
+    fn upload_async(&self, src: Allocation, dst: Tensor) -> Result<Upload, TensorError> {
+        dst.expect_device("upload_async", self.device())?;
+        dst.expect_unique("upload_async")?;
+        self.bind()?;
+        self.staging.upload_async(src, dst)
     }
 
     fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {

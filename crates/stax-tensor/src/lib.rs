@@ -23,6 +23,7 @@ pub mod error;
 pub mod geometry;
 pub mod shape;
 pub mod tensor;
+pub mod upload;
 
 pub use backend::{
     AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp, matmul_dims,
@@ -34,3 +35,4 @@ pub use geometry::{Conv2dGeometry, Padding};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Strategy};
 pub use tensor::Tensor;
+pub use upload::Upload;

@@ -5,14 +5,16 @@ pub mod data;
 pub mod error;
 pub mod export;
 pub mod plan;
+pub mod prefetch;
 pub mod report;
 pub mod staging;
 pub mod trainer;
 
 pub use error::TrainError;
-pub use plan::{MemoryPlan, max_batch_that_fits};
+pub use plan::{Feed, MemoryPlan, max_batch_that_fits};
+pub use prefetch::Prefetcher;
 pub use report::{
     CategoryBytes, EvalReport, HostReport, MemoryReport, PoolReport, StepOom, StepReport,
 };
-pub use staging::HostStaging;
+pub use staging::{HostBatch, HostStaging};
 pub use trainer::{Phase, Trainer, place_batch, summarize};

@@ -87,11 +87,26 @@ fn dtype<S: serde::Serializer>(dtype: &Option<DType>, s: S) -> Result<S::Ok, S::
     dtype.map(|d| d.to_string()).serialize(s)
 }
 
+/// How batches reach the step, which decides how many are on the device while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Feed {
+    /// The caller places each batch before its step ([`crate::Trainer::step`]): one batch is
+    /// live during the step.
+    #[default]
+    Placed,
+    /// [`crate::Trainer::step_prefetched`]: the next batch is placed, its copy running on a
+    /// second stream, before the step starts, so two batches are live during it.
+    Prefetched,
+}
+
 /// The memory plan of one training step (see the module docs). All sizes are bytes.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     /// The model's name.
     pub model: String,
+    /// How batches reach the step.
+    pub feed: Feed,
     /// The device planned for.
     #[serde(serialize_with = "device")]
     pub device: Device,
@@ -139,8 +154,8 @@ struct Marks {
 
 impl MemoryPlan {
     /// Plans one step of `model` on batches of shape `input` (NHWC, batch first) with `adam`,
-    /// for `target` (whose workspace sizes and allocator are used). Nothing is allocated on
-    /// `target`.
+    /// for `target` (whose workspace sizes and allocator are used), each batch placed before
+    /// its step ([`Feed::Placed`]). Nothing is allocated on `target`.
     ///
     /// # Errors
     /// Shape errors (before anything else); [`stax_tensor::TensorError`]s when the target
@@ -151,13 +166,26 @@ impl MemoryPlan {
         adam: &Adam,
         target: &Arc<dyn Backend>,
     ) -> Result<MemoryPlan, TrainError> {
+        MemoryPlan::with_feed(model, input, adam, target, Feed::Placed)
+    }
+
+    /// As [`MemoryPlan::new`], for batches fed as `feed` says.
+    ///
+    /// # Errors
+    /// As [`MemoryPlan::new`].
+    pub fn with_feed<L: Layer + ?Sized>(
+        model: &L,
+        input: &Shape,
+        adam: &Adam,
+        target: &Arc<dyn Backend>,
+        feed: Feed,
+    ) -> Result<MemoryPlan, TrainError> {
         check_input_shape(input)?;
         let labels = model.output_shape(input)?;
         let pb = PlanBackend::new(target)?;
         let be: Arc<dyn Backend> = pb.clone();
         let (_, mut params) = model.init_empty(input, &be)?;
         let mut state = adam.init(&params)?;
-        let setup_end = pb.events();
         let place = || -> Result<(Tensor, Tensor), TrainError> {
             let x = Tensor::empty(&be, input.clone(), DType::F32, Category::Input)?;
             let y = Tensor::empty(&be, labels.clone(), DType::F32, Category::Input)?;
@@ -165,13 +193,27 @@ impl MemoryPlan {
             pb.label(&y, "input.labels");
             Ok((x, y))
         };
+        // The loop as the trainer runs it. Placed: [place k, step k] per iteration. Prefetched:
+        // place 1 once (part of the set-up), then [place k + 1, step k].
+        let mut setup_end = pb.events();
         let (x, y) = place()?;
+        let mut next = None;
+        if feed == Feed::Prefetched {
+            setup_end = pb.events();
+            next = Some(place()?);
+        }
         pb.begin_step();
         let no_hook = &mut |_: Phase| {};
         run_step(model, &mut params, adam, &mut state, (&x, &y), 1, no_hook)?;
         drop((x, y));
         let cycle_start = pb.events();
-        let (x, y) = place()?;
+        let (x, y) = match next.take() {
+            Some(batch) => {
+                next = Some(place()?);
+                batch
+            }
+            None => place()?,
+        };
         let step_start = pb.events();
         pb.begin_step();
         let mut phases = Vec::new();
@@ -179,7 +221,7 @@ impl MemoryPlan {
         run_step(model, &mut params, adam, &mut state, (&x, &y), 2, hook)?;
         let step_end = pb.events();
         let (mut trace, labels_by_addr) = pb.finish();
-        drop((x, y, params, state, be));
+        drop((x, y, next, params, state, be));
         trace.events.truncate(step_end);
         let marks = Marks {
             setup_end,
@@ -188,7 +230,7 @@ impl MemoryPlan {
             step_end,
         };
         Ok(assemble(
-            model.name(),
+            (model.name(), feed),
             target,
             (input.clone(), labels),
             trace,
@@ -203,7 +245,8 @@ impl MemoryPlan {
         self.input.dims().first().copied().unwrap_or(0)
     }
 
-    /// Bytes live across the step: parameters, optimizer state, the placed batch.
+    /// Bytes live across the step: parameters, optimizer state, the placed batch (two with
+    /// [`Feed::Prefetched`]).
     pub fn persistent_bytes(&self) -> u64 {
         self.timeline.baseline.iter().sum()
     }
@@ -239,7 +282,7 @@ impl MemoryPlan {
 
 /// Builds the plan from the dry run's trace and names.
 fn assemble(
-    model: String,
+    (model, feed): (String, Feed),
     target: &Arc<dyn Backend>,
     (input, labels): (Shape, Shape),
     trace: Trace,
@@ -335,6 +378,7 @@ fn assemble(
     let peak = timeline.peak();
     MemoryPlan {
         model,
+        feed,
         device: target.device(),
         input,
         labels,

@@ -1,5 +1,8 @@
-//! Host staging: the pageable host buffers a batch is assembled in before placement, allocated
-//! through a [`stax_alloc`] allocator so that host bytes are counted like device bytes.
+//! Host staging: the host buffers a batch is assembled in before placement, allocated through
+//! a [`stax_alloc`] allocator so that host bytes are counted like device bytes. On a backend
+//! with pinned memory ([`Backend::staging_allocator`], CUDA) batches are gathered straight
+//! into pinned buffers and copied asynchronously ([`Backend::upload_async`]); elsewhere into
+//! pageable buffers of the staging's own allocator.
 //!
 //! ```
 //! use stax_train::{HostStaging, data::fashion_mnist_2class};
@@ -18,52 +21,78 @@
 use std::sync::Arc;
 
 use stax_alloc::{Allocation, Allocator, Category, HostMemory, Strategy};
-use stax_tensor::{Backend, Tensor};
+use stax_tensor::{Backend, DType, Shape, Tensor, TensorError, Upload};
 
 use crate::TrainError;
 use crate::data::Dataset;
 
-/// Pageable host memory for assembling batches, from its own caching [`Allocator`] over
-/// [`HostMemory`]; buffers are tagged [`Category::Input`] and freed once the batch is placed
-/// (the allocator keeps them cached for the next batch).
+/// Host memory for assembling batches: the backend's pinned allocator where it has one, else
+/// this staging's own caching [`Allocator`] over pageable [`HostMemory`]. Buffers are tagged
+/// [`Category::Input`] and freed once the batch is on the device (the allocator keeps them
+/// cached for the next batch).
 #[derive(Debug, Clone)]
 pub struct HostStaging {
     allocator: Arc<Allocator>,
 }
 
-/// A host f32 buffer from the staging allocator.
-struct HostBuffer {
-    alloc: Allocation,
-    len: usize,
+/// A batch gathered in host memory (images NHWC `[n, h, w, c]`, one-hot labels `[n, k]`,
+/// f32), ready to be placed on a device ([`HostBatch::upload`]).
+#[derive(Debug)]
+pub struct HostBatch {
+    images: Allocation,
+    labels: Allocation,
+    shapes: (Shape, Shape),
 }
 
-impl HostBuffer {
-    fn new(allocator: &Arc<Allocator>, len: usize) -> Result<HostBuffer, TrainError> {
-        let bytes = len
-            .checked_mul(4)
-            .ok_or_else(|| stax_alloc::AllocError::Backend {
-                backend: "host".into(),
-                op: "stage",
-                message: format!("{len} f32 overflow the address space"),
-            })
-            .map_err(stax_tensor::TensorError::from)?;
-        let alloc = allocator
-            .allocate(bytes, Category::Input)
-            .map_err(stax_tensor::TensorError::from)?;
-        Ok(HostBuffer { alloc, len })
+impl HostBatch {
+    /// Images and labels shapes.
+    pub fn shapes(&self) -> (&Shape, &Shape) {
+        (&self.shapes.0, &self.shapes.1)
     }
 
-    fn as_mut_slice(&mut self) -> &mut [f32] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: the allocation comes from an allocator over `HostMemory` (built only in
-        // `HostStaging::new`), so its address is a real host pointer, 64-byte aligned (enough
-        // for f32), to `len * 4` live bytes that are always initialized (fresh segments are
-        // zeroed, reused blocks hold earlier values). `&mut self` owns the allocation, so the
-        // slice is the only access while it lives.
-        unsafe { std::slice::from_raw_parts_mut(self.alloc.addr() as usize as *mut f32, self.len) }
+    /// Starts placing the batch on `backend` (tagged [`Category::Input`]): the copies run
+    /// asynchronously where the backend can ([`Backend::upload_async`]); wait on the two
+    /// uploads before using the tensors.
+    ///
+    /// # Errors
+    /// Allocation and copy errors.
+    pub fn upload(self, backend: &Arc<dyn Backend>) -> Result<(Upload, Upload), TrainError> {
+        let (xs, ys) = self.shapes;
+        let x = Tensor::empty(backend, xs, DType::F32, Category::Input)?;
+        let y = Tensor::empty(backend, ys, DType::F32, Category::Input)?;
+        let x = backend.upload_async(self.images, x)?;
+        let y = backend.upload_async(self.labels, y)?;
+        Ok((x, y))
     }
+}
+
+/// A host buffer for `len` f32 from `allocator`.
+fn host_f32(allocator: &Arc<Allocator>, len: usize) -> Result<Allocation, TrainError> {
+    let bytes = len
+        .checked_mul(4)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "stage",
+            reason: format!("{len} f32 overflow the address space"),
+        })?;
+    Ok(allocator
+        .allocate(bytes, Category::Input)
+        .map_err(TensorError::from)?)
+}
+
+/// The f32 view of a host staging buffer.
+fn as_f32(a: &mut Allocation) -> Result<&mut [f32], TrainError> {
+    let bytes = a
+        .host_bytes_mut()
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "stage",
+            reason: "the staging allocator does not hand out host memory".into(),
+        })?;
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
+        TrainError::from(TensorError::InvalidArgument {
+            op: "stage",
+            reason: format!("host buffer is not an f32 array: {e}"),
+        })
+    })
 }
 
 impl HostStaging {
@@ -77,14 +106,47 @@ impl HostStaging {
         Ok(HostStaging { allocator })
     }
 
-    /// The host allocator (its stats are the report's pageable host figures).
+    /// The pageable host allocator (its stats are the report's pageable host figures).
     pub fn allocator(&self) -> &Arc<Allocator> {
         &self.allocator
     }
 
-    /// Gathers the examples `indices` of `dataset` into host staging buffers (resized to
-    /// `hwc`, labels one-hot) and places them on `backend`, tagged [`Category::Input`]:
-    /// images NHWC `[len, h, w, c]`, labels `[len, num_classes]`.
+    /// Gathers the examples `indices` of `dataset` into host buffers (resized to `hwc`,
+    /// labels one-hot) for `backend`: pinned memory from [`Backend::staging_allocator`] when
+    /// it has one, else this staging's pageable allocator.
+    ///
+    /// # Errors
+    /// Data errors from [`crate::data::loader::fill_batch`]; allocation errors.
+    pub fn gather(
+        &self,
+        backend: &Arc<dyn Backend>,
+        dataset: &Dataset,
+        indices: &[usize],
+        hwc: (usize, usize, usize),
+    ) -> Result<HostBatch, TrainError> {
+        let (h, w, c) = hwc;
+        let (n, k) = (indices.len(), dataset.num_classes());
+        let allocator = backend.staging_allocator().unwrap_or(&self.allocator);
+        let mut images = host_f32(allocator, n * h * w * c)?;
+        let mut labels = host_f32(allocator, n * k)?;
+        crate::data::loader::fill_batch(
+            dataset,
+            indices,
+            hwc,
+            as_f32(&mut images)?,
+            as_f32(&mut labels)?,
+        )?;
+        let shapes = (Shape::new([n, h, w, c]), Shape::new([n, k]));
+        Ok(HostBatch {
+            images,
+            labels,
+            shapes,
+        })
+    }
+
+    /// Gathers the examples `indices` of `dataset` ([`HostStaging::gather`]) and places them
+    /// on `backend`, tagged [`Category::Input`]: images NHWC `[len, h, w, c]`, labels
+    /// `[len, num_classes]`. Returns once both are on the device.
     ///
     /// # Errors
     /// Data errors from [`crate::data::loader::fill_batch`]; allocation and copy errors.
@@ -95,24 +157,9 @@ impl HostStaging {
         indices: &[usize],
         hwc: (usize, usize, usize),
     ) -> Result<(Tensor, Tensor), TrainError> {
-        let (h, w, c) = hwc;
-        let (n, k) = (indices.len(), dataset.num_classes());
-        let mut images = HostBuffer::new(&self.allocator, n * h * w * c)?;
-        let mut labels = HostBuffer::new(&self.allocator, n * k)?;
-        crate::data::loader::fill_batch(
-            dataset,
-            indices,
-            hwc,
-            images.as_mut_slice(),
-            labels.as_mut_slice(),
-        )?;
-        let x = Tensor::from_slice(
-            backend,
-            images.as_mut_slice(),
-            [n, h, w, c],
-            Category::Input,
-        )?;
-        let y = Tensor::from_slice(backend, labels.as_mut_slice(), [n, k], Category::Input)?;
-        Ok((x, y))
+        let (x, y) = self
+            .gather(backend, dataset, indices, hwc)?
+            .upload(backend)?;
+        Ok((x.wait()?, y.wait()?))
     }
 }

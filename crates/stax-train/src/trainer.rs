@@ -6,7 +6,7 @@
 //! leaves parameters and optimizer state as the last finished step left them.
 
 use crate::TrainError;
-use crate::plan::{self, MemoryPlan};
+use crate::plan::{self, Feed, MemoryPlan};
 use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
 use crate::staging::HostStaging;
 use stax_alloc::{Allocator, Category, OomReport, TraceOp};
@@ -159,6 +159,7 @@ pub struct Trainer<L: Layer> {
     input: Shape,
     steps: u64,
     staging: HostStaging,
+    feed: Feed,
 }
 
 impl<L: Layer> Trainer<L> {
@@ -186,6 +187,7 @@ impl<L: Layer> Trainer<L> {
             input,
             steps: 0,
             staging: HostStaging::new()?,
+            feed: Feed::Placed,
         })
     }
 
@@ -247,6 +249,17 @@ impl<L: Layer> Trainer<L> {
     /// the failed request, the buffer the plan says it was, and the largest batch that fits;
     /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`] and other tensor errors.
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepReport, TrainError> {
+        self.step_with(x, y, &mut || {})
+    }
+
+    /// [`Trainer::step`], running `meanwhile` on the host after the step's work is queued and
+    /// before waiting for the device (where the next batch is gathered).
+    pub(crate) fn step_with(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<StepReport, TrainError> {
         self.check_batch(x, y)?;
         let allocator = self.backend.allocator().clone();
         allocator.reset_peak();
@@ -267,6 +280,7 @@ impl<L: Layer> Trainer<L> {
             let done = std::array::from_fn(|i| now[i] - first[i]);
             self.explain(e, x.dims()[0], done)
         })?;
+        meanwhile();
         self.backend.synchronize()?;
         let step_ms = start.elapsed().as_secs_f64() * 1e3;
         self.steps = step;
@@ -276,6 +290,18 @@ impl<L: Layer> Trainer<L> {
             step_ms,
             memory: self.memory_report()?,
         })
+    }
+
+    /// Marks this trainer as fed by [`Trainer::step_prefetched`], so that its plans
+    /// ([`Trainer::plan`], [`Trainer::max_batch_that_fits`], out-of-memory diagnoses) count the
+    /// prefetched batch.
+    pub(crate) fn set_feed(&mut self, feed: Feed) {
+        self.feed = feed;
+    }
+
+    /// How batches reach this trainer's steps (what its plans assume).
+    pub fn feed(&self) -> Feed {
+        self.feed
     }
 
     /// The memory report now: the backend's allocator (peaks since the step started), its
@@ -303,12 +329,7 @@ impl<L: Layer> Trainer<L> {
         let memory = MemoryReport::read(&*self.backend)
             .map(|m| m.with_host(self.staging.allocator()))
             .unwrap_or_default();
-        let plan = MemoryPlan::new(
-            &self.model,
-            &self.input_with(batch),
-            &self.adam,
-            &self.backend,
-        );
+        let plan = self.plan(batch);
         let (buffer, planned_peak) = match &plan {
             Ok(p) => (failed_buffer(p, &request, done), Some(p.peak.bytes)),
             Err(_) => (None, None),
@@ -335,22 +356,24 @@ impl<L: Layer> Trainer<L> {
         Shape::new(d)
     }
 
-    /// The memory plan of one step with batch size `batch` on this trainer's backend (a dry
-    /// run on a planning backend: nothing is allocated here).
+    /// The memory plan of one step with batch size `batch` on this trainer's backend, fed as
+    /// [`Trainer::feed`] says (a dry run on a planning backend: nothing is allocated here).
     ///
     /// # Errors
     /// Shape errors; [`stax_tensor::TensorError`]s when the backend cannot size a workspace.
     pub fn plan(&self, batch: usize) -> Result<MemoryPlan, TrainError> {
-        MemoryPlan::new(
+        MemoryPlan::with_feed(
             &self.model,
             &self.input_with(batch),
             &self.adam,
             &self.backend,
+            self.feed,
         )
     }
 
     /// The largest batch whose step fits `budget` bytes of this backend's memory (by the
-    /// plan, replayed on an allocator like this one's; see [`plan::max_batch_that_fits`]).
+    /// plan for [`Trainer::feed`], replayed on an allocator like this one's; see
+    /// [`plan::max_batch_that_fits`]).
     /// `None`: the backend's free memory plus what its allocator holds
     /// ([`plan::default_budget`]).
     ///
@@ -358,7 +381,14 @@ impl<L: Layer> Trainer<L> {
     /// [`TrainError::NoBudget`] when `budget` is None and the backend reports no memory size;
     /// planning errors.
     pub fn max_batch_that_fits(&self, budget: Option<u64>) -> Result<usize, TrainError> {
-        plan::max_batch_that_fits(&self.model, &self.input, &self.adam, &self.backend, budget)
+        plan::max_batch_that_fits(
+            &self.model,
+            &self.input,
+            &self.adam,
+            &self.backend,
+            self.feed,
+            budget,
+        )
     }
 
     /// Places a batch of `dataset` for this trainer (its image size), staged through the

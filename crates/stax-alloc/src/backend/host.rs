@@ -4,7 +4,7 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::{AllocError, RawMemory, Segment};
+use crate::{AllocError, HostAccess, RawMemory, Segment};
 
 /// Host alignment in bytes (one cache line; enough for any SIMD load of f32).
 const HOST_ALIGN: usize = 64;
@@ -77,6 +77,12 @@ impl HostMemory {
 impl RawMemory for HostMemory {
     fn name(&self) -> String {
         "host".into()
+    }
+
+    fn host_access(&self) -> Option<HostAccess> {
+        // SAFETY: segments come from `alloc_zeroed` (host memory, initialized), are ours until
+        // `release`, and nothing but the allocations' owners touches them.
+        Some(unsafe { HostAccess::new() })
     }
 
     fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {

@@ -6,7 +6,7 @@
 //! so nothing frees it behind the allocator's back.
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
-use stax_alloc::{AllocError, RawMemory, Segment};
+use stax_alloc::{AllocError, HostAccess, RawMemory, Segment};
 use std::sync::Arc;
 
 /// Alignment of device segments and allocations, in bytes (what cuBLAS and cuDNN want).
@@ -278,6 +278,13 @@ impl RawMemory for PinnedMemory {
         format!("pinned host (cuda:{})", self.ctx.ordinal())
     }
 
+    fn host_access(&self) -> Option<HostAccess> {
+        // SAFETY: segments are host memory from cuMemHostAlloc, zeroed in `reserve`, ours until
+        // `release`. The device only writes them in `Staging::download`, into the staging
+        // chunks, which are never handed out as allocations of their own.
+        Some(unsafe { HostAccess::new() })
+    }
+
     fn reserve(&self, bytes: usize) -> Result<Segment, AllocError> {
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: plain page-locked allocation; the bytes are only touched through the
@@ -289,6 +296,9 @@ impl RawMemory for PinnedMemory {
             Some(bytes),
             || unsafe { result::malloc_host(bytes, flags) },
         )?;
+        // SAFETY: `p` points to `bytes` fresh host bytes; zeroing them makes every byte a
+        // host slice may show initialized (see `host_access`).
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
         Ok(Segment {
             addr: p as u64,
             bytes,

@@ -1,4 +1,5 @@
-//! Host <-> device copies through a pinned staging buffer.
+//! Host <-> device copies: through a pinned staging buffer on the compute stream, and
+//! asynchronous uploads on a second (copy) stream.
 //!
 //! Copies from pageable memory are staged by the driver anyway, more slowly; we stage
 //! ourselves through two pinned chunks so that the host `memcpy` of one chunk overlaps the DMA
@@ -6,9 +7,14 @@
 //! for the backend's life and guarded by one lock. Both directions run on the compute stream,
 //! so they are ordered with the kernels around them.
 //!
-//! Not done yet: a second stream that prefetches the next batch while a step runs.
+//! [`Staging::upload_async`] copies a host allocation (pinned, from the same allocator, for
+//! DMA at full speed) on the copy stream, which first waits for the compute work queued so
+//! far: the allocator is not stream-aware, so the destination may be memory that queued work
+//! freed. Work queued on the compute stream afterwards (the current step) runs alongside the
+//! copy. [`InFlight`] holds the source until the copy's event completes.
 
-use crate::TensorError;
+use crate::upload::{PendingCopy, Upload, host_source};
+use crate::{Tensor, TensorError};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result};
 use stax_alloc::{Allocation, Allocator, Category, Strategy};
 use std::sync::{Arc, Mutex};
@@ -29,6 +35,7 @@ struct Slots {
 #[derive(Debug)]
 pub(crate) struct Staging {
     stream: Arc<CudaStream>,
+    copy_stream: Arc<CudaStream>,
     allocator: Arc<Allocator>,
     slots: Mutex<Slots>,
 }
@@ -38,11 +45,15 @@ fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
 }
 
 impl Staging {
-    /// Two pinned chunks of [`STAGING_CHUNK_BYTES`] for copies on `stream`.
+    /// Two pinned chunks of [`STAGING_CHUNK_BYTES`] for copies on `stream`, and `copy_stream`
+    /// for [`Staging::upload_async`].
     ///
     /// # Errors
     /// [`TensorError::Alloc`] if pinned memory cannot be had; [`TensorError::Driver`].
-    pub(crate) fn new(stream: Arc<CudaStream>) -> Result<Staging, TensorError> {
+    pub(crate) fn new(
+        stream: Arc<CudaStream>,
+        copy_stream: Arc<CudaStream>,
+    ) -> Result<Staging, TensorError> {
         let ctx: Arc<CudaContext> = stream.context().clone();
         let allocator =
             Allocator::new(Arc::new(PinnedMemory::new(ctx.clone())), Strategy::Caching)?;
@@ -52,6 +63,7 @@ impl Staging {
         let done = [event()?, event()?];
         Ok(Staging {
             stream,
+            copy_stream,
             allocator,
             slots: Mutex::new(Slots { chunks, done }),
         })
@@ -88,6 +100,27 @@ impl Staging {
                 .map_err(driver("cuEventRecord"))?;
         }
         Ok(())
+    }
+
+    /// Starts copying host memory `src` into `dst` on the copy stream, after the compute work
+    /// queued so far (see the module docs).
+    ///
+    /// # Errors
+    /// As [`host_source`]; [`TensorError::Driver`] for the stream and copy calls.
+    pub(crate) fn upload_async(&self, src: Allocation, dst: Tensor) -> Result<Upload, TensorError> {
+        let bytes = host_source("upload_async", &src, &dst)?;
+        self.copy_stream
+            .join(&self.stream)
+            .map_err(driver("cuStreamWaitEvent"))?;
+        // SAFETY: `dst` holds `bytes.len()` device bytes and stays alive (in the `Upload`)
+        // until the copy's event completes; `src` is kept in `InFlight` until then too.
+        unsafe { result::memcpy_htod_async(dst.addr(), bytes, self.copy_stream.cu_stream()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        let done = self
+            .copy_stream
+            .record_event(None)
+            .map_err(driver("cuEventRecord"))?;
+        Ok(Upload::pending(dst, Box::new(InFlight { done, _src: src })))
     }
 
     /// Copies device address `src` (holding `dst.len()` bytes) to `dst`, after all work queued
@@ -135,5 +168,27 @@ impl Staging {
             )
         };
         Ok(())
+    }
+}
+
+/// An upload on the copy stream: its completion event and the host source it reads.
+#[derive(Debug)]
+struct InFlight {
+    done: CudaEvent,
+    _src: Allocation,
+}
+
+impl PendingCopy for InFlight {
+    fn wait(self: Box<Self>) -> Result<(), TensorError> {
+        self.done
+            .synchronize()
+            .map_err(driver("cuEventSynchronize"))
+    }
+}
+
+impl Drop for InFlight {
+    /// The DMA may still read the source: wait before it goes back to its allocator.
+    fn drop(&mut self) {
+        let _ = self.done.synchronize();
     }
 }

@@ -21,7 +21,7 @@ use stax_layers::Layer;
 use stax_optim::Adam;
 use stax_tensor::{Backend, Shape, TensorError};
 
-use super::MemoryPlan;
+use super::{Feed, MemoryPlan};
 use crate::TrainError;
 
 /// The largest batch size [`max_batch_that_fits`] tries.
@@ -145,8 +145,9 @@ pub fn default_budget(backend: &dyn Backend) -> Result<u64, TrainError> {
         })
 }
 
-/// The largest batch size whose run fits `budget` bytes on `target` ([`MemoryPlan::fits`]):
-/// `input` gives the image shape (its batch dimension is ignored). `None` uses
+/// The largest batch size whose run fits `budget` bytes on `target` ([`MemoryPlan::fits`]),
+/// with batches fed as `feed` says: `input` gives the image shape (its batch dimension is
+/// ignored). `None` uses
 /// [`default_budget`]. 0 when not even a batch of one fits; at most [`MAX_BATCH`]. A batch
 /// larger than one that the backend cannot plan (say, a tensor past cuDNN's 32-bit limits)
 /// counts as not fitting.
@@ -158,6 +159,7 @@ pub fn max_batch_that_fits<L: Layer + ?Sized>(
     input: &Shape,
     adam: &Adam,
     target: &Arc<dyn Backend>,
+    feed: Feed,
     budget: Option<u64>,
 ) -> Result<usize, TrainError> {
     let budget = match budget {
@@ -169,7 +171,7 @@ pub fn max_batch_that_fits<L: Layer + ?Sized>(
         if let Some(n) = dims.first_mut() {
             *n = batch;
         }
-        MemoryPlan::new(model, &Shape::new(dims), adam, target)?.fits(budget)
+        MemoryPlan::with_feed(model, &Shape::new(dims), adam, target, feed)?.fits(budget)
     };
     if !fits(1)? {
         return Ok(0);

@@ -139,15 +139,21 @@ pub(crate) fn layer_of(name: &str) -> &str {
 }
 
 /// Names a trace recorded from the start of training: `setup` is the plan's allocations made
-/// by `Trainer::new` (parameters, Adam's moments), `cycle` those of one loop iteration (the
-/// batch's placement, then the step). Recorded allocations are matched in order by category and
-/// bytes; a workspace allocation that matches nothing is named after the layer of the last
-/// match (backends such as CUDA make several workspace buffers where the plan holds one), and
-/// anything else unmatched (evaluation, a batch of another size) by its category. Frees take
-/// the name of their allocation.
+/// by `Trainer::new` (parameters, Adam's moments; with prefetching, the first batch), `cycle`
+/// those of one loop iteration (a batch's placement, then the step). Recorded allocations are
+/// matched in order by category and bytes; a step may also start without its placement (the
+/// last step of a prefetched loop, a batch stepped twice). A workspace allocation that matches
+/// nothing is named after the layer of the last match (backends such as CUDA make several
+/// workspace buffers where the plan holds one), and anything else unmatched (evaluation, a
+/// batch of another size) by its category. Frees take the name of their allocation.
 pub(crate) fn name_trace(trace: &Trace, setup: &[Expected], cycle: &[Expected]) -> NamedTrace {
     let pattern: Vec<&Expected> = setup.iter().chain(cycle).collect();
     let restart = setup.len();
+    let placement = cycle
+        .iter()
+        .take_while(|x| x.category == Category::Input)
+        .count();
+    let step_at = restart + placement;
     let mut pos = 0usize;
     let mut names: HashMap<u64, String> = HashMap::new();
     let mut out = NamedTrace::default();
@@ -171,11 +177,14 @@ pub(crate) fn name_trace(trace: &Trace, setup: &[Expected], cycle: &[Expected]) 
                 let at = |p: usize| pattern.get(p).filter(|x| fits(x, e.category, e.bytes));
                 let hit = match at(pos) {
                     Some(x) => Some((pos, x)),
-                    None => at(restart).map(|x| (restart, x)),
+                    None => at(restart)
+                        .map(|x| (restart, x))
+                        .or_else(|| at(step_at).map(|x| (step_at, x))),
                 };
                 let name = match hit {
                     Some((p, x)) => {
-                        if p == restart && !cycle.is_empty() {
+                        let unplaced = p == step_at && pos != step_at && placement > 0;
+                        if (p == restart || unplaced) && !cycle.is_empty() {
                             out.step_starts.push(i);
                         }
                         pos = if p + 1 == pattern.len() {
@@ -261,5 +270,36 @@ mod tests {
         assert_eq!(names[7], "dense1.dw");
         assert_eq!(names[10], "input.images"); // the free of x
         assert_eq!(*names.last().unwrap(), "activation");
+    }
+
+    #[test]
+    fn a_step_without_its_placement_starts_a_step() {
+        // A prefetched loop: the first batch belongs to the set-up, each cycle places the next
+        // batch before the step, and the last step has no batch left to place.
+        let setup = [
+            exp(Category::Parameter, 40, "dense1.w"),
+            exp(Category::Input, 8, "input.images"),
+        ];
+        let cycle = [
+            exp(Category::Input, 8, "input.images"),
+            exp(Category::Activation, 16, "dense1.output"),
+        ];
+        let mut b = TraceBuilder::new();
+        b.alloc(40, Category::Parameter);
+        b.alloc(8, Category::Input);
+        for last in [false, false, true] {
+            if !last {
+                b.alloc(8, Category::Input);
+            }
+            let y = b.alloc(16, Category::Activation);
+            b.free(y);
+        }
+        let named = name_trace(&b.finish(), &setup, &cycle);
+        assert_eq!(named.step_starts, vec![2, 5, 8]);
+        let last = &named.timeline.events[8];
+        assert_eq!(
+            (last.op, last.name.as_str()),
+            (TraceOp::Alloc, "dense1.output")
+        );
     }
 }

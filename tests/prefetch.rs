@@ -1,0 +1,232 @@
+//! The prefetched loop (`Trainer::step_prefetched`): it trains exactly like placing each batch
+//! before its step, its plan counts the prefetched batch to the byte, a bad batch is reported
+//! by its own step, and asynchronous uploads are checked and ordered after queued work.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Rng, assert_rel_close, cpu, cuda_or_skip, seed_for, with_precision};
+use stax::alloc::{Allocator, HostMemory, SimMemory};
+use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
+use stax::train::plan::{Feed, MemoryPlan};
+use stax::train::{StepReport, TrainError, Trainer, place_batch};
+use stax::{
+    Adam, Backend, Category, Conv, DType, Dense, Flatten, Padding, Precision, Relu, Shape,
+    Strategy, Tensor, TensorError, serial,
+};
+
+const IMG: usize = 12;
+
+fn model() -> stax::Serial {
+    serial![
+        Conv::same(4, (3, 3)),
+        Relu,
+        Conv::new(3, (3, 3), (2, 2), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(2)
+    ]
+}
+
+fn trainer(backend: &Arc<dyn Backend>, batch: usize) -> Trainer<stax::Serial> {
+    let input = Shape::new([batch, IMG, IMG, 3]);
+    Trainer::new(model(), input, Adam::new(1e-2), backend, 5).unwrap()
+}
+
+fn params(t: &Trainer<stax::Serial>) -> Vec<f32> {
+    t.params()
+        .leaves()
+        .iter()
+        .flat_map(|p| p.to_vec().unwrap())
+        .collect()
+}
+
+/// `steps` batches of `batch` examples, in the loader's order.
+fn batches(train: &Dataset, batch: usize, steps: usize) -> Vec<Vec<usize>> {
+    let loader = Loader::new(train.len(), batch, 11).unwrap();
+    loader.batches(0).take(steps).collect()
+}
+
+/// Every step of a prefetched loop over `batches` on `backend`.
+fn run_prefetched(
+    t: &mut Trainer<stax::Serial>,
+    train: &Dataset,
+    batches: &[Vec<usize>],
+) -> Vec<StepReport> {
+    let mut feed = t.prefetch(train, batches.to_vec());
+    let mut reports = Vec::new();
+    while let Some(r) = t.step_prefetched(&mut feed).unwrap() {
+        reports.push(r);
+    }
+    reports
+}
+
+#[test]
+fn prefetched_loop_trains_like_the_placed_loop_and_its_plan_is_exact() {
+    let (be, other) = (cpu(), cpu()); // one allocator each
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let batch = 16;
+    let order = batches(&train, batch, 6);
+    let mut placed = trainer(&other, batch);
+    let placed_losses: Vec<f32> = order
+        .iter()
+        .map(|ix| {
+            let (x, y) = place_batch(&other, &train, ix, (IMG, IMG, 3)).unwrap();
+            placed.step(&x, &y).unwrap().loss
+        })
+        .collect();
+    let mut fed = trainer(&be, batch);
+    let plan_placed = fed.plan(batch).unwrap();
+    let reports = run_prefetched(&mut fed, &train, &order);
+    assert_eq!(fed.feed(), Feed::Prefetched);
+    let losses: Vec<f32> = reports.iter().map(|r| r.loss).collect();
+    assert_eq!(
+        losses, placed_losses,
+        "same batches, same order, same arithmetic"
+    );
+    assert_eq!(params(&fed), params(&placed));
+
+    let plan = fed.plan(batch).unwrap();
+    assert_eq!(plan.feed, Feed::Prefetched);
+    let batch_bytes = (4 * batch * (IMG * IMG * 3 + 2)) as u64;
+    assert_eq!(plan.peak.bytes, plan_placed.peak.bytes + batch_bytes);
+    assert_eq!(
+        plan.persistent_bytes(),
+        plan_placed.persistent_bytes() + batch_bytes
+    );
+    let state = 3 * fed.params().bytes() as u64;
+    for (i, r) in reports.iter().enumerate() {
+        // during every step but the last, the next batch was on the device too
+        let last = i + 1 == reports.len();
+        let want = if last {
+            plan_placed.peak.bytes
+        } else {
+            plan.peak.bytes
+        };
+        assert_eq!(r.memory.peak, want, "step {}", r.step);
+        // after the step: parameters, m and v, its batch and the next one (none after the last)
+        let inputs = if last { batch_bytes } else { 2 * batch_bytes };
+        assert_eq!(r.memory.live, state + inputs, "step {}", r.step);
+        assert_eq!(r.memory.by_category[Category::Input.index()].live, inputs);
+    }
+}
+
+#[test]
+fn a_bad_batch_is_reported_by_its_own_step_and_the_loop_goes_on() {
+    let be = cpu();
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let mut order = batches(&train, 4, 4);
+    order[2] = vec![0, train.len()]; // one index out of range
+    let mut t = trainer(&be, 4);
+    let mut feed = t.prefetch(&train, order);
+    let mut outcomes = Vec::new();
+    loop {
+        match t.step_prefetched(&mut feed) {
+            Ok(Some(r)) => outcomes.push(Ok(r.step)),
+            Ok(None) => break,
+            Err(e) => outcomes.push(Err(e)),
+        }
+    }
+    assert_eq!(outcomes.len(), 4);
+    assert!(matches!(outcomes[..2], [Ok(1), Ok(2)]));
+    assert!(
+        matches!(outcomes[2], Err(TrainError::IndexOutOfRange { .. })),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(matches!(outcomes[3], Ok(3)), "{:?}", outcomes[3]);
+    assert_eq!(t.steps(), 3);
+}
+
+#[test]
+fn upload_async_rejects_device_memory_and_wrong_sizes() {
+    let be = cpu();
+    let dst = || Tensor::empty(&be, [3], DType::F32, Category::Input).unwrap();
+    let sim = SimMemory::new(1 << 30, 2 << 20);
+    let sim = Allocator::new(Arc::new(sim), Strategy::Caching).unwrap();
+    let not_host = sim.allocate(12, Category::Input).unwrap();
+    let e = be.upload_async(not_host, dst()).unwrap_err();
+    assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
+    let host = Allocator::new(Arc::new(HostMemory::new()), Strategy::Caching).unwrap();
+    let short = host.allocate(8, Category::Input).unwrap();
+    let e = be.upload_async(short, dst()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::HostLength {
+                expected: 12,
+                got: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// The plan of a prefetched loop of the seed-like model on the GPU equals every measured
+/// step's peak, and the losses follow the CPU's (full f32), over fresh random batches.
+#[test]
+fn prefetched_gpu_loop_matches_the_cpu_and_its_plan() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let batch = 8;
+    let mut rng = Rng::new(seed_for("prefetched_gpu_loop", &[batch]));
+    let order: Vec<Vec<usize>> = (0..4)
+        .map(|_| (0..batch).map(|_| rng.below(train.len())).collect())
+        .collect();
+    let mut on_cpu = trainer(&cpu, batch);
+    let mut on_gpu = trainer(&gpu, batch);
+    let cpu_losses: Vec<f32> = run_prefetched(&mut on_cpu, &train, &order)
+        .iter()
+        .map(|r| r.loss)
+        .collect();
+    let gpu_reports = run_prefetched(&mut on_gpu, &train, &order);
+    let gpu_losses: Vec<f32> = gpu_reports.iter().map(|r| r.loss).collect();
+    assert_rel_close(&gpu_losses, &cpu_losses, 1e-4, "losses");
+    assert_rel_close(&params(&on_gpu), &params(&on_cpu), 1e-3, "parameters");
+    let plan = on_gpu.plan(batch).unwrap();
+    let input = Shape::new([batch, IMG, IMG, 3]);
+    let placed = MemoryPlan::new(&model(), &input, &Adam::new(1e-2), &gpu).unwrap();
+    for r in &gpu_reports[..gpu_reports.len() - 1] {
+        assert_eq!(r.memory.peak, plan.peak.bytes, "step {}", r.step);
+    }
+    assert_eq!(gpu_reports.last().unwrap().memory.peak, placed.peak.bytes);
+}
+
+/// An upload into memory that queued work has just freed waits for that work: a long matmul
+/// writes `c`, `c` is dropped, and the upload into the block it leaves must not be overwritten
+/// by the matmul finishing after it.
+#[test]
+fn gpu_upload_async_is_ordered_after_queued_work() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let n = 4096;
+    let mut rng = Rng::new(seed_for("gpu_upload_async_ordered", &[n]));
+    let a = Tensor::from_slice(&gpu, &rng.vec(n * n, -1.0, 1.0), [n, n], Category::Other);
+    let a = a.unwrap();
+    let pinned = gpu.staging_allocator().expect("CUDA has pinned memory");
+    let data = rng.vec(n * n, -1.0, 1.0);
+    for round in 0..3 {
+        let mut c = Tensor::empty(&gpu, [n, n], DType::F32, Category::Other).unwrap();
+        gpu.matmul(&a, &a, false, false, &mut c).unwrap(); // queued, milliseconds of work
+        let freed = c.addr();
+        drop(c);
+        let dst = Tensor::empty(&gpu, [n, n], DType::F32, Category::Input).unwrap();
+        assert_eq!(
+            dst.addr(),
+            freed,
+            "the caching allocator reuses the block at once"
+        );
+        let mut src = pinned.allocate(n * n * 4, Category::Input).unwrap();
+        src.host_bytes_mut()
+            .unwrap()
+            .copy_from_slice(bytemuck::cast_slice(&data));
+        let got = gpu.upload_async(src, dst).unwrap().wait().unwrap();
+        assert_eq!(got.to_vec().unwrap(), data, "round {round}");
+    }
+}
