@@ -191,7 +191,8 @@ fn prefetched_gpu_loop_matches_the_cpu_and_its_plan() {
     let plan = on_gpu.plan(batch).unwrap();
     let input = Shape::new([batch, IMG, IMG, 3]);
     let placed = MemoryPlan::new(&model(), &input, &Adam::new(1e-2), &gpu).unwrap();
-    for r in &gpu_reports[..gpu_reports.len() - 1] {
+    // step 1 also holds cuDNN's algorithm search; from step 2 on the plan is exact
+    for r in &gpu_reports[1..gpu_reports.len() - 1] {
         assert_eq!(r.memory.peak, plan.peak.bytes, "step {}", r.step);
     }
     assert_eq!(gpu_reports.last().unwrap().memory.peak, placed.peak.bytes);

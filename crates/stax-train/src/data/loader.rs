@@ -29,6 +29,7 @@
 
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 use super::Dataset;
 use super::resize::{check_resizable, resize_bilinear};
@@ -241,20 +242,27 @@ pub fn fill_batch(
         });
     }
 
+    // One image per task, in parallel (rayon): resizing a batch of 100 to 200x200 takes
+    // ~20 ms on one core, longer than the seed's step on an H200.
     let same = (h, w, c) == (oh, ow, oc);
-    let mut scratch = if same {
-        Vec::new()
-    } else {
-        vec![0.0f32; dataset.image_len()]
-    };
-    for (&i, out) in indices.iter().zip(images.chunks_exact_mut(per_out)) {
+    let scratch = || {
         if same {
-            dataset.image_f32(i, out)?;
+            Vec::new()
         } else {
-            dataset.image_f32(i, &mut scratch)?;
-            resize_bilinear(&scratch, (h, w, c), out, out_hwc)?;
+            vec![0.0f32; dataset.image_len()]
         }
-    }
+    };
+    indices
+        .par_iter()
+        .zip(images.par_chunks_exact_mut(per_out))
+        .try_for_each_init(scratch, |scratch, (&i, out)| {
+            if same {
+                dataset.image_f32(i, out)
+            } else {
+                dataset.image_f32(i, scratch)?;
+                resize_bilinear(scratch, (h, w, c), out, out_hwc)
+            }
+        })?;
     labels_onehot.fill(0.0);
     for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
         row[dataset.labels()[i] as usize] = 1.0;
