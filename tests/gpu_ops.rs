@@ -6,10 +6,11 @@
 mod common;
 
 use common::*;
+use stax_alloc::TraceOp;
 use stax_tensor::cuda::CudaBackend;
 use stax_tensor::{
     AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType, Device, Padding,
-    Precision, Strategy, Tensor, TensorError, WorkspaceOp,
+    Precision, Strategy, Tensor, TensorError, WorkspaceOp, WorkspaceStep,
 };
 use std::sync::Arc;
 
@@ -698,10 +699,11 @@ fn every_strategy_opens_and_computes() {
     }
 }
 
-/// `workspace_bytes` predicts, to the byte, the workspace peak of each op (after the first
-/// query has chosen the conv algorithms on temporary buffers).
+/// `workspace_schedule` lists, to the byte and in order, the workspace allocations and frees
+/// of each op (after the first query has chosen the conv algorithms on temporary buffers), and
+/// `workspace_bytes` is their peak.
 #[test]
-fn workspace_bytes_match_what_ops_allocate() {
+fn workspace_schedules_match_what_ops_allocate() {
     if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
         return;
     }
@@ -712,21 +714,43 @@ fn workspace_bytes_match_what_ops_allocate() {
     let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
     let ws = Category::Workspace.index();
     let check = |what: &str, op: WorkspaceOp, run: &mut dyn FnMut()| {
-        let predicted = gpu.workspace_bytes(&op).unwrap();
+        let predicted = gpu.workspace_schedule(&op).unwrap();
         run(); // steady state: the algorithm is chosen, buffers are cached
         gpu.synchronize().unwrap();
         gpu.allocator().reset_peak();
+        gpu.allocator().start_trace();
         run();
         gpu.synchronize().unwrap();
+        let trace = gpu.allocator().stop_trace();
+        let mut ids = Vec::new();
+        let recorded: Vec<WorkspaceStep> = trace
+            .events
+            .iter()
+            .filter(|e| e.category == Category::Workspace)
+            .map(|e| match e.op {
+                TraceOp::Alloc => {
+                    ids.push(e.id);
+                    WorkspaceStep::Alloc(e.bytes as usize)
+                }
+                TraceOp::Free => WorkspaceStep::Free(ids.iter().position(|&i| i == e.id).unwrap()),
+            })
+            .collect();
+        assert_eq!(recorded, predicted, "{what}: workspace schedule");
         let peak = gpu.allocator().stats().by_category[ws].peak;
         assert_eq!(
-            peak, predicted as u64,
-            "{what}: workspace peak vs workspace_bytes"
+            peak,
+            gpu.workspace_bytes(&op).unwrap() as u64,
+            "{what}: peak"
         );
-        println!("workspace {what}: {predicted} B");
+        println!("workspace {what}: {predicted:?}");
     };
     let mut rng = Rng::new(seed_for("workspace", &[]));
-    for case in [&CONV_CASES[1], &CONV_CASES[2], &CONV_CASES[3]] {
+    for case in [
+        &CONV_CASES[1],
+        &CONV_CASES[2],
+        &CONV_CASES[3],
+        &CONV_CASES[6],
+    ] {
         let g = geometry(case);
         let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
         let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
@@ -752,6 +776,23 @@ fn workspace_bytes_match_what_ops_allocate() {
             op(ConvPass::BackwardFilter),
             &mut || {
                 gpu.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)
+                    .unwrap()
+            },
+        );
+        // the fused ReLU variants the training step uses allocate as their plain passes
+        let words = g.output_shape().numel().div_ceil(32);
+        let mut mask = poisoned(&gpu, [words], DType::U32);
+        check(
+            &format!("conv fwd + relu {g:?}"),
+            op(ConvPass::Forward),
+            &mut || gpu.conv2d_relu(&x, &w, &b, &g, &mut y, &mut mask).unwrap(),
+        );
+        let mut dy_relu = dy.duplicate().unwrap();
+        check(
+            &format!("conv bwd filter + relu {g:?}"),
+            op(ConvPass::BackwardFilter),
+            &mut || {
+                gpu.conv2d_bwd_filter_relu(&x, &mut dy_relu, &mask, &g, &mut dw, &mut db)
                     .unwrap()
             },
         );

@@ -99,8 +99,8 @@ pub enum ConvPass {
     BackwardFilter,
 }
 
-/// An op whose scratch memory a memory planner asks about ([`Backend::workspace_bytes`]): the
-/// op and the sizes its workspace depends on.
+/// An op whose scratch memory a memory planner asks about ([`Backend::workspace_schedule`]):
+/// the op and the sizes its workspace depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkspaceOp {
     /// One pass of a convolution of this geometry.
@@ -133,6 +133,52 @@ pub enum WorkspaceOp {
         /// Classes.
         classes: usize,
     },
+}
+
+/// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),
+/// in the order the op makes them ([`Backend::workspace_schedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkspaceStep {
+    /// Allocates this many bytes.
+    Alloc(usize),
+    /// Frees the schedule's `i`-th allocation (counting [`WorkspaceStep::Alloc`]s from 0).
+    Free(usize),
+}
+
+impl WorkspaceStep {
+    /// The schedule of an op that holds one buffer of `bytes` (none when 0).
+    pub fn single(bytes: usize) -> Vec<WorkspaceStep> {
+        if bytes == 0 {
+            Vec::new()
+        } else {
+            vec![WorkspaceStep::Alloc(bytes), WorkspaceStep::Free(0)]
+        }
+    }
+
+    /// The most bytes a schedule holds at once.
+    ///
+    /// ```
+    /// use stax_tensor::WorkspaceStep::{Alloc, Free};
+    /// // a filter copy (100), a padded input (50), then the library's workspace (30)
+    /// let s = [Alloc(100), Alloc(50), Alloc(30), Free(2), Free(0), Free(1)];
+    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&s), 180);
+    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&[Alloc(8), Free(0), Alloc(5)]), 8);
+    /// ```
+    pub fn peak(schedule: &[WorkspaceStep]) -> usize {
+        let mut sizes = Vec::new();
+        let (mut live, mut peak) = (0usize, 0usize);
+        for step in schedule {
+            match *step {
+                WorkspaceStep::Alloc(b) => {
+                    sizes.push(b);
+                    live += b;
+                    peak = peak.max(live);
+                }
+                WorkspaceStep::Free(i) => live -= sizes.get(i).copied().unwrap_or(0),
+            }
+        }
+        peak
+    }
 }
 
 /// `(m, n, k)` of [`Backend::matmul`]'s `op(a) · op(b)` for operands of shapes `a` and `b`:
@@ -367,15 +413,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// host.
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError>;
 
-    /// The most workspace bytes (allocations tagged [`stax_alloc::Category::Workspace`]) this
-    /// backend holds at once during one call of `op`, in steady state (once any per-shape
-    /// algorithm choice has been made). A memory planner that allocates exactly this much
-    /// around the op predicts the step's peak to the byte; 0 means the op allocates nothing.
+    /// Every workspace allocation and free (tagged [`stax_alloc::Category::Workspace`]) one
+    /// call of `op` makes, in order, in steady state (once any per-shape algorithm choice has
+    /// been made). A memory planner that replays exactly this around the op reproduces the
+    /// step's requested bytes and the allocator's placement decisions; empty when the op
+    /// allocates nothing.
     ///
     /// # Errors
     /// [`TensorError::InvalidArgument`] for invalid shapes; backend errors where answering
     /// needs the device (choosing a convolution algorithm).
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError>;
+    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError>;
+
+    /// The most workspace bytes one call of `op` holds at once: the peak of
+    /// [`Backend::workspace_schedule`].
+    ///
+    /// # Errors
+    /// As [`Backend::workspace_schedule`].
+    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
+        Ok(WorkspaceStep::peak(&self.workspace_schedule(op)?))
+    }
 
     /// The allocator of the pinned host memory this backend copies from and to (its staging
     /// buffers are tagged [`stax_alloc::Category::Input`]): allocate [`Backend::upload_async`]

@@ -30,7 +30,10 @@ mod softmax;
 #[cfg(test)]
 mod testing;
 
-use crate::{AdamHyper, Backend, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp};
+use crate::{
+    AdamHyper, Backend, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp,
+    WorkspaceStep,
+};
 use crate::{Tensor, TensorError};
 use host::{Workspace, bytes_of, bytes_of_mut, data, data_mut, words, words_mut};
 use stax_alloc::{Allocator, Category, HostMemory};
@@ -247,13 +250,13 @@ impl Backend for CpuBackend {
 
     /// Convolutions allocate one im2col column buffer per call (none when pointwise); no other
     /// op allocates.
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
-        match op {
-            WorkspaceOp::Conv { geometry, pass } => conv::workspace_bytes(self, geometry, *pass),
+    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+        Ok(WorkspaceStep::single(match op {
+            WorkspaceOp::Conv { geometry, pass } => conv::workspace_bytes(self, geometry, *pass)?,
             WorkspaceOp::Matmul { .. }
             | WorkspaceOp::BiasGrad { .. }
-            | WorkspaceOp::SoftmaxXent { .. } => Ok(0),
-        }
+            | WorkspaceOp::SoftmaxXent { .. } => 0,
+        }))
     }
 }
 

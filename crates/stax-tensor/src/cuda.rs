@@ -34,7 +34,7 @@ mod workspace;
 
 use crate::{
     AdamHyper, Backend, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape, Tensor,
-    TensorError, Upload, WorkspaceOp,
+    TensorError, Upload, WorkspaceOp, WorkspaceStep,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocation, Allocator, Category, RawMemory, Strategy};
@@ -594,8 +594,8 @@ impl Backend for CudaBackend {
         Ok(Some((free as u64, total as u64)))
     }
 
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
-        self.op_workspace_bytes(op)
+    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+        self.op_workspace_schedule(op)
     }
 
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {

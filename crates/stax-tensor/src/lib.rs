@@ -26,7 +26,8 @@ pub mod tensor;
 pub mod upload;
 
 pub use backend::{
-    AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp, matmul_dims,
+    AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp, WorkspaceStep,
+    matmul_dims,
 };
 pub use device::Device;
 pub use dtype::DType;

@@ -5,10 +5,10 @@
 //! The plan is exact by construction: it is a dry run of the real step code
 //! (`apply`, `softmax_cross_entropy`, `vjp`, `Adam::update`, the same function
 //! [`crate::Trainer::step`] runs) on a planning backend that allocates from an allocator over
-//! simulated memory and computes nothing, asking the target backend how much workspace each
-//! op takes ([`stax_tensor::Backend::workspace_bytes`]). So no byte is counted that the step
-//! would not allocate, none is missed, and nothing large is allocated: the seed model at
-//! batch 100 and 200x200x3 plans in milliseconds on a laptop.
+//! simulated memory and computes nothing, asking the target backend what workspace each op
+//! allocates, block by block ([`stax_tensor::Backend::workspace_schedule`]). So no byte is
+//! counted that the step would not allocate, none is missed, and nothing large is allocated:
+//! the seed model at batch 100 and 200x200x3 plans in milliseconds on a laptop.
 //!
 //! Step events are the allocator's allocations and frees during the step (after the batch is
 //! placed), numbered from 0; a buffer lives from its allocation event to its free event.

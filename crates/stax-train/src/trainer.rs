@@ -112,8 +112,9 @@ fn allocations(a: &Allocator) -> [u64; 7] {
 
 /// The plan's name for the request that failed after `done[c]` allocations of each category
 /// `c` succeeded: the next planned allocation of its category. A failed workspace request is
-/// named after the layer of the last other allocation made (backends may cut an op's workspace
-/// into more blocks than the plan's one, so workspace counts need not match).
+/// named after the layer of the last other allocation made (a first step's convolution
+/// algorithm search allocates workspace the plan does not hold, so workspace counts need not
+/// match).
 fn failed_buffer(plan: &MemoryPlan, request: &OomReport, done: [u64; 7]) -> Option<String> {
     let allocs = || {
         plan.timeline

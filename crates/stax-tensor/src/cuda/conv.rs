@@ -10,7 +10,8 @@
 
 use super::CudaBackend;
 use super::cudnn::{CudnnConv, Epilogue, Operands};
-use crate::{Conv2dGeometry, ConvPass, Tensor, TensorError};
+use super::workspace::Schedule;
+use crate::{Conv2dGeometry, ConvPass, Tensor, TensorError, WorkspaceStep};
 use stax_alloc::{Allocation, Category};
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -215,9 +216,8 @@ impl CudaBackend {
     /// `relu_mask` [`crate::Backend::conv2d_bwd_filter_relu`] (dy masked in place first).
     ///
     /// The bias gradient runs first, so that with a mask it is fused with the masking (one
-    /// pass over dy) where the kernels vectorize; then the filter gradient. Each step frees its
-    /// workspace before the next allocates, so the workspace peak is that of
-    /// [`Self::conv_workspace_bytes`] in either order.
+    /// pass over dy) where the kernels vectorize; then the filter gradient. The partials are
+    /// freed before the rest is allocated ([`Self::conv_workspace_schedule`]).
     pub(super) fn conv_backward_filter(
         &self,
         x: &Tensor,
@@ -264,41 +264,79 @@ impl CudaBackend {
             .transpose_filter(dw_t.addr(), dw.addr(), hw, ci, co, false)
     }
 
-    /// The workspace bytes one call of `pass` holds at once, in steady state (see
-    /// [`crate::Backend::workspace_bytes`]): the layout buffers plus cuDNN's workspace, or for
-    /// the filter gradient the bias-gradient partials if larger (they are allocated after the
-    /// others are freed). If the pass's algorithm has not been chosen yet, it is chosen now, by
-    /// timing the candidates on temporary buffers of the pass's shapes.
-    pub(super) fn conv_workspace_bytes(
+    /// The workspace one call of `pass` allocates and frees, in order, in steady state (see
+    /// [`crate::Backend::workspace_schedule`]), mirroring the three passes above: the OHWI
+    /// filter (or its gradient), the extended input for asymmetric padding, cuDNN's workspace,
+    /// and for the filter gradient first the bias-gradient partials. If the pass's algorithm
+    /// has not been chosen yet, it is chosen now, by timing the candidates on temporary buffers
+    /// of the pass's shapes.
+    pub(super) fn conv_workspace_schedule(
         &self,
         g: &Conv2dGeometry,
         pass: ConvPass,
-    ) -> Result<usize, TensorError> {
-        let (conv, _) = layout(g);
-        let chosen = self.dnn.chosen_workspace(g, self.precision, pass);
-        let cudnn = match chosen {
+    ) -> Result<Vec<WorkspaceStep>, TensorError> {
+        let (conv, ext) = layout(g);
+        let cudnn = match self.dnn.chosen_workspace(g, self.precision, pass) {
             Some(bytes) => bytes,
-            None => {
-                self.bind()?;
-                let x = self.scratch(g.n * conv.h * conv.w * g.c_in * F32)?;
-                let w = self.scratch(g.filter_shape().numel() * F32)?;
-                let y = self.scratch(g.output_shape().numel() * F32)?;
-                let ops = Operands {
-                    x: x.addr(),
-                    w: w.addr(),
-                    y: y.addr(),
-                };
-                let limit = self.workspace_limit;
-                self.dnn
-                    .prepare(pass, &conv, self.precision, ops, limit, &self.allocator)?
-            }
+            None => self.choose_algorithm(g, pass, &conv)?,
         };
-        let main = conv.layout_bytes + cudnn;
-        Ok(match pass {
-            ConvPass::Forward | ConvPass::BackwardData => main,
-            ConvPass::BackwardFilter => {
-                main.max(self.bias_grad_bytes(g.n * g.out_h * g.out_w, g.c_out))
+        let filter = g.filter_shape().numel() * F32;
+        let ext_bytes = ext.map(|e| g.n * e.h * e.w * g.c_in * F32);
+        let mut s = Schedule::default();
+        match pass {
+            ConvPass::Forward => {
+                let f = s.alloc(filter);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                s.scoped(cudnn);
+                s.free(f);
+                if let Some(e) = e {
+                    s.free(e);
+                }
             }
-        })
+            ConvPass::BackwardData => {
+                let f = s.alloc(filter);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                s.scoped(cudnn);
+                if let Some(e) = e {
+                    s.free(e);
+                }
+                s.free(f);
+            }
+            ConvPass::BackwardFilter => {
+                let rows = g.n * g.out_h * g.out_w;
+                let p = s.alloc(self.bias_grad_bytes(rows, g.c_out).max(1));
+                s.free(p);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                let d = s.alloc(filter);
+                s.scoped(cudnn);
+                if let Some(e) = e {
+                    s.free(e);
+                }
+                s.free(d);
+            }
+        }
+        Ok(s.finish())
+    }
+
+    /// Chooses the algorithm of `pass` for `conv` by timing the candidates on temporary
+    /// buffers of its shapes; returns its cuDNN workspace bytes.
+    fn choose_algorithm(
+        &self,
+        g: &Conv2dGeometry,
+        pass: ConvPass,
+        conv: &CudnnConv,
+    ) -> Result<usize, TensorError> {
+        self.bind()?;
+        let x = self.scratch(g.n * conv.h * conv.w * g.c_in * F32)?;
+        let w = self.scratch(g.filter_shape().numel() * F32)?;
+        let y = self.scratch(g.output_shape().numel() * F32)?;
+        let ops = Operands {
+            x: x.addr(),
+            w: w.addr(),
+            y: y.addr(),
+        };
+        let limit = self.workspace_limit;
+        self.dnn
+            .prepare(pass, conv, self.precision, ops, limit, &self.allocator)
     }
 }

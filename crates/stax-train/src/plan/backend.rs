@@ -3,8 +3,8 @@
 //! [`PlanBackend`] implements [`Backend`] over an [`Allocator`] on a [`SimMemory`] of practically
 //! unlimited capacity (virtual addresses, never dereferenced), `platform` strategy, with a trace
 //! recording from the start. Ops check their outputs as the real backends do (shape, sole
-//! ownership), allocate around themselves exactly the workspace the *target* backend says it
-//! would ([`Backend::workspace_bytes`]), and compute nothing: `softmax_xent` returns a loss of 0,
+//! ownership), allocate around themselves exactly the workspace blocks the *target* backend
+//! says it would, in its order ([`Backend::workspace_schedule`]), and compute nothing: `softmax_xent` returns a loss of 0,
 //! downloads give zeros. So a dry run of `apply`, the loss, `vjp` and `Adam::update` on it
 //! allocates and frees, in the same order, exactly what the real step on the target does.
 //!
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::{
     AdamHyper, Backend, Conv2dGeometry, ConvPass, DType, Device, Precision, Shape, Tensor,
-    TensorError, WorkspaceOp,
+    TensorError, WorkspaceOp, WorkspaceStep,
 };
 
 /// What the plan knows of one buffer beyond its trace events.
@@ -163,13 +163,20 @@ impl PlanBackend {
         (trace, std::mem::take(&mut self.namer().labels))
     }
 
-    /// Allocates and frees the workspace the target uses for `op`, named `{layer}.workspace`.
+    /// Allocates and frees the workspace the target uses for `op`, in the target's order
+    /// ([`Backend::workspace_schedule`]), each buffer named `{layer}.workspace`.
     fn workspace(&self, op: WorkspaceOp, layer: &str) -> Result<(), TensorError> {
-        let bytes = self.target.workspace_bytes(&op)?;
-        if bytes > 0 {
-            let a = self.allocator.allocate(bytes, Category::Workspace)?;
-            let name = format!("{layer}.workspace");
-            self.namer().name_addr(a.addr(), name, None, None);
+        let mut held = Vec::new();
+        for step in self.target.workspace_schedule(&op)? {
+            match step {
+                WorkspaceStep::Alloc(bytes) => {
+                    let a = self.allocator.allocate(bytes, Category::Workspace)?;
+                    let name = format!("{layer}.workspace");
+                    self.namer().name_addr(a.addr(), name, None, None);
+                    held.push(Some(a));
+                }
+                WorkspaceStep::Free(i) => drop(held.get_mut(i).and_then(Option::take)),
+            }
         }
         Ok(())
     }
@@ -418,7 +425,7 @@ impl Backend for PlanBackend {
         Ok(None)
     }
 
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
-        self.target.workspace_bytes(op)
+    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+        self.target.workspace_schedule(op)
     }
 }

@@ -7,12 +7,10 @@
 //! strategy, alignment and granularity, reproduces the placement decisions, rounding and
 //! fragmentation of the real run, so "fits" means the real run would not run out of memory.
 //!
-//! One limit: the plan holds each op's workspace as one block of the most the op holds at
-//! once ([`stax_tensor::Backend::workspace_bytes`]). That is exactly what the CPU backend
-//! does; the CUDA backend cuts a convolution's workspace into up to four blocks (filter copy,
-//! padded input, cuDNN workspace, bias partials), which a tight `bfc` arena may place
-//! differently. The requested bytes, and so the peak, stay exact; a budget within tens of MB of
-//! the plan's figure is not promised on CUDA.
+//! Workspace is replayed as the target allocates it: every block of an op, in order
+//! ([`stax_tensor::Backend::workspace_schedule`]; the CUDA convolutions cut theirs into up to
+//! four: filter copy, padded input, cuDNN workspace, bias partials), so even a tight `bfc` arena
+//! fragments in the replay as it does on the device.
 
 use std::sync::Arc;
 
