@@ -18,7 +18,7 @@ mod models;
 use models::{batch, deep_model, seed_model, strided_model};
 
 use stax::Params;
-use stax::alloc::{Category, Strategy};
+use stax::alloc::{Allocator, Category, SimMemory, Strategy, Trace, TraceEvent, replay};
 use stax::tensor::cuda::{CudaBackend, DEFAULT_WORKSPACE_LIMIT};
 use stax::train::plan::MemoryPlan;
 use stax::train::{TrainError, Trainer};
@@ -91,6 +91,44 @@ fn bfc_backend(arena: u64, workspace_limit: Option<usize>) -> Arc<dyn Backend> {
     panic!("could not make a bfc arena of {arena} bytes");
 }
 
+/// Where a recorded run departs from its plan's trace (the first event that differs in kind,
+/// size or category), and whether the recording itself fits a simulated arena of `arena`
+/// bytes: a failure message that says whether the sequence or the allocator differs.
+fn departure(recorded: &Trace, plan: &MemoryPlan, arena: u64) -> String {
+    let key = |e: &TraceEvent| (e.op, e.bytes, e.category);
+    let planned = &plan.trace().events;
+    let first = recorded
+        .events
+        .iter()
+        .zip(planned)
+        .position(|(r, p)| key(r) != key(p));
+    let around = |events: &[TraceEvent], i: usize| -> Vec<String> {
+        let lo = i.saturating_sub(3);
+        events[lo..(i + 3).min(events.len())]
+            .iter()
+            .map(|e| format!("{:?} {} {}", e.op, e.bytes, e.category))
+            .collect()
+    };
+    let sim = SimMemory::new(arena, 2 << 20).with_alignment(256);
+    let alloc = Allocator::new(Arc::new(sim), Strategy::Bfc { fraction: 1.0 }).unwrap();
+    let replayed = replay(recorded, &alloc)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    match first {
+        Some(i) => format!(
+            "the run departs from the plan at event {i}: recorded {:?}, planned {:?}; the \
+             recording replayed on a simulated arena: {replayed:?}",
+            around(&recorded.events, i),
+            around(planned, i)
+        ),
+        None => format!(
+            "the run's {} events follow the plan; the recording replayed on a simulated arena: \
+             {replayed:?}",
+            recorded.events.len()
+        ),
+    }
+}
+
 /// The plan's replay decides "fits" for a `bfc` arena as tight as it can be: the smallest
 /// arena (whole 2 MiB granules) the plan says batch B fits. At 200x200 one more example adds
 /// tens of MB, so B + 1 cannot fit it. The replay holds every workspace block the CUDA ops cut
@@ -117,9 +155,12 @@ fn budget_b_and_b_plus_one() {
     // cuDNN's choices for batch B, made before the arena holds anything else
     let on_arena = MemoryPlan::new(&seed_model(), &input(b), &adam, &be).unwrap();
     assert_eq!(on_arena.peak.bytes, plan.peak.bytes);
+    be.allocator().start_trace();
     let mut trainer = Trainer::new(seed_model(), input(b), adam, &be, 3).unwrap();
     let (x, y) = batch(&be, &input(b), 2);
-    let r = trainer.step(&x, &y).unwrap();
+    let r = trainer.step(&x, &y);
+    let recorded = be.allocator().stop_trace();
+    let r = r.unwrap_or_else(|e| panic!("{e}\n{}", departure(&recorded, &plan, arena)));
     assert_eq!(r.memory.peak, plan.peak.bytes);
     drop((x, y));
     let state = (values(trainer.params()), values(&trainer.state().mu));

@@ -240,6 +240,13 @@ impl MemoryPlan {
         ))
     }
 
+    /// The dry run's allocations and frees, from the trainer's set-up to the end of the planned
+    /// step (set-up, then placement and step twice), as the fit replays use them: compare a
+    /// recorded run against it to find where a run departs from its plan.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
     /// The batch size planned for.
     pub fn batch(&self) -> usize {
         self.input.dims().first().copied().unwrap_or(0)
