@@ -254,8 +254,7 @@ impl Allocator {
 
     /// Exact statistics at this instant (see [`Stats`]).
     pub fn stats(&self) -> Stats {
-        let mut g = self.lock();
-        g.pool.settle();
+        let g = self.lock();
         assemble(
             &g.counters,
             &g.book,
@@ -271,9 +270,16 @@ impl Allocator {
         g.book.peak_reserved = g.book.reserved;
     }
 
+    /// Coalesces every parked block (see the crate's `block` module): the placement of later
+    /// allocations then depends only on which blocks are live, not on the order of recent
+    /// frees. [`replay`](crate::replay) starts with it; reading figures never does it.
+    pub fn coalesce(&self) {
+        self.lock().pool.settle();
+    }
+
     /// Returns cached memory to the backend: `caching` releases every segment that is one free
-    /// block; `async` trims the backend pool; `bfc` keeps its arena and `platform` caches
-    /// nothing, so both do nothing.
+    /// block; `async` trims the backend pool; `bfc` keeps its arena but coalesces every freed
+    /// block (a fully free arena is one block again); `platform` caches nothing.
     ///
     /// # Errors
     /// The first backend error; the other segments are still released.
@@ -289,8 +295,7 @@ impl Allocator {
     /// Every segment and block (offset, size, state, category), with the stats of the same
     /// instant.
     pub fn snapshot(&self) -> Snapshot {
-        let mut g = self.lock();
-        g.pool.settle();
+        let g = self.lock();
         Snapshot {
             backend: self.backend.name(),
             strategy: self.strategy.to_string(),

@@ -11,9 +11,11 @@
 //! Quick reuse: the last [`PARK_SLOTS`] freed blocks are *parked* (dlmalloc's fastbins,
 //! tcmalloc's per-size lists) so that an allocation of exactly the same size takes one back
 //! without touching the index. A parked block is coalesced as usual when it leaves the quick
-//! list, when a best-fit lookup misses (so no request ever fails or reserves more because of
-//! it), and before any figure is read ([`Arena::settle`]): every statistic and snapshot shows
-//! the fully coalesced state.
+//! list and when a best-fit lookup misses (so no request ever fails or reserves more because of
+//! it). Reading figures never coalesces: [`Arena::largest_free`] and [`Arena::snapshot`]
+//! compute the coalesced picture without changing the arena, so placement depends only on the
+//! sequence of allocations and frees (a replay of a trace places as the recorded run did, however
+//! often that run read its statistics).
 
 use std::collections::BTreeMap;
 
@@ -124,12 +126,31 @@ impl Arena {
         self.free_bytes
     }
 
-    /// Size of the largest free block (0 when none); exact after [`settle`](Arena::settle).
+    /// Size of the largest free block, as if every parked block were coalesced (0 when none).
     pub fn largest_free(&self) -> usize {
-        self.free
+        let indexed = self
+            .free
             .keys()
             .next_back()
-            .map_or(0, |k| (k >> 64) as usize)
+            .map_or(0, |k| (k >> 64) as usize);
+        let parked = self.parked[..self.parked_len]
+            .iter()
+            .map(|&(_, id)| self.free_run(id))
+            .max()
+            .unwrap_or(0);
+        indexed.max(parked)
+    }
+
+    /// The size of the run of free blocks (indexed or parked) that free block `id` is in.
+    fn free_run(&self, id: u32) -> usize {
+        let mut first = id;
+        loop {
+            let prev = self.nodes[first as usize].prev;
+            if prev == NIL || self.nodes[prev as usize].tag.is_some() {
+                return self.run_end(first).0;
+            }
+            first = prev;
+        }
     }
 
     /// Number of segments.
@@ -390,8 +411,8 @@ impl Arena {
         out
     }
 
-    /// Every segment and its blocks, in address order (parked blocks show as free; call
-    /// [`settle`](Arena::settle) first for the coalesced picture).
+    /// Every segment and its blocks, in address order, adjacent free blocks (parked ones
+    /// included) shown as the one block they coalesce into.
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         self.segments
             .iter()
@@ -400,9 +421,13 @@ impl Arena {
                 let mut id = s.first;
                 while id != NIL {
                     let n = &self.nodes[id as usize];
+                    let (bytes, next) = match n.tag {
+                        Some(_) => (n.size, n.next),
+                        None => self.run_end(id),
+                    };
                     blocks.push(BlockSnapshot {
                         offset: n.addr - addr,
-                        bytes: n.size as u64,
+                        bytes: bytes as u64,
                         state: if n.tag.is_some() {
                             BlockState::Used
                         } else {
@@ -411,7 +436,7 @@ impl Arena {
                         category: n.tag.map(|t| t.category),
                         requested: n.tag.map_or(0, |t| t.requested),
                     });
-                    id = n.next;
+                    id = next;
                 }
                 SegmentSnapshot {
                     addr,
@@ -421,6 +446,17 @@ impl Arena {
                 }
             })
             .collect()
+    }
+
+    /// The total size of the run of free blocks starting at free block `id`, and the block
+    /// after the run.
+    fn run_end(&self, id: u32) -> (usize, u32) {
+        let (mut size, mut i) = (0, id);
+        while i != NIL && self.nodes[i as usize].tag.is_none() {
+            size += self.nodes[i as usize].size;
+            i = self.nodes[i as usize].next;
+        }
+        (size, i)
     }
 }
 

@@ -266,7 +266,7 @@ pub(crate) trait Pool: Send + fmt::Debug {
     fn release_cached(&mut self, mem: &mut Metered<'_>) -> Result<(), AllocError>;
     /// Returns every segment (the allocator is being dropped; nothing is live).
     fn release_all(&mut self, mem: &mut Metered<'_>);
-    /// Coalesces any deferred frees, so that the figures below and the snapshot are exact.
+    /// Coalesces every parked block ([`crate::Allocator::coalesce`]).
     fn settle(&mut self) {}
     fn largest_free(&self) -> u64;
     fn free_bytes(&self) -> u64;

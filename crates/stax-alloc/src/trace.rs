@@ -278,13 +278,16 @@ impl ReplayReport {
 
 /// Replays `trace` against `allocator`: every alloc event allocates (same bytes and category),
 /// every free event drops the matching allocation; what the trace leaves live is freed at the
-/// end. Placement is deterministic: the same trace on a fresh allocator of the same strategy
-/// and backend gives the same offsets.
+/// end. The allocator is coalesced first ([`Allocator::coalesce`]), so a replay on a warm
+/// allocator starts from a state set by its live blocks alone. Placement is deterministic: the
+/// same trace on a fresh allocator of the same strategy and backend gives the same offsets, the
+/// offsets the recorded run got from an allocator in that state.
 ///
 /// # Errors
 /// The allocator's error when an allocation fails (e.g. [`AllocError::OutOfMemory`]);
 /// [`AllocError::Trace`] for a free of an unknown id or a duplicate id.
 pub fn replay(trace: &Trace, allocator: &Arc<Allocator>) -> Result<ReplayReport, AllocError> {
+    allocator.coalesce();
     allocator.reset_peak();
     let before = allocator.stats();
     let mut live: HashMap<u64, Allocation> = HashMap::new();

@@ -243,7 +243,7 @@ impl<L: Layer> Trainer<L> {
     /// The allocator's peak is reset at the start, so the report's `peak` is this step's.
     /// Nothing is updated unless the forward and backward passes succeed and the loss is finite:
     /// on error (out of memory, non-finite loss) parameters and Adam state are those of the last
-    /// finished step.
+    /// finished step, and the allocator is coalesced ([`stax_alloc::Allocator::coalesce`]).
     ///
     /// # Errors
     /// [`TrainError::OutOfMemory`] when any allocation of the step fails, with the breakdown,
@@ -277,6 +277,9 @@ impl<L: Layer> Trainer<L> {
             &mut |_| {},
         )
         .map_err(|e| {
+            // The failed step's buffers are freed; start the next one from the state its live
+            // buffers define, not from the order the unwinding freed them in.
+            allocator.coalesce();
             let now = allocations(&allocator);
             let done = std::array::from_fn(|i| now[i] - first[i]);
             self.explain(e, x.dims()[0], done)

@@ -81,8 +81,11 @@ impl Pool for Bfc {
         self.arena.free(u32::try_from(handle).ok()?)
     }
 
+    /// The arena is kept for the allocator's lifetime, as XLA does; parked blocks are
+    /// coalesced, so a fully free arena is one block again, as when it was reserved.
     fn release_cached(&mut self, _mem: &mut Metered<'_>) -> Result<(), AllocError> {
-        Ok(()) // the arena is kept for the allocator's lifetime, as XLA does
+        self.settle();
+        Ok(())
     }
 
     fn release_all(&mut self, mem: &mut Metered<'_>) {

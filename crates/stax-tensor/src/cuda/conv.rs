@@ -319,7 +319,7 @@ impl CudaBackend {
     }
 
     /// Chooses the algorithm of `pass` for `conv` by timing the candidates on temporary
-    /// buffers of its shapes; returns its cuDNN workspace bytes.
+    /// buffers of its shapes, then releases them; returns its cuDNN workspace bytes.
     fn choose_algorithm(
         &self,
         g: &Conv2dGeometry,
@@ -336,7 +336,11 @@ impl CudaBackend {
             y: y.addr(),
         };
         let limit = self.workspace_limit;
-        self.dnn
-            .prepare(pass, conv, self.precision, ops, limit, &self.allocator)
+        let bytes = self
+            .dnn
+            .prepare(pass, conv, self.precision, ops, limit, &self.allocator)?;
+        drop((x, w, y));
+        super::cudnn::release_search(&self.allocator)?;
+        Ok(bytes)
     }
 }

@@ -348,9 +348,22 @@ fn plan_and_choice<'s>(
         Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
     })?;
     let (c, all) = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
+    // The search's workspaces are freed; return what they left cached (see `release_search`).
+    release_search(alloc)?;
     plan.chosen[pass as usize] = Some(c);
     plan.candidates[pass as usize] = all;
     Ok((plan, c))
+}
+
+/// Returns the memory an algorithm search leaves cached to the device (`caching`), or
+/// coalesces it (`bfc`): a one-off search must not shape the steady state's memory, so that
+/// the allocator afterwards holds what the live buffers need and places later allocations as a
+/// memory plan's replay does.
+///
+/// # Errors
+/// [`TensorError::Alloc`] when the driver refuses a release.
+pub(crate) fn release_search(alloc: &Allocator) -> Result<(), TensorError> {
+    Ok(alloc.empty_cache()?)
 }
 
 fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>, TensorError> {
