@@ -140,7 +140,7 @@ fn open_cpu(args: &Args, options: &BackendOptions) -> Result<Arc<dyn stax::Backe
 fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     let mut options = BackendOptions::from_env()?;
     if let Some(s) = &args.allocator {
-        options.strategy = s.parse()?;
+        options.strategy = s.parse().map_err(|e| format!("--allocator: {e}"))?;
     }
     options.precision = args.precision.parse::<Precision>()?;
     if args.device != "auto" {

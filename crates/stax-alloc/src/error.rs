@@ -63,9 +63,11 @@ pub enum AllocError {
         reason: String,
     },
     // ---- configuration and input -----------------------------------------------------------
-    /// A strategy string (from code or `STAX_ALLOCATOR`) did not parse.
-    #[error("STAX_ALLOCATOR={value:?}: {reason}")]
+    /// A strategy string (from code, a command line or `STAX_ALLOCATOR`) did not parse.
+    #[error("{origin}={value:?}: {reason}")]
     InvalidStrategy {
+        /// Where the text came from: `strategy` (parsed from a string) or `STAX_ALLOCATOR`.
+        origin: &'static str,
         /// The text that failed to parse.
         value: String,
         /// What is wrong, followed by the accepted forms.

@@ -84,11 +84,19 @@ impl Strategy {
         match std::env::var(ENV_VAR) {
             Err(std::env::VarError::NotPresent) => Ok(Strategy::Caching),
             Err(std::env::VarError::NotUnicode(v)) => Err(AllocError::InvalidStrategy {
+                origin: ENV_VAR,
                 value: v.to_string_lossy().into_owned(),
                 reason: format!("not valid unicode; {FORMS}"),
             }),
             Ok(v) if v.trim().is_empty() => Ok(Strategy::Caching),
-            Ok(v) => v.parse(),
+            Ok(v) => v.parse().map_err(|e| match e {
+                AllocError::InvalidStrategy { value, reason, .. } => AllocError::InvalidStrategy {
+                    origin: ENV_VAR,
+                    value,
+                    reason,
+                },
+                other => other,
+            }),
         }
     }
 
@@ -129,6 +137,7 @@ impl FromStr for Strategy {
     /// [`AllocError::InvalidStrategy`] naming what is wrong and listing the accepted forms.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |reason: String| AllocError::InvalidStrategy {
+            origin: "strategy",
             value: s.to_string(),
             reason: format!("{reason}; {FORMS}"),
         };

@@ -103,14 +103,23 @@ fn bad_values_name_the_accepted_forms() {
         "async:fraction=0.5",
     ] {
         match bad.parse::<Strategy>() {
-            Err(AllocError::InvalidStrategy { value, reason }) => {
+            Err(AllocError::InvalidStrategy {
+                origin,
+                value,
+                reason,
+            }) => {
                 assert_eq!(value, bad);
                 assert!(
                     reason.contains("accepted forms: caching | bfc"),
                     "{bad:?}: {reason}"
                 );
-                let msg = AllocError::InvalidStrategy { value, reason }.to_string();
-                assert!(msg.starts_with("STAX_ALLOCATOR="), "{msg}");
+                let msg = AllocError::InvalidStrategy {
+                    origin,
+                    value,
+                    reason,
+                }
+                .to_string();
+                assert!(msg.starts_with(&format!("strategy={bad:?}: ")), "{msg}");
             }
             other => panic!("{bad:?} should be rejected, got {other:?}"),
         }

@@ -261,7 +261,11 @@ impl fmt::Display for StepOom {
         }
         writeln!(f)?;
         match (self.max_batch, self.planned_peak) {
-            (Some(0), _) => writeln!(f, "  no batch fits: the persistent state alone does not")?,
+            (Some(0), _) => writeln!(
+                f,
+                "  no batch fits: not even one example's step fits beside the parameters and \
+                 optimizer state"
+            )?,
             (Some(m), Some(p)) => writeln!(
                 f,
                 "  the largest batch that fits is {m} (this batch's planned peak: {})",

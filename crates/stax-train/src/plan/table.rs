@@ -32,11 +32,15 @@ impl fmt::Display for MemoryPlan {
         writeln!(f, "memory plan: {}", self.model)?;
         writeln!(
             f,
-            "  on {}, input {} f32, labels {} f32, {} step events (allocations and frees)",
+            "  on {}, input {} f32, labels {} f32, {} step events (allocations and frees); {}",
             self.device,
             self.input,
             self.labels,
-            self.timeline.events.len()
+            self.timeline.events.len(),
+            match self.feed {
+                super::Feed::Placed => "each batch placed before its step",
+                super::Feed::Prefetched => "the next batch prefetched: two batches live",
+            }
         )?;
         writeln!(
             f,
