@@ -146,24 +146,13 @@ fn budget_of_batch_b_trains_b_and_refuses_b_plus_one() {
 #[test]
 fn max_batch_needs_a_budget_on_an_uncapped_host() {
     let be = stax::Device::Cpu.open(&BackendOptions::default()).unwrap();
-    let e = max_batch_that_fits(
-        &model(),
-        &input(1),
-        &Adam::new(1e-3),
-        &be,
-        Feed::Placed,
-        None,
-    )
-    .unwrap_err();
+    let fit = |budget| {
+        let adam = Adam::new(1e-3);
+        max_batch_that_fits(&model(), &input(1), &adam, &be, Feed::Placed, budget)
+    };
+    let e = fit(None).unwrap_err();
     assert!(matches!(e, TrainError::NoBudget { .. }), "{e}");
     // a budget below the persistent state fits no batch
-    let n = max_batch_that_fits(
-        &model(),
-        &input(1),
-        &Adam::new(1e-3),
-        &be,
-        Feed::Placed,
-        Some(1 << 10),
-    );
+    let n = fit(Some(1 << 10));
     assert_eq!(n.unwrap(), 0);
 }
