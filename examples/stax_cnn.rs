@@ -71,7 +71,8 @@ struct Args {
     /// tf32 (JAX's default on this GPU) or highest (full f32).
     #[arg(long, default_value = "tf32")]
     precision: String,
-    /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform, async.
+    /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform,
+    /// async[:release_threshold=SIZE]; bfc and async are device strategies.
     #[arg(long)]
     allocator: Option<String>,
     /// Stop after this many steps in total (for timing runs).
@@ -138,10 +139,14 @@ fn open_cpu(args: &Args, options: &BackendOptions) -> Result<Arc<dyn stax::Backe
 }
 
 fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
-    let mut options = BackendOptions::from_env()?;
-    if let Some(s) = &args.allocator {
-        options.strategy = s.parse().map_err(|e| format!("--allocator: {e}"))?;
-    }
+    // --allocator overrides STAX_ALLOCATOR, which is then not read at all
+    let mut options = match &args.allocator {
+        Some(s) => BackendOptions {
+            strategy: s.parse().map_err(|e| format!("--allocator: {e}"))?,
+            ..BackendOptions::default()
+        },
+        None => BackendOptions::from_env()?,
+    };
     options.precision = args.precision.parse::<Precision>()?;
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
@@ -276,14 +281,14 @@ fn last_step(named: &NamedTrace) -> Timeline {
     }
 }
 
-fn check_path(p: &Option<PathBuf>) -> Result<(), Error> {
+fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     if let Some(dir) = p
         .as_deref()
         .and_then(Path::parent)
         .filter(|d| !d.as_os_str().is_empty())
     {
         if !dir.is_dir() {
-            return Err(format!("{} is not a directory", dir.display()).into());
+            return Err(format!("{flag}: {} is not a directory", dir.display()).into());
         }
     }
     Ok(())
@@ -325,8 +330,12 @@ fn run(args: Args) -> Result<(), Error> {
         200
     });
     let channels = input_channels(&train, &test)?;
-    for p in [&args.json, &args.trace, &args.plot] {
-        check_path(p)?;
+    for (flag, p) in [
+        ("--json", &args.json),
+        ("--trace", &args.trace),
+        ("--plot", &args.plot),
+    ] {
+        check_path(flag, p)?;
     }
     let input = Shape::new([args.batch, img, img, channels]);
     let adam = Adam::new(args.lr);
@@ -335,6 +344,11 @@ fn run(args: Args) -> Result<(), Error> {
     if args.plan {
         return show_plan(&args, &plan, &backend);
     }
+    // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
+    let last_peak = match args.feed() {
+        Feed::Prefetched => MemoryPlan::new(&model, &input, &adam, &backend)?.peak.bytes,
+        Feed::Placed => plan.peak.bytes,
+    };
     let tracing = args.trace.is_some() || args.plot.is_some();
     if tracing {
         backend.allocator().start_trace();
@@ -343,13 +357,16 @@ fn run(args: Args) -> Result<(), Error> {
     let loader = Loader::new(train.len(), args.batch, args.seed)?;
     let total = (loader.num_batches() as u64 * args.epochs).min(args.max_steps.unwrap_or(u64::MAX));
     println!(
-        "stax_cnn: {} train / {} test images at {img}x{img}x{channels}, batch {}, {} steps on {} ({:?}, allocator {})",
+        "stax_cnn: {} train / {} test images at {img}x{img}x{channels}, batch {}, {} step(s) on {} ({}, allocator {})",
         train.len(),
         test.len(),
         args.batch,
         total,
         backend.device(),
-        backend.precision(),
+        match backend.device() {
+            Device::Cpu => "f32".to_string(),
+            _ => format!("{:?}", backend.precision()),
+        },
         backend.allocator().strategy()
     );
     println!(
@@ -373,8 +390,21 @@ fn run(args: Args) -> Result<(), Error> {
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
-    // the highest step peak from step 2 on (step 1 also holds cuDNN's algorithm search)
-    let mut steady_peak = None;
+    // Each step's peak against its plan: from step 1 on the CPU, from step 2 on CUDA (step 1
+    // also holds cuDNN's algorithm search). The count compared and the first that differs.
+    let first_compared = if backend.device() == Device::Cpu {
+        1
+    } else {
+        2
+    };
+    let planned = |step: u64| {
+        if step < total {
+            plan.peak.bytes
+        } else {
+            last_peak
+        }
+    };
+    let mut compared = (0u64, None);
     let batches = (0..args.epochs)
         .flat_map(|epoch| loader.batches(epoch))
         .take(total as usize);
@@ -384,8 +414,11 @@ fn run(args: Args) -> Result<(), Error> {
         if args.breakdown {
             say(&bar, report.memory.breakdown());
         }
-        if report.step > 1 || total == 1 {
-            steady_peak = steady_peak.max(Some(report.memory.peak));
+        if report.step >= first_compared {
+            compared.0 += 1;
+            if report.memory.peak != planned(report.step) && compared.1.is_none() {
+                compared.1 = Some((report.step, report.memory.peak));
+            }
         }
         bar.set_message(format!("loss {:.4}", report.loss));
         bar.inc(1);
@@ -416,17 +449,19 @@ fn run(args: Args) -> Result<(), Error> {
             Feed::Placed => "each batch placed before its step",
         }
     );
-    if let Some(peak) = steady_peak {
-        let verdict = if peak == plan.peak.bytes {
-            "equal"
-        } else {
-            "differ"
-        };
-        println!(
-            "highest step peak from step 2 on: measured {}, planned {} ({verdict})",
+    match compared {
+        (0, _) => {}
+        (n, None) => println!(
+            "step peaks: measured = planned on all {n} steps from step {first_compared} ({}; the \
+             last step {})",
+            human_bytes(plan.peak.bytes),
+            human_bytes(last_peak)
+        ),
+        (_, Some((step, peak))) => println!(
+            "step peaks: step {step} differs from its plan: measured {}, planned {}",
             human_bytes(peak),
-            human_bytes(plan.peak.bytes)
-        );
+            human_bytes(planned(step))
+        ),
     }
     if tracing {
         let named = plan.name_trace(&backend.allocator().stop_trace());

@@ -156,3 +156,29 @@ fn max_batch_needs_a_budget_on_an_uncapped_host() {
     let n = fit(Some(1 << 10));
     assert_eq!(n.unwrap(), 0);
 }
+
+#[test]
+fn parameters_that_do_not_fit_are_a_typed_setup_error() {
+    let roomy = stax::Device::Cpu.open(&BackendOptions::default()).unwrap();
+    let fits = Trainer::new(model(), input(1), Adam::new(1e-3), &roomy, 0).unwrap();
+    let state = 3 * fits.params().bytes() as u64;
+    // platform: room for the parameters and one moment; caching: not one 2 MiB segment
+    let cases = [
+        (Strategy::Platform, state * 2 / 3, Category::OptimizerState),
+        (Strategy::Caching, 1 << 20, Category::Parameter),
+    ];
+    for (strategy, cap, failed) in cases {
+        let be: Arc<dyn Backend> = CpuBackend::with_capacity(&options(&strategy), cap).unwrap();
+        let e = Trainer::new(model(), input(1), Adam::new(1e-3), &be, 0).unwrap_err();
+        let TrainError::InitOutOfMemory {
+            state_bytes,
+            request,
+        } = &e
+        else {
+            panic!("{strategy}: expected the set-up's out-of-memory error, got {e}");
+        };
+        assert_eq!(*state_bytes, state, "{strategy}");
+        assert_eq!(request.category, failed, "{strategy}");
+        assert!(e.to_string().contains(&format!("({state} bytes)")), "{e}");
+    }
+}

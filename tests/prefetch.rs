@@ -234,3 +234,14 @@ fn gpu_upload_async_is_ordered_after_queued_work() {
         assert_eq!(got.to_vec().unwrap(), data, "round {round}");
     }
 }
+
+#[test]
+fn an_empty_batch_is_a_typed_error() {
+    let be = cpu();
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let mut t = trainer(&be, 4);
+    let mut feed = t.prefetch(&train, vec![vec![]]);
+    let e = t.step_prefetched(&mut feed).unwrap_err();
+    assert!(matches!(e, TrainError::ZeroBatchSize { .. }), "{e}");
+    assert!(t.step_prefetched(&mut feed).unwrap().is_none());
+}

@@ -5,6 +5,8 @@ use crate::layer::{Init, ParamSpec};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::StandardNormal;
+use stax_alloc::AllocError;
+use stax_tensor::TensorError;
 
 /// Standard deviation of a standard normal truncated to [-2, 2]; JAX divides by it so that the
 /// truncated draw has the requested variance (`jax.nn.initializers.variance_scaling`).
@@ -36,20 +38,28 @@ impl Rng {
     /// Draws the initial values of one parameter tensor (row-major).
     ///
     /// # Errors
-    /// [`LayerError::Config`] if a glorot axis is out of range or a fan is zero.
+    /// [`LayerError::Config`] if a glorot axis is out of range or a fan is zero;
+    /// [`LayerError::Tensor`] (host out of memory) when the values do not fit in host memory.
     pub fn sample(&mut self, spec: &ParamSpec) -> Result<Vec<f32>, LayerError> {
         let n = spec.shape.numel();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            TensorError::Alloc(AllocError::BackendOutOfMemory {
+                backend: "host".into(),
+                op: "initial values",
+                requested: (n as u64).saturating_mul(4),
+            })
+        })?;
         match spec.init {
-            Init::Normal(stddev) => Ok((0..n)
-                .map(|_| (self.normal() * stddev as f64) as f32)
-                .collect()),
+            Init::Normal(stddev) => {
+                out.extend((0..n).map(|_| (self.normal() * stddev as f64) as f32));
+            }
             Init::GlorotNormal { in_axis, out_axis } => {
                 let stddev = glorot_stddev(spec, in_axis, out_axis)?;
-                Ok((0..n)
-                    .map(|_| (self.truncated_normal() * stddev) as f32)
-                    .collect())
+                out.extend((0..n).map(|_| (self.truncated_normal() * stddev) as f32));
             }
         }
+        Ok(out)
     }
 
     fn truncated_normal(&mut self) -> f64 {

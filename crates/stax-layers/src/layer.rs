@@ -265,13 +265,12 @@ pub trait Layer: fmt::Debug + Send + Sync {
             .iter()
             .zip(keys)
             .map(|(s, mut k)| {
-                let data = k.sample(s)?;
-                Ok(Tensor::from_slice(
-                    backend,
-                    &data,
-                    s.shape.clone(),
-                    Category::Parameter,
-                )?)
+                // The tensor first: a parameter too large for the backend is its typed
+                // out-of-memory error before any host memory is spent on its values.
+                let mut t =
+                    Tensor::empty(backend, s.shape.clone(), DType::F32, Category::Parameter)?;
+                backend.upload(bytemuck::cast_slice(&k.sample(s)?), &mut t)?;
+                Ok(t)
             })
             .collect::<Result<_, LayerError>>()?;
         Ok((out, Params::Leaf(tensors)))

@@ -40,7 +40,8 @@ impl std::str::FromStr for Precision {
 /// How to open a backend.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BackendOptions {
-    /// Allocator strategy (default: `Strategy::from_env()`, i.e. `STAX_ALLOCATOR` or caching).
+    /// Allocator strategy (`Default`: caching; [`BackendOptions::from_env`] reads
+    /// `STAX_ALLOCATOR`).
     pub strategy: Strategy,
     /// Conv/matmul precision (CUDA only; the CPU always computes in f32).
     pub precision: Precision,

@@ -92,9 +92,9 @@ fn probe_libraries() -> Result<(), TensorError> {
         if !unsafe { present() } {
             return Err(TensorError::CudaUnavailable {
                 library,
-                hint: "put the CUDA 13 and cuDNN 9 libraries on the loader path: `source \
-                       env.sh` (carried in the GPU bundle) on the GPU machine, or add their \
-                       directories to LD_LIBRARY_PATH"
+                hint: "put the CUDA 13 and cuDNN 9 libraries on the loader path: add their \
+                       directories to LD_LIBRARY_PATH (a `cargo xtask gpu-bundle` bundle \
+                       carries an env.sh that does it: `source bundle/env.sh`)"
                     .into(),
             });
         }

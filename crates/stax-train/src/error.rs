@@ -197,6 +197,19 @@ pub enum TrainError {
     /// the last finished step.
     #[error("{0}")]
     OutOfMemory(Box<crate::report::StepOom>),
+    /// Setting up a trainer (parameters, Adam's moments) ran out of memory: no batch size can
+    /// help, the persistent state alone does not fit.
+    #[error(
+        "trainer: the parameters and Adam's m and v need {} ({state_bytes} bytes) before any \
+         step, more than the backend has:\n{request}",
+        stax_alloc::human_bytes(*state_bytes)
+    )]
+    InitOutOfMemory {
+        /// Bytes of the parameters and both Adam moments (from the memory plan).
+        state_bytes: u64,
+        /// The allocator's diagnosis of the request that failed.
+        request: Box<stax_alloc::OomReport>,
+    },
     /// A memory budget was needed (to find the largest batch that fits) but none was given and
     /// the backend reports no memory size (the host, unless capped).
     #[error(

@@ -113,9 +113,9 @@ impl<L: Layer> Trainer<L> {
     /// placed before the step starts (its copy overlapping the step) and the one after that
     /// gathered on the host while the device computes. `Ok(None)` when `feed` is exhausted.
     ///
-    /// An error gathering a later batch (bad data) is returned by the step that would use it;
-    /// a failed step (out of memory, non-finite loss) leaves the feed where it was, so the
-    /// next call trains on the next batch.
+    /// An error gathering a later batch (bad data) is returned by the step that would use it.
+    /// A failed step (bad data, out of memory, non-finite loss) skips its batch: the next call
+    /// trains on the batch after it.
     ///
     /// # Errors
     /// As [`Trainer::step`]; data errors from [`HostStaging::gather`]; copy errors.

@@ -116,7 +116,8 @@ impl HostStaging {
     /// it has one, else this staging's pageable allocator.
     ///
     /// # Errors
-    /// Data errors from [`crate::data::loader::fill_batch`]; allocation errors.
+    /// [`TrainError::ZeroBatchSize`] for no indices; data errors from
+    /// [`crate::data::loader::fill_batch`]; allocation errors.
     pub fn gather(
         &self,
         backend: &Arc<dyn Backend>,
@@ -126,6 +127,9 @@ impl HostStaging {
     ) -> Result<HostBatch, TrainError> {
         let (h, w, c) = hwc;
         let (n, k) = (indices.len(), dataset.num_classes());
+        if n == 0 {
+            return Err(TrainError::ZeroBatchSize { op: "gather" });
+        }
         let allocator = backend.staging_allocator().unwrap_or(&self.allocator);
         let mut images = host_f32(allocator, n * h * w * c)?;
         let mut labels = host_f32(allocator, n * k)?;

@@ -168,7 +168,8 @@ impl<L: Layer> Trainer<L> {
     /// `input` (NHWC with the batch axis) and Adam's state, on `backend`.
     ///
     /// # Errors
-    /// Shape errors before any allocation; out of memory.
+    /// Shape errors before any allocation; [`TrainError::InitOutOfMemory`] when the parameters
+    /// and Adam's moments do not fit.
     pub fn new(
         model: L,
         input: Shape,
@@ -177,8 +178,20 @@ impl<L: Layer> Trainer<L> {
         seed: u64,
     ) -> Result<Self, TrainError> {
         check_input_shape(&input)?;
-        let (_, params) = model.init(&mut Rng::new(seed), &input, backend)?;
-        let state = adam.init(&params)?;
+        let explain = |e: TrainError| match oom_of(&e) {
+            Some(request) => TrainError::InitOutOfMemory {
+                state_bytes: MemoryPlan::new(&model, &input, &adam, backend).map_or(0, |p| {
+                    let b = p.timeline.baseline;
+                    b[Category::Parameter.index()] + b[Category::OptimizerState.index()]
+                }),
+                request: Box::new(request.clone()),
+            },
+            None => e,
+        };
+        let (_, params) = model
+            .init(&mut Rng::new(seed), &input, backend)
+            .map_err(|e| explain(e.into()))?;
+        let state = adam.init(&params).map_err(|e| explain(e.into()))?;
         Ok(Trainer {
             model,
             params,

@@ -22,8 +22,8 @@ pub(crate) fn new(
         return Err(AllocError::Unsupported {
             strategy: strategy.to_string(),
             backend: raw.name(),
-            reason: "the backend is not a stream-ordered pool (cuMemAllocAsync); use caching, \
-                     bfc or platform"
+            reason: "the backend is not a stream-ordered pool (cuMemAllocAsync); use caching or \
+                     platform (or bfc, where the backend reports its free memory)"
                 .into(),
         });
     }
