@@ -47,8 +47,37 @@ pub(super) fn int(v: usize) -> Result<c_int, TensorError> {
     })
 }
 
+/// cuDNN counts a tensor's elements in 32 bits: each of `conv`'s input (as cuDNN sees it),
+/// filter and output must hold at most `i32::MAX` elements.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] naming the tensor, its NHWC dims and its element count.
+pub(super) fn check_sizes(c: &CudnnConv) -> Result<(), TensorError> {
+    let g = &c.geometry;
+    let tensors = [
+        ("input", [g.n, c.h, c.w, g.c_in]),
+        ("filter", [g.c_out, g.kh, g.kw, g.c_in]),
+        ("output", [g.n, g.out_h, g.out_w, g.c_out]),
+    ];
+    for (what, dims) in tensors {
+        let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if count.is_none_or(|n| n > c_int::MAX as usize) {
+            return Err(TensorError::InvalidArgument {
+                op: "conv2d",
+                reason: format!(
+                    "cuDNN counts elements in 32 bits: the {what} {dims:?} (NHWC) has {} \
+                     elements, over 2^31 - 1; use a smaller batch or image",
+                    count.map_or("more than 2^64".into(), |n| n.to_string())
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Descriptors {
     pub(super) fn new(c: &CudnnConv) -> Result<Descriptors, TensorError> {
+        check_sizes(c)?;
         let g = &c.geometry;
         let nhwc = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
         let f32t = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
@@ -418,5 +447,38 @@ pub(super) fn execute_bias_act(
             d.y,
             o.y as *mut c_void,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Conv2dGeometry, Padding};
+
+    fn conv(n: usize, hw: usize, c: usize) -> CudnnConv {
+        let g = Conv2dGeometry::new(
+            &[n, hw, hw, 3].into(),
+            &[3, 3, 3, c].into(),
+            (1, 1),
+            Padding::Same,
+        )
+        .unwrap();
+        CudnnConv {
+            geometry: g,
+            h: hw,
+            w: hw,
+            pad_h: 1,
+            pad_w: 1,
+            layout_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn tensors_over_32_bit_element_counts_are_refused_by_name() {
+        assert!(check_sizes(&conv(100, 200, 64)).is_ok()); // the seed: 256 M elements
+        let e = check_sizes(&conv(100, 1000, 64)).unwrap_err(); // 6.4 G output elements
+        let msg = e.to_string();
+        assert!(msg.contains("the output [100, 1000, 1000, 64]"), "{msg}");
+        assert!(msg.contains("6400000000 elements"), "{msg}");
     }
 }
