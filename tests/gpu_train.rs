@@ -3,29 +3,12 @@
 
 mod common;
 
-use common::{Rng, assert_rel_close, cpu, cuda_or_skip, on_both, seed_for, with_precision};
+use common::{
+    Rng, assert_rel_close, cpu, cuda_or_skip, host_values, on_both, seed_for, small_model,
+    with_precision,
+};
 use stax::train::Trainer;
-use stax::{Adam, Conv, Dense, Flatten, Padding, Precision, Relu, Shape, serial};
-
-fn model() -> stax::Serial {
-    serial![
-        Conv::same(4, (3, 3)),
-        Relu,
-        Conv::new(3, (3, 3), (2, 2), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(8),
-        Relu,
-        Dense(2)
-    ]
-}
-
-fn host(p: &stax::Params) -> Vec<f32> {
-    p.leaves()
-        .iter()
-        .flat_map(|t| t.to_vec().unwrap())
-        .collect()
-}
+use stax::{Adam, Precision, Shape};
 
 #[test]
 fn two_training_steps_match_the_cpu() {
@@ -34,11 +17,11 @@ fn two_training_steps_match_the_cpu() {
     };
     let cpu = cpu();
     let input = Shape::new([4, 9, 9, 3]);
-    let mut on_gpu = Trainer::new(model(), input.clone(), Adam::new(1e-2), &gpu, 7).unwrap();
-    let mut on_cpu = Trainer::new(model(), input.clone(), Adam::new(1e-2), &cpu, 7).unwrap();
+    let mut on_gpu = Trainer::new(small_model(), input.clone(), Adam::new(1e-2), &gpu, 7).unwrap();
+    let mut on_cpu = Trainer::new(small_model(), input.clone(), Adam::new(1e-2), &cpu, 7).unwrap();
     assert_eq!(
-        host(on_gpu.params()),
-        host(on_cpu.params()),
+        host_values(on_gpu.params()),
+        host_values(on_cpu.params()),
         "same seed, same initial parameters"
     );
     let mut rng = Rng::new(seed_for("two_training_steps_match_the_cpu", input.dims()));
@@ -68,20 +51,20 @@ fn two_training_steps_match_the_cpu() {
             rc.loss
         );
         assert_rel_close(
-            &host(on_gpu.params()),
-            &host(on_cpu.params()),
+            &host_values(on_gpu.params()),
+            &host_values(on_cpu.params()),
             1e-4,
             "parameters",
         );
         assert_rel_close(
-            &host(&on_gpu.state().mu),
-            &host(&on_cpu.state().mu),
+            &host_values(&on_gpu.state().mu),
+            &host_values(&on_cpu.state().mu),
             1e-4,
             "adam m",
         );
         assert_rel_close(
-            &host(&on_gpu.state().nu),
-            &host(&on_cpu.state().nu),
+            &host_values(&on_gpu.state().nu),
+            &host_values(&on_cpu.state().nu),
             1e-4,
             "adam v",
         );

@@ -6,41 +6,21 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Rng, assert_rel_close, cpu, cuda_or_skip, seed_for, with_precision};
+use common::{
+    Rng, assert_rel_close, cpu, cuda_or_skip, host_values, seed_for, small_model, with_precision,
+};
 use stax::alloc::{Allocator, HostMemory, SimMemory};
 use stax::tensor::cuda::CudaBackend;
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
 use stax::train::plan::{Feed, MemoryPlan};
 use stax::train::{StepReport, TrainError, Trainer, place_batch};
-use stax::{
-    Adam, Backend, Category, Conv, DType, Dense, Flatten, Padding, Precision, Relu, Shape,
-    Strategy, Tensor, TensorError, serial,
-};
+use stax::{Adam, Backend, Category, DType, Precision, Shape, Strategy, Tensor, TensorError};
 
 const IMG: usize = 12;
 
-fn model() -> stax::Serial {
-    serial![
-        Conv::same(4, (3, 3)),
-        Relu,
-        Conv::new(3, (3, 3), (2, 2), Padding::Valid),
-        Relu,
-        Flatten,
-        Dense(2)
-    ]
-}
-
 fn trainer(backend: &Arc<dyn Backend>, batch: usize) -> Trainer<stax::Serial> {
     let input = Shape::new([batch, IMG, IMG, 3]);
-    Trainer::new(model(), input, Adam::new(1e-2), backend, 5).unwrap()
-}
-
-fn params(t: &Trainer<stax::Serial>) -> Vec<f32> {
-    t.params()
-        .leaves()
-        .iter()
-        .flat_map(|p| p.to_vec().unwrap())
-        .collect()
+    Trainer::new(small_model(), input, Adam::new(1e-2), backend, 5).unwrap()
 }
 
 /// `steps` batches of `batch` examples, in the loader's order.
@@ -86,7 +66,7 @@ fn prefetched_loop_trains_like_the_placed_loop_and_its_plan_is_exact() {
         losses, placed_losses,
         "same batches, same order, same arithmetic"
     );
-    assert_eq!(params(&fed), params(&placed));
+    assert_eq!(host_values(fed.params()), host_values(placed.params()));
 
     let plan = fed.plan(batch).unwrap();
     assert_eq!(plan.feed, Feed::Prefetched);
@@ -190,10 +170,15 @@ fn prefetched_gpu_loop_matches_the_cpu_and_its_plan() {
     let gpu_reports = run_prefetched(&mut on_gpu, &train, &order);
     let gpu_losses: Vec<f32> = gpu_reports.iter().map(|r| r.loss).collect();
     assert_rel_close(&gpu_losses, &cpu_losses, 1e-4, "losses");
-    assert_rel_close(&params(&on_gpu), &params(&on_cpu), 1e-3, "parameters");
+    assert_rel_close(
+        &host_values(on_gpu.params()),
+        &host_values(on_cpu.params()),
+        1e-3,
+        "parameters",
+    );
     let plan = on_gpu.plan(batch).unwrap();
     let input = Shape::new([batch, IMG, IMG, 3]);
-    let placed = MemoryPlan::new(&model(), &input, &Adam::new(1e-2), &gpu).unwrap();
+    let placed = MemoryPlan::new(&small_model(), &input, &Adam::new(1e-2), &gpu).unwrap();
     // step 1 also holds cuDNN's algorithm search; from step 2 on the plan is exact
     for r in &gpu_reports[1..gpu_reports.len() - 1] {
         assert_eq!(r.memory.peak, plan.peak.bytes, "step {}", r.step);

@@ -7,6 +7,8 @@
 //! - [`poison`]: fill an output with NaN (or a bit pattern) before an op writes it.
 //! - [`assert_close`], [`assert_rel_close`]: comparisons that print the worst element.
 //! - [`Rng`], [`random_tensor`]: seeded inputs, reproducible but different per seed.
+//! - [`small_model`], [`host_values`]: a two-class CNN for whole training steps, and its
+//!   parameters as one host vector.
 #![allow(dead_code)]
 
 use stax_tensor::cuda::CudaBackend;
@@ -232,4 +234,27 @@ pub fn on_both(
     let g = Tensor::from_slice(gpu, data, shape.clone(), Category::Other).expect("upload");
     let c = Tensor::from_slice(cpu, data, shape, Category::Other).expect("host copy");
     (g, c)
+}
+
+/// A small two-class CNN with SAME and VALID padding, a stride-2 conv and two dense layers.
+pub fn small_model() -> stax::Serial {
+    use stax::{Conv, Dense, Flatten, Padding, Relu, serial};
+    serial![
+        Conv::same(4, (3, 3)),
+        Relu,
+        Conv::new(3, (3, 3), (2, 2), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(8),
+        Relu,
+        Dense(2)
+    ]
+}
+
+/// Every tensor of `p`, downloaded and concatenated in order.
+pub fn host_values(p: &stax::Params) -> Vec<f32> {
+    p.leaves()
+        .iter()
+        .flat_map(|t| t.to_vec().expect("download"))
+        .collect()
 }
