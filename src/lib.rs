@@ -14,8 +14,8 @@ pub use stax_tensor as tensor;
 pub use stax_train as train;
 
 pub use stax_layers::{Conv, Dense, Flatten, Layer, Padding, Params, Relu, Rng, Serial, serial};
-pub use stax_optim::Adam;
+pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{
-    Backend, BackendOptions, Category, DType, Device, Precision, Shape, Strategy, Tensor,
-    TensorError,
+    Backend, BackendOptions, Category, DType, Device, Grads, Precision, Shape, Strategy, Tensor,
+    TensorError, Tree,
 };

@@ -31,7 +31,7 @@ fn host_params(p: &Params) -> Vec<Vec<f32>> {
 
 fn rebuild(be: &Arc<dyn Backend>, like: &Params, values: &[Vec<f32>]) -> Params {
     let mut it = values.iter();
-    like.try_map(&mut |t: &Tensor| {
+    like.try_map(|_, t: &Tensor| {
         Tensor::from_slice(
             be,
             it.next().unwrap(),

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use stax::alloc::{Category, Strategy};
+use stax::serial;
 use stax::tensor::cpu::CpuBackend;
 use stax::train::plan::MemoryPlan;
 use stax::train::{Feed, TrainError, Trainer, max_batch_that_fits};
 use stax::{Adam, Backend, BackendOptions, Conv, Dense, Flatten, Relu, Serial, Shape, Tensor};
-use stax::{Params, serial};
 
 const IMG: (usize, usize, usize) = (16, 16, 3);
 
@@ -47,8 +47,8 @@ fn batch(be: &Arc<dyn Backend>, n: usize) -> (Tensor, Tensor) {
     (x, y)
 }
 
-fn values(p: &Params) -> Vec<Vec<f32>> {
-    p.leaves().iter().map(|t| t.to_vec().unwrap()).collect()
+fn values<'a>(ts: impl IntoIterator<Item = &'a stax::Tensor>) -> Vec<Vec<f32>> {
+    ts.into_iter().map(|t| t.to_vec().unwrap()).collect()
 }
 
 /// The smallest budget batch `n` needs under `strategy` on a capped host.
@@ -99,9 +99,9 @@ fn budget_of_batch_b_trains_b_and_refuses_b_plus_one() {
         );
 
         let (params, mu, nu) = (
-            values(trainer.params()),
-            values(&trainer.state().mu),
-            values(&trainer.state().nu),
+            values(trainer.params().leaves()),
+            values(trainer.state().field("mu")),
+            values(trainer.state().field("nu")),
         );
         let (x, y) = batch(&be, b + 1);
         let e = trainer.step(&x, &y).unwrap_err();
@@ -129,9 +129,9 @@ fn budget_of_batch_b_trains_b_and_refuses_b_plus_one() {
         // nothing of the failed step changed the state, and nothing of it stays allocated
         assert_eq!(trainer.steps(), 1);
         assert_eq!(trainer.state().count, 1);
-        assert_eq!(values(trainer.params()), params);
-        assert_eq!(values(&trainer.state().mu), mu);
-        assert_eq!(values(&trainer.state().nu), nu);
+        assert_eq!(values(trainer.params().leaves()), params);
+        assert_eq!(values(trainer.state().field("mu")), mu);
+        assert_eq!(values(trainer.state().field("nu")), nu);
         assert_eq!(
             be.allocator().stats().requested,
             3 * trainer.params().bytes() as u64 + (x.bytes() + y.bytes()) as u64

@@ -66,7 +66,10 @@ fn prefetched_loop_trains_like_the_placed_loop_and_its_plan_is_exact() {
         losses, placed_losses,
         "same batches, same order, same arithmetic"
     );
-    assert_eq!(host_values(fed.params()), host_values(placed.params()));
+    assert_eq!(
+        host_values(fed.params().leaves()),
+        host_values(placed.params().leaves())
+    );
 
     let plan = fed.plan(batch).unwrap();
     assert_eq!(plan.feed, Feed::Prefetched);
@@ -171,8 +174,8 @@ fn prefetched_gpu_loop_matches_the_cpu_and_its_plan() {
     let gpu_losses: Vec<f32> = gpu_reports.iter().map(|r| r.loss).collect();
     assert_rel_close(&gpu_losses, &cpu_losses, 1e-4, "losses");
     assert_rel_close(
-        &host_values(on_gpu.params()),
-        &host_values(on_cpu.params()),
+        &host_values(on_gpu.params().leaves()),
+        &host_values(on_cpu.params().leaves()),
         1e-3,
         "parameters",
     );

@@ -251,10 +251,11 @@ pub fn small_model() -> stax::Serial {
     ]
 }
 
-/// Every tensor of `p`, downloaded and concatenated in order.
-pub fn host_values(p: &stax::Params) -> Vec<f32> {
-    p.leaves()
-        .iter()
+/// Every tensor of `tensors` (a tree's leaves, an optimizer's state field), downloaded and
+/// concatenated in order.
+pub fn host_values<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<f32> {
+    tensors
+        .into_iter()
         .flat_map(|t| t.to_vec().expect("download"))
         .collect()
 }

@@ -1,8 +1,8 @@
 //! `Conv`: 2-D convolution, NHWC input, HWIO kernel (stax's `Conv`).
 
-use crate::layer::{Init, ParamSpec, Saved};
+use crate::layer::{Init, ParamSpec, Saved, expect_fields};
 use crate::{Grads, Layer, LayerError, Params, Relu, StepContext};
-use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Shape, Tensor};
+use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Shape, Tensor, Tree};
 
 /// stax's `Conv(out_chan, filter_shape, strides, padding)`: `y = conv(x, w) + b`.
 ///
@@ -62,12 +62,20 @@ impl Conv {
         })
     }
 
-    fn weights<'p>(&self, params: &'p Params, input: &Shape) -> Result<&'p [Tensor], LayerError> {
-        params.expect_leaf(self, &self.param_specs(input)?)
+    fn weights<'p>(
+        &self,
+        params: &'p Params,
+        input: &Shape,
+    ) -> Result<Vec<&'p Tensor>, LayerError> {
+        expect_fields(params, self, &self.param_specs(input)?)
     }
 }
 
 impl Layer for Conv {
+    fn kind(&self) -> &'static str {
+        "conv"
+    }
+
     fn name(&self) -> String {
         let (kh, kw) = self.filter_shape;
         let (sh, sw) = self.strides;
@@ -121,7 +129,7 @@ impl Layer for Conv {
         let wb = self.weights(params, x.shape())?;
         let be = x.backend().clone();
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
-        be.conv2d(&x, &wb[0], &wb[1], &g, &mut y)?;
+        be.conv2d(&x, wb[0], wb[1], &g, &mut y)?;
         cx.save(Saved::Tensor(x));
         Ok(y)
     }
@@ -148,14 +156,14 @@ impl Layer for Conv {
     ) -> Result<Tensor, LayerError> {
         if !cx.is_training() {
             let y = self.apply(params, x, cx)?;
-            return Relu.apply(&Params::Leaf(Vec::new()), y, cx);
+            return Relu.apply(&Tree::empty(), y, cx);
         }
         let g = self.geometry(x.shape())?;
         let wb = self.weights(params, x.shape())?;
         let be = x.backend().clone();
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
         let mut mask = crate::relu::mask_for(&y)?;
-        be.conv2d_relu(&x, &wb[0], &wb[1], &g, &mut y, &mut mask)?;
+        be.conv2d_relu(&x, wb[0], wb[1], &g, &mut y, &mut mask)?;
         cx.save(Saved::Tensor(x));
         cx.save(Saved::Tensor(mask));
         Ok(y)
@@ -210,11 +218,11 @@ impl Conv {
                 drop(x);
                 Tensor::empty(&be, g.input_shape(), DType::F32, Category::Gradient)?
             };
-            be.conv2d_bwd_data(&dy, &wb[0], &g, &mut dx)?;
+            be.conv2d_bwd_data(&dy, wb[0], &g, &mut dx)?;
             Some(dx)
         } else {
             None
         };
-        Ok((dx, Params::Leaf(vec![dw, db])))
+        Ok((dx, Tree::fields([("w", dw), ("b", db)])))
     }
 }

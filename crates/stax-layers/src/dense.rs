@@ -1,8 +1,8 @@
 //! `Dense`: fully connected layer (stax's `Dense`).
 
-use crate::layer::{Init, ParamSpec, Saved};
+use crate::layer::{Init, ParamSpec, Saved, expect_fields};
 use crate::{Grads, Layer, LayerError, Params, StepContext};
-use stax_tensor::{Category, DType, Shape, Tensor};
+use stax_tensor::{Category, DType, Shape, Tensor, Tree};
 
 /// stax's `Dense(out_dim)`: `y = x · w + b` over the last axis.
 ///
@@ -26,12 +26,20 @@ fn with_last(shape: &Shape, last: usize) -> Shape {
 }
 
 impl Dense {
-    fn weights<'p>(&self, params: &'p Params, input: &Shape) -> Result<&'p [Tensor], LayerError> {
-        params.expect_leaf(self, &self.param_specs(input)?)
+    fn weights<'p>(
+        &self,
+        params: &'p Params,
+        input: &Shape,
+    ) -> Result<Vec<&'p Tensor>, LayerError> {
+        expect_fields(params, self, &self.param_specs(input)?)
     }
 }
 
 impl Layer for Dense {
+    fn kind(&self) -> &'static str {
+        "dense"
+    }
+
     fn name(&self) -> String {
         format!("dense({})", self.0)
     }
@@ -86,8 +94,8 @@ impl Layer for Dense {
         drop(x);
         let be = x2.backend().clone();
         let mut y = Tensor::empty(&be, [rows, self.0], DType::F32, Category::Activation)?;
-        be.matmul(&x2, &wb[0], false, false, &mut y)?;
-        be.bias_add(&mut y, &wb[1])?;
+        be.matmul(&x2, wb[0], false, false, &mut y)?;
+        be.bias_add(&mut y, wb[1])?;
         cx.save(Saved::Tensor(x2));
         Ok(y.reshape(out_shape)?)
     }
@@ -119,11 +127,11 @@ impl Layer for Dense {
                 let (rows, k) = as_matrix(&in_shape);
                 Tensor::empty(&be, [rows, k], DType::F32, Category::Gradient)?
             };
-            be.matmul(&dy2, &wb[0], false, true, &mut dx)?;
+            be.matmul(&dy2, wb[0], false, true, &mut dx)?;
             Some(dx.reshape(in_shape)?)
         } else {
             None
         };
-        Ok((dx, Params::Leaf(vec![dw, db])))
+        Ok((dx, Tree::fields([("w", dw), ("b", db)])))
     }
 }

@@ -1,14 +1,18 @@
 //! `Flatten`: keeps the batch axis, merges the rest (stax's `Flatten`).
 
-use crate::layer::{ParamSpec, Saved};
+use crate::layer::{ParamSpec, Saved, expect_fields};
 use crate::{Grads, Layer, LayerError, Params, StepContext};
-use stax_tensor::{Shape, Tensor};
+use stax_tensor::{Shape, Tensor, Tree};
 
 /// stax's `Flatten`: `[n, d1, d2, ...] -> [n, d1 * d2 * ...]`, a view (no copy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flatten;
 
 impl Layer for Flatten {
+    fn kind(&self) -> &'static str {
+        "flatten"
+    }
+
     fn name(&self) -> String {
         "flatten".into()
     }
@@ -42,7 +46,7 @@ impl Layer for Flatten {
         x: Tensor,
         cx: &mut StepContext,
     ) -> Result<Tensor, LayerError> {
-        params.expect_leaf(self, &[])?;
+        expect_fields(params, self, &[])?;
         let out = self.output_shape(x.shape())?;
         cx.save(Saved::Shape(x.shape().clone()));
         Ok(x.reshape(out)?)
@@ -55,13 +59,13 @@ impl Layer for Flatten {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        params.expect_leaf(self, &[])?;
+        expect_fields(params, self, &[])?;
         let shape = cx.take_shape(self)?;
         let dx = if need_dx {
             Some(dy.reshape(shape)?)
         } else {
             None
         };
-        Ok((dx, Params::Leaf(Vec::new())))
+        Ok((dx, Tree::empty()))
     }
 }

@@ -2,7 +2,7 @@
 //! backward passes.
 
 use crate::{LayerError, Rng};
-use stax_tensor::{Backend, Category, DType, Shape, Tensor};
+use stax_tensor::{Backend, Category, DType, Grads, Key, Params, Shape, Tensor, Tree};
 use std::fmt;
 use std::sync::Arc;
 
@@ -33,112 +33,45 @@ pub struct ParamSpec {
     pub init: Init,
 }
 
-/// Parameters (or gradients) of a layer: a list of tensors for a leaf layer, a list of
-/// per-layer parameters for [`crate::Serial`], like stax's nested lists.
-#[derive(Debug, Clone)]
-pub enum Params {
-    /// A leaf layer's tensors, in the order of its [`ParamSpec`]s (empty for Relu/Flatten).
-    Leaf(Vec<Tensor>),
-    /// One entry per sub-layer.
-    Seq(Vec<Params>),
-}
-
-/// Gradients have the structure of the parameters.
-pub type Grads = Params;
-
-impl Params {
-    /// All tensors, depth first (the order the optimizer and checkpoints walk).
-    pub fn leaves(&self) -> Vec<&Tensor> {
-        match self {
-            Params::Leaf(v) => v.iter().collect(),
-            Params::Seq(v) => v.iter().flat_map(Params::leaves).collect(),
-        }
+/// The tensors of a leaf layer's parameter node, checked against the layer's specs: a node
+/// of one field per spec (`w`, `b`), each of the spec's shape.
+///
+/// # Errors
+/// [`LayerError::Params`] naming what differs.
+pub fn expect_fields<'p>(
+    params: &'p Params,
+    layer: &dyn Layer,
+    specs: &[ParamSpec],
+) -> Result<Vec<&'p Tensor>, LayerError> {
+    let bad = |reason: String| LayerError::Params {
+        layer: layer.name(),
+        reason,
+    };
+    let children = match params {
+        Tree::Node(c) => c,
+        Tree::Leaf(_) => return Err(bad("expected a node of parameter fields, got a leaf".into())),
+    };
+    if children.len() != specs.len() {
+        return Err(bad(format!(
+            "expected {} tensors, got {}",
+            specs.len(),
+            children.len()
+        )));
     }
-
-    /// All tensors, depth first, mutably.
-    pub fn leaves_mut(&mut self) -> Vec<&mut Tensor> {
-        match self {
-            Params::Leaf(v) => v.iter_mut().collect(),
-            Params::Seq(v) => v.iter_mut().flat_map(Params::leaves_mut).collect(),
-        }
-    }
-
-    /// Total bytes of all tensors.
-    pub fn bytes(&self) -> usize {
-        self.leaves().iter().map(|t| t.bytes()).sum()
-    }
-
-    /// Total number of elements.
-    pub fn numel(&self) -> usize {
-        self.leaves().iter().map(|t| t.numel()).sum()
-    }
-
-    /// A new tree of the same structure, each tensor made by `f` from the matching one.
-    ///
-    /// # Errors
-    /// The first error `f` returns.
-    pub fn try_map<E>(
-        &self,
-        f: &mut impl FnMut(&Tensor) -> Result<Tensor, E>,
-    ) -> Result<Params, E> {
-        Ok(match self {
-            Params::Leaf(v) => Params::Leaf(v.iter().map(&mut *f).collect::<Result<_, _>>()?),
-            Params::Seq(v) => {
-                Params::Seq(v.iter().map(|p| p.try_map(f)).collect::<Result<_, _>>()?)
-            }
+    children
+        .iter()
+        .zip(specs)
+        .map(|((key, t), s)| match t.as_leaf() {
+            Some(t) if *key == Key::Field(s.name) && t.shape() == &s.shape => Ok(t),
+            Some(t) if *key == Key::Field(s.name) => Err(bad(format!(
+                "{} has shape {}, expected {}",
+                s.name,
+                t.shape(),
+                s.shape
+            ))),
+            _ => Err(bad(format!("expected the tensor {} at `{key}`", s.name))),
         })
-    }
-
-    /// Whether `other` has the same tree structure and the same shape at every leaf.
-    pub fn same_structure(&self, other: &Params) -> bool {
-        match (self, other) {
-            (Params::Leaf(a), Params::Leaf(b)) => {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.shape() == y.shape())
-            }
-            (Params::Seq(a), Params::Seq(b)) => {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_structure(y))
-            }
-            _ => false,
-        }
-    }
-
-    /// The tensors of a leaf layer, checked against the layer's specs.
-    ///
-    /// # Errors
-    /// [`LayerError::Params`] if this is not a leaf or the shapes differ from `specs`.
-    pub fn expect_leaf(
-        &self,
-        layer: &dyn Layer,
-        specs: &[ParamSpec],
-    ) -> Result<&[Tensor], LayerError> {
-        let bad = |reason: String| LayerError::Params {
-            layer: layer.name(),
-            reason,
-        };
-        let Params::Leaf(v) = self else {
-            return Err(bad(
-                "expected a leaf parameter list, got a nested one".into()
-            ));
-        };
-        if v.len() != specs.len() {
-            return Err(bad(format!(
-                "expected {} tensors, got {}",
-                specs.len(),
-                v.len()
-            )));
-        }
-        for (t, s) in v.iter().zip(specs) {
-            if t.shape() != &s.shape {
-                return Err(bad(format!(
-                    "{} has shape {}, expected {}",
-                    s.name,
-                    t.shape(),
-                    s.shape
-                )));
-            }
-        }
-        Ok(v)
-    }
+        .collect()
 }
 
 /// What a forward pass in training mode keeps for the backward pass.
@@ -231,6 +164,10 @@ impl StepContext {
 /// `apply` takes its input by value so that in-place layers (ReLU) reuse the buffer, and
 /// `vjp` takes `dy` by value so that gradients can overwrite buffers no longer needed.
 pub trait Layer: fmt::Debug + Send + Sync {
+    /// The layer's kind (`conv`, `relu`, `serial`): the key of its parameters in a
+    /// combinator's tree (`2.conv`), and so the path segment of everything it allocates.
+    fn kind(&self) -> &'static str;
+
     /// A short readable name, e.g. `conv(64, 3x3, stride 1x1, SAME)`.
     fn name(&self) -> String;
 
@@ -270,10 +207,10 @@ pub trait Layer: fmt::Debug + Send + Sync {
                 let mut t =
                     Tensor::empty(backend, s.shape.clone(), DType::F32, Category::Parameter)?;
                 backend.upload(bytemuck::cast_slice(&k.sample(s)?), &mut t)?;
-                Ok(t)
+                Ok((s.name, t))
             })
-            .collect::<Result<_, LayerError>>()?;
-        Ok((out, Params::Leaf(tensors)))
+            .collect::<Result<Vec<_>, LayerError>>()?;
+        Ok((out, Tree::fields(tensors)))
     }
 
     /// [`Layer::init`] without drawing any values: the same output shape and parameter tree,
@@ -293,15 +230,11 @@ pub trait Layer: fmt::Debug + Send + Sync {
             .param_specs(input)?
             .into_iter()
             .map(|s| {
-                Ok(Tensor::empty(
-                    backend,
-                    s.shape,
-                    DType::F32,
-                    Category::Parameter,
-                )?)
+                let t = Tensor::empty(backend, s.shape, DType::F32, Category::Parameter)?;
+                Ok((s.name, t))
             })
-            .collect::<Result<_, LayerError>>()?;
-        Ok((out, Params::Leaf(tensors)))
+            .collect::<Result<Vec<_>, LayerError>>()?;
+        Ok((out, Tree::fields(tensors)))
     }
 
     /// stax's `apply_fun`: the forward pass. In training mode, saves what `vjp` needs in `cx`.
@@ -343,7 +276,7 @@ pub trait Layer: fmt::Debug + Send + Sync {
         cx: &mut StepContext,
     ) -> Result<Tensor, LayerError> {
         let y = self.apply(params, x, cx)?;
-        crate::Relu.apply(&Params::Leaf(Vec::new()), y, cx)
+        crate::Relu.apply(&Tree::empty(), y, cx)
     }
 
     /// The backward pass of `apply_then_relu` (or of `apply` then a ReLU): `dy` is the
@@ -360,7 +293,7 @@ pub trait Layer: fmt::Debug + Send + Sync {
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
         let relu = crate::Relu;
-        let (dx, _) = relu.vjp(&Params::Leaf(Vec::new()), dy, cx, true)?;
+        let (dx, _) = relu.vjp(&Tree::empty(), dy, cx, true)?;
         let dx = dx.ok_or_else(|| LayerError::NothingSaved { layer: relu.name() })?;
         self.vjp(params, dx, cx, need_dx)
     }

@@ -1,8 +1,8 @@
 //! `Relu`: elementwise `max(x, 0)`, in place (stax's `Relu`).
 
-use crate::layer::{ParamSpec, Saved};
+use crate::layer::{ParamSpec, Saved, expect_fields};
 use crate::{Grads, Layer, LayerError, Params, StepContext};
-use stax_tensor::{Category, DType, Shape, Tensor};
+use stax_tensor::{Category, DType, Shape, Tensor, Tree};
 
 /// stax's `Relu`: `y = max(x, 0)`, any shape, no parameters.
 ///
@@ -25,6 +25,10 @@ pub(crate) fn mask_for(y: &Tensor) -> Result<Tensor, LayerError> {
 }
 
 impl Layer for Relu {
+    fn kind(&self) -> &'static str {
+        "relu"
+    }
+
     fn name(&self) -> String {
         "relu".into()
     }
@@ -47,7 +51,7 @@ impl Layer for Relu {
         x: Tensor,
         cx: &mut StepContext,
     ) -> Result<Tensor, LayerError> {
-        params.expect_leaf(self, &[])?;
+        expect_fields(params, self, &[])?;
         let mut y = x.into_unique()?;
         let be = y.backend().clone();
         if cx.is_training() {
@@ -67,7 +71,7 @@ impl Layer for Relu {
         cx: &mut StepContext,
         need_dx: bool,
     ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        params.expect_leaf(self, &[])?;
+        expect_fields(params, self, &[])?;
         let mask = cx.take_tensor(self)?;
         let dx = if need_dx {
             let mut dx = dy.into_unique()?;
@@ -76,6 +80,6 @@ impl Layer for Relu {
         } else {
             None
         };
-        Ok((dx, Params::Leaf(Vec::new())))
+        Ok((dx, Tree::empty()))
     }
 }

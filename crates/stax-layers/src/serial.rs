@@ -2,11 +2,12 @@
 
 use crate::layer::ParamSpec;
 use crate::{Grads, Layer, LayerError, Params, Rng, StepContext};
-use stax_tensor::{Backend, Shape, Tensor};
+use stax_tensor::{Backend, Key, Shape, Tensor, Tree};
 use std::sync::Arc;
 
-/// stax's `serial(*layers)`: composes layers; itself a [`Layer`], with [`Params::Seq`]
-/// parameters (one entry per layer).
+/// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
+/// with one child per layer, keyed `{index}.{kind}` (`2.conv`; parameter-free layers keep
+/// their place with an empty node, as stax's `()`).
 #[derive(Debug)]
 pub struct Serial(pub Vec<Box<dyn Layer>>);
 
@@ -32,26 +33,43 @@ impl Serial {
         Ok(shapes)
     }
 
-    fn children<'p>(&self, params: &'p Params) -> Result<&'p [Params], LayerError> {
-        match params {
-            Params::Seq(v) if v.len() == self.0.len() => Ok(v),
-            Params::Seq(v) => Err(LayerError::Params {
-                layer: self.name(),
-                reason: format!(
-                    "expected {} per-layer entries, got {}",
-                    self.0.len(),
-                    v.len()
-                ),
-            }),
-            Params::Leaf(_) => Err(LayerError::Params {
-                layer: self.name(),
-                reason: "expected nested per-layer parameters".into(),
-            }),
+    fn children<'p>(&self, params: &'p Params) -> Result<Vec<&'p Params>, LayerError> {
+        let bad = |reason: String| LayerError::Params {
+            layer: self.name(),
+            reason,
+        };
+        let children = match params {
+            Tree::Node(c) => c,
+            Tree::Leaf(_) => return Err(bad("expected nested per-layer parameters".into())),
+        };
+        if children.len() != self.0.len() {
+            return Err(bad(format!(
+                "expected {} per-layer entries, got {}",
+                self.0.len(),
+                children.len()
+            )));
         }
+        self.0
+            .iter()
+            .zip(children)
+            .enumerate()
+            .map(|(i, (layer, (key, p)))| {
+                let want = Key::Layer(i, layer.kind());
+                if *key == want {
+                    Ok(p)
+                } else {
+                    Err(bad(format!("entry {i} is `{key}`, expected `{want}`")))
+                }
+            })
+            .collect()
     }
 }
 
 impl Layer for Serial {
+    fn kind(&self) -> &'static str {
+        "serial"
+    }
+
     fn name(&self) -> String {
         let names: Vec<String> = self.0.iter().map(|l| l.name()).collect();
         format!("serial[{}]", names.join(", "))
@@ -80,12 +98,12 @@ impl Layer for Serial {
         self.shapes(input)?;
         let mut shape = input.clone();
         let mut params = Vec::with_capacity(self.0.len());
-        for (layer, mut key) in self.0.iter().zip(rng.split(self.0.len())) {
+        for (i, (layer, mut key)) in self.0.iter().zip(rng.split(self.0.len())).enumerate() {
             let (out, p) = layer.init(&mut key, &shape, backend)?;
-            params.push(p);
+            params.push((Key::Layer(i, layer.kind()), p));
             shape = out;
         }
-        Ok((shape, Params::Seq(params)))
+        Ok((shape, Tree::Node(params)))
     }
 
     /// Every sub-layer's [`Layer::init_empty`], in order (the allocation order of `init`).
@@ -97,12 +115,12 @@ impl Layer for Serial {
         self.shapes(input)?;
         let mut shape = input.clone();
         let mut params = Vec::with_capacity(self.0.len());
-        for layer in &self.0 {
+        for (i, layer) in self.0.iter().enumerate() {
             let (out, p) = layer.init_empty(&shape, backend)?;
-            params.push(p);
+            params.push((Key::Layer(i, layer.kind()), p));
             shape = out;
         }
-        Ok((shape, Params::Seq(params)))
+        Ok((shape, Tree::Node(params)))
     }
 
     fn apply(
@@ -115,11 +133,11 @@ impl Layer for Serial {
         let mut x = x;
         let mut i = 0;
         while i < self.0.len() {
-            if self.relu_follows(children, i) {
-                x = self.0[i].apply_then_relu(&children[i], x, cx)?;
+            if self.relu_follows(&children, i) {
+                x = self.0[i].apply_then_relu(children[i], x, cx)?;
                 i += 2;
             } else {
-                x = self.0[i].apply(&children[i], x, cx)?;
+                x = self.0[i].apply(children[i], x, cx)?;
                 i += 1;
             }
         }
@@ -144,22 +162,22 @@ impl Layer for Serial {
             let d = dy.take().ok_or_else(|| LayerError::NothingSaved {
                 layer: self.0[i].name(),
             })?;
-            if i > 0 && self.relu_follows(children, i - 1) {
+            if i > 0 && self.relu_follows(&children, i - 1) {
                 let (dx, g) =
-                    self.0[i - 1].vjp_through_relu(&children[i - 1], d, cx, i > 1 || need_dx)?;
-                grads.push(Params::Leaf(Vec::new()));
-                grads.push(g);
+                    self.0[i - 1].vjp_through_relu(children[i - 1], d, cx, i > 1 || need_dx)?;
+                grads.push((Key::Layer(i, self.0[i].kind()), Tree::empty()));
+                grads.push((Key::Layer(i - 1, self.0[i - 1].kind()), g));
                 dy = dx;
                 end -= 2;
             } else {
-                let (dx, g) = self.0[i].vjp(&children[i], d, cx, i > 0 || need_dx)?;
-                grads.push(g);
+                let (dx, g) = self.0[i].vjp(children[i], d, cx, i > 0 || need_dx)?;
+                grads.push((Key::Layer(i, self.0[i].kind()), g));
                 dy = dx;
                 end -= 1;
             }
         }
         grads.reverse();
-        Ok((dy, Params::Seq(grads)))
+        Ok((dy, Tree::Node(grads)))
     }
 }
 
@@ -167,8 +185,8 @@ impl Serial {
     /// Whether layer `i + 1` is a ReLU with its (empty) parameters, so that layer `i` runs it
     /// ([`Layer::apply_then_relu`], [`Layer::vjp_through_relu`]: one fused op where the layer
     /// can). Otherwise the ReLU runs alone (and reports bad parameters itself).
-    fn relu_follows(&self, children: &[Params], i: usize) -> bool {
+    fn relu_follows(&self, children: &[&Params], i: usize) -> bool {
         self.0.get(i + 1).is_some_and(|l| l.is_relu())
-            && matches!(children.get(i + 1), Some(Params::Leaf(v)) if v.is_empty())
+            && matches!(children.get(i + 1), Some(Tree::Node(v)) if v.is_empty())
     }
 }

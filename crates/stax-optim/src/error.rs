@@ -1,19 +1,36 @@
 //! `OptimError`: the one error type of `stax-optim`.
 
-use stax_tensor::TensorError;
+use stax_tensor::{StructureError, TensorError};
 
 /// What can go wrong in an optimizer.
 #[derive(Debug, thiserror::Error)]
 pub enum OptimError {
-    /// Gradients, state and parameters do not have the same structure and shapes.
-    #[error("adam: {what} do not match the parameters' structure and shapes")]
+    /// Gradients or state do not have the parameters' tree structure.
+    #[error("{optimizer}: {what} do not match the parameters' structure: {source}")]
     Structure {
+        /// The optimizer (`adam`).
+        optimizer: &'static str,
         /// Which tree differs (`gradients` or `optimizer state`).
         what: &'static str,
+        /// Where they differ.
+        source: StructureError,
+    },
+    /// A gradient or state tensor does not fit its parameter (shape, dtype, device), or a
+    /// tensor that is written in place shares its buffer.
+    #[error("{optimizer}: {path}: {source}")]
+    Leaf {
+        /// The optimizer.
+        optimizer: &'static str,
+        /// The parameter's path (`2.conv/w`).
+        path: String,
+        /// What is wrong.
+        source: TensorError,
     },
     /// A hyper-parameter is outside its valid range.
-    #[error("adam: invalid hyper-parameter {name} = {value}: {reason}")]
+    #[error("{optimizer}: invalid hyper-parameter {name} = {value}: {reason}")]
     Hyper {
+        /// The optimizer.
+        optimizer: &'static str,
         /// Its name (`lr`, `b1`, `b2`, `eps`).
         name: &'static str,
         /// Its value.
@@ -22,8 +39,11 @@ pub enum OptimError {
         reason: &'static str,
     },
     /// The step counter would overflow.
-    #[error("adam: step count overflow")]
-    CountOverflow,
+    #[error("{optimizer}: step count overflow")]
+    CountOverflow {
+        /// The optimizer.
+        optimizer: &'static str,
+    },
     /// A tensor op failed.
     #[error(transparent)]
     Tensor(#[from] TensorError),

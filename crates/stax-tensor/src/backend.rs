@@ -239,6 +239,25 @@ pub fn softmax_xent_dims(logits: &Shape) -> Result<(usize, usize), TensorError> 
     Ok((n, k))
 }
 
+/// The identity of one opened backend: unique in the process, so that tensors of two
+/// backends opened on the same device (each with its own stream and allocator) are told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(u64);
+
+impl BackendId {
+    /// A fresh id (ids count up from 1 in the order backends are opened).
+    pub fn fresh() -> BackendId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        BackendId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl fmt::Display for BackendId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "backend #{}", self.0)
+    }
+}
+
 /// A compute backend: owns an allocator and computes the ops of a stax training step.
 ///
 /// All tensors are row-major. Unless stated, ops need `F32` operands on this backend's device
@@ -246,6 +265,9 @@ pub fn softmax_xent_dims(logits: &Shape) -> Result<(usize, usize), TensorError> 
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The device this backend computes on.
     fn device(&self) -> Device;
+
+    /// This backend's identity ([`BackendId::fresh`] when it was opened).
+    fn id(&self) -> BackendId;
 
     /// The allocator every tensor of this backend is allocated from.
     fn allocator(&self) -> &Arc<Allocator>;

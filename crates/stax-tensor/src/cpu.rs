@@ -31,7 +31,7 @@ mod softmax;
 mod testing;
 
 use crate::{
-    AdamHyper, Backend, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp,
+    AdamHyper, Backend, BackendId, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp,
     WorkspaceStep,
 };
 use crate::{Tensor, TensorError};
@@ -50,6 +50,7 @@ const DEFAULT_WORKSPACE_BYTES: usize = 4 << 20;
 /// smaller than `kh * kw * c_in * 4` bytes is raised to that.
 #[derive(Debug)]
 pub struct CpuBackend {
+    id: BackendId,
     allocator: Arc<Allocator>,
     precision: Precision,
     workspace_bytes: usize,
@@ -83,6 +84,7 @@ impl CpuBackend {
     fn over(memory: HostMemory, options: &BackendOptions) -> Result<Arc<CpuBackend>, TensorError> {
         let allocator = Allocator::new(Arc::new(memory), options.strategy.clone())?;
         Ok(Arc::new(CpuBackend {
+            id: BackendId::fresh(),
             allocator,
             precision: options.precision,
             workspace_bytes: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_BYTES),
@@ -107,6 +109,10 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
+    fn id(&self) -> BackendId {
+        self.id
+    }
+
     fn device(&self) -> Device {
         Device::Cpu
     }

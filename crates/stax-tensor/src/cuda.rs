@@ -33,8 +33,8 @@ mod transfer;
 mod workspace;
 
 use crate::{
-    AdamHyper, Backend, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape, Tensor,
-    TensorError, Upload, WorkspaceOp, WorkspaceStep,
+    AdamHyper, Backend, BackendId, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape,
+    Tensor, TensorError, Upload, WorkspaceOp, WorkspaceStep,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocation, Allocator, Category, RawMemory, Strategy};
@@ -47,6 +47,7 @@ pub use transfer::STAGING_CHUNK_BYTES;
 /// A CUDA device opened for computing (see the module docs).
 #[derive(Debug)]
 pub struct CudaBackend {
+    id: BackendId,
     ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -176,6 +177,7 @@ impl CudaBackend {
         let allocator = Allocator::new(raw, options.strategy.clone())?;
         let staging = transfer::Staging::new(stream.clone(), copy_stream)?;
         Ok(Arc::new(CudaBackend {
+            id: BackendId::fresh(),
             ordinal,
             ctx,
             stream,
@@ -302,6 +304,10 @@ impl Drop for CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn id(&self) -> BackendId {
+        self.id
+    }
+
     fn device(&self) -> Device {
         Device::Cuda(self.ordinal)
     }

@@ -51,6 +51,15 @@ pub enum TensorError {
         reason: String,
     },
 
+    /// Two trees that must have one structure (parameters and gradients, say) differ.
+    #[error("{op}: {source}")]
+    Structure {
+        /// The op.
+        op: &'static str,
+        /// Where they differ.
+        source: crate::StructureError,
+    },
+
     // ---- placement ----
     /// Operands of one op live on different devices.
     #[error(
@@ -63,6 +72,21 @@ pub enum TensorError {
         lhs: Device,
         /// The device of the other operand.
         rhs: Device,
+    },
+    /// Operands of one op belong to two backends opened on the same device: each has its own
+    /// stream and allocator, so mixing them would race.
+    #[error(
+        "{op}: operands belong to two backends on {device} ({lhs} and {rhs}); use one backend per device, or place the tensor with Tensor::to"
+    )]
+    BackendMismatch {
+        /// The op.
+        op: &'static str,
+        /// The device both are on.
+        device: Device,
+        /// The backend the op runs on.
+        lhs: crate::BackendId,
+        /// The other operand's backend.
+        rhs: crate::BackendId,
     },
     /// An in-place op was given a tensor whose buffer is shared with another tensor.
     #[error(

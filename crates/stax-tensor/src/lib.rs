@@ -23,10 +23,11 @@ pub mod error;
 pub mod geometry;
 pub mod shape;
 pub mod tensor;
+pub mod tree;
 pub mod upload;
 
 pub use backend::{
-    AdamHyper, Backend, BackendOptions, ConvPass, Precision, WorkspaceOp, WorkspaceStep,
+    AdamHyper, Backend, BackendId, BackendOptions, ConvPass, Precision, WorkspaceOp, WorkspaceStep,
     matmul_dims,
 };
 pub use device::Device;
@@ -36,4 +37,11 @@ pub use geometry::{Conv2dGeometry, Padding};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Strategy};
 pub use tensor::Tensor;
+pub use tree::{Key, Path, StructureError, Tree};
 pub use upload::Upload;
+
+/// Parameters of a model: a tree of tensors whose paths (`2.conv/w`) name them everywhere.
+pub type Params = Tree<Tensor>;
+
+/// Gradients have the structure of the parameters they differentiate.
+pub type Grads = Params;

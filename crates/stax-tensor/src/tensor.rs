@@ -257,6 +257,38 @@ impl Tensor {
         }
     }
 
+    /// Fails unless the tensor lives on the same backend as `other`:
+    /// [`TensorError::DeviceMismatch`] for another device, [`TensorError::BackendMismatch`]
+    /// for another backend opened on the same device.
+    pub fn expect_backend(&self, op: &'static str, other: &Tensor) -> Result<(), TensorError> {
+        self.expect_on(op, &other.backend)
+    }
+
+    /// As [`Tensor::expect_backend`], against `backend`.
+    pub fn expect_on(
+        &self,
+        op: &'static str,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<(), TensorError> {
+        let (mine, theirs) = (self.backend.id(), backend.id());
+        if mine == theirs {
+            Ok(())
+        } else if self.device() != backend.device() {
+            Err(TensorError::DeviceMismatch {
+                op,
+                lhs: backend.device(),
+                rhs: self.device(),
+            })
+        } else {
+            Err(TensorError::BackendMismatch {
+                op,
+                device: self.device(),
+                lhs: theirs,
+                rhs: mine,
+            })
+        }
+    }
+
     /// Fails with [`TensorError::Shape`] unless the tensor has `shape`.
     pub fn expect_shape(&self, op: &'static str, shape: &Shape) -> Result<(), TensorError> {
         if &self.shape == shape {
@@ -291,5 +323,17 @@ impl fmt::Debug for Tensor {
             self.category(),
             self.bytes()
         )
+    }
+}
+
+impl crate::Tree<Tensor> {
+    /// Total bytes of every tensor.
+    pub fn bytes(&self) -> usize {
+        self.leaves().iter().map(|t| t.bytes()).sum()
+    }
+
+    /// Total number of elements of every tensor.
+    pub fn numel(&self) -> usize {
+        self.leaves().iter().map(|t| t.numel()).sum()
     }
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use stax_alloc::{Category, Trace, TraceOp};
 use stax_layers::Layer;
-use stax_optim::Adam;
+use stax_optim::{Adam, Optimizer};
 use stax_tensor::{Backend, DType, Device, Shape, Tensor};
 
 use crate::TrainError;

@@ -11,7 +11,7 @@ use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
 use crate::staging::HostStaging;
 use stax_alloc::{Allocator, Category, OomReport, TraceOp};
 use stax_layers::{Layer, LayerError, Params, Rng, StepContext, softmax_cross_entropy};
-use stax_optim::{Adam, AdamState, OptimError};
+use stax_optim::{Adam, OptState, OptimError, Optimizer};
 use stax_tensor::{Backend, Shape, Tensor, TensorError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +52,7 @@ pub(crate) fn run_step<L: Layer + ?Sized>(
     model: &L,
     params: &mut Params,
     adam: &Adam,
-    state: &mut AdamState,
+    state: &mut OptState,
     batch: (&Tensor, &Tensor),
     step: u64,
     on_phase: &mut dyn FnMut(Phase),
@@ -155,7 +155,7 @@ pub struct Trainer<L: Layer> {
     model: L,
     params: Params,
     adam: Adam,
-    state: AdamState,
+    state: OptState,
     backend: Arc<dyn Backend>,
     input: Shape,
     steps: u64,
@@ -216,7 +216,7 @@ impl<L: Layer> Trainer<L> {
     }
 
     /// Current Adam state.
-    pub fn state(&self) -> &AdamState {
+    pub fn state(&self) -> &OptState {
         &self.state
     }
 

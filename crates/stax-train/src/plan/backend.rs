@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::{
-    AdamHyper, Backend, Conv2dGeometry, ConvPass, DType, Device, Precision, Shape, Tensor,
-    TensorError, WorkspaceOp, WorkspaceStep,
+    AdamHyper, Backend, BackendId, Conv2dGeometry, ConvPass, DType, Device, Precision, Shape,
+    Tensor, TensorError, WorkspaceOp, WorkspaceStep,
 };
 
 /// What the plan knows of one buffer beyond its trace events.
@@ -111,6 +111,7 @@ impl Namer {
 /// The planning backend (see the module docs).
 #[derive(Debug)]
 pub(crate) struct PlanBackend {
+    id: BackendId,
     target: Arc<dyn Backend>,
     allocator: Arc<Allocator>,
     namer: Mutex<Namer>,
@@ -131,6 +132,7 @@ impl PlanBackend {
         let allocator = Allocator::new(Arc::new(sim), Strategy::Platform)?;
         allocator.start_trace();
         Ok(Arc::new(PlanBackend {
+            id: BackendId::fresh(),
             target: target.clone(),
             allocator,
             namer: Mutex::new(Namer::default()),
@@ -188,6 +190,10 @@ fn output(op: &'static str, t: &Tensor, shape: &Shape) -> Result<(), TensorError
 }
 
 impl Backend for PlanBackend {
+    fn id(&self) -> BackendId {
+        self.id
+    }
+
     fn device(&self) -> Device {
         self.target.device()
     }

@@ -1,0 +1,179 @@
+//! The [`Optimizer`] trait: an update written for one parameter tensor, lifted to whole
+//! parameter trees by its provided methods, as `jax.example_libraries.optimizers`'s
+//! `@optimizer` lifts a per-array `(init, update)` with `tree_flatten`.
+
+use std::fmt;
+
+use stax_tensor::{Category, Grads, Params, Path, Tensor, TensorError, Tree};
+
+use crate::OptimError;
+
+/// An optimizer's state: the step count and, for every parameter, its state tensors.
+///
+/// `tree` has the parameters' structure with each parameter's leaf replaced by a node of its
+/// state fields, so `2.conv/w`'s Adam moments are `2.conv/w/mu` and `2.conv/w/nu` (optax's
+/// `ScaleByAdamState(count, mu, nu)`, kept per parameter). State tensors are tagged
+/// [`Category::OptimizerState`].
+#[derive(Debug)]
+pub struct OptState {
+    /// Updates applied so far.
+    pub count: u32,
+    /// The state tensors, per parameter (see above).
+    pub tree: Tree<Tensor>,
+}
+
+impl OptState {
+    /// The state tensor `field` (Adam: `mu`, `nu`) of every parameter, in parameter order.
+    pub fn field(&self, field: &str) -> Vec<&Tensor> {
+        self.tree
+            .paths()
+            .into_iter()
+            .filter(|(p, _)| p.last().is_some_and(|k| k.to_string() == field))
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// Total bytes of the state tensors.
+    pub fn bytes(&self) -> usize {
+        self.tree.bytes()
+    }
+}
+
+/// An optimizer written per parameter tensor.
+///
+/// Implementors give the update of one parameter from its gradient and its state tensors;
+/// [`Optimizer::init`] and [`Optimizer::update`] lift it to parameter trees.
+pub trait Optimizer: fmt::Debug + Send + Sync {
+    /// A short name for messages (`adam`).
+    fn name(&self) -> &'static str;
+
+    /// The names of the state tensors kept per parameter, each of the parameter's shape and
+    /// dtype, zero at the start (Adam: `["mu", "nu"]`).
+    fn state_fields(&self) -> &'static [&'static str];
+
+    /// Checks the hyper-parameters.
+    ///
+    /// # Errors
+    /// [`OptimError::Hyper`] naming the first invalid one.
+    fn validate(&self) -> Result<(), OptimError>;
+
+    /// Updates parameter `p` in place at step `t >= 1` from its gradient `g` and its state
+    /// tensors (in [`Optimizer::state_fields`] order), also updated in place. The caller has
+    /// checked shapes, devices and sole ownership ([`Optimizer::update`] does).
+    ///
+    /// # Errors
+    /// Tensor errors from the backend's kernels.
+    fn update_leaf(
+        &self,
+        t: u32,
+        p: &mut Tensor,
+        g: &Tensor,
+        state: &mut [&mut Tensor],
+    ) -> Result<(), OptimError>;
+
+    /// The state for `params`: count 0 and zero state tensors on each parameter's backend.
+    /// They are allocated field by field (every parameter's `mu`, then every `nu`), as optax
+    /// builds `mu` and then `nu`.
+    ///
+    /// # Errors
+    /// Invalid hyper-parameters; allocation errors.
+    fn init(&self, params: &Params) -> Result<OptState, OptimError> {
+        self.validate()?;
+        let zeros = |_: &Path, p: &Tensor| {
+            Tensor::zeros(p.backend(), p.shape().clone(), Category::OptimizerState)
+        };
+        let per_field = self
+            .state_fields()
+            .iter()
+            .map(|_| params.try_map(zeros))
+            .collect::<Result<Vec<_>, TensorError>>()?;
+        let tree = params.try_map(|path, _| {
+            let fields = self.state_fields().iter().zip(&per_field);
+            let leaf = |t: &Tree<Tensor>| t.get(path).cloned();
+            let node = fields
+                .map(|(f, t)| Some((*f, leaf(t)?)))
+                .collect::<Option<Vec<_>>>();
+            node.map(Tree::fields).ok_or(path.clone())
+        });
+        let tree = tree.map_err(|path| OptimError::Leaf {
+            optimizer: self.name(),
+            path: path.to_string(),
+            source: TensorError::InvalidArgument {
+                op: "init",
+                reason: "a state tensor is missing".into(),
+            },
+        })?;
+        Ok(OptState {
+            count: 0,
+            tree: tree.flatten(),
+        })
+    }
+
+    /// One update of every parameter, in place, in parameter order.
+    ///
+    /// Everything is checked before anything is written: hyper-parameters, the trees'
+    /// structures, and for every parameter the gradient's and the state's shapes, dtypes and
+    /// devices and that the parameter and its state tensors are each the only handle to their
+    /// buffers. On those errors `state` and `params` are unchanged.
+    ///
+    /// # Errors
+    /// [`OptimError::Structure`], [`OptimError::Leaf`] (naming the parameter),
+    /// [`OptimError::Hyper`], [`OptimError::CountOverflow`]; kernel failures.
+    fn update(
+        &self,
+        state: &mut OptState,
+        grads: &Grads,
+        params: &mut Params,
+    ) -> Result<(), OptimError> {
+        self.validate()?;
+        let structure = |what, e| OptimError::Structure {
+            optimizer: self.name(),
+            what,
+            source: e,
+        };
+        if let Some(e) = params.structure_differs(grads) {
+            return Err(structure("gradients", e));
+        }
+        let fields = self.state_fields();
+        let expected = params
+            .map(|_| Tree::fields(fields.iter().map(|f| (*f, ()))))
+            .flatten();
+        if let Some(e) = expected.structure_differs(&state.tree) {
+            return Err(structure("optimizer state", e));
+        }
+        let t = state
+            .count
+            .checked_add(1)
+            .ok_or(OptimError::CountOverflow {
+                optimizer: self.name(),
+            })?;
+        let k = fields.len();
+        let (gs, states) = (grads.leaves(), state.tree.leaves());
+        for (i, ((path, p), g)) in params.paths().into_iter().zip(gs).enumerate() {
+            check_leaf(p, g, &states[i * k..(i + 1) * k]).map_err(|source| OptimError::Leaf {
+                optimizer: self.name(),
+                path: path.to_string(),
+                source,
+            })?;
+        }
+        let mut states = state.tree.leaves_mut().into_iter();
+        for (p, g) in params.leaves_mut().into_iter().zip(grads.leaves()) {
+            let mut s: Vec<&mut Tensor> = states.by_ref().take(k).collect();
+            self.update_leaf(t, p, g, &mut s)?;
+        }
+        state.count = t;
+        Ok(())
+    }
+}
+
+/// The checks of [`Optimizer::update`] for one parameter.
+fn check_leaf(p: &Tensor, g: &Tensor, state: &[&Tensor]) -> Result<(), TensorError> {
+    const OP: &str = "update";
+    p.expect_unique(OP)?;
+    for t in std::iter::once(g).chain(state.iter().copied()) {
+        t.expect_shape(OP, p.shape())?;
+        t.expect_dtype(OP, p.dtype())?;
+        t.expect_backend(OP, p)?;
+    }
+    state.iter().try_for_each(|s| s.expect_unique(OP))
+}
