@@ -26,14 +26,13 @@
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
+use stax::models::seed_cnn;
 use stax::tensor::cpu::CpuBackend;
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
 use stax::train::{StepReport, TrainError, Trainer};
-use stax::{
-    Adam, BackendOptions, Conv, Dense, Device, Flatten, Precision, Relu, Serial, Shape, serial,
-};
+use stax::{Adam, BackendOptions, Device, Precision, Shape};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -196,19 +195,6 @@ fn input_channels(train: &Dataset, test: &Dataset) -> Result<usize, Error> {
     Ok(channels)
 }
 
-fn seed_model(classes: usize) -> Serial {
-    serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(classes)
-    ]
-}
-
 /// `--plan`: the table, the largest batch for the budget, and the plan's exports.
 fn show_plan(
     args: &Args,
@@ -222,7 +208,7 @@ fn show_plan(
         human_bytes(plan.min_budget()?)
     );
     let budget = budget(args)?;
-    let model = seed_model(plan.labels.dims()[1]);
+    let model = seed_cnn(plan.labels.dims()[1]);
     let adam = Adam::new(args.lr);
     match max_batch_that_fits(&model, &plan.input, &adam, backend, args.feed(), budget) {
         Ok(n) => println!(
@@ -339,7 +325,7 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let input = Shape::new([args.batch, img, img, channels]);
     let adam = Adam::new(args.lr);
-    let model = seed_model(train.num_classes());
+    let model = seed_cnn(train.num_classes());
     let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
     if args.plan {
         return show_plan(&args, &plan, &backend);
@@ -464,7 +450,7 @@ fn run(args: Args) -> Result<(), Error> {
         ),
     }
     if tracing {
-        let named = plan.name_trace(&backend.allocator().stop_trace());
+        let named = NamedTrace::of(&backend.allocator().stop_trace());
         let title = format!(
             "stax_cnn on {}, batch {}: step {}",
             backend.device(),

@@ -13,7 +13,11 @@ pub use stax_optim as optim;
 pub use stax_tensor as tensor;
 pub use stax_train as train;
 
-pub use stax_layers::{Conv, Dense, Flatten, Layer, Padding, Params, Relu, Rng, Serial, serial};
+pub use stax_layers::models;
+pub use stax_layers::{
+    Collect, Conv, Cx, Dense, Flatten, Identity, Layer, Padding, Parallel, ParamSource, Params,
+    Relu, Rng, Serial, SoftmaxCrossEntropy, init_params, parallel, serial,
+};
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{
     Backend, BackendOptions, Category, DType, Device, Grads, Precision, Shape, Strategy, Tensor,

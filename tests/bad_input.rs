@@ -38,7 +38,7 @@ fn image_shape_that_does_not_match_the_model() {
     for shape in [[4, 7, 6, 3], [4, 6, 6, 1], [0, 6, 6, 3]] {
         let err = t.step(&tensor(&be, &shape, 0.1), &y).unwrap_err();
         assert!(
-            matches!(err, TrainError::BatchShape { what: "images", .. }),
+            matches!(err, TrainError::BatchShape { what: "inputs", .. }),
             "{err}"
         );
     }
@@ -122,6 +122,34 @@ fn a_model_that_does_not_fit_the_input_fails_in_init() {
 fn flatten_feature_count_overflow_is_a_shape_error() {
     use stax::Layer;
     let huge = Shape::new([2, usize::MAX / 2, 3, 1]);
-    let err = Flatten.output_shape(&huge).unwrap_err();
+    let err = Flatten.output_shape(&stax::Tree::leaf(huge)).unwrap_err();
     assert!(err.to_string().contains("overflows"), "{err}");
+}
+
+#[test]
+fn a_wrong_rank_names_the_layer_path_and_both_shapes() {
+    // An MLP's flat input given to a CNN: directly through `apply`, and through a trainer.
+    use stax::{Cx, Layer, Tree};
+    let be = cpu();
+    let model = serial![Conv::same(16, (3, 3)), Relu, Flatten, Dense(2)];
+    let (_, params) = {
+        let good = Tree::leaf(Shape::new([2, 28, 28, 1]));
+        let mut rng = stax::Rng::new(0);
+        stax::init_params(&model, &good, &be, stax::ParamSource::Random(&mut rng)).unwrap()
+    };
+    let flat = tensor(&be, &[128, 784], 0.5);
+    let err = model
+        .apply(&params, Tree::leaf(flat), &mut Cx::eval(&be))
+        .unwrap_err();
+    let text = err.to_string();
+    assert_eq!(err.path(), "0.conv");
+    for want in ["0.conv", "NHWC", "rank 4", "[128, 784]"] {
+        assert!(text.contains(want), "{want} missing from: {text}");
+    }
+    // the same model built for the wrong input fails at init, naming the same
+    let err = Trainer::new(model, Shape::new([128, 784]), Adam::new(1e-3), &be, 0).unwrap_err();
+    let text = err.to_string();
+    for want in ["0.conv", "rank 4", "[128, 784]"] {
+        assert!(text.contains(want), "{want} missing from: {text}");
+    }
 }

@@ -4,10 +4,11 @@
 //! gradients from `vjp` are compared with `(L(θ + h) - L(θ - h)) / 2h` at sampled coordinates
 //! of the input and of every parameter tensor.
 
-use stax::layers::StepContext;
+mod common;
+
 use stax::{
     Backend, BackendOptions, Category, Conv, Dense, Device, Flatten, Layer, Padding, Params, Relu,
-    Rng, Shape, Tensor, serial,
+    Rng, Shape, Tensor, Tree, serial,
 };
 use std::sync::Arc;
 
@@ -53,9 +54,7 @@ fn loss(
 ) -> f64 {
     let params = rebuild(be, like, p);
     let xt = Tensor::from_slice(be, x, xs.clone(), Category::Input).unwrap();
-    let y = layer
-        .apply(&params, xt, &mut StepContext::inference())
-        .unwrap()
+    let y = common::apply(layer, &params, Tree::leaf(xt)).leaves()[0]
         .to_vec()
         .unwrap();
     y.iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
@@ -65,30 +64,33 @@ fn loss(
 fn check(layer: &dyn Layer, input: Shape, seed: u64) {
     let be = cpu();
     let mut rng = Rng::new(seed);
-    let (out, params) = layer.init(&mut rng, &input, &be).unwrap();
+    let (out, params) = common::init(layer, &input, &be, seed + 1000);
+    let out = out.as_leaf().unwrap().clone();
     let x = random_vec(&mut rng, input.numel());
     let r = random_vec(&mut rng, out.numel());
     let p = host_params(&params);
 
-    let mut cx = StepContext::training();
     let xt = Tensor::from_slice(&be, &x, input.clone(), Category::Input).unwrap();
-    let y = layer.apply(&params, xt, &mut cx).unwrap();
-    assert_eq!(
-        y.shape(),
-        &out,
-        "{}: apply's shape differs from init's",
-        layer.name()
-    );
-    let dy = Tensor::from_slice(&be, &r, out.clone(), Category::Gradient).unwrap();
+    let live = be.allocator().stats().requested;
+    let (y, dx, grads) = common::vjp(layer, &params, Tree::leaf(xt), |y| {
+        let dy = Tensor::from_slice(&be, &r, out.clone(), Category::Gradient).unwrap();
+        assert_eq!(
+            y.as_leaf().unwrap().shape(),
+            &out,
+            "{}: apply's shape differs from init's",
+            layer.describe()
+        );
+        Tree::leaf(dy)
+    });
     drop(y);
-    let (dx, grads) = layer.vjp(&params, dy, &mut cx, true).unwrap();
-    assert!(
-        cx.is_empty(),
-        "{}: vjp left saved state behind",
-        layer.name()
-    );
-    let dx = dx.unwrap().to_vec().unwrap();
+    let dx = dx.into_leaf().unwrap().to_vec().unwrap();
     let g = host_params(&grads);
+    drop(grads);
+    assert!(
+        be.allocator().stats().requested <= live,
+        "{}: the backward pass left buffers behind",
+        layer.describe()
+    );
 
     let h = 1e-3f32;
     let tol =
@@ -107,7 +109,7 @@ fn check(layer: &dyn Layer, input: Shape, seed: u64) {
         assert!(
             tol(dx[i] as f64, numeric),
             "{}: dx[{i}] = {} but finite difference {numeric}",
-            layer.name(),
+            layer.describe(),
             dx[i]
         );
     }
@@ -120,7 +122,7 @@ fn check(layer: &dyn Layer, input: Shape, seed: u64) {
             assert!(
                 tol(g[k][i] as f64, numeric),
                 "{}: dparam{k}[{i}] = {} but finite difference {numeric}",
-                layer.name(),
+                layer.describe(),
                 g[k][i]
             );
         }

@@ -12,10 +12,7 @@ mod common;
 
 use std::sync::Arc;
 
-#[path = "support/memory_models.rs"]
-mod models;
-
-use models::{batch, deep_model, seed_model, strided_model};
+use common::{batch, deep_model, seed_model, strided_model};
 
 use stax::alloc::{Allocator, Category, SimMemory, Strategy, Trace, TraceEvent, replay};
 use stax::tensor::cuda::{CudaBackend, DEFAULT_WORKSPACE_LIMIT};

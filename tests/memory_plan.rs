@@ -7,14 +7,13 @@
 
 use std::sync::Arc;
 
-#[path = "support/memory_models.rs"]
-mod models;
+mod common;
 
-use models::{batch, deep_model, seed_model, strided_model};
+use common::{batch, deep_model, seed_model, strided_model};
 
 use stax::alloc::{Category, TraceOp};
 use stax::train::export::{XAxis, perfetto_json, stacked_series};
-use stax::train::plan::MemoryPlan;
+use stax::train::plan::{MemoryPlan, NamedTrace};
 use stax::train::{StepReport, Trainer};
 use stax::{Adam, Backend, BackendOptions, Device, Serial, Shape};
 
@@ -68,11 +67,10 @@ fn plan_and_measure(
 
 /// The recorded step's events are the plan's, name for name.
 fn assert_same_events(plan: &MemoryPlan, trace: &stax::alloc::Trace) {
-    let named = plan.name_trace(trace);
+    let named = NamedTrace::of(trace);
     assert_eq!(named.step_starts.len(), 2, "two steps found in the trace");
     for &start in &named.step_starts {
-        // the step begins after the placement of images and labels
-        let step = &named.timeline.events[start + 2..][..plan.timeline.events.len()];
+        let step = &named.timeline.events[start..][..plan.timeline.events.len()];
         for (got, want) in step.iter().zip(&plan.timeline.events) {
             assert_eq!(
                 (got.op, got.category, got.bytes, &got.name),
@@ -90,15 +88,15 @@ fn seed_model_plan_is_exact_at_two_batch_sizes() {
         assert_same_events(&plan, &trace);
         let names: Vec<&str> = plan.buffers.iter().map(|b| b.name.as_str()).collect();
         for want in [
-            "conv1.w",
-            "conv1.w.m",
-            "dense2.b.v",
-            "input.images",
-            "conv1.output",
-            "relu1.mask",
-            "conv2.workspace",
-            "dense1.dw",
-            "loss.dlogits",
+            "0.conv/w",
+            "0.conv/w/mu",
+            "7.dense/b/nu",
+            "input/images",
+            "0.conv/output",
+            "1.relu/mask",
+            "2.conv/workspace",
+            "5.dense/dw",
+            "loss/dlogits",
         ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
@@ -106,21 +104,20 @@ fn seed_model_plan_is_exact_at_two_batch_sizes() {
         let conv1 = plan
             .buffers
             .iter()
-            .find(|b| b.name == "conv1.output")
+            .find(|b| b.name == "0.conv/output")
             .unwrap();
-        assert!(conv1.reused_as.contains(&"relu1.output".to_string()));
-        assert!(conv1.reused_as.contains(&"conv2.dx".to_string()));
+        assert_eq!(conv1.reused_as, ["1.relu/output", "2.conv/dx", "1.relu/dx"]);
         assert_eq!(conv1.bytes, (n * 10 * 10 * 64 * 4) as u64);
         let mask = plan
             .buffers
             .iter()
-            .find(|b| b.name == "relu1.mask")
+            .find(|b| b.name == "1.relu/mask")
             .unwrap();
         assert_eq!(mask.bytes, ((n * 10 * 10 * 64).div_ceil(32) * 4) as u64);
         // the plan's table names the peak
         let table = plan.to_string();
         assert!(table.contains("peak"), "{table}");
-        assert!(table.contains("conv2.workspace"), "{table}");
+        assert!(table.contains("2.conv/workspace"), "{table}");
     }
 }
 
@@ -131,21 +128,21 @@ fn other_models_plan_is_exact() {
         plan_and_measure(strided_model, Shape::new([3, 9, 9, 2]), &cpu(Some(512)));
     assert_same_events(&plan, &trace);
     let ws = plan.peak.by_category[Category::Workspace.index()];
-    assert!(plan.buffers.iter().any(|b| b.name == "conv2.workspace"));
+    assert!(plan.buffers.iter().any(|b| b.name == "2.conv/workspace"));
     assert!(ws <= 512, "workspace at the peak {ws}");
 
     let (plan, trace, _) = plan_and_measure(deep_model, Shape::new([2, 11, 10, 3]), &cpu(None));
     assert_same_events(&plan, &trace);
     // the pointwise conv is a plain GEMM: no workspace
-    assert!(!plan.buffers.iter().any(|b| b.name == "conv1.workspace"));
-    assert!(plan.buffers.iter().any(|b| b.name == "conv3.workspace"));
+    assert!(!plan.buffers.iter().any(|b| b.name == "0.conv/workspace"));
+    assert!(plan.buffers.iter().any(|b| b.name == "4.conv/workspace"));
 }
 
 #[test]
 fn exports_replay_to_the_measured_peak() {
     let be = cpu(None);
     let (plan, trace, reports) = plan_and_measure(seed_model, Shape::new([4, 8, 8, 3]), &be);
-    let named = plan.name_trace(&trace);
+    let named = NamedTrace::of(&trace);
     let json = perfetto_json(&named.timeline, &named.step_starts, "stax-rs test");
     // it is JSON text that parses back, with the Trace Event Format's fields
     let text = serde_json::to_string(&json).unwrap();
@@ -174,7 +171,7 @@ fn exports_replay_to_the_measured_peak() {
     assert!(
         events
             .iter()
-            .any(|e| e["ph"] == "X" && e["name"] == "conv2.output")
+            .any(|e| e["ph"] == "X" && e["name"] == "2.conv/output")
     );
     assert!(
         events

@@ -2,10 +2,10 @@
 //! stacks, the shape `init` returns equals the shape `apply` produces, in both modes.
 
 use proptest::prelude::*;
-use stax::layers::StepContext;
+use stax::layers::{Cx, Value};
 use stax::{
-    Backend, BackendOptions, Category, Conv, Dense, Device, Flatten, Layer, Padding, Relu, Rng,
-    Serial, Shape, Tensor,
+    Backend, BackendOptions, Category, Collect, Conv, Dense, Device, Flatten, Layer, Padding,
+    ParamSource, Relu, Rng, Serial, Shape, Tensor, Tree, init_params,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -37,7 +37,9 @@ fn layer() -> impl Strategy<Value = Option<Conv>> {
 
 fn agree(model: &dyn Layer, input: &Shape, seed: u64) -> Result<(), TestCaseError> {
     let be = cpu();
-    let (out, params) = match model.init(&mut Rng::new(seed), input, &be) {
+    let shapes = Tree::leaf(input.clone());
+    let source = ParamSource::Random(&mut Rng::new(seed));
+    let (out, params) = match init_params(model, &shapes, &be, source) {
         Ok(v) => v,
         // VALID kernels larger than the input are rejected by init, before any memory is used.
         Err(e) => {
@@ -45,11 +47,17 @@ fn agree(model: &dyn Layer, input: &Shape, seed: u64) -> Result<(), TestCaseErro
             return Ok(());
         }
     };
-    for mut cx in [StepContext::training(), StepContext::inference()] {
+    for train in [true, false] {
         let data = vec![0.5f32; input.numel()];
         let x = Tensor::from_slice(&be, &data, input.clone(), Category::Input).unwrap();
-        let y = model.apply(&params, x, &mut cx).unwrap();
-        prop_assert_eq!(y.shape(), &out);
+        let mut sink = Collect::new();
+        let mut cx = if train {
+            Cx::train(&be, &mut sink)
+        } else {
+            Cx::eval(&be)
+        };
+        let (y, _): (Value, _) = model.apply(&params, Tree::leaf(x), &mut cx).unwrap();
+        prop_assert_eq!(y.map(|t| t.shape().clone()), out.clone());
     }
     Ok(())
 }

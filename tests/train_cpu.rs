@@ -1,21 +1,9 @@
 //! The seed model trains on the embedded data on the CPU, and its memory line is exact.
 
+use stax::models::seed_cnn;
 use stax::train::data::{Loader, fashion_mnist_2class};
 use stax::train::{Trainer, place_batch};
-use stax::{Adam, BackendOptions, Category, Conv, Dense, Device, Flatten, Relu, Shape, serial};
-
-fn seed_model() -> stax::Serial {
-    serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(2)
-    ]
-}
+use stax::{Adam, BackendOptions, Category, Device, Shape};
 
 #[test]
 fn seed_model_reaches_95_percent_and_memory_is_exact() {
@@ -23,7 +11,7 @@ fn seed_model_reaches_95_percent_and_memory_is_exact() {
     let (train, test) = fashion_mnist_2class().unwrap();
     let (batch, img) = (100, 28);
     let input = Shape::new([batch, img, img, 3]);
-    let mut trainer = Trainer::new(seed_model(), input, Adam::new(1e-3), &be, 2793).unwrap();
+    let mut trainer = Trainer::new(seed_cnn(2), input, Adam::new(1e-3), &be, 2793).unwrap();
     let params = trainer.params().bytes() as u64;
     // 3*3*3*64+64 + 3*3*64*64+64 + 50176*128+128 + 128*2+2 floats
     assert_eq!(params, 4 * (1792 + 36928 + 6_422_656 + 258));

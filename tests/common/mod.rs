@@ -7,8 +7,11 @@
 //! - [`poison`]: fill an output with NaN (or a bit pattern) before an op writes it.
 //! - [`assert_close`], [`assert_rel_close`]: comparisons that print the worst element.
 //! - [`Rng`], [`random_tensor`]: seeded inputs, reproducible but different per seed.
-//! - [`small_model`], [`host_values`]: a two-class CNN for whole training steps, and its
-//!   parameters as one host vector.
+//! - [`small_model`], [`strided_model`], [`deep_model`], [`batch`]: models for whole training
+//!   steps (the seed's is `stax::models::seed_cnn`) and deterministic batches for them;
+//!   [`host_values`], tensors as one host vector.
+//! - [`init`], [`apply`], [`vjp`]: one layer's parameters, forward pass and backward pass
+//!   (gradients collected into a tree like the parameters).
 #![allow(dead_code)]
 
 use stax_tensor::cuda::CudaBackend;
@@ -251,6 +254,58 @@ pub fn small_model() -> stax::Serial {
     ]
 }
 
+/// Strided SAME, an even VALID kernel.
+pub fn strided_model() -> stax::Serial {
+    use stax::{Conv, Dense, Flatten, Padding, Relu, serial};
+    serial![
+        Conv::new(8, (3, 3), (2, 2), Padding::Same),
+        Relu,
+        Conv::new(16, (2, 2), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(10),
+        Relu,
+        Dense(3)
+    ]
+}
+
+/// Deeper: a pointwise conv (no workspace), mixed strides, three convs.
+pub fn deep_model() -> stax::Serial {
+    use stax::{Conv, Dense, Flatten, Padding, Relu, serial};
+    serial![
+        Conv::new(4, (1, 1), (1, 1), Padding::Valid),
+        Relu,
+        Conv::new(6, (5, 5), (2, 1), Padding::Same),
+        Relu,
+        Conv::new(6, (3, 3), (1, 1), Padding::Valid),
+        Relu,
+        Flatten,
+        Dense(16),
+        Relu,
+        Dense(3)
+    ]
+}
+
+/// The seed's model with two classes.
+pub fn seed_model() -> stax::Serial {
+    stax::models::seed_cnn(2)
+}
+
+/// A placed batch of shape `input`: deterministic images, one-hot labels of `classes`.
+pub fn batch(be: &Arc<dyn Backend>, input: &Shape, classes: usize) -> (Tensor, Tensor) {
+    let n = input.dims()[0];
+    let images: Vec<f32> = (0..input.numel())
+        .map(|i| ((i * 7919 % 997) as f32 / 997.0) - 0.5)
+        .collect();
+    let mut labels = vec![0f32; n * classes];
+    for i in 0..n {
+        labels[i * classes + i % classes] = 1.0;
+    }
+    let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
+    let y = Tensor::from_slice(be, &labels, [n, classes], Category::Input).unwrap();
+    (x, y)
+}
+
 /// Every tensor of `tensors` (a tree's leaves, an optimizer's state field), downloaded and
 /// concatenated in order.
 pub fn host_values<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<f32> {
@@ -258,4 +313,54 @@ pub fn host_values<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<f32
         .into_iter()
         .flat_map(|t| t.to_vec().expect("download"))
         .collect()
+}
+
+/// `layer`'s output shape and parameters for a single-tensor `input`, drawn from
+/// `stax::Rng::new(seed)` on `backend`.
+pub fn init(
+    layer: &dyn stax::Layer,
+    input: &Shape,
+    backend: &Arc<dyn Backend>,
+    seed: u64,
+) -> (stax::layers::Shapes, stax::Params) {
+    let mut rng = stax::Rng::new(seed);
+    let source = stax::ParamSource::Random(&mut rng);
+    stax::init_params(layer, &stax::Tree::leaf(input.clone()), backend, source).expect("init")
+}
+
+/// `layer`'s forward pass on `x` in evaluation mode (nothing kept).
+pub fn apply(
+    layer: &dyn stax::Layer,
+    params: &stax::Params,
+    x: stax::layers::Value,
+) -> stax::layers::Value {
+    let be = x.leaves()[0].backend().clone();
+    let mut cx = stax::Cx::eval(&be);
+    layer.apply(params, x, &mut cx).expect("apply").0
+}
+
+/// `layer`'s forward pass on `x` in training mode, then its backward pass with the output
+/// gradient `dy(y)`: the output, the input gradient and the parameter gradients (a tree like
+/// `params`).
+pub fn vjp(
+    layer: &dyn stax::Layer,
+    params: &stax::Params,
+    x: stax::layers::Value,
+    dy: impl FnOnce(&stax::layers::Value) -> stax::layers::Value,
+) -> (stax::layers::Value, stax::layers::Value, stax::Params) {
+    let be = x.leaves()[0].backend().clone();
+    let mut sink = stax::Collect::new();
+    let mut cx = stax::Cx::train(&be, &mut sink);
+    let (y, residuals) = layer.apply(params, x, &mut cx).expect("apply");
+    let dy = dy(&y);
+    let dx = layer
+        .vjp(params, residuals, dy, &mut cx, true)
+        .expect("vjp")
+        .expect("an input gradient");
+    drop(cx);
+    (
+        y,
+        dx,
+        sink.finish(params).expect("every parameter has a gradient"),
+    )
 }

@@ -19,10 +19,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::block::Tag;
+use crate::block::Tag as BlockTag;
+use crate::name::{Name, Scopes, Tag};
 use crate::stats::{BackendBook, Counters, Snapshot, Stats, assemble};
 use crate::strategy::{self, Grant, Metered, Pool, Refusal};
-use crate::trace::{Recorded, Recorder, Trace, TraceOp};
+use crate::trace::{Mark, Recorded, Recorder, Trace, TraceOp};
 use crate::{AllocError, Category, OomReport, RawMemory, Strategy, round_up};
 
 /// Handle of a zero-byte allocation (no block behind it).
@@ -46,6 +47,7 @@ struct Inner {
     book: BackendBook,
     next_id: u64,
     trace: Option<Recorder>,
+    scopes: Scopes,
 }
 
 impl fmt::Debug for Allocator {
@@ -88,6 +90,7 @@ impl Allocator {
             book,
             next_id: 0,
             trace: None,
+            scopes: Scopes::default(),
         };
         Ok(Arc::new(Allocator {
             backend,
@@ -101,9 +104,11 @@ impl Allocator {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Allocates `bytes` bytes tagged `category` (stream 0). The address is aligned to the
-    /// backend's alignment (256 on devices, 64 on the host). Zero bytes is valid: the handle
-    /// has an aligned dangling address, takes no memory and frees cleanly.
+    /// Allocates `bytes` bytes tagged `tag` (a [`Category`], or a [`Tag`] with a role), on
+    /// stream 0, named after the current scope and the role ([`Allocation::name`]). The
+    /// address is aligned to the backend's alignment (256 on devices, 64 on the host). Zero
+    /// bytes is valid: the handle has an aligned dangling address, takes no memory and frees
+    /// cleanly.
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] with a diagnosis when no memory can be found (`caching`
@@ -112,9 +117,9 @@ impl Allocator {
     pub fn allocate(
         self: &Arc<Self>,
         bytes: usize,
-        category: Category,
+        tag: impl Into<Tag>,
     ) -> Result<Allocation, AllocError> {
-        self.allocate_on(bytes, category, 0)
+        self.allocate_on(bytes, tag, 0)
     }
 
     /// As [`allocate`](Allocator::allocate), recording `stream` in the trace (placement does
@@ -125,11 +130,39 @@ impl Allocator {
     pub fn allocate_on(
         self: &Arc<Self>,
         bytes: usize,
-        category: Category,
+        tag: impl Into<Tag>,
         stream: u32,
     ) -> Result<Allocation, AllocError> {
+        self.allocate_with(bytes, tag.into(), stream, None)
+    }
+
+    /// As [`allocate`](Allocator::allocate), for a tensor: `shape` and `dtype` (its name,
+    /// `f32`) are written to the trace's event, if one is being recorded, so a plan or a
+    /// recorded run can say what the buffer holds.
+    ///
+    /// # Errors
+    /// As [`allocate`](Allocator::allocate).
+    pub fn allocate_tensor(
+        self: &Arc<Self>,
+        bytes: usize,
+        tag: impl Into<Tag>,
+        shape: &[usize],
+        dtype: &'static str,
+    ) -> Result<Allocation, AllocError> {
+        self.allocate_with(bytes, tag.into(), 0, Some((shape, dtype)))
+    }
+
+    fn allocate_with(
+        self: &Arc<Self>,
+        bytes: usize,
+        tag: Tag,
+        stream: u32,
+        layout: Option<(&[usize], &'static str)>,
+    ) -> Result<Allocation, AllocError> {
+        let category = tag.category;
         let mut guard = self.lock();
         let inner = &mut *guard;
+        let name = Name::new(inner.scopes.current(), tag.role);
         let grant = if bytes == 0 {
             let addr = self.alignment as u64;
             Grant {
@@ -140,9 +173,9 @@ impl Allocator {
             }
         } else {
             let Some(size) = round_up(bytes, self.alignment) else {
-                return Err(self.oom(inner, bytes, category, true, None));
+                return Err(self.oom(inner, bytes, &name, category, true, None));
             };
-            let tag = Tag {
+            let tag = BlockTag {
                 category,
                 requested: bytes as u64,
             };
@@ -156,7 +189,7 @@ impl Allocator {
                     can_never_fit,
                     cause,
                 }) => {
-                    return Err(self.oom(inner, bytes, category, can_never_fit, cause));
+                    return Err(self.oom(inner, bytes, &name, category, can_never_fit, cause));
                 }
                 Err(Refusal::Error(e)) => return Err(e),
             }
@@ -173,6 +206,8 @@ impl Allocator {
                 category,
                 stream,
                 addr: grant.addr,
+                name: &name,
+                layout,
             };
             rec.record(TraceOp::Alloc, a);
         }
@@ -181,6 +216,7 @@ impl Allocator {
             addr: grant.addr,
             bytes,
             category,
+            name,
             stream,
             id,
             handle: grant.handle,
@@ -194,6 +230,7 @@ impl Allocator {
         &self,
         inner: &Inner,
         bytes: usize,
+        name: &Name,
         category: Category,
         can_never_fit: bool,
         cause: Option<String>,
@@ -203,6 +240,7 @@ impl Allocator {
         AllocError::OutOfMemory(Box::new(OomReport {
             requested: bytes as u64,
             category,
+            name: name.to_string(),
             reserved: inner.book.reserved,
             allocated: c.allocated,
             allocated_by_category: c.allocated_by_category(),
@@ -247,6 +285,8 @@ impl Allocator {
                 category: a.category,
                 stream: a.stream,
                 addr: a.addr,
+                name: &a.name,
+                layout: None,
             };
             rec.record(TraceOp::Free, r);
         }
@@ -343,6 +383,49 @@ impl Allocator {
     pub fn is_tracing(&self) -> bool {
         self.lock().trace.is_some()
     }
+
+    /// Enters the scope `segment` (a layer's key, `2.conv`) below the current one, until the
+    /// guard drops: allocations made meanwhile are named `{scope}/{role}`
+    /// (`3.parallel/0.serial/2.conv/workspace`). The scope belongs to the allocator, not to a
+    /// thread: set scopes from the one thread that runs the step.
+    pub fn scope(self: &Arc<Self>, segment: &str) -> ScopeGuard {
+        self.lock().scopes.push(segment);
+        ScopeGuard {
+            owner: Arc::clone(self),
+        }
+    }
+
+    /// The current scope path (empty outside any scope).
+    pub fn current_scope(&self) -> String {
+        self.lock().scopes.current().to_string()
+    }
+
+    /// Marks, in the trace being recorded (if any), that training step `step` starts here.
+    pub fn mark_step(&self, step: u64) {
+        if let Some(rec) = &mut self.lock().trace {
+            rec.mark(|at| Mark::Step { at, step });
+        }
+    }
+
+    fn note_role(&self, id: u64, role: &'static str) {
+        let mut g = self.lock();
+        let name = Name::new(g.scopes.current(), role).to_string();
+        if let Some(rec) = &mut g.trace {
+            rec.mark(|at| Mark::Role { at, id, name });
+        }
+    }
+}
+
+/// The scope entered by [`Allocator::scope`]; leaving it when dropped.
+#[derive(Debug)]
+pub struct ScopeGuard {
+    owner: Arc<Allocator>,
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        self.owner.lock().scopes.pop();
+    }
 }
 
 impl Drop for Allocator {
@@ -362,6 +445,7 @@ pub struct Allocation {
     addr: u64,
     bytes: usize,
     category: Category,
+    name: Name,
     stream: u32,
     id: u64,
     handle: u64,
@@ -397,6 +481,18 @@ impl Allocation {
     /// The category it was tagged with.
     pub fn category(&self) -> Category {
         self.category
+    }
+
+    /// Its name: the allocator's scope when it was made and its role (`2.conv/workspace`).
+    pub fn name(&self) -> &Name {
+        &self.name
+    }
+
+    /// Records, in the allocator's trace (if one is being recorded), that from now on this
+    /// buffer plays `role` in the current scope: a buffer written over in place (a ReLU on its
+    /// input, a gradient over a dead activation) keeps its first name and gains this one.
+    pub fn note_role(&self, role: &'static str) {
+        self.owner.note_role(self.id, role);
     }
 
     /// Allocation id, unique per allocator (the id used in traces).

@@ -105,6 +105,8 @@ pub struct OomReport {
     pub requested: u64,
     /// Category of the failed request.
     pub category: Category,
+    /// Name of the failed request, `scope/role` (`2.conv/workspace`; see [`crate::Name`]).
+    pub name: String,
     /// Bytes reserved from the backend at the time of failure.
     pub reserved: u64,
     /// Bytes allocated (rounded block sizes) to live allocations.
@@ -137,8 +139,9 @@ impl fmt::Display for OomReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{} requested for {} on {} (strategy {})",
+            "{} requested for {} ({}) on {} (strategy {})",
             human_bytes(self.requested),
+            self.name,
             self.category,
             self.backend,
             self.strategy

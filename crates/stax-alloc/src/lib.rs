@@ -34,19 +34,21 @@ mod backend;
 mod block;
 mod category;
 mod error;
+mod name;
 mod stats;
 mod strategy;
 mod trace;
 
-pub use allocator::{Allocation, Allocator};
+pub use allocator::{Allocation, Allocator, ScopeGuard};
 pub use backend::{HostAccess, HostMemory, RawMemory, Segment, SimMemory};
 pub use category::Category;
 pub use error::{AllocError, OomReport};
+pub use name::{Name, Tag};
 pub use stats::{
     BlockSnapshot, BlockState, CategoryStats, PoolKind, SegmentSnapshot, Snapshot, Stats,
 };
 pub use strategy::{DEFAULT_BFC_FRACTION, ENV_VAR, Strategy, format_size, parse_size};
-pub use trace::{Placement, ReplayReport, Trace, TraceBuilder, TraceEvent, TraceOp, replay};
+pub use trace::{Mark, Placement, ReplayReport, Trace, TraceBuilder, TraceEvent, TraceOp, replay};
 
 /// Formats a byte count for people: `"1.31 GB (1,310,876,424 bytes)"`, decimal units (kB, MB,
 /// GB, TB), two decimals; below 1000 just `"512 bytes"`.

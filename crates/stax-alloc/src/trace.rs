@@ -58,17 +58,55 @@ pub struct TraceEvent {
     /// ([`TraceBuilder`]) and in traces written before the field existed; not written when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub addr: u64,
+    /// The allocation's name, `scope/role` ([`crate::Allocation::name`]); empty in synthetic
+    /// traces and in traces written before the field existed; not written when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// For a tensor's buffer, its shape ([`Allocator::allocate_tensor`]; alloc events only);
+    /// None for workspace and in synthetic traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+    /// For a tensor's buffer, its element type (`f32`); None otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
 }
 
 fn is_zero(x: &u64) -> bool {
     *x == 0
 }
 
-/// A sequence of allocation and free events.
+/// Something that happened between events of a recorded trace (not an allocation or a free).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mark {
+    /// Training step `step` starts before event `at` ([`Allocator::mark_step`]).
+    Step {
+        /// Index of the first event of the step.
+        at: usize,
+        /// The step's number (from 1).
+        step: u64,
+    },
+    /// From event `at` on, allocation `id` also plays the role `name`
+    /// ([`crate::Allocation::note_role`]: a buffer written over in place).
+    Role {
+        /// Index of the next event when the role was noted.
+        at: usize,
+        /// The allocation.
+        id: u64,
+        /// Its new name, `scope/role`.
+        name: String,
+    },
+}
+
+/// A sequence of allocation and free events, with the marks recorded between them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Trace {
     /// Events in the order they happened.
     pub events: Vec<TraceEvent>,
+    /// Step starts and role changes, in order (recorded traces only; not part of the
+    /// JSON-lines form, which holds the events alone).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<Mark>,
 }
 
 impl Trace {
@@ -112,7 +150,10 @@ impl Trace {
             }
             events.push(serde_json::from_str(&line).map_err(|e| err(e.to_string()))?);
         }
-        Ok(Trace { events })
+        Ok(Trace {
+            events,
+            marks: Vec::new(),
+        })
     }
 
     /// The peak of live requested bytes over the trace (what an ideal allocator would need).
@@ -169,6 +210,9 @@ impl TraceBuilder {
             t_ns,
             stream: 0,
             addr: 0,
+            name: String::new(),
+            shape: None,
+            dtype: None,
         });
     }
 
@@ -180,12 +224,14 @@ impl TraceBuilder {
 
 /// What the recorder keeps of one allocation (for its alloc and its free event).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Recorded {
+pub(crate) struct Recorded<'a> {
     pub id: u64,
     pub bytes: u64,
     pub category: Category,
     pub stream: u32,
     pub addr: u64,
+    pub name: &'a crate::Name,
+    pub layout: Option<(&'a [usize], &'static str)>,
 }
 
 /// Records events for [`Allocator::start_trace`].
@@ -193,6 +239,7 @@ pub(crate) struct Recorded {
 pub(crate) struct Recorder {
     start: Instant,
     events: Vec<TraceEvent>,
+    marks: Vec<Mark>,
 }
 
 impl Recorder {
@@ -200,10 +247,16 @@ impl Recorder {
         Recorder {
             start: Instant::now(),
             events: Vec::new(),
+            marks: Vec::new(),
         }
     }
 
-    pub fn record(&mut self, op: TraceOp, a: Recorded) {
+    /// Records the mark `make(index of the next event)`.
+    pub fn mark(&mut self, make: impl FnOnce(usize) -> Mark) {
+        self.marks.push(make(self.events.len()));
+    }
+
+    pub fn record(&mut self, op: TraceOp, a: Recorded<'_>) {
         let t_ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.events.push(TraceEvent {
             op,
@@ -213,12 +266,16 @@ impl Recorder {
             t_ns,
             stream: a.stream,
             addr: a.addr,
+            name: a.name.to_string(),
+            shape: a.layout.map(|(s, _)| s.to_vec()),
+            dtype: a.layout.map(|(_, d)| d.to_string()),
         });
     }
 
     pub fn finish(self) -> Trace {
         Trace {
             events: self.events,
+            marks: self.marks,
         }
     }
 }

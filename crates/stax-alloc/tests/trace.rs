@@ -157,6 +157,9 @@ fn bad_traces_are_typed_errors() {
         t_ns: 0,
         stream: 0,
         addr: 0,
+        name: String::new(),
+        shape: None,
+        dtype: None,
     };
     trace.events.push(ev(TraceOp::Free, 7));
     let e = replay(&trace, &alloc).unwrap_err();
@@ -208,4 +211,70 @@ fn recorded_events_carry_the_allocation_address() {
     let old = br#"{"op":"alloc","id":0,"bytes":8,"category":"other","t_ns":0,"stream":0}"#;
     let back = stax_alloc::Trace::read_jsonl(&old[..]).unwrap();
     assert_eq!(back.events[0].addr, 0);
+}
+
+#[test]
+fn names_scopes_and_marks_travel_with_the_trace() {
+    use stax_alloc::{Mark, Tag};
+    let alloc = Allocator::new(
+        Arc::new(SimMemory::new(64 << 20, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    alloc.start_trace();
+    alloc.mark_step(1);
+    let (x, ws) = {
+        let _outer = alloc.scope("3.parallel");
+        let _inner = alloc.scope("0.conv");
+        assert_eq!(alloc.current_scope(), "3.parallel/0.conv");
+        let x = alloc
+            .allocate(100, Tag::new(Category::Activation, "output"))
+            .unwrap();
+        let ws = alloc.allocate(10, Category::Workspace).unwrap();
+        (x, ws)
+    };
+    assert_eq!(alloc.current_scope(), "");
+    assert_eq!(x.name().to_string(), "3.parallel/0.conv/output");
+    assert_eq!(ws.name().to_string(), "3.parallel/0.conv/workspace");
+    drop(ws);
+    {
+        let _relu = alloc.scope("4.relu");
+        x.note_role("output");
+    }
+    let too_big = {
+        let _s = alloc.scope("9.dense");
+        alloc.allocate(128 << 20, Tag::new(Category::Gradient, "dw"))
+    };
+    let trace = alloc.stop_trace();
+    let names: Vec<&str> = trace.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "3.parallel/0.conv/output",
+            "3.parallel/0.conv/workspace",
+            "3.parallel/0.conv/workspace"
+        ]
+    );
+    assert_eq!(
+        trace.marks,
+        [
+            Mark::Step { at: 0, step: 1 },
+            Mark::Role {
+                at: 3,
+                id: x.id(),
+                name: "4.relu/output".into()
+            }
+        ]
+    );
+    // names survive the JSON-lines round trip (the marks are in memory only)
+    let mut jsonl = Vec::new();
+    trace.write_jsonl(&mut jsonl).unwrap();
+    let back = Trace::read_jsonl(&jsonl[..]).unwrap();
+    assert_eq!(back.events, trace.events);
+    // an out-of-memory names the request that failed
+    let Err(AllocError::OutOfMemory(r)) = too_big else {
+        panic!("expected out of memory")
+    };
+    assert_eq!(r.name, "9.dense/dw");
+    assert!(r.to_string().contains("9.dense/dw"), "{r}");
 }

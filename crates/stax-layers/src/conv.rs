@@ -1,15 +1,18 @@
 //! `Conv`: 2-D convolution, NHWC input, HWIO kernel (stax's `Conv`).
 
-use crate::layer::{Init, ParamSpec, Saved, expect_fields};
-use crate::{Grads, Layer, LayerError, Params, Relu, StepContext};
-use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Shape, Tensor, Tree};
+use stax_alloc::Tag;
+use stax_tensor::{Category, Conv2dGeometry, DType, Key, Padding, Params, Shape, Tensor, Tree};
+
+use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
+use crate::{Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
 /// stax's `Conv(out_chan, filter_shape, strides, padding)`: `y = conv(x, w) + b`.
 ///
 /// x NHWC `[n, h, w, c_in]`, w HWIO `[kh, kw, c_in, out_chan]` initialized with
 /// `glorot_normal(in_axis=2, out_axis=3)`, b `[out_chan]` initialized with `normal(1e-6)`
 /// (stax stores b as `[1, 1, 1, out_chan]`; the values broadcast the same way).
-/// Output NHWC `[n, out_h, out_w, out_chan]`, sizes as [`Padding`] says.
+/// Output NHWC `[n, out_h, out_w, out_chan]`, sizes as [`Padding`] says. A ReLU that follows
+/// runs in the convolution's epilogue ([`Layer::fuses`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv {
     /// Output channels.
@@ -44,162 +47,93 @@ impl Conv {
     }
 
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
-        let (kh, kw) = self.filter_shape;
-        let c_in = if input.rank() == 4 {
-            input.dims()[3]
-        } else {
-            0
+        let shapes = Tree::leaf(input.clone());
+        let &[_, _, _, c_in] = input.dims() else {
+            let reason = "expected an NHWC input [n, h, w, c] of rank 4".into();
+            return Err(self.shape_error(reason, &shapes));
         };
+        let (kh, kw) = self.filter_shape;
         let w = Shape::new([kh, kw, c_in, self.out_chan]);
-        Conv2dGeometry::new(input, &w, self.strides, self.padding).map_err(|e| LayerError::Shape {
-            layer: self.name(),
-            reason: match e {
-                stax_tensor::TensorError::Shape { reason, .. } => reason,
-                stax_tensor::TensorError::InvalidArgument { reason, .. } => reason,
+        Conv2dGeometry::new(input, &w, self.strides, self.padding).map_err(|e| {
+            let reason = match e {
+                stax_tensor::TensorError::Shape { reason, .. }
+                | stax_tensor::TensorError::InvalidArgument { reason, .. } => reason,
                 other => other.to_string(),
-            },
-            input: input.clone(),
+            };
+            self.shape_error(reason, &shapes)
         })
     }
 
-    fn weights<'p>(
-        &self,
-        params: &'p Params,
-        input: &Shape,
-    ) -> Result<Vec<&'p Tensor>, LayerError> {
-        expect_fields(params, self, &self.param_specs(input)?)
-    }
-}
-
-impl Layer for Conv {
-    fn kind(&self) -> &'static str {
-        "conv"
-    }
-
-    fn name(&self) -> String {
-        let (kh, kw) = self.filter_shape;
-        let (sh, sw) = self.strides;
-        let pad = match self.padding {
-            Padding::Same => "SAME",
-            Padding::Valid => "VALID",
+    fn specs(g: &Conv2dGeometry) -> Tree<ParamSpec> {
+        let glorot = Init::GlorotNormal {
+            in_axis: 2,
+            out_axis: 3,
         };
-        format!(
-            "conv({}, {kh}x{kw}, stride {sh}x{sw}, {pad})",
-            self.out_chan
-        )
-    }
-
-    fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError> {
-        if input.rank() != 4 {
-            return Err(LayerError::Shape {
-                layer: self.name(),
-                reason: "expected an NHWC input of rank 4".into(),
-                input: input.clone(),
-            });
-        }
-        Ok(self.geometry(input)?.output_shape())
-    }
-
-    fn param_specs(&self, input: &Shape) -> Result<Vec<ParamSpec>, LayerError> {
-        let g = self.geometry(input)?;
-        Ok(vec![
-            ParamSpec {
-                name: "w",
-                shape: g.filter_shape(),
-                init: Init::GlorotNormal {
-                    in_axis: 2,
-                    out_axis: 3,
-                },
-            },
-            ParamSpec {
-                name: "b",
-                shape: Shape::new([g.c_out]),
-                init: Init::Normal(1e-6),
-            },
+        Tree::node([
+            (
+                Key::Field("w"),
+                Tree::leaf(ParamSpec::f32(g.filter_shape(), glorot)),
+            ),
+            (
+                Key::Field("b"),
+                Tree::leaf(ParamSpec::f32([g.c_out], Init::Normal(1e-6))),
+            ),
         ])
     }
 
-    fn apply(
+    /// The forward pass, with the activation `act` fused into the op when given.
+    fn forward(
         &self,
         params: &Params,
-        x: Tensor,
-        cx: &mut StepContext,
-    ) -> Result<Tensor, LayerError> {
+        x: Value,
+        cx: &Cx<'_>,
+        act: Option<(Activation, Option<Tensor>)>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let x = one_tensor(self, x)?;
         let g = self.geometry(x.shape())?;
-        let wb = self.weights(params, x.shape())?;
+        let wb = expect_params(params, self, &Self::specs(&g))?;
         let be = x.backend().clone();
-        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
-        be.conv2d(&x, wb[0], wb[1], &g, &mut y)?;
-        cx.save(Saved::Tensor(x));
-        Ok(y)
-    }
-
-    /// Backward: `dw, db` from `x` and `dy` first; then, if `need_dx`, `dx` is written over
-    /// `x`'s buffer when nothing else holds it (the activation is no longer needed).
-    fn vjp(
-        &self,
-        params: &Params,
-        dy: Tensor,
-        cx: &mut StepContext,
-        need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        self.backward(params, dy, None, cx, need_dx)
-    }
-
-    /// Conv then ReLU as one backend op ([`stax_tensor::Backend::conv2d_relu`]) in training
-    /// mode; saves the input, then the ReLU's mask, as the two layers would.
-    fn apply_then_relu(
-        &self,
-        params: &Params,
-        x: Tensor,
-        cx: &mut StepContext,
-    ) -> Result<Tensor, LayerError> {
+        let tag = Tag::new(Category::Activation, "output");
+        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, tag)?;
+        let mask = match act {
+            Some((Activation::Relu, Some(mut mask))) => {
+                be.conv2d_relu(&x, wb[0], wb[1], &g, &mut y, &mut mask)?;
+                Some(mask)
+            }
+            Some((act, _)) => return Err(self.config(format!("cannot fuse {act:?}"))),
+            None => {
+                be.conv2d(&x, wb[0], wb[1], &g, &mut y)?;
+                None
+            }
+        };
         if !cx.is_training() {
-            let y = self.apply(params, x, cx)?;
-            return Relu.apply(&Tree::empty(), y, cx);
+            return Ok((Tree::leaf(y), Tree::empty()));
         }
-        let g = self.geometry(x.shape())?;
-        let wb = self.weights(params, x.shape())?;
-        let be = x.backend().clone();
-        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation)?;
-        let mut mask = crate::relu::mask_for(&y)?;
-        be.conv2d_relu(&x, wb[0], wb[1], &g, &mut y, &mut mask)?;
-        cx.save(Saved::Tensor(x));
-        cx.save(Saved::Tensor(mask));
-        Ok(y)
+        let mut saved = vec![("x", Saved::Tensor(x))];
+        saved.extend(mask.map(|m| ("mask", Saved::Tensor(m))));
+        Ok((Tree::leaf(y), residuals(saved)))
     }
 
-    /// The ReLU's backward fused with the kernel and bias gradients
-    /// ([`stax_tensor::Backend::conv2d_bwd_filter_relu`]).
-    fn vjp_through_relu(
-        &self,
-        params: &Params,
-        dy: Tensor,
-        cx: &mut StepContext,
-        need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let mask = cx.take_tensor(&Relu)?;
-        self.backward(params, dy, Some(mask), cx, need_dx)
-    }
-}
-
-impl Conv {
     /// The backward pass; with `mask`, `dy` is the gradient with respect to the output of the
     /// ReLU that followed, masked here (fused with the bias gradient where the backend can).
+    /// Kernel and bias gradients first, then `dx` over `x`'s buffer when nothing else holds
+    /// it (the activation is no longer needed).
     fn backward(
         &self,
         params: &Params,
-        dy: Tensor,
+        x: Tensor,
         mask: Option<Tensor>,
-        cx: &mut StepContext,
+        dy: Value,
+        cx: &mut Cx<'_>,
         need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let x = cx.take_tensor(self)?;
+    ) -> Result<Option<Value>, LayerError> {
         let g = self.geometry(x.shape())?;
-        let wb = self.weights(params, x.shape())?;
+        let wb = expect_params(params, self, &Self::specs(&g))?;
+        let dy = one_tensor(self, dy)?;
         let be = dy.backend().clone();
-        let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, Category::Gradient)?;
-        let mut db = Tensor::empty(&be, [g.c_out], DType::F32, Category::Gradient)?;
+        let grad = |role| Tag::new(Category::Gradient, role);
+        let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, grad("dw"))?;
+        let mut db = Tensor::empty(&be, [g.c_out], DType::F32, grad("db"))?;
         let dy = match mask {
             Some(mask) => {
                 let mut dy = dy.into_unique()?;
@@ -213,16 +147,100 @@ impl Conv {
         };
         let dx = if need_dx {
             let mut dx = if x.is_unique() {
+                x.note_role("dx");
                 x
             } else {
                 drop(x);
-                Tensor::empty(&be, g.input_shape(), DType::F32, Category::Gradient)?
+                Tensor::empty(&be, g.input_shape(), DType::F32, grad("dx"))?
             };
             be.conv2d_bwd_data(&dy, wb[0], &g, &mut dx)?;
-            Some(dx)
+            Some(Tree::leaf(dx))
         } else {
             None
         };
-        Ok((dx, Tree::fields([("w", dw), ("b", db)])))
+        cx.gradients(Tree::fields([("w", dw), ("b", db)]))?;
+        Ok(dx)
+    }
+}
+
+impl Layer for Conv {
+    fn kind(&self) -> &'static str {
+        "conv"
+    }
+
+    fn describe(&self) -> String {
+        let (kh, kw) = self.filter_shape;
+        let (sh, sw) = self.strides;
+        let pad = match self.padding {
+            Padding::Same => "SAME",
+            Padding::Valid => "VALID",
+        };
+        format!(
+            "conv({}, {kh}x{kw}, stride {sh}x{sw}, {pad})",
+            self.out_chan
+        )
+    }
+
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
+        Ok(Tree::leaf(
+            self.geometry(one_shape(self, input)?)?.output_shape(),
+        ))
+    }
+
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
+        Ok(Self::specs(&self.geometry(one_shape(self, input)?)?))
+    }
+
+    fn apply(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.forward(params, x, cx, None)
+    }
+
+    fn vjp(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let x = saved_tensor(self, &mut residuals, "x")?;
+        self.backward(params, x, None, dy, cx, need_dx)
+    }
+
+    /// The ReLU, in the convolution's epilogue (`Backend::conv2d_relu`).
+    fn fuses(&self, act: Activation) -> bool {
+        act == Activation::Relu
+    }
+
+    fn apply_fused(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        aux: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.forward(params, x, cx, Some((act, aux)))
+    }
+
+    /// The ReLU's backward fused with the kernel and bias gradients
+    /// (`Backend::conv2d_bwd_filter_relu`).
+    fn vjp_fused(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        _act: Activation,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let x = saved_tensor(self, &mut residuals, "x")?;
+        let mask = saved_tensor(self, &mut residuals, "mask")?;
+        self.backward(params, x, Some(mask), dy, cx, need_dx)
     }
 }

@@ -1,11 +1,12 @@
 //! Seeded random initialization, with stax's initializers.
 
 use crate::LayerError;
-use crate::layer::{Init, ParamSpec};
+use crate::{Init, ParamSpec};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::StandardNormal;
 use stax_alloc::AllocError;
+use stax_tensor::Path;
 use stax_tensor::TensorError;
 
 /// Standard deviation of a standard normal truncated to [-2, 2]; JAX divides by it so that the
@@ -40,7 +41,7 @@ impl Rng {
     /// # Errors
     /// [`LayerError::Config`] if a glorot axis is out of range or a fan is zero;
     /// [`LayerError::Tensor`] (host out of memory) when the values do not fit in host memory.
-    pub fn sample(&mut self, spec: &ParamSpec) -> Result<Vec<f32>, LayerError> {
+    pub fn sample(&mut self, path: &Path, spec: &ParamSpec) -> Result<Vec<f32>, LayerError> {
         let n = spec.shape.numel();
         let mut out = Vec::new();
         out.try_reserve_exact(n).map_err(|_| {
@@ -55,7 +56,7 @@ impl Rng {
                 out.extend((0..n).map(|_| (self.normal() * stddev as f64) as f32));
             }
             Init::GlorotNormal { in_axis, out_axis } => {
-                let stddev = glorot_stddev(spec, in_axis, out_axis)?;
+                let stddev = glorot_stddev(path, spec, in_axis, out_axis)?;
                 out.extend((0..n).map(|_| (self.truncated_normal() * stddev) as f32));
             }
         }
@@ -74,11 +75,17 @@ impl Rng {
 
 /// `sqrt(1 / fan_avg) / 0.8796...`, with fans as in `jax.nn.initializers.variance_scaling`:
 /// receptive field = product of all dims except `in_axis` and `out_axis`.
-fn glorot_stddev(spec: &ParamSpec, in_axis: usize, out_axis: usize) -> Result<f64, LayerError> {
+fn glorot_stddev(
+    path: &Path,
+    spec: &ParamSpec,
+    in_axis: usize,
+    out_axis: usize,
+) -> Result<f64, LayerError> {
     let dims = spec.shape.dims();
     if in_axis >= dims.len() || out_axis >= dims.len() || in_axis == out_axis {
         return Err(LayerError::Config {
-            layer: spec.name.to_string(),
+            path: path.to_string(),
+            layer: "glorot_normal".into(),
             reason: format!(
                 "glorot axes ({in_axis}, {out_axis}) do not fit shape {}",
                 spec.shape
@@ -94,7 +101,8 @@ fn glorot_stddev(spec: &ParamSpec, in_axis: usize, out_axis: usize) -> Result<f6
     let fan_avg = (dims[in_axis] + dims[out_axis]) as f64 * receptive as f64 / 2.0;
     if fan_avg == 0.0 {
         return Err(LayerError::Config {
-            layer: spec.name.to_string(),
+            path: path.to_string(),
+            layer: "glorot_normal".into(),
             reason: format!("zero fan for shape {}", spec.shape),
         });
     }
@@ -104,7 +112,6 @@ fn glorot_stddev(spec: &ParamSpec, in_axis: usize, out_axis: usize) -> Result<f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stax_tensor::Shape;
 
     fn stats(v: &[f32]) -> (f64, f64) {
         let n = v.len() as f64;
@@ -116,15 +123,14 @@ mod tests {
     #[test]
     fn glorot_normal_has_jax_variance_and_truncation() {
         // HWIO 3x3x64x64: fan_avg = (64 + 64) * 9 / 2 = 576, target stddev sqrt(1/576).
-        let spec = ParamSpec {
-            name: "w",
-            shape: Shape::new([3, 3, 64, 64]),
-            init: Init::GlorotNormal {
+        let spec = ParamSpec::f32(
+            [3, 3, 64, 64],
+            Init::GlorotNormal {
                 in_axis: 2,
                 out_axis: 3,
             },
-        };
-        let v = Rng::new(0).sample(&spec).unwrap();
+        );
+        let v = Rng::new(0).sample(&Path::root(), &spec).unwrap();
         let (mean, sd) = stats(&v);
         let target = (1.0f64 / 576.0).sqrt();
         assert!(mean.abs() < 0.01 * target * 10.0, "mean {mean}");
@@ -135,13 +141,9 @@ mod tests {
 
     #[test]
     fn normal_stddev_and_reproducibility() {
-        let spec = ParamSpec {
-            name: "b",
-            shape: Shape::new([20000]),
-            init: Init::Normal(1e-2),
-        };
-        let a = Rng::new(7).sample(&spec).unwrap();
-        let b = Rng::new(7).sample(&spec).unwrap();
+        let spec = ParamSpec::f32([20000], Init::Normal(1e-2));
+        let a = Rng::new(7).sample(&Path::root(), &spec).unwrap();
+        let b = Rng::new(7).sample(&Path::root(), &spec).unwrap();
         assert_eq!(a, b);
         let (_, sd) = stats(&a);
         assert!((sd / 1e-2 - 1.0).abs() < 0.03, "{sd}");
@@ -153,16 +155,15 @@ mod tests {
 
     #[test]
     fn bad_glorot_axes_are_errors() {
-        let spec = ParamSpec {
-            name: "w",
-            shape: Shape::new([4]),
-            init: Init::GlorotNormal {
+        let spec = ParamSpec::f32(
+            [4],
+            Init::GlorotNormal {
                 in_axis: 0,
                 out_axis: 1,
             },
-        };
+        );
         assert!(matches!(
-            Rng::new(0).sample(&spec),
+            Rng::new(0).sample(&Path::root(), &spec),
             Err(LayerError::Config { .. })
         ));
     }

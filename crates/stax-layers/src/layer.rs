@@ -1,10 +1,34 @@
-//! The `Layer` trait, parameters, and the state a training step keeps between forward and
-//! backward passes.
+//! The `Layer` trait: stax's `(init_fun, apply_fun)` pair with an explicit backward pass.
+//!
+//! Inputs and outputs are trees of tensors ([`Value`]), so layers compose into graphs
+//! (`FanOut`, `parallel`, `FanInSum`). `apply` returns the layer's output and its
+//! [`Residuals`], what its `vjp` needs, as `jax.vjp` returns them; `vjp` consumes them and
+//! hands the parameter gradients to the context's gradient sink as soon as they exist.
 
-use crate::{LayerError, Rng};
-use stax_tensor::{Backend, Category, DType, Grads, Key, Params, Shape, Tensor, Tree};
 use std::fmt;
-use std::sync::Arc;
+
+use stax_tensor::{DType, Key, Params, Shape, Tensor, Tree};
+
+use crate::{Activation, Cx, LayerError};
+
+/// A layer's input or output: one tensor (a leaf) or a tree of them (`FanOut`'s branches).
+pub type Value = Tree<Tensor>;
+
+/// The shapes of a [`Value`].
+pub type Shapes = Tree<Shape>;
+
+/// What a forward pass keeps for the backward pass: tensors (handles, nothing is copied) and
+/// shapes, as a tree keyed by what they are (`x`, `mask`) or by child layer.
+pub type Residuals = Tree<Saved>;
+
+/// One thing a forward pass keeps.
+#[derive(Debug, Clone)]
+pub enum Saved {
+    /// A tensor: an input, an output or a mask.
+    Tensor(Tensor),
+    /// A shape (`Flatten` keeps its input shape).
+    Shape(Shape),
+}
 
 /// How a parameter tensor is initialized (stax's defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,279 +46,282 @@ pub enum Init {
     Normal(f32),
 }
 
-/// One parameter tensor a layer will create: its name, shape and initializer.
+/// One parameter tensor a layer will create: its shape, dtype and initializer. Its name is
+/// its key in the layer's spec tree (`w`, `b`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
-    /// Short name within the layer (`w`, `b`).
-    pub name: &'static str,
-    /// Shape (f32).
+    /// Shape.
     pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
     /// Initializer.
     pub init: Init,
 }
 
-/// The tensors of a leaf layer's parameter node, checked against the layer's specs: a node
-/// of one field per spec (`w`, `b`), each of the spec's shape.
-///
-/// # Errors
-/// [`LayerError::Params`] naming what differs.
-pub fn expect_fields<'p>(
-    params: &'p Params,
-    layer: &dyn Layer,
-    specs: &[ParamSpec],
-) -> Result<Vec<&'p Tensor>, LayerError> {
-    let bad = |reason: String| LayerError::Params {
-        layer: layer.name(),
-        reason,
-    };
-    let children = match params {
-        Tree::Node(c) => c,
-        Tree::Leaf(_) => return Err(bad("expected a node of parameter fields, got a leaf".into())),
-    };
-    if children.len() != specs.len() {
-        return Err(bad(format!(
-            "expected {} tensors, got {}",
-            specs.len(),
-            children.len()
-        )));
-    }
-    children
-        .iter()
-        .zip(specs)
-        .map(|((key, t), s)| match t.as_leaf() {
-            Some(t) if *key == Key::Field(s.name) && t.shape() == &s.shape => Ok(t),
-            Some(t) if *key == Key::Field(s.name) => Err(bad(format!(
-                "{} has shape {}, expected {}",
-                s.name,
-                t.shape(),
-                s.shape
-            ))),
-            _ => Err(bad(format!("expected the tensor {} at `{key}`", s.name))),
-        })
-        .collect()
-}
-
-/// What a forward pass in training mode keeps for the backward pass.
-#[derive(Debug)]
-pub enum Saved {
-    /// A tensor (an input or a mask); a handle, so nothing is copied.
-    Tensor(Tensor),
-    /// A shape (Flatten keeps its input shape).
-    Shape(Shape),
-}
-
-/// State of one step between `apply` and `vjp`: a stack of what each layer saved.
-///
-/// In inference mode nothing is saved and no ReLU masks are made.
-#[derive(Debug, Default)]
-pub struct StepContext {
-    training: bool,
-    saved: Vec<Saved>,
-}
-
-impl StepContext {
-    /// A context for a training step: layers save what their `vjp` needs.
-    pub fn training() -> Self {
-        StepContext {
-            training: true,
-            saved: Vec::new(),
+impl ParamSpec {
+    /// An f32 parameter of `shape` drawn from `init`.
+    pub fn f32(shape: impl Into<Shape>, init: Init) -> ParamSpec {
+        ParamSpec {
+            shape: shape.into(),
+            dtype: DType::F32,
+            init,
         }
-    }
-
-    /// A context for evaluation: nothing is saved.
-    pub fn inference() -> Self {
-        StepContext {
-            training: false,
-            saved: Vec::new(),
-        }
-    }
-
-    /// Whether layers should save state for a backward pass.
-    pub fn is_training(&self) -> bool {
-        self.training
-    }
-
-    /// Pushes what a layer saved (ignored in inference mode).
-    pub fn save(&mut self, saved: Saved) {
-        if self.training {
-            self.saved.push(saved);
-        }
-    }
-
-    /// Pops the one tensor (an input or a mask) the layer saved last.
-    ///
-    /// # Errors
-    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not a tensor.
-    pub fn take_tensor(&mut self, layer: &dyn Layer) -> Result<Tensor, LayerError> {
-        match self.saved.pop() {
-            Some(Saved::Tensor(t)) => Ok(t),
-            _ => Err(LayerError::NothingSaved {
-                layer: layer.name(),
-            }),
-        }
-    }
-
-    /// Pops the shape the layer saved last.
-    ///
-    /// # Errors
-    /// [`LayerError::NothingSaved`] if the top of the stack is empty or not a shape.
-    pub fn take_shape(&mut self, layer: &dyn Layer) -> Result<Shape, LayerError> {
-        match self.saved.pop() {
-            Some(Saved::Shape(s)) => Ok(s),
-            _ => Err(LayerError::NothingSaved {
-                layer: layer.name(),
-            }),
-        }
-    }
-
-    /// Whether nothing is saved (true after a complete backward pass).
-    pub fn is_empty(&self) -> bool {
-        self.saved.is_empty()
-    }
-
-    /// Drops everything saved (e.g. after a failed step), freeing it.
-    pub fn clear(&mut self) {
-        self.saved.clear();
     }
 }
 
 /// A stax layer: shapes first, then parameters, forward and backward.
 ///
-/// Mirrors stax's `(init_fun, apply_fun)` pair, with the backward pass explicit (`vjp`).
-/// `apply` takes its input by value so that in-place layers (ReLU) reuse the buffer, and
-/// `vjp` takes `dy` by value so that gradients can overwrite buffers no longer needed.
+/// Mirrors stax's `(init_fun, apply_fun)` pair with the backward pass explicit. `apply` takes
+/// its input by value so that in-place layers (activations) reuse the buffer, and `vjp` takes
+/// `dy` by value so that gradients can overwrite buffers no longer needed. Parameters are
+/// made by one walk over [`Layer::param_specs`] ([`crate::init_params`]).
 pub trait Layer: fmt::Debug + Send + Sync {
     /// The layer's kind (`conv`, `relu`, `serial`): the key of its parameters in a
     /// combinator's tree (`2.conv`), and so the path segment of everything it allocates.
     fn kind(&self) -> &'static str;
 
-    /// A short readable name, e.g. `conv(64, 3x3, stride 1x1, SAME)`.
-    fn name(&self) -> String;
+    /// A short readable description for messages, e.g. `conv(64, 3x3, stride 1x1, SAME)`.
+    fn describe(&self) -> String {
+        self.kind().to_string()
+    }
 
-    /// The output shape for `input`, computed from shapes alone (no memory touched).
+    /// The output shapes for `input`, computed from shapes alone (no memory touched).
     ///
     /// # Errors
-    /// [`LayerError::Shape`] when the input does not fit the layer.
-    fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError>;
+    /// [`LayerError::Shape`] naming the expected and the actual shape when the input does
+    /// not fit the layer.
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError>;
 
-    /// The parameter tensors this layer creates for `input` (empty for parameter-free layers).
+    /// The parameter tensors this layer creates for `input`: a node of fields (`w`, `b`) for a
+    /// leaf layer, an empty node for a parameter-free one, one child per layer for a
+    /// combinator (keyed `{index}.{kind}`).
     ///
     /// # Errors
     /// As [`Layer::output_shape`].
-    fn param_specs(&self, input: &Shape) -> Result<Vec<ParamSpec>, LayerError>;
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError>;
 
-    /// stax's `init_fun`: returns the output shape and freshly initialized parameters, placed
-    /// on `backend` and tagged [`Category::Parameter`]. Each tensor draws from its own split of
-    /// `rng`.
+    /// stax's `apply_fun`: the forward pass, returning the output and (in training mode) what
+    /// `vjp` needs.
     ///
     /// # Errors
-    /// Shape errors before any allocation; allocation errors.
-    fn init(
+    /// The input's shape is checked first ([`Layer::output_shape`]); then parameter
+    /// mismatches, device mismatches, allocation errors.
+    fn apply(
         &self,
-        rng: &mut Rng,
-        input: &Shape,
-        backend: &Arc<dyn Backend>,
-    ) -> Result<(Shape, Params), LayerError> {
-        let out = self.output_shape(input)?;
-        let specs = self.param_specs(input)?;
-        let keys = rng.split(specs.len());
-        let tensors = specs
-            .iter()
-            .zip(keys)
-            .map(|(s, mut k)| {
-                // The tensor first: a parameter too large for the backend is its typed
-                // out-of-memory error before any host memory is spent on its values.
-                let mut t =
-                    Tensor::empty(backend, s.shape.clone(), DType::F32, Category::Parameter)?;
-                backend.upload(bytemuck::cast_slice(&k.sample(s)?), &mut t)?;
-                Ok((s.name, t))
-            })
-            .collect::<Result<Vec<_>, LayerError>>()?;
-        Ok((out, Tree::fields(tensors)))
-    }
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError>;
 
-    /// [`Layer::init`] without drawing any values: the same output shape and parameter tree,
-    /// the tensors allocated in the same order and tagged [`Category::Parameter`], their
-    /// contents unspecified ([`Tensor::empty`]). A memory plan allocates with it exactly what
-    /// `init` would, without the cost of sampling; loading saved parameters can fill it.
+    /// The backward pass: given `dy = dL/dy` and the residuals of `apply`, hands the parameter
+    /// gradients to `cx`'s sink ([`Cx::gradients`]) and returns `dL/dx` when `need_dx`.
     ///
     /// # Errors
-    /// Shape errors before any allocation; allocation errors.
-    fn init_empty(
-        &self,
-        input: &Shape,
-        backend: &Arc<dyn Backend>,
-    ) -> Result<(Shape, Params), LayerError> {
-        let out = self.output_shape(input)?;
-        let tensors = self
-            .param_specs(input)?
-            .into_iter()
-            .map(|s| {
-                let t = Tensor::empty(backend, s.shape, DType::F32, Category::Parameter)?;
-                Ok((s.name, t))
-            })
-            .collect::<Result<Vec<_>, LayerError>>()?;
-        Ok((out, Tree::fields(tensors)))
-    }
-
-    /// stax's `apply_fun`: the forward pass. In training mode, saves what `vjp` needs in `cx`.
-    ///
-    /// # Errors
-    /// Parameter/shape mismatches, device mismatches, allocation errors.
-    fn apply(&self, params: &Params, x: Tensor, cx: &mut StepContext)
-    -> Result<Tensor, LayerError>;
-
-    /// The backward pass: given `dy = dL/dy`, returns `dL/dx` (only if `need_dx`) and the
-    /// parameter gradients, consuming what `apply` saved.
-    ///
-    /// # Errors
-    /// [`LayerError::NothingSaved`] without a training-mode `apply`; op errors.
+    /// [`LayerError::Mismatch`] for residuals of another layer; op errors.
     fn vjp(
         &self,
         params: &Params,
-        dy: Tensor,
-        cx: &mut StepContext,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
         need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError>;
+    ) -> Result<Option<Value>, LayerError>;
 
-    /// Whether this layer is a ReLU, which [`crate::Serial`] hands to the layer before it
-    /// ([`Layer::apply_then_relu`], [`Layer::vjp_through_relu`]) so the two can be fused.
-    fn is_relu(&self) -> bool {
+    /// The activation this layer is, if it is an elementwise activation (a combinator may hand
+    /// it to the layer before, see [`Layer::fuses`]).
+    fn as_activation(&self) -> Option<Activation> {
+        None
+    }
+
+    /// Whether this layer can run `act` as an epilogue of its own op
+    /// ([`Layer::apply_fused`], [`Layer::vjp_fused`]).
+    fn fuses(&self, _act: Activation) -> bool {
         false
     }
 
-    /// `apply` followed by a ReLU, saving in `cx` exactly what `apply` then
-    /// [`crate::Relu`]'s `apply` would save (so either backward pass reads it). The default
-    /// runs the two; layers that can fuse the ReLU into their own op override it.
+    /// `apply` followed by the activation `act`, as one op where the backend fuses it. `aux`
+    /// is the activation's own saved buffer when it keeps one (the ReLU bit mask, made by the
+    /// activation layer in its own scope); the residuals must hold it for
+    /// [`Layer::vjp_fused`]. Only called when [`Layer::fuses`] says so.
     ///
     /// # Errors
-    /// As `apply`.
-    fn apply_then_relu(
+    /// As `apply`; [`LayerError::Config`] from layers that fuse nothing.
+    fn apply_fused(
         &self,
-        params: &Params,
-        x: Tensor,
-        cx: &mut StepContext,
-    ) -> Result<Tensor, LayerError> {
-        let y = self.apply(params, x, cx)?;
-        crate::Relu.apply(&Tree::empty(), y, cx)
+        _params: &Params,
+        _x: Value,
+        _cx: &mut Cx<'_>,
+        act: Activation,
+        _aux: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        Err(self.config(format!("cannot fuse {act:?}")))
     }
 
-    /// The backward pass of `apply_then_relu` (or of `apply` then a ReLU): `dy` is the
-    /// gradient with respect to the ReLU's output; returns what `vjp` returns. The default runs
-    /// the ReLU's backward, then `vjp`.
+    /// The backward pass of [`Layer::apply_fused`]: `dy` is the gradient with respect to the
+    /// activation's output.
     ///
     /// # Errors
     /// As `vjp`.
-    fn vjp_through_relu(
+    fn vjp_fused(
         &self,
-        params: &Params,
-        dy: Tensor,
-        cx: &mut StepContext,
-        need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError> {
-        let relu = crate::Relu;
-        let (dx, _) = relu.vjp(&Tree::empty(), dy, cx, true)?;
-        let dx = dx.ok_or_else(|| LayerError::NothingSaved { layer: relu.name() })?;
-        self.vjp(params, dx, cx, need_dx)
+        _params: &Params,
+        _residuals: Residuals,
+        _dy: Value,
+        _cx: &mut Cx<'_>,
+        act: Activation,
+        _need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        Err(self.config(format!("cannot fuse {act:?}")))
     }
+
+    /// A [`LayerError::Shape`] of this layer for `input`.
+    fn shape_error(&self, reason: String, input: &Shapes) -> LayerError {
+        LayerError::Shape {
+            path: String::new(),
+            layer: self.describe(),
+            reason,
+            input: shapes_string(input),
+        }
+    }
+
+    /// A [`LayerError::Mismatch`] of this layer.
+    fn mismatch(&self, what: &'static str, reason: String) -> LayerError {
+        LayerError::Mismatch {
+            path: String::new(),
+            layer: self.describe(),
+            what,
+            reason,
+        }
+    }
+
+    /// A [`LayerError::Config`] of this layer.
+    fn config(&self, reason: String) -> LayerError {
+        LayerError::Config {
+            path: String::new(),
+            layer: self.describe(),
+            reason,
+        }
+    }
+}
+
+/// `[2, 3]` for one shape, `([2, 3], [2, 3])` for a tree of them.
+pub fn shapes_string(s: &Shapes) -> String {
+    match s {
+        Tree::Leaf(shape) => shape.to_string(),
+        Tree::Node(c) => {
+            let parts: Vec<String> = c.iter().map(|(_, t)| shapes_string(t)).collect();
+            format!("({})", parts.join(", "))
+        }
+    }
+}
+
+/// The one shape of a single-tensor input.
+///
+/// # Errors
+/// [`LayerError::Shape`] when `input` is a tree of several.
+pub fn one_shape<'s>(layer: &dyn Layer, input: &'s Shapes) -> Result<&'s Shape, LayerError> {
+    input
+        .as_leaf()
+        .ok_or_else(|| layer.shape_error("expected one tensor".into(), input))
+}
+
+/// The one tensor of a single-tensor value.
+///
+/// # Errors
+/// [`LayerError::Shape`] when `x` is a tree of several.
+pub fn one_tensor(layer: &dyn Layer, x: Value) -> Result<Tensor, LayerError> {
+    match x {
+        Tree::Leaf(t) => Ok(t),
+        other => Err(layer.shape_error(
+            "expected one tensor".into(),
+            &other.map(|t| t.shape().clone()),
+        )),
+    }
+}
+
+/// The shapes of a value.
+pub fn shapes_of(x: &Value) -> Shapes {
+    x.map(|t| t.shape().clone())
+}
+
+/// The tensors of a leaf layer's parameter node, checked against the layer's specs: a node
+/// of one field per spec, in order, each of the spec's shape and dtype.
+///
+/// # Errors
+/// [`LayerError::Mismatch`] naming what differs.
+pub fn expect_params<'p>(
+    params: &'p Params,
+    layer: &dyn Layer,
+    specs: &Tree<ParamSpec>,
+) -> Result<Vec<&'p Tensor>, LayerError> {
+    let bad = |reason: String| layer.mismatch("parameters", reason);
+    if let Some(e) = specs.structure_differs(params) {
+        return Err(bad(e.to_string()));
+    }
+    params
+        .paths()
+        .into_iter()
+        .zip(specs.leaves())
+        .map(|((path, t), s)| {
+            if t.shape() != &s.shape || t.dtype() != s.dtype {
+                Err(bad(format!(
+                    "{path} is {} {}, expected {} {}",
+                    t.dtype(),
+                    t.shape(),
+                    s.dtype,
+                    s.shape
+                )))
+            } else {
+                Ok(t)
+            }
+        })
+        .collect()
+}
+
+/// The tensor saved under `key` in a leaf layer's residuals.
+///
+/// # Errors
+/// [`LayerError::Mismatch`] when it is missing or not a tensor (residuals of another layer).
+pub fn saved_tensor(
+    layer: &dyn Layer,
+    residuals: &mut Residuals,
+    key: &'static str,
+) -> Result<Tensor, LayerError> {
+    take(residuals, key)
+        .and_then(|s| match s {
+            Saved::Tensor(t) => Some(t),
+            Saved::Shape(_) => None,
+        })
+        .ok_or_else(|| layer.mismatch("residuals", format!("no saved tensor `{key}`")))
+}
+
+/// The shape saved under `key` in a leaf layer's residuals.
+///
+/// # Errors
+/// As [`saved_tensor`].
+pub fn saved_shape(
+    layer: &dyn Layer,
+    residuals: &mut Residuals,
+    key: &'static str,
+) -> Result<Shape, LayerError> {
+    take(residuals, key)
+        .and_then(|s| match s {
+            Saved::Shape(s) => Some(s),
+            Saved::Tensor(_) => None,
+        })
+        .ok_or_else(|| layer.mismatch("residuals", format!("no saved shape `{key}`")))
+}
+
+/// Takes the leaf under field `key` out of a residuals node, leaving an empty node there.
+fn take(residuals: &mut Residuals, key: &'static str) -> Option<Saved> {
+    let Tree::Node(children) = residuals else {
+        return None;
+    };
+    let slot = children.iter_mut().find(|(k, _)| *k == Key::Field(key))?;
+    std::mem::take(&mut slot.1).into_leaf()
+}
+
+/// Residuals of saved fields: `[("x", Saved::Tensor(x))]`.
+pub fn residuals(fields: impl IntoIterator<Item = (&'static str, Saved)>) -> Residuals {
+    Tree::fields(fields)
 }

@@ -1,35 +1,50 @@
 //! stax-style layers for stax-rs, mirroring `jax.example_libraries.stax`.
 //!
-//! A layer is a small value with `init(rng, input_shape) -> (output_shape, params)` and
-//! `apply(params, inputs)`, plus an explicit vector-Jacobian product `vjp` for the backward pass.
-//! Parameters live outside the layer ([`Params`]), as in stax. [`serial!`] composes layers.
+//! A layer is a small value ([`Layer`]) with shapes first (`output_shape`, `param_specs`),
+//! then `apply(params, inputs) -> (outputs, residuals)` and its explicit vector-Jacobian
+//! product `vjp`. Inputs and outputs are trees of tensors, so [`serial!`], [`parallel!`] and
+//! the fan combinators build graphs. Parameters live outside the layer ([`Params`]), made by
+//! one walk over the layer's specs ([`init_params`]), as in stax.
 //!
 //! ```
 //! use stax_layers::{serial, Conv, Dense, Flatten, Layer, Padding, Relu};
-//! use stax_tensor::Shape;
+//! use stax_tensor::{Shape, Tree};
 //! let model = serial![Conv::new(8, (3, 3), (1, 1), Padding::Same), Relu, Flatten, Dense(2)];
-//! let out = model.output_shape(&Shape::new([4, 28, 28, 3])).unwrap();
-//! assert_eq!(out, Shape::new([4, 2]));
+//! let out = model.output_shape(&Tree::leaf(Shape::new([4, 28, 28, 3]))).unwrap();
+//! assert_eq!(out, Tree::leaf(Shape::new([4, 2])));
+//! // every parameter is named by its path
+//! let specs = model.param_specs(&Tree::leaf(Shape::new([4, 28, 28, 3]))).unwrap();
+//! let paths: Vec<String> = specs.paths().iter().map(|(p, _)| p.to_string()).collect();
+//! assert_eq!(paths, ["0.conv/w", "0.conv/b", "3.dense/w", "3.dense/b"]);
 //! ```
 
+pub mod activation;
 pub mod conv;
+pub mod cx;
 pub mod dense;
 pub mod error;
 pub mod flatten;
+mod fuse;
 pub mod init;
 pub mod layer;
 pub mod loss;
-pub mod relu;
+pub mod models;
+pub mod parallel;
+pub mod params;
 pub mod serial;
+pub mod sink;
 
+pub use activation::{Activation, Elementwise, Relu, Saves};
 pub use conv::Conv;
+pub use cx::{Cx, Mode, Policy};
 pub use dense::Dense;
 pub use error::LayerError;
 pub use flatten::Flatten;
 pub use init::Rng;
-pub use layer::{Layer, ParamSpec, StepContext};
-pub use loss::softmax_cross_entropy;
-pub use relu::Relu;
+pub use layer::{Init, Layer, ParamSpec, Residuals, Saved, Shapes, Value};
+pub use loss::{Loss, SoftmaxCrossEntropy};
+pub use parallel::{Identity, Parallel};
+pub use params::{ParamSource, init_params};
 pub use serial::Serial;
-pub use stax_tensor::Padding;
-pub use stax_tensor::{Grads, Params};
+pub use sink::{Collect, GradSink};
+pub use stax_tensor::{Grads, Padding, Params};

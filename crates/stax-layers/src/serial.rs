@@ -1,13 +1,14 @@
 //! `Serial`: layers applied one after another (stax's `serial`).
 
-use crate::layer::ParamSpec;
-use crate::{Grads, Layer, LayerError, Params, Rng, StepContext};
-use stax_tensor::{Backend, Key, Shape, Tensor, Tree};
-use std::sync::Arc;
+use stax_tensor::{Key, Params, Tree};
+
+use crate::fuse::{apply_pair, fused_at, vjp_pair};
+use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Shapes, Value};
 
 /// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
 /// with one child per layer, keyed `{index}.{kind}` (`2.conv`; parameter-free layers keep
-/// their place with an empty node, as stax's `()`).
+/// their place with an empty node, as stax's `()`). An RNG key given to `apply` is split into
+/// one key per layer, as stax's `serial` splits it.
 #[derive(Debug)]
 pub struct Serial(pub Vec<Box<dyn Layer>>);
 
@@ -20,49 +21,56 @@ macro_rules! serial {
 }
 
 impl Serial {
-    /// The input shape of every layer plus the final output shape (`len + 1` shapes).
+    fn key(&self, i: usize) -> Key {
+        Key::Layer(i, self.0[i].kind())
+    }
+
+    /// The input shapes of every layer plus the final output shapes (`len + 1` entries).
     ///
     /// # Errors
-    /// The first layer whose input does not fit.
-    pub fn shapes(&self, input: &Shape) -> Result<Vec<Shape>, LayerError> {
+    /// The first layer whose input does not fit, with its path.
+    pub fn shapes(&self, input: &Shapes) -> Result<Vec<Shapes>, LayerError> {
         let mut shapes = vec![input.clone()];
-        for layer in &self.0 {
-            let next = layer.output_shape(shapes.last().unwrap_or(input))?;
+        for (i, layer) in self.0.iter().enumerate() {
+            let next = layer
+                .output_shape(&shapes[i])
+                .map_err(|e| e.at(self.key(i)))?;
             shapes.push(next);
         }
         Ok(shapes)
     }
 
+    /// Each layer's parameters, checked to be keyed as [`Serial`] keys them.
     fn children<'p>(&self, params: &'p Params) -> Result<Vec<&'p Params>, LayerError> {
-        let bad = |reason: String| LayerError::Params {
-            layer: self.name(),
-            reason,
-        };
-        let children = match params {
-            Tree::Node(c) => c,
-            Tree::Leaf(_) => return Err(bad("expected nested per-layer parameters".into())),
-        };
-        if children.len() != self.0.len() {
-            return Err(bad(format!(
-                "expected {} per-layer entries, got {}",
-                self.0.len(),
-                children.len()
-            )));
-        }
-        self.0
-            .iter()
-            .zip(children)
-            .enumerate()
-            .map(|(i, (layer, (key, p)))| {
-                let want = Key::Layer(i, layer.kind());
-                if *key == want {
-                    Ok(p)
-                } else {
-                    Err(bad(format!("entry {i} is `{key}`, expected `{want}`")))
-                }
-            })
-            .collect()
+        let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
+        children_of(self, params, &keys, "parameters")
     }
+}
+
+/// The children of a combinator's node (its parameters or residuals), checked to carry
+/// `keys` in order.
+pub(crate) fn children_of<'p, T>(
+    layer: &dyn Layer,
+    node: &'p Tree<T>,
+    keys: &[Key],
+    what: &'static str,
+) -> Result<Vec<&'p Tree<T>>, LayerError> {
+    let children = node.children();
+    if matches!(node, Tree::Leaf(_)) || children.len() != keys.len() {
+        let reason = format!(
+            "expected {} per-layer entries, got {}",
+            keys.len(),
+            children.len()
+        );
+        return Err(layer.mismatch(what, reason));
+    }
+    keys.iter()
+        .zip(children)
+        .map(|(want, (key, t))| match key == want {
+            true => Ok(t),
+            false => Err(layer.mismatch(what, format!("entry `{key}` where `{want}` belongs"))),
+        })
+        .collect()
 }
 
 impl Layer for Serial {
@@ -70,78 +78,63 @@ impl Layer for Serial {
         "serial"
     }
 
-    fn name(&self) -> String {
-        let names: Vec<String> = self.0.iter().map(|l| l.name()).collect();
+    fn describe(&self) -> String {
+        let names: Vec<String> = self.0.iter().map(|l| l.describe()).collect();
         format!("serial[{}]", names.join(", "))
     }
 
-    fn output_shape(&self, input: &Shape) -> Result<Shape, LayerError> {
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         Ok(self.shapes(input)?.pop().unwrap_or_else(|| input.clone()))
     }
 
-    /// Every sub-layer's specs, in order (for memory planning).
-    fn param_specs(&self, input: &Shape) -> Result<Vec<ParamSpec>, LayerError> {
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
         let shapes = self.shapes(input)?;
-        let mut specs = Vec::new();
-        for (layer, s) in self.0.iter().zip(&shapes) {
-            specs.extend(layer.param_specs(s)?);
-        }
-        Ok(specs)
-    }
-
-    fn init(
-        &self,
-        rng: &mut Rng,
-        input: &Shape,
-        backend: &Arc<dyn Backend>,
-    ) -> Result<(Shape, Params), LayerError> {
-        self.shapes(input)?;
-        let mut shape = input.clone();
-        let mut params = Vec::with_capacity(self.0.len());
-        for (i, (layer, mut key)) in self.0.iter().zip(rng.split(self.0.len())).enumerate() {
-            let (out, p) = layer.init(&mut key, &shape, backend)?;
-            params.push((Key::Layer(i, layer.kind()), p));
-            shape = out;
-        }
-        Ok((shape, Tree::Node(params)))
-    }
-
-    /// Every sub-layer's [`Layer::init_empty`], in order (the allocation order of `init`).
-    fn init_empty(
-        &self,
-        input: &Shape,
-        backend: &Arc<dyn Backend>,
-    ) -> Result<(Shape, Params), LayerError> {
-        self.shapes(input)?;
-        let mut shape = input.clone();
-        let mut params = Vec::with_capacity(self.0.len());
-        for (i, layer) in self.0.iter().enumerate() {
-            let (out, p) = layer.init_empty(&shape, backend)?;
-            params.push((Key::Layer(i, layer.kind()), p));
-            shape = out;
-        }
-        Ok((shape, Tree::Node(params)))
+        let specs = self
+            .0
+            .iter()
+            .zip(&shapes)
+            .enumerate()
+            .map(|(i, (layer, s))| {
+                let key = self.key(i);
+                Ok((key, layer.param_specs(s).map_err(|e| e.at(key))?))
+            });
+        Ok(Tree::Node(specs.collect::<Result<_, LayerError>>()?))
     }
 
     fn apply(
         &self,
         params: &Params,
-        x: Tensor,
-        cx: &mut StepContext,
-    ) -> Result<Tensor, LayerError> {
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
         let children = self.children(params)?;
-        let mut x = x;
-        let mut i = 0;
-        while i < self.0.len() {
-            if self.relu_follows(&children, i) {
-                x = self.0[i].apply_then_relu(children[i], x, cx)?;
-                i += 2;
-            } else {
-                x = self.0[i].apply(children[i], x, cx)?;
-                i += 1;
+        let n = self.0.len();
+        let mut rngs = cx.take_rng().map(|mut r| r.split(n).into_iter());
+        let mut next_rng = || rngs.as_mut().and_then(Iterator::next);
+        let (mut x, mut saved, mut i) = (x, Vec::with_capacity(n), 0);
+        while i < n {
+            let (layer, key) = (&*self.0[i], self.key(i));
+            let rng = next_rng();
+            match fused_at(&self.0, &children, i).filter(|_| cx.is_training()) {
+                Some(act) => {
+                    let act_key = self.key(i + 1);
+                    let (y, r) =
+                        apply_pair((layer, key, i), (act, act_key), children[i], x, cx, rng)?;
+                    next_rng();
+                    saved.push((key, r));
+                    saved.push((act_key, Tree::empty()));
+                    x = y;
+                    i += 2;
+                }
+                None => {
+                    let (y, r) = cx.child(key, i, rng, |cx| layer.apply(children[i], x, cx))?;
+                    saved.push((key, r));
+                    x = y;
+                    i += 1;
+                }
             }
         }
-        Ok(x)
+        Ok((x, Tree::Node(saved)))
     }
 
     /// Backward through the layers in reverse; only the first layer's `need_dx` is the
@@ -149,44 +142,49 @@ impl Layer for Serial {
     fn vjp(
         &self,
         params: &Params,
-        dy: Tensor,
-        cx: &mut StepContext,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
         need_dx: bool,
-    ) -> Result<(Option<Tensor>, Grads), LayerError> {
+    ) -> Result<Option<Value>, LayerError> {
         let children = self.children(params)?;
-        let mut grads = Vec::with_capacity(self.0.len());
-        let mut dy = Some(dy);
-        let mut end = self.0.len();
+        let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
+        children_of(self, &residuals, &keys, "residuals")?;
+        let mut saved: Vec<Residuals> =
+            residuals.into_children().into_iter().map(|c| c.1).collect();
+        let (mut dy, mut end) = (Some(dy), self.0.len());
         while end > 0 {
             let i = end - 1;
-            let d = dy.take().ok_or_else(|| LayerError::NothingSaved {
-                layer: self.0[i].name(),
+            let d = dy.take().ok_or_else(|| {
+                self.mismatch("output gradients", format!("layer {i} got no gradient"))
             })?;
-            if i > 0 && self.relu_follows(&children, i - 1) {
-                let (dx, g) =
-                    self.0[i - 1].vjp_through_relu(children[i - 1], d, cx, i > 1 || need_dx)?;
-                grads.push((Key::Layer(i, self.0[i].kind()), Tree::empty()));
-                grads.push((Key::Layer(i - 1, self.0[i - 1].kind()), g));
-                dy = dx;
-                end -= 2;
+            let r = std::mem::take(&mut saved[i]);
+            // A fused pair left the activation's residuals empty (see `fuse`).
+            let fused = i > 0 && r.children().is_empty() && matches!(r, Tree::Node(_));
+            let act = if fused {
+                fused_at(&self.0, &children, i - 1)
             } else {
-                let (dx, g) = self.0[i].vjp(children[i], d, cx, i > 0 || need_dx)?;
-                grads.push((Key::Layer(i, self.0[i].kind()), g));
-                dy = dx;
-                end -= 1;
+                None
+            };
+            match act {
+                Some(act) => {
+                    let (j, layer) = (i - 1, &*self.0[i - 1]);
+                    let r = std::mem::take(&mut saved[j]);
+                    let want_dx = j > 0 || need_dx;
+                    let pair = ((layer, keys[j], j), (act, keys[i]));
+                    dy = vjp_pair(pair.0, pair.1, children[j], r, d, cx, want_dx)?;
+                    end -= 2;
+                }
+                None => {
+                    let layer = &*self.0[i];
+                    let want_dx = i > 0 || need_dx;
+                    dy = cx.child(keys[i], i, None, |cx| {
+                        layer.vjp(children[i], r, d, cx, want_dx)
+                    })?;
+                    end -= 1;
+                }
             }
         }
-        grads.reverse();
-        Ok((dy, Tree::Node(grads)))
-    }
-}
-
-impl Serial {
-    /// Whether layer `i + 1` is a ReLU with its (empty) parameters, so that layer `i` runs it
-    /// ([`Layer::apply_then_relu`], [`Layer::vjp_through_relu`]: one fused op where the layer
-    /// can). Otherwise the ReLU runs alone (and reports bad parameters itself).
-    fn relu_follows(&self, children: &[&Params], i: usize) -> bool {
-        self.0.get(i + 1).is_some_and(|l| l.is_relu())
-            && matches!(children.get(i + 1), Some(Tree::Node(v)) if v.is_empty())
+        Ok(dy)
     }
 }

@@ -48,3 +48,13 @@ pub enum OptimError {
     #[error(transparent)]
     Tensor(#[from] TensorError),
 }
+
+impl OptimError {
+    /// The tensor error inside, if any.
+    pub fn tensor(&self) -> Option<&TensorError> {
+        match self {
+            OptimError::Tensor(t) | OptimError::Leaf { source: t, .. } => Some(t),
+            _ => None,
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use stax_tensor::{Category, Grads, Params, Path, Tensor, TensorError, Tree};
+use stax_tensor::{Category, Grads, Params, Path, Tag, Tensor, TensorError, Tree};
 
 use crate::OptimError;
 
@@ -13,7 +13,7 @@ use crate::OptimError;
 /// `tree` has the parameters' structure with each parameter's leaf replaced by a node of its
 /// state fields, so `2.conv/w`'s Adam moments are `2.conv/w/mu` and `2.conv/w/nu` (optax's
 /// `ScaleByAdamState(count, mu, nu)`, kept per parameter). State tensors are tagged
-/// [`Category::OptimizerState`].
+/// [`Category::OptimizerState`] and named by their paths (`2.conv/w/mu`).
 #[derive(Debug)]
 pub struct OptState {
     /// Updates applied so far.
@@ -79,13 +79,17 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
     /// Invalid hyper-parameters; allocation errors.
     fn init(&self, params: &Params) -> Result<OptState, OptimError> {
         self.validate()?;
-        let zeros = |_: &Path, p: &Tensor| {
-            Tensor::zeros(p.backend(), p.shape().clone(), Category::OptimizerState)
+        let zeros = |field: &'static str| {
+            move |path: &Path, p: &Tensor| {
+                let _scope = p.backend().allocator().scope(&path.to_string());
+                let tag = Tag::new(Category::OptimizerState, field);
+                Tensor::zeros(p.backend(), p.shape().clone(), tag)
+            }
         };
         let per_field = self
             .state_fields()
             .iter()
-            .map(|_| params.try_map(zeros))
+            .map(|f| params.try_map(zeros(f)))
             .collect::<Result<Vec<_>, TensorError>>()?;
         let tree = params.try_map(|path, _| {
             let fields = self.state_fields().iter().zip(&per_field);

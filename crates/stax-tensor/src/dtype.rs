@@ -23,11 +23,33 @@ impl DType {
     }
 }
 
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl DType {
+    /// The name (`f32`), as NumPy and JAX spell it.
+    pub fn name(self) -> &'static str {
+        match self {
             DType::F32 => "f32",
             DType::U32 => "u32",
-        })
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = crate::TensorError;
+
+    /// Parses a dtype's name (`f32`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [DType::F32, DType::U32]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| crate::TensorError::InvalidArgument {
+                op: "parse dtype",
+                reason: format!("{s:?} is not a dtype; expected f32 or u32"),
+            })
     }
 }

@@ -162,3 +162,13 @@ pub enum TensorError {
         log: String,
     },
 }
+
+impl TensorError {
+    /// The allocator's diagnosis, if this is an out-of-memory.
+    pub fn oom(&self) -> Option<&stax_alloc::OomReport> {
+        match self {
+            TensorError::Alloc(AllocError::OutOfMemory(r)) => Some(r),
+            _ => None,
+        }
+    }
+}

@@ -35,7 +35,7 @@ pub use dtype::DType;
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
 pub use shape::Shape;
-pub use stax_alloc::{Allocator, Category, Strategy};
+pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;
 pub use tree::{Key, Path, StructureError, Tree};
 pub use upload::Upload;

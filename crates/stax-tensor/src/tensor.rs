@@ -1,7 +1,7 @@
 //! `Tensor`: a shape, a dtype and an allocator-owned buffer on one backend.
 
 use crate::{Backend, DType, Device, Shape, TensorError};
-use stax_alloc::{Allocation, Category};
+use stax_alloc::{Allocation, Category, Name, Tag};
 use std::fmt;
 use std::sync::Arc;
 
@@ -22,7 +22,8 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor whose contents are unspecified (on the host: zeros or values left by an earlier
     /// tensor; never uninitialized memory). Allocates `shape.numel() * dtype.size_bytes()` bytes
-    /// tagged `category`.
+    /// tagged `tag` (a [`Category`], or a [`Tag`] with the buffer's role, named in the
+    /// allocator's current scope: `2.conv/output`).
     ///
     /// # Errors
     /// [`TensorError::Alloc`] when the allocator cannot serve the request (out of memory carries
@@ -31,7 +32,7 @@ impl Tensor {
         backend: &Arc<dyn Backend>,
         shape: impl Into<Shape>,
         dtype: DType,
-        category: Category,
+        tag: impl Into<Tag>,
     ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         let bytes = shape
@@ -41,7 +42,9 @@ impl Tensor {
                 op: "alloc",
                 reason: format!("shape {shape} of {dtype} overflows the address space"),
             })?;
-        let buf = backend.allocator().allocate(bytes, category)?;
+        let buf = backend
+            .allocator()
+            .allocate_tensor(bytes, tag, shape.dims(), dtype.name())?;
         Ok(Tensor {
             shape,
             dtype,
@@ -57,9 +60,9 @@ impl Tensor {
     pub fn zeros(
         backend: &Arc<dyn Backend>,
         shape: impl Into<Shape>,
-        category: Category,
+        tag: impl Into<Tag>,
     ) -> Result<Tensor, TensorError> {
-        let mut t = Tensor::empty(backend, shape, DType::F32, category)?;
+        let mut t = Tensor::empty(backend, shape, DType::F32, tag)?;
         backend.fill(&mut t, 0.0)?;
         Ok(t)
     }
@@ -72,7 +75,7 @@ impl Tensor {
         backend: &Arc<dyn Backend>,
         data: &[f32],
         shape: impl Into<Shape>,
-        category: Category,
+        tag: impl Into<Tag>,
     ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         if data.len() != shape.numel() {
@@ -83,7 +86,7 @@ impl Tensor {
                 shape,
             });
         }
-        let mut t = Tensor::empty(backend, shape, DType::F32, category)?;
+        let mut t = Tensor::empty(backend, shape, DType::F32, tag)?;
         backend.upload(bytemuck::cast_slice(data), &mut t)?;
         Ok(t)
     }
@@ -123,25 +126,38 @@ impl Tensor {
         }
         let mut host = vec![0u8; self.bytes()];
         self.backend.download(self, &mut host)?;
-        let mut t = Tensor::empty(backend, self.shape.clone(), self.dtype, self.category())?;
+        let mut t = Tensor::empty(backend, self.shape.clone(), self.dtype, self.tag())?;
         backend.upload(&host, &mut t)?;
         Ok(t)
     }
 
-    /// A deep copy on the same backend, with the same category (a fresh buffer that in-place
-    /// ops may overwrite).
+    /// A deep copy on the same backend, with the same category and role, named in the current
+    /// scope (a fresh buffer that in-place ops may overwrite).
     ///
     /// # Errors
     /// Allocation or copy errors.
     pub fn duplicate(&self) -> Result<Tensor, TensorError> {
-        let mut t = Tensor::empty(
-            &self.backend,
-            self.shape.clone(),
-            self.dtype,
-            self.category(),
-        )?;
+        let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, self.tag())?;
         self.backend.copy(self, &mut t)?;
         Ok(t)
+    }
+
+    /// This handle if it is the only one to its buffer, else a [`Tensor::duplicate`]: what an
+    /// in-place op needs. Either way the buffer now plays `role` in the current scope
+    /// ([`Tensor::note_role`]; a duplicate is made with that role).
+    ///
+    /// # Errors
+    /// As [`Tensor::duplicate`].
+    pub fn into_unique_as(self, role: &'static str) -> Result<Tensor, TensorError> {
+        if self.is_unique() {
+            self.note_role(role);
+            Ok(self)
+        } else {
+            let tag = Tag::new(self.category(), role);
+            let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, tag)?;
+            self.backend.copy(&self, &mut t)?;
+            Ok(t)
+        }
     }
 
     /// This handle if it is the only one to its buffer, else a [`Tensor::duplicate`]: what an
@@ -209,6 +225,23 @@ impl Tensor {
     /// The allocator category the buffer is accounted under.
     pub fn category(&self) -> Category {
         self.buf.category()
+    }
+
+    /// The buffer's name: the scope it was allocated in and its role (`2.conv/output`).
+    pub fn name(&self) -> &Name {
+        self.buf.name()
+    }
+
+    /// The buffer's category and first role.
+    pub fn tag(&self) -> Tag {
+        Tag::new(self.category(), self.name().role())
+    }
+
+    /// Records that the buffer now plays `role` in the allocator's current scope (written over
+    /// in place: a ReLU on its input, a gradient over a dead activation); see
+    /// [`stax_alloc::Allocation::note_role`].
+    pub fn note_role(&self, role: &'static str) {
+        self.buf.note_role(role);
     }
 
     /// The backend that owns the buffer.

@@ -61,6 +61,13 @@ impl Path {
         Path(keys)
     }
 
+    /// This path followed by `rest` (a path relative to it).
+    pub fn join(&self, rest: &Path) -> Path {
+        let mut keys = self.0.clone();
+        keys.extend(rest.0.iter().copied());
+        Path(keys)
+    }
+
     /// The keys, outermost first.
     pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.0.iter().map(|(k, _)| *k)

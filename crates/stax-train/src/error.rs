@@ -327,3 +327,15 @@ impl std::fmt::Display for NonFiniteKind {
         })
     }
 }
+
+impl TrainError {
+    /// The allocator's diagnosis inside, if this error is (or wraps) an out-of-memory.
+    pub fn oom(&self) -> Option<&stax_alloc::OomReport> {
+        match self {
+            TrainError::Tensor(t) => t.oom(),
+            TrainError::Layer(l) => l.tensor()?.oom(),
+            TrainError::Optim(o) => o.tensor()?.oom(),
+            _ => None,
+        }
+    }
+}

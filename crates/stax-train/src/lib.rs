@@ -8,6 +8,7 @@ pub mod plan;
 pub mod prefetch;
 pub mod report;
 pub mod staging;
+pub mod step;
 pub mod trainer;
 
 pub use error::TrainError;
@@ -16,5 +17,6 @@ pub use prefetch::Prefetcher;
 pub use report::{
     CategoryBytes, EvalReport, HostReport, MemoryReport, PoolReport, StepOom, StepReport,
 };
-pub use staging::{HostBatch, HostStaging};
-pub use trainer::{Phase, Trainer, place_batch, summarize};
+pub use staging::{HostBatch, HostStaging, Layout};
+pub use step::Phase;
+pub use trainer::{Trainer, place_batch, summarize};

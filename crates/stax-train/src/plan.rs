@@ -3,8 +3,8 @@
 //! anything runs, from the model, the batch shape, the optimizer and the target backend.
 //!
 //! The plan is exact by construction: it is a dry run of the real step code
-//! (`apply`, `softmax_cross_entropy`, `vjp`, `Adam::update`, the same function
-//! [`crate::Trainer::step`] runs) on a planning backend that allocates from an allocator over
+//! (`apply`, the loss, `vjp`, the optimizer's update: the same function
+//! [`crate::Trainer::step`] runs, [`crate::step`]) on a planning backend that allocates from an allocator over
 //! simulated memory and computes nothing, asking the target backend what workspace each op
 //! allocates, block by block ([`stax_tensor::Backend::workspace_schedule`]). So no byte is
 //! counted that the step would not allocate, none is missed, and nothing large is allocated:
@@ -13,6 +13,8 @@
 //! Step events are the allocator's allocations and frees during the step (after the batch is
 //! placed), numbered from 0; a buffer lives from its allocation event to its free event.
 //! Persistent buffers (parameters, Adam's moments, the placed batch) live across the step.
+//! Every buffer is named by the allocation itself (its scope and role, `2.conv/output`: see
+//! [`stax_alloc::Name`]); a buffer written over in place lists its later roles.
 //!
 //! ```
 //! use stax_train::plan::MemoryPlan;
@@ -22,7 +24,8 @@
 //! let cpu = Device::Cpu.open(&BackendOptions::default())?;
 //! let model = serial![Conv::same(8, (3, 3)), Relu, Flatten, Dense(2)];
 //! let plan = MemoryPlan::new(&model, &Shape::new([4, 6, 6, 3]), &Adam::new(1e-3), &cpu)?;
-//! let conv = plan.buffers.iter().find(|b| b.name == "conv1.output").unwrap();
+//! let conv = plan.buffers.iter().find(|b| b.name == "0.conv/output").unwrap();
+//! assert_eq!(conv.reused_as, ["1.relu/output", "3.dense/dx", "1.relu/dx"]);
 //! assert_eq!(conv.bytes, 4 * 6 * 6 * 8 * 4);
 //! assert_eq!(conv.category, Category::Activation);
 //! // parameters + Adam's m and v + the batch live across the step; the peak is above them
@@ -33,7 +36,7 @@
 //! ```
 
 mod backend;
-mod fit;
+pub(crate) mod fit;
 mod table;
 mod timeline;
 
@@ -41,27 +44,28 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
-use stax_alloc::{Category, Trace, TraceOp};
-use stax_layers::Layer;
-use stax_optim::{Adam, Optimizer};
-use stax_tensor::{Backend, DType, Device, Shape, Tensor};
+use stax_alloc::{Category, Mark, Trace, TraceOp};
+use stax_layers::{Layer, Loss, ParamSource, SoftmaxCrossEntropy, init_params};
+use stax_optim::Optimizer;
+use stax_tensor::{Backend, DType, Device, Shape, Tensor, Tree};
 
 use crate::TrainError;
-use crate::trainer::{Phase, check_input_shape, run_step};
-use backend::{Label, PlanBackend};
+use crate::staging::input_tensors;
+use crate::step::{Parts, Phase, check_input_shape, output_shape, run_step};
+use backend::PlanBackend;
 pub(crate) use fit::AllocatorModel;
 pub use fit::{MAX_BATCH, default_budget, max_batch_that_fits};
-use timeline::Expected;
 pub use timeline::{NamedTrace, Peak, Timeline, TimelineEvent};
 
 /// One buffer of the plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlannedBuffer {
-    /// Readable name: `conv2.output`, `relu1.mask`, `dense1.dw`, `conv2.workspace`,
-    /// `conv1.w.m` (Adam's first moment of `conv1.w`), `input.images`.
+    /// Its name, the path and role it was allocated with: `2.conv/output`, `1.relu/mask`,
+    /// `5.dense/dw`, `2.conv/workspace`, `0.conv/w/mu` (Adam's first moment of `0.conv/w`),
+    /// `input/images`.
     pub name: String,
-    /// Later roles of the same buffer (a gradient written over a dead activation, ReLU in
-    /// place), in order.
+    /// Later roles of the same buffer (a gradient written over a dead activation, an
+    /// activation in place), in order.
     pub reused_as: Vec<String>,
     /// Shape, for tensors (None for workspace).
     #[serde(serialize_with = "dims")]
@@ -103,17 +107,17 @@ pub enum Feed {
 /// The memory plan of one training step (see the module docs). All sizes are bytes.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
-    /// The model's name.
+    /// The model, described.
     pub model: String,
     /// How batches reach the step.
     pub feed: Feed,
     /// The device planned for.
     #[serde(serialize_with = "device")]
     pub device: Device,
-    /// Input batch shape, NHWC.
+    /// Input batch shape.
     #[serde(serialize_with = "shape")]
     pub input: Shape,
-    /// One-hot labels shape `[n, classes]`.
+    /// Labels shape (one-hot `[n, classes]` for softmax cross-entropy).
     #[serde(serialize_with = "shape")]
     pub labels: Shape,
     /// Persistent buffers (in allocation order), then the step's (in allocation order).
@@ -129,10 +133,6 @@ pub struct MemoryPlan {
     #[serde(skip)]
     pub(crate) trace: Trace,
     #[serde(skip)]
-    pub(crate) setup: Vec<Expected>,
-    #[serde(skip)]
-    pub(crate) cycle: Vec<Expected>,
-    #[serde(skip)]
     pub(crate) allocator: AllocatorModel,
 }
 
@@ -144,69 +144,80 @@ fn shape<S: serde::Serializer>(sh: &Shape, s: S) -> Result<S::Ok, S::Error> {
     sh.dims().serialize(s)
 }
 
-/// Event indices of the dry run (into the planning trace).
-struct Marks {
-    setup_end: usize,
-    cycle_start: usize,
-    step_start: usize,
-    step_end: usize,
-}
-
 impl MemoryPlan {
-    /// Plans one step of `model` on batches of shape `input` (NHWC, batch first) with `adam`,
-    /// for `target` (whose workspace sizes and allocator are used), each batch placed before
-    /// its step ([`Feed::Placed`]). Nothing is allocated on `target`.
+    /// Plans one step of `model` with softmax cross-entropy on batches of shape `input`
+    /// (batch first) with `opt`, for `target` (whose workspace sizes and allocator are used),
+    /// each batch placed before its step ([`Feed::Placed`]). Nothing is allocated on `target`.
     ///
     /// # Errors
     /// Shape errors (before anything else); [`stax_tensor::TensorError`]s when the target
     /// cannot size an op's workspace.
-    pub fn new<L: Layer + ?Sized>(
+    pub fn new<L: Layer, O: Optimizer>(
         model: &L,
         input: &Shape,
-        adam: &Adam,
+        opt: &O,
         target: &Arc<dyn Backend>,
     ) -> Result<MemoryPlan, TrainError> {
-        MemoryPlan::with_feed(model, input, adam, target, Feed::Placed)
+        MemoryPlan::with_feed(model, input, opt, target, Feed::Placed)
     }
 
     /// As [`MemoryPlan::new`], for batches fed as `feed` says.
     ///
     /// # Errors
     /// As [`MemoryPlan::new`].
-    pub fn with_feed<L: Layer + ?Sized>(
+    pub fn with_feed<L: Layer, O: Optimizer>(
         model: &L,
         input: &Shape,
-        adam: &Adam,
+        opt: &O,
+        target: &Arc<dyn Backend>,
+        feed: Feed,
+    ) -> Result<MemoryPlan, TrainError> {
+        MemoryPlan::with_loss(model, input, opt, &SoftmaxCrossEntropy, target, feed)
+    }
+
+    /// As [`MemoryPlan::with_feed`], with the loss `loss`.
+    ///
+    /// # Errors
+    /// As [`MemoryPlan::new`].
+    pub fn with_loss<L: Layer, O: Optimizer, F: Loss>(
+        model: &L,
+        input: &Shape,
+        opt: &O,
+        loss: &F,
+        target: &Arc<dyn Backend>,
+        feed: Feed,
+    ) -> Result<MemoryPlan, TrainError> {
+        let parts = Parts { model, loss, opt };
+        MemoryPlan::of(parts, input, target, feed)
+    }
+
+    /// The plan of a step of `parts` (see [`MemoryPlan::new`]).
+    pub(crate) fn of(
+        parts: Parts<'_>,
+        input: &Shape,
         target: &Arc<dyn Backend>,
         feed: Feed,
     ) -> Result<MemoryPlan, TrainError> {
         check_input_shape(input)?;
-        let labels = model.output_shape(input)?;
+        let labels = parts.loss.labels_shape(&output_shape(parts.model, input)?);
         let pb = PlanBackend::new(target)?;
         let be: Arc<dyn Backend> = pb.clone();
-        let (_, mut params) = model.init_empty(input, &be)?;
-        let mut state = adam.init(&params)?;
+        let source = ParamSource::Empty;
+        let (_, mut params) = init_params(parts.model, &Tree::leaf(input.clone()), &be, source)?;
+        let mut state = parts.opt.init(&params)?;
         let place = || -> Result<(Tensor, Tensor), TrainError> {
-            let x = Tensor::empty(&be, input.clone(), DType::F32, Category::Input)?;
-            let y = Tensor::empty(&be, labels.clone(), DType::F32, Category::Input)?;
-            pb.label(&x, "input.images");
-            pb.label(&y, "input.labels");
-            Ok((x, y))
+            Ok(input_tensors(&be, input.clone(), labels.clone())?)
         };
         // The loop as the trainer runs it. Placed: [place k, step k] per iteration. Prefetched:
         // place 1 once (part of the set-up), then [place k + 1, step k].
-        let mut setup_end = pb.events();
         let (x, y) = place()?;
-        let mut next = None;
-        if feed == Feed::Prefetched {
-            setup_end = pb.events();
-            next = Some(place()?);
-        }
-        pb.begin_step();
+        let mut next = match feed {
+            Feed::Prefetched => Some(place()?),
+            Feed::Placed => None,
+        };
         let no_hook = &mut |_: Phase| {};
-        run_step(model, &mut params, adam, &mut state, (&x, &y), 1, no_hook)?;
+        run_step(parts, &mut params, &mut state, (&x, &y), 1, no_hook)?;
         drop((x, y));
-        let cycle_start = pb.events();
         let (x, y) = match next.take() {
             Some(batch) => {
                 next = Some(place()?);
@@ -215,29 +226,23 @@ impl MemoryPlan {
             None => place()?,
         };
         let step_start = pb.events();
-        pb.begin_step();
         let mut phases = Vec::new();
         let hook = &mut |p: Phase| phases.push((p, pb.events() - step_start));
-        run_step(model, &mut params, adam, &mut state, (&x, &y), 2, hook)?;
+        run_step(parts, &mut params, &mut state, (&x, &y), 2, hook)?;
         let step_end = pb.events();
-        let (mut trace, labels_by_addr) = pb.finish();
+        let mut trace = pb.finish();
         drop((x, y, next, params, state, be));
         trace.events.truncate(step_end);
-        let marks = Marks {
-            setup_end,
-            cycle_start,
-            step_start,
-            step_end,
-        };
-        Ok(assemble(
-            (model.name(), feed),
+        trace.marks.retain(|m| mark_at(m) <= step_end);
+        let planned = Planned {
+            model: parts.model.describe(),
+            feed,
             target,
-            (input.clone(), labels),
-            trace,
-            &labels_by_addr,
-            &marks,
+            shapes: (input.clone(), labels),
             phases,
-        ))
+            steps: step_start..step_end,
+        };
+        Ok(planned.assemble(trace))
     }
 
     /// The dry run's allocations and frees, from the trainer's set-up to the end of the planned
@@ -256,6 +261,12 @@ impl MemoryPlan {
     /// [`Feed::Prefetched`]).
     pub fn persistent_bytes(&self) -> u64 {
         self.timeline.baseline.iter().sum()
+    }
+
+    /// Bytes of the parameters and the optimizer's state.
+    pub fn state_bytes(&self) -> u64 {
+        let b = &self.timeline.baseline;
+        b[Category::Parameter.index()] + b[Category::OptimizerState.index()]
     }
 
     /// The buffer allocated at step event `event`, if that event is an allocation.
@@ -278,124 +289,112 @@ impl MemoryPlan {
             .iter()
             .reduce(|a, b| if b.bytes > a.bytes { b } else { a })
     }
+}
 
-    /// Names the events of a trace recorded from the start of training with this plan's
-    /// batch size (trainer set-up, then placement and step per iteration), on any backend:
-    /// see [`NamedTrace`].
-    pub fn name_trace(&self, trace: &Trace) -> NamedTrace {
-        timeline::name_trace(trace, &self.setup, &self.cycle)
+fn mark_at(m: &Mark) -> usize {
+    match m {
+        Mark::Step { at, .. } | Mark::Role { at, .. } => *at,
     }
 }
 
-/// Builds the plan from the dry run's trace and names.
-fn assemble(
-    (model, feed): (String, Feed),
-    target: &Arc<dyn Backend>,
-    (input, labels): (Shape, Shape),
-    trace: Trace,
-    names: &HashMap<u64, Label>,
-    marks: &Marks,
+/// What the dry run knows besides its trace.
+struct Planned<'a> {
+    model: String,
+    feed: Feed,
+    target: &'a Arc<dyn Backend>,
+    shapes: (Shape, Shape),
     phases: Vec<(Phase, usize)>,
-) -> MemoryPlan {
-    let events = &trace.events;
-    let mut addr_of: HashMap<u64, u64> = HashMap::new();
-    for e in events.iter().filter(|e| e.op == TraceOp::Alloc) {
-        addr_of.insert(e.id, e.addr);
-    }
-    let label = |id: u64| addr_of.get(&id).and_then(|a| names.get(a));
-    let name = |id: u64, category: Category| match label(id) {
-        Some(l) => l.name.clone(),
-        None => format!("{category}#{id}"),
-    };
-    let expected = |range: std::ops::Range<usize>| -> Vec<Expected> {
-        events[range]
-            .iter()
-            .filter(|e| e.op == TraceOp::Alloc)
-            .map(|e| Expected {
-                category: e.category,
-                bytes: e.bytes,
-                name: name(e.id, e.category),
-            })
-            .collect()
-    };
-    let (start, end) = (marks.step_start, marks.step_end);
-    // Buffers live when the step starts, and the bytes they hold per category.
-    let mut live: Vec<u64> = Vec::new();
-    let mut baseline = [0u64; 7];
-    let mut freed: HashSet<u64> = HashSet::new();
-    for e in events[..start].iter().rev() {
-        match e.op {
-            TraceOp::Free => {
-                freed.insert(e.id);
+    /// The planned step's events in the trace.
+    steps: std::ops::Range<usize>,
+}
+
+impl Planned<'_> {
+    /// Builds the plan from the dry run's trace: buffers, timeline and peak.
+    fn assemble(self, trace: Trace) -> MemoryPlan {
+        let events = &trace.events;
+        let (start, end) = (self.steps.start, self.steps.end);
+        let mut roles: HashMap<u64, Vec<String>> = HashMap::new();
+        for m in &trace.marks {
+            if let Mark::Role { id, name, .. } = m {
+                roles.entry(*id).or_default().push(name.clone());
             }
-            TraceOp::Alloc if !freed.contains(&e.id) => {
-                live.push(e.id);
-                baseline[e.category.index()] += e.bytes;
-            }
-            TraceOp::Alloc => {}
         }
-    }
-    live.reverse();
-    let free_at: HashMap<u64, usize> = events[start..end]
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.op == TraceOp::Free)
-        .map(|(i, e)| (e.id, i))
-        .collect();
-    let alloc_event = |id: u64| events.iter().find(|e| e.id == id && e.op == TraceOp::Alloc);
-    let step_allocs = events[start..end]
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.op == TraceOp::Alloc)
-        .map(|(i, e)| (e.id, Some(i)));
-    let buffers = live
-        .iter()
-        .map(|&id| (id, None))
-        .chain(step_allocs)
-        .filter_map(|(id, alloc)| {
-            let e = alloc_event(id)?;
-            let l = label(id);
-            Some(PlannedBuffer {
-                name: name(id, e.category),
-                reused_as: l.map(|l| l.reused_as.clone()).unwrap_or_default(),
-                shape: l.and_then(|l| l.shape.clone()),
-                dtype: l.and_then(|l| l.dtype),
-                bytes: e.bytes,
-                category: e.category,
-                alloc,
-                free: free_at.get(&id).copied(),
-            })
-        })
-        .collect();
-    let timeline = Timeline {
-        baseline,
-        events: events[start..end]
+        // Buffers live when the step starts, and the bytes they hold per category.
+        let mut live: Vec<u64> = Vec::new();
+        let mut baseline = [0u64; 7];
+        let mut freed: HashSet<u64> = HashSet::new();
+        for e in events[..start].iter().rev() {
+            match e.op {
+                TraceOp::Free => {
+                    freed.insert(e.id);
+                }
+                TraceOp::Alloc if !freed.contains(&e.id) => {
+                    live.push(e.id);
+                    baseline[e.category.index()] += e.bytes;
+                }
+                TraceOp::Alloc => {}
+            }
+        }
+        live.reverse();
+        let step = &events[start..end];
+        let free_at: HashMap<u64, usize> = step
             .iter()
             .enumerate()
-            .map(|(i, e)| TimelineEvent {
-                op: e.op,
-                id: e.id,
-                bytes: e.bytes,
-                category: e.category,
-                name: name(e.id, e.category),
-                t_ns: i as u64 * 1000,
+            .filter(|(_, e)| e.op == TraceOp::Free)
+            .map(|(i, e)| (e.id, i))
+            .collect();
+        let alloc_event = |id: u64| events.iter().find(|e| e.id == id && e.op == TraceOp::Alloc);
+        let step_allocs = step
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.op == TraceOp::Alloc)
+            .map(|(i, e)| (e.id, Some(i)));
+        let buffers = live
+            .iter()
+            .map(|&id| (id, None))
+            .chain(step_allocs)
+            .filter_map(|(id, alloc)| {
+                let e = alloc_event(id)?;
+                let name = timeline::event_name(e);
+                let mut reused: Vec<String> = Vec::new();
+                for r in roles.get(&id).into_iter().flatten() {
+                    if *r != name && !reused.contains(r) {
+                        reused.push(r.clone());
+                    }
+                }
+                Some(PlannedBuffer {
+                    reused_as: reused,
+                    shape: e.shape.clone().map(Shape::new),
+                    dtype: e.dtype.as_deref().and_then(|d| d.parse().ok()),
+                    bytes: e.bytes,
+                    category: e.category,
+                    alloc,
+                    free: free_at.get(&id).copied(),
+                    name,
+                })
             })
-            .collect(),
-    };
-    let peak = timeline.peak();
-    MemoryPlan {
-        model,
-        feed,
-        device: target.device(),
-        input,
-        labels,
-        buffers,
-        peak,
-        phases,
-        setup: expected(0..marks.setup_end),
-        cycle: expected(marks.cycle_start..end),
-        allocator: AllocatorModel::of(target.allocator()),
-        timeline,
-        trace,
+            .collect();
+        let timeline = Timeline {
+            baseline,
+            events: step
+                .iter()
+                .enumerate()
+                .map(|(i, e)| TimelineEvent::of(e, i as u64 * 1000))
+                .collect(),
+        };
+        let peak = timeline.peak();
+        MemoryPlan {
+            model: self.model,
+            feed: self.feed,
+            device: self.target.device(),
+            input: self.shapes.0,
+            labels: self.shapes.1,
+            buffers,
+            peak,
+            phases: self.phases,
+            allocator: AllocatorModel::of(self.target.allocator()),
+            timeline,
+            trace,
+        }
     }
 }

@@ -32,13 +32,14 @@
 
 use std::sync::Arc;
 
-use stax_layers::Layer;
+use stax_layers::{Layer, Loss};
+use stax_optim::Optimizer;
 use stax_tensor::{Backend, Upload};
 
 use crate::data::Dataset;
 use crate::plan::Feed;
 use crate::report::StepReport;
-use crate::staging::{HostBatch, HostStaging};
+use crate::staging::{HostBatch, HostStaging, Layout};
 use crate::{TrainError, Trainer};
 
 /// The batches of a prefetched loop (see the module docs), made by [`Trainer::prefetch`].
@@ -47,7 +48,7 @@ pub struct Prefetcher<'d> {
     batches: Box<dyn Iterator<Item = Vec<usize>> + 'd>,
     staging: HostStaging,
     backend: Arc<dyn Backend>,
-    hwc: (usize, usize, usize),
+    input: stax_tensor::Shape,
     /// The next batch, placed (its copy may be running).
     placed: Option<(Upload, Upload)>,
     /// The batch after it, gathered on the host (or the error gathering it gave).
@@ -57,7 +58,7 @@ pub struct Prefetcher<'d> {
 impl std::fmt::Debug for Prefetcher<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prefetcher")
-            .field("hwc", &self.hwc)
+            .field("input", &self.input)
             .field("placed", &self.placed)
             .field("gathered", &self.gathered)
             .finish_non_exhaustive()
@@ -68,9 +69,13 @@ impl Prefetcher<'_> {
     /// Gathers the iterator's next batch on the host; None at the end.
     fn gather_next(&mut self) -> Option<Result<HostBatch, TrainError>> {
         let indices = self.batches.next()?;
+        let layout = match Layout::for_input(&self.input, self.dataset) {
+            Ok(l) => l,
+            Err(e) => return Some(Err(e)),
+        };
         Some(
             self.staging
-                .gather(&self.backend, self.dataset, &indices, self.hwc),
+                .gather(&self.backend, self.dataset, &indices, layout),
         )
     }
 
@@ -87,7 +92,7 @@ impl Prefetcher<'_> {
     }
 }
 
-impl<L: Layer> Trainer<L> {
+impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// A prefetched loop over `batches` (example indices of `dataset`, one `Vec` per step) for
     /// [`Trainer::step_prefetched`]. From now on this trainer's plans count the prefetched
     /// batch ([`Feed::Prefetched`]). Nothing is gathered until the first step.
@@ -97,13 +102,12 @@ impl<L: Layer> Trainer<L> {
         batches: impl IntoIterator<Item = Vec<usize>> + 'd,
     ) -> Prefetcher<'d> {
         self.set_feed(Feed::Prefetched);
-        let d = self.input_shape().dims();
         Prefetcher {
             dataset,
             batches: Box::new(batches.into_iter()),
             staging: self.staging().clone(),
             backend: self.backend().clone(),
-            hwc: (d[1], d[2], d[3]),
+            input: self.input_shape().clone(),
             placed: None,
             gathered: None,
         }

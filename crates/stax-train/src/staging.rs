@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use stax_alloc::{Allocation, Allocator, Category, HostMemory, Strategy};
+use stax_alloc::{Allocation, Allocator, Category, HostMemory, Strategy, Tag};
 use stax_tensor::{Backend, DType, Shape, Tensor, TensorError, Upload};
 
 use crate::TrainError;
@@ -35,7 +35,64 @@ pub struct HostStaging {
     allocator: Arc<Allocator>,
 }
 
-/// A batch gathered in host memory (images NHWC `[n, h, w, c]`, one-hot labels `[n, k]`,
+/// How a model's input takes a data set's images: NHWC `[n, h, w, c]` (resized to `h x w`,
+/// gray replicated to `c` channels), or flattened to `[n, h * w * c]` features (an MLP's
+/// input, stax's `(-1, 28 * 28)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Image height, width and channels.
+    pub hwc: (usize, usize, usize),
+    /// Whether each example is flattened to one feature axis.
+    pub flat: bool,
+}
+
+impl From<(usize, usize, usize)> for Layout {
+    /// NHWC images of this size.
+    fn from(hwc: (usize, usize, usize)) -> Layout {
+        Layout { hwc, flat: false }
+    }
+}
+
+impl Layout {
+    /// The layout of a model input `input` (`[n, h, w, c]`, or `[n, features]` where
+    /// `features` is `h * w * c` for the data set's stored `h x w` and `c` its channels or 3).
+    ///
+    /// # Errors
+    /// [`TrainError::BatchShape`] for any other input shape.
+    pub fn for_input(input: &Shape, dataset: &Dataset) -> Result<Layout, TrainError> {
+        let (h, w, c0) = dataset.image_shape();
+        match *input.dims() {
+            [_, h, w, c] => Ok(Layout::from((h, w, c))),
+            [_, f] if f % (h * w).max(1) == 0 && [c0, 3].contains(&(f / (h * w).max(1))) => {
+                Ok(Layout {
+                    hwc: (h, w, f / (h * w)),
+                    flat: true,
+                })
+            }
+            _ => Err(TrainError::BatchShape {
+                what: "model input",
+                expected: format!(
+                    "[n, h, w, c] images or [n, {}] (or [n, {}]) features of the {h}x{w}x{c0} data",
+                    h * w * c0,
+                    h * w * 3
+                ),
+                got: input.clone(),
+            }),
+        }
+    }
+
+    /// The shape of a batch of `n` examples.
+    pub fn shape(&self, n: usize) -> Shape {
+        let (h, w, c) = self.hwc;
+        if self.flat {
+            Shape::new([n, h * w * c])
+        } else {
+            Shape::new([n, h, w, c])
+        }
+    }
+}
+
+/// A batch gathered in host memory (images as its [`Layout`] says, one-hot labels `[n, k]`,
 /// f32), ready to be placed on a device ([`HostBatch::upload`]).
 #[derive(Debug)]
 pub struct HostBatch {
@@ -50,20 +107,35 @@ impl HostBatch {
         (&self.shapes.0, &self.shapes.1)
     }
 
-    /// Starts placing the batch on `backend` (tagged [`Category::Input`]): the copies run
-    /// asynchronously where the backend can ([`Backend::upload_async`]); wait on the two
-    /// uploads before using the tensors.
+    /// Starts placing the batch on `backend` (tagged [`Category::Input`], named
+    /// `input/images` and `input/labels`): the copies run asynchronously where the backend
+    /// can ([`Backend::upload_async`]); wait on the two uploads before using the tensors.
     ///
     /// # Errors
     /// Allocation and copy errors.
     pub fn upload(self, backend: &Arc<dyn Backend>) -> Result<(Upload, Upload), TrainError> {
         let (xs, ys) = self.shapes;
-        let x = Tensor::empty(backend, xs, DType::F32, Category::Input)?;
-        let y = Tensor::empty(backend, ys, DType::F32, Category::Input)?;
+        let (x, y) = input_tensors(backend, xs, ys)?;
         let x = backend.upload_async(self.images, x)?;
         let y = backend.upload_async(self.labels, y)?;
         Ok((x, y))
     }
+}
+
+/// The device tensors a batch is placed in: images `xs` and labels `ys`, f32, tagged
+/// [`Category::Input`] and named `input/images` and `input/labels` (contents unspecified).
+///
+/// # Errors
+/// Allocation errors.
+pub(crate) fn input_tensors(
+    backend: &Arc<dyn Backend>,
+    xs: Shape,
+    ys: Shape,
+) -> Result<(Tensor, Tensor), TensorError> {
+    let _scope = backend.allocator().scope("input");
+    let x = Tensor::empty(backend, xs, DType::F32, Tag::new(Category::Input, "images"))?;
+    let y = Tensor::empty(backend, ys, DType::F32, Tag::new(Category::Input, "labels"))?;
+    Ok((x, y))
 }
 
 /// A host buffer for `len` f32 from `allocator`.
@@ -111,9 +183,9 @@ impl HostStaging {
         &self.allocator
     }
 
-    /// Gathers the examples `indices` of `dataset` into host buffers (resized to `hwc`,
-    /// labels one-hot) for `backend`: pinned memory from [`Backend::staging_allocator`] when
-    /// it has one, else this staging's pageable allocator.
+    /// Gathers the examples `indices` of `dataset` into host buffers (as `layout` says: an
+    /// `(h, w, c)` tuple for NHWC images; labels one-hot) for `backend`: pinned memory from
+    /// [`Backend::staging_allocator`] when it has one, else this staging's pageable allocator.
     ///
     /// # Errors
     /// [`TrainError::ZeroBatchSize`] for no indices; data errors from
@@ -123,9 +195,10 @@ impl HostStaging {
         backend: &Arc<dyn Backend>,
         dataset: &Dataset,
         indices: &[usize],
-        hwc: (usize, usize, usize),
+        layout: impl Into<Layout>,
     ) -> Result<HostBatch, TrainError> {
-        let (h, w, c) = hwc;
+        let layout = layout.into();
+        let hwc @ (h, w, c) = layout.hwc;
         let (n, k) = (indices.len(), dataset.num_classes());
         if n == 0 {
             return Err(TrainError::ZeroBatchSize { op: "gather" });
@@ -140,7 +213,7 @@ impl HostStaging {
             as_f32(&mut images)?,
             as_f32(&mut labels)?,
         )?;
-        let shapes = (Shape::new([n, h, w, c]), Shape::new([n, k]));
+        let shapes = (layout.shape(n), Shape::new([n, k]));
         Ok(HostBatch {
             images,
             labels,
@@ -149,8 +222,9 @@ impl HostStaging {
     }
 
     /// Gathers the examples `indices` of `dataset` ([`HostStaging::gather`]) and places them
-    /// on `backend`, tagged [`Category::Input`]: images NHWC `[len, h, w, c]`, labels
-    /// `[len, num_classes]`. Returns once both are on the device.
+    /// on `backend`, tagged [`Category::Input`]: images as `layout` says (NHWC
+    /// `[len, h, w, c]` for an `(h, w, c)` tuple), labels `[len, num_classes]`. Returns once
+    /// both are on the device.
     ///
     /// # Errors
     /// Data errors from [`crate::data::loader::fill_batch`]; allocation and copy errors.
@@ -159,10 +233,10 @@ impl HostStaging {
         backend: &Arc<dyn Backend>,
         dataset: &Dataset,
         indices: &[usize],
-        hwc: (usize, usize, usize),
+        layout: impl Into<Layout>,
     ) -> Result<(Tensor, Tensor), TrainError> {
         let (x, y) = self
-            .gather(backend, dataset, indices, hwc)?
+            .gather(backend, dataset, indices, layout)?
             .upload(backend)?;
         Ok((x.wait()?, y.wait()?))
     }

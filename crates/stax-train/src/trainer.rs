@@ -1,161 +1,35 @@
-//! The training step: forward, loss, backward, Adam, with an exact memory report.
+//! The trainer: a model, its parameters and optimizer state on one backend, stepped with an
+//! exact memory report.
 //!
-//! The step's computation is one function, `run_step`, shared by [`Trainer::step`] and the
-//! memory plan's dry run ([`crate::plan::MemoryPlan`]), so the plan allocates exactly what the
-//! step does. The update runs last: a step that fails (out of memory, a non-finite loss)
-//! leaves parameters and optimizer state as the last finished step left them.
+//! The step's computation is [`crate::step`]'s, the same function the memory plan's dry run
+//! runs ([`crate::plan::MemoryPlan`]), so the plan allocates exactly what the step does.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use stax_layers::{Cx, Layer, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params};
+use stax_optim::{Adam, OptState, Optimizer};
+use stax_tensor::{Backend, Params, Shape, Tensor, Tree};
 
 use crate::TrainError;
 use crate::plan::{self, Feed, MemoryPlan};
 use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
-use crate::staging::HostStaging;
-use stax_alloc::{Allocator, Category, OomReport, TraceOp};
-use stax_layers::{Layer, LayerError, Params, Rng, StepContext, softmax_cross_entropy};
-use stax_optim::{Adam, OptState, OptimError, Optimizer};
-use stax_tensor::{Backend, Shape, Tensor, TensorError};
-use std::sync::Arc;
-use std::time::Instant;
+use crate::staging::{HostStaging, Layout};
+use crate::step::{Parts, check_input_shape, one_output, output_shape, run_step};
 
-/// The parts of a step, in order (the plan says in which one the peak falls).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// `apply` in training mode: activations and ReLU masks are saved.
-    Forward,
-    /// Softmax cross-entropy and its gradient.
-    Loss,
-    /// `vjp` through the model: parameter gradients; activation gradients over dead buffers.
-    Backward,
-    /// Adam, in place.
-    Update,
-}
-
-impl std::fmt::Display for Phase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            Phase::Forward => "forward",
-            Phase::Loss => "loss",
-            Phase::Backward => "backward",
-            Phase::Update => "update",
-        })
-    }
-}
-
-/// One training step's computation on placed tensors: forward, loss, backward, then (only if
-/// all of that worked and the loss is finite) Adam in place. `on_phase` is called as each
-/// [`Phase`] starts. Returns the loss. Every temporary is freed at its last use.
+/// A model, its parameters, loss and optimizer state on one backend.
 ///
-/// # Errors
-/// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors. On any
-/// error `params` and `state` are unchanged.
-pub(crate) fn run_step<L: Layer + ?Sized>(
-    model: &L,
-    params: &mut Params,
-    adam: &Adam,
-    state: &mut OptState,
-    batch: (&Tensor, &Tensor),
-    step: u64,
-    on_phase: &mut dyn FnMut(Phase),
-) -> Result<f32, TrainError> {
-    let (x, y) = batch;
-    on_phase(Phase::Forward);
-    let (loss, grads) = {
-        let mut cx = StepContext::training();
-        let logits = model.apply(params, x.clone(), &mut cx)?;
-        on_phase(Phase::Loss);
-        let (loss, dlogits) = softmax_cross_entropy(&logits, y)?;
-        drop(logits);
-        on_phase(Phase::Backward);
-        let (_, grads) = model.vjp(params, dlogits, &mut cx, false)?;
-        (loss, grads)
-    };
-    if !loss.is_finite() {
-        return Err(TrainError::NonFiniteLoss { step, loss });
-    }
-    on_phase(Phase::Update);
-    adam.update(state, &grads, params)?;
-    drop(grads);
-    Ok(loss)
-}
-
-/// Checks a model input shape: NHWC with every extent positive.
-pub(crate) fn check_input_shape(input: &Shape) -> Result<(), TrainError> {
-    if input.rank() != 4 || input.dims().contains(&0) {
-        return Err(TrainError::BatchShape {
-            what: "input shape",
-            expected: "NHWC [batch, height, width, channels], all positive".into(),
-            got: input.clone(),
-        });
-    }
-    Ok(())
-}
-
-/// The allocator's diagnosis inside an error, if the error is an out-of-memory.
-pub(crate) fn oom_of(e: &TrainError) -> Option<&OomReport> {
-    let t = match e {
-        TrainError::Tensor(t)
-        | TrainError::Layer(LayerError::Tensor(t))
-        | TrainError::Optim(OptimError::Tensor(t)) => t,
-        _ => return None,
-    };
-    match t {
-        TensorError::Alloc(stax_alloc::AllocError::OutOfMemory(r)) => Some(r),
-        _ => None,
-    }
-}
-
-/// Allocations the allocator has served, per category. (Frees are not counted: when a step
-/// fails, its temporaries are freed on the way out, before the error is seen.)
-fn allocations(a: &Allocator) -> [u64; 7] {
-    a.stats().by_category.map(|c| c.allocs)
-}
-
-/// The plan's name for the request that failed after `done[c]` allocations of each category
-/// `c` succeeded: the next planned allocation of its category. A failed workspace request is
-/// named after the layer of the last other allocation made (a first step's convolution
-/// algorithm search allocates workspace the plan does not hold, so workspace counts need not
-/// match).
-fn failed_buffer(plan: &MemoryPlan, request: &OomReport, done: [u64; 7]) -> Option<String> {
-    let allocs = || {
-        plan.timeline
-            .events
-            .iter()
-            .filter(|e| e.op == TraceOp::Alloc)
-    };
-    let ws = Category::Workspace;
-    if request.category == ws {
-        let others: u64 = Category::ALL
-            .iter()
-            .filter(|&&c| c != ws)
-            .map(|c| done[c.index()])
-            .sum();
-        let last = usize::try_from(others).ok()?.checked_sub(1);
-        let layer = match last {
-            Some(k) => allocs().filter(|e| e.category != ws).nth(k)?.name.clone(),
-            None => allocs().find(|e| e.category == ws)?.name.clone(),
-        };
-        let layer = layer.split('.').next().unwrap_or_default();
-        return Some(format!("{layer}.workspace"));
-    }
-    let k = usize::try_from(done[request.category.index()]).ok()?;
-    allocs()
-        .filter(|e| e.category == request.category)
-        .nth(k)
-        .filter(|e| e.bytes == request.requested)
-        .map(|e| e.name.clone())
-}
-
-/// A model, its parameters and Adam state on one backend.
-///
-/// The step is `value_and_grad` of `mean(softmax_cross_entropy(apply(params, x), y))` followed
-/// by the Adam update, as in the seed's JAX loop, but with parameters and moments updated in
-/// place (what `donate_argnums` buys in JAX) and every buffer freed at its last use.
+/// The step is `value_and_grad` of `loss(apply(params, x), y)` followed by the optimizer's
+/// update, as in the seed's JAX loop, but with parameters and state updated in place (what
+/// `donate_argnums` buys in JAX) and every buffer freed at its last use. Inputs are any
+/// `[batch, ...]` shape: NHWC images for a CNN, `[batch, features]` for an MLP.
 #[derive(Debug)]
-pub struct Trainer<L: Layer> {
+pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy> {
     model: L,
     params: Params,
-    adam: Adam,
+    opt: O,
     state: OptState,
+    loss: F,
     backend: Arc<dyn Backend>,
     input: Shape,
     steps: u64,
@@ -163,46 +37,71 @@ pub struct Trainer<L: Layer> {
     feed: Feed,
 }
 
-impl<L: Layer> Trainer<L> {
-    /// Initializes parameters (stax's `init_fun` with `Rng::new(seed)`) for inputs of shape
-    /// `input` (NHWC with the batch axis) and Adam's state, on `backend`.
+impl<L: Layer, O: Optimizer> Trainer<L, O> {
+    /// [`Trainer::with_loss`] with softmax cross-entropy, the seed's loss.
     ///
     /// # Errors
-    /// Shape errors before any allocation; [`TrainError::InitOutOfMemory`] when the parameters
-    /// and Adam's moments do not fit.
+    /// As [`Trainer::with_loss`].
     pub fn new(
         model: L,
         input: Shape,
-        adam: Adam,
+        opt: O,
+        backend: &Arc<dyn Backend>,
+        seed: u64,
+    ) -> Result<Self, TrainError> {
+        Trainer::with_loss(model, input, opt, SoftmaxCrossEntropy, backend, seed)
+    }
+}
+
+impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
+    /// Initializes parameters (stax's `init_fun` with `Rng::new(seed)`) for inputs of shape
+    /// `input` (`[batch, ...]`), and the optimizer's state, on `backend`.
+    ///
+    /// # Errors
+    /// Shape errors before any allocation; [`TrainError::InitOutOfMemory`] when the parameters
+    /// and the optimizer's state do not fit.
+    pub fn with_loss(
+        model: L,
+        input: Shape,
+        opt: O,
+        loss: F,
         backend: &Arc<dyn Backend>,
         seed: u64,
     ) -> Result<Self, TrainError> {
         check_input_shape(&input)?;
-        let explain = |e: TrainError| match oom_of(&e) {
+        output_shape(&model, &input)?;
+        let explain = |e: TrainError| match e.oom() {
             Some(request) => TrainError::InitOutOfMemory {
-                state_bytes: MemoryPlan::new(&model, &input, &adam, backend).map_or(0, |p| {
-                    let b = p.timeline.baseline;
-                    b[Category::Parameter.index()] + b[Category::OptimizerState.index()]
-                }),
+                state_bytes: MemoryPlan::new(&model, &input, &opt, backend)
+                    .map_or(0, |p| p.state_bytes()),
                 request: Box::new(request.clone()),
             },
             None => e,
         };
-        let (_, params) = model
-            .init(&mut Rng::new(seed), &input, backend)
+        let source = ParamSource::Random(&mut Rng::new(seed));
+        let (_, params) = init_params(&model, &Tree::leaf(input.clone()), backend, source)
             .map_err(|e| explain(e.into()))?;
-        let state = adam.init(&params).map_err(|e| explain(e.into()))?;
+        let state = opt.init(&params).map_err(|e| explain(e.into()))?;
         Ok(Trainer {
             model,
             params,
-            adam,
+            opt,
             state,
+            loss,
             backend: backend.clone(),
             input,
             steps: 0,
             staging: HostStaging::new()?,
             feed: Feed::Placed,
         })
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            model: &self.model,
+            loss: &self.loss,
+            opt: &self.opt,
+        }
     }
 
     /// The model.
@@ -215,9 +114,14 @@ impl<L: Layer> Trainer<L> {
         &self.params
     }
 
-    /// Current Adam state.
+    /// Current optimizer state.
     pub fn state(&self) -> &OptState {
         &self.state
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &O {
+        &self.opt
     }
 
     /// The backend everything lives on.
@@ -230,37 +134,45 @@ impl<L: Layer> Trainer<L> {
         self.steps
     }
 
-    fn check_batch(&self, x: &Tensor, y: &Tensor) -> Result<Shape, TrainError> {
+    /// The input shape `[batch, ...]` the trainer was built for.
+    pub fn input_shape(&self) -> &Shape {
+        &self.input
+    }
+
+    fn check_batch(&self, x: &Tensor, y: &Tensor) -> Result<(), TrainError> {
         let want = &self.input.dims()[1..];
         if x.dims().first().is_none_or(|&n| n == 0) || &x.dims()[1..] != want {
             return Err(TrainError::BatchShape {
-                what: "images",
-                expected: format!("[n, {}, {}, {}] with n > 0", want[0], want[1], want[2]),
+                what: "inputs",
+                expected: format!("[n, {}] with n > 0", dims(want)),
                 got: x.shape().clone(),
             });
         }
-        let out = self.model.output_shape(x.shape())?;
-        if y.shape() != &out {
+        let labels = self
+            .loss
+            .labels_shape(&output_shape(&self.model, x.shape())?);
+        if y.shape() != &labels {
             return Err(TrainError::BatchShape {
                 what: "labels",
-                expected: format!("one-hot {out}"),
+                expected: format!("{labels} for {}", self.loss.name()),
                 got: y.shape().clone(),
             });
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// One training step on a placed batch: x NHWC `[n, h, w, c]` and one-hot labels `[n, k]`,
-    /// both on this trainer's backend (any batch size `n`).
+    /// One training step on a placed batch: inputs `[n, ...]` as the trainer's input shape
+    /// (any batch size `n`) and labels as the loss reads them (one-hot `[n, k]` for softmax
+    /// cross-entropy), both on this trainer's backend.
     ///
     /// The allocator's peak is reset at the start, so the report's `peak` is this step's.
     /// Nothing is updated unless the forward and backward passes succeed and the loss is finite:
-    /// on error (out of memory, non-finite loss) parameters and Adam state are those of the last
-    /// finished step, and the allocator is coalesced ([`stax_alloc::Allocator::coalesce`]).
+    /// on error (out of memory, non-finite loss) parameters and optimizer state are those of the
+    /// last finished step, and the allocator is coalesced ([`stax_alloc::Allocator::coalesce`]).
     ///
     /// # Errors
     /// [`TrainError::OutOfMemory`] when any allocation of the step fails, with the breakdown,
-    /// the failed request, the buffer the plan says it was, and the largest batch that fits;
+    /// the failed request and its name (`2.conv/workspace`), and the largest batch that fits;
     /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`] and other tensor errors.
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepReport, TrainError> {
         self.step_with(x, y, &mut || {})
@@ -277,25 +189,26 @@ impl<L: Layer> Trainer<L> {
         self.check_batch(x, y)?;
         let allocator = self.backend.allocator().clone();
         allocator.reset_peak();
-        let first = allocations(&allocator);
         let start = Instant::now();
         let step = self.steps + 1;
-        let loss = run_step(
-            &self.model,
+        let parts = Parts {
+            model: &self.model,
+            loss: &self.loss,
+            opt: &self.opt,
+        };
+        let run = run_step(
+            parts,
             &mut self.params,
-            &self.adam,
             &mut self.state,
             (x, y),
             step,
             &mut |_| {},
-        )
-        .map_err(|e| {
+        );
+        let loss = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live
             // buffers define, not from the order the unwinding freed them in.
             allocator.coalesce();
-            let now = allocations(&allocator);
-            let done = std::array::from_fn(|i| now[i] - first[i]);
-            self.explain(e, x.dims()[0], done)
+            self.explain(e, x.dims()[0])
         })?;
         meanwhile();
         self.backend.synchronize()?;
@@ -336,24 +249,20 @@ impl<L: Layer> Trainer<L> {
         Ok(report)
     }
 
-    /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`];
-    /// other errors pass through. `done` counts the step's allocations that succeeded, per
-    /// category: the failed request is the plan's next one of its category.
-    fn explain(&self, e: TrainError, batch: usize, done: [u64; 7]) -> TrainError {
-        let Some(request) = oom_of(&e).cloned() else {
+    /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`]
+    /// (the failed request names its buffer itself); other errors pass through.
+    fn explain(&self, e: TrainError, batch: usize) -> TrainError {
+        let Some(request) = e.oom().cloned() else {
             return e;
         };
         let memory = MemoryReport::read(&*self.backend)
             .map(|m| m.with_host(self.staging.allocator()))
             .unwrap_or_default();
-        let plan = self.plan(batch);
-        let (buffer, planned_peak) = match &plan {
-            Ok(p) => (failed_buffer(p, &request, done), Some(p.peak.bytes)),
-            Err(_) => (None, None),
-        };
+        let planned_peak = self.plan(batch).ok().map(|p| p.peak.bytes);
         let max_batch = plan::default_budget(&*self.backend)
             .ok()
             .and_then(|b| self.max_batch_that_fits(Some(b)).ok());
+        let buffer = (!request.name.is_empty()).then(|| request.name.clone());
         TrainError::OutOfMemory(Box::new(StepOom {
             step: self.steps + 1,
             batch,
@@ -379,48 +288,36 @@ impl<L: Layer> Trainer<L> {
     /// # Errors
     /// Shape errors; [`stax_tensor::TensorError`]s when the backend cannot size a workspace.
     pub fn plan(&self, batch: usize) -> Result<MemoryPlan, TrainError> {
-        MemoryPlan::with_feed(
-            &self.model,
-            &self.input_with(batch),
-            &self.adam,
-            &self.backend,
-            self.feed,
-        )
+        let input = self.input_with(batch);
+        MemoryPlan::of(self.parts(), &input, &self.backend, self.feed)
     }
 
     /// The largest batch whose step fits `budget` bytes of this backend's memory (by the
     /// plan for [`Trainer::feed`], replayed on an allocator like this one's; see
-    /// [`plan::max_batch_that_fits`]).
-    /// `None`: the backend's free memory plus what its allocator holds
-    /// ([`plan::default_budget`]).
+    /// [`plan::max_batch_that_fits`]). `None`: the backend's free memory plus what its
+    /// allocator holds ([`plan::default_budget`]).
     ///
     /// # Errors
     /// [`TrainError::NoBudget`] when `budget` is None and the backend reports no memory size;
     /// planning errors.
     pub fn max_batch_that_fits(&self, budget: Option<u64>) -> Result<usize, TrainError> {
-        plan::max_batch_that_fits(
-            &self.model,
-            &self.input,
-            &self.adam,
-            &self.backend,
-            self.feed,
-            budget,
-        )
+        plan::fit::largest_batch(self.parts(), &self.input, &self.backend, self.feed, budget)
     }
 
-    /// Places a batch of `dataset` for this trainer (its image size), staged through the
+    /// Places a batch of `dataset` for this trainer (its input layout), staged through the
     /// trainer's host allocator so host bytes show in the reports.
     ///
     /// # Errors
-    /// As [`HostStaging::place_batch`].
+    /// As [`HostStaging::place_batch`]; [`TrainError::BatchShape`] when the trainer's input
+    /// cannot take the data set's images ([`Layout::for_input`]).
     pub fn place_batch(
         &self,
         dataset: &crate::data::Dataset,
         indices: &[usize],
     ) -> Result<(Tensor, Tensor), TrainError> {
-        let d = self.input.dims();
+        let layout = Layout::for_input(&self.input, dataset)?;
         self.staging
-            .place_batch(&self.backend, dataset, indices, (d[1], d[2], d[3]))
+            .place_batch(&self.backend, dataset, indices, layout)
     }
 
     /// The host staging the trainer places batches through.
@@ -428,23 +325,28 @@ impl<L: Layer> Trainer<L> {
         &self.staging
     }
 
-    /// Logits for a placed batch, in inference mode (nothing saved for a backward pass).
+    /// The model's output for a placed batch, in evaluation mode (nothing kept for a backward
+    /// pass).
     ///
     /// # Errors
     /// Shape, device and allocation errors.
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
-        let mut cx = StepContext::inference();
-        Ok(self.model.apply(&self.params, x.clone(), &mut cx)?)
+        let mut cx = Cx::eval(&self.backend);
+        let (y, _) = self
+            .model
+            .apply(&self.params, Tree::leaf(x.clone()), &mut cx)?;
+        one_output(&self.model, y)
     }
 
-    /// Mean loss and accuracy of one placed batch: `(loss, correct)`.
+    /// Mean loss and accuracy of one placed batch: `(loss, correct)` (a prediction is correct
+    /// when its arg-max is the label row's).
     ///
     /// # Errors
     /// As [`Trainer::step`]'s checks and [`Trainer::predict`].
     pub fn eval_batch(&self, x: &Tensor, y: &Tensor) -> Result<(f32, usize), TrainError> {
         self.check_batch(x, y)?;
         let logits = self.predict(x)?;
-        let (loss, _) = softmax_cross_entropy(&logits, y)?;
+        let (loss, _) = self.loss.value_and_grad(&logits, y)?;
         let k = logits.shape().last();
         let (l, t) = (logits.to_vec()?, y.to_vec()?);
         let argmax = |row: &[f32]| {
@@ -459,6 +361,31 @@ impl<L: Layer> Trainer<L> {
             .count();
         Ok((loss, correct))
     }
+
+    /// Loss and accuracy over every example of `dataset`, in batches of at most `batch_size`.
+    ///
+    /// # Errors
+    /// Data, shape and tensor errors.
+    pub fn evaluate(
+        &self,
+        dataset: &crate::data::Dataset,
+        batch_size: usize,
+    ) -> Result<EvalReport, TrainError> {
+        let loader = crate::data::Loader::new(dataset.len(), batch_size.min(dataset.len()), 0)?;
+        let mut parts = Vec::new();
+        for indices in loader.eval_batches() {
+            let (x, y) = self.place_batch(dataset, &indices)?;
+            let (loss, correct) = self.eval_batch(&x, &y)?;
+            parts.push((loss, correct, indices.len()));
+        }
+        Ok(summarize(&parts))
+    }
+}
+
+/// `"28, 28, 3"`: dimensions for messages.
+fn dims(d: &[usize]) -> String {
+    let parts: Vec<String> = d.iter().map(|v| v.to_string()).collect();
+    parts.join(", ")
 }
 
 /// Combines per-batch `(loss, correct, size)` into an [`EvalReport`] (loss weighted by size).
@@ -474,10 +401,10 @@ pub fn summarize(batches: &[(f32, usize, usize)]) -> EvalReport {
     }
 }
 
-/// Gathers the examples `indices` of `dataset` on the host (resized to `hwc`, labels one-hot)
-/// and places them on `backend`, tagged [`stax_tensor::Category::Input`]: images NHWC
-/// `[len, h, w, c]`, labels `[len, num_classes]`. The host buffers come from a throwaway
-/// [`HostStaging`]; use [`Trainer::place_batch`] (or keep a `HostStaging`) to have them counted.
+/// Gathers the examples `indices` of `dataset` on the host (as `layout` says: an `(h, w, c)`
+/// tuple for NHWC images; labels one-hot) and places them on `backend`, tagged
+/// [`stax_tensor::Category::Input`]. The host buffers come from a throwaway [`HostStaging`];
+/// use [`Trainer::place_batch`] (or keep a `HostStaging`) to have them counted.
 ///
 /// # Errors
 /// Data errors from [`crate::data::loader::fill_batch`]; allocation and copy errors.
@@ -485,37 +412,7 @@ pub fn place_batch(
     backend: &Arc<dyn Backend>,
     dataset: &crate::data::Dataset,
     indices: &[usize],
-    hwc: (usize, usize, usize),
+    layout: impl Into<Layout>,
 ) -> Result<(Tensor, Tensor), TrainError> {
-    HostStaging::new()?.place_batch(backend, dataset, indices, hwc)
-}
-
-impl<L: Layer> Trainer<L> {
-    /// Loss and accuracy over every example of `dataset`, in batches of at most `batch_size`.
-    ///
-    /// # Errors
-    /// Data, shape and tensor errors.
-    pub fn evaluate(
-        &self,
-        dataset: &crate::data::Dataset,
-        batch_size: usize,
-    ) -> Result<EvalReport, TrainError> {
-        let loader = crate::data::Loader::new(dataset.len(), batch_size.min(dataset.len()), 0)?;
-        let d = self.input.dims();
-        let hwc = (d[1], d[2], d[3]);
-        let mut parts = Vec::new();
-        for indices in loader.eval_batches() {
-            let (x, y) = self
-                .staging
-                .place_batch(&self.backend, dataset, &indices, hwc)?;
-            let (loss, correct) = self.eval_batch(&x, &y)?;
-            parts.push((loss, correct, indices.len()));
-        }
-        Ok(summarize(&parts))
-    }
-
-    /// The input shape `[batch, h, w, c]` the trainer was built for.
-    pub fn input_shape(&self) -> &Shape {
-        &self.input
-    }
+    HostStaging::new()?.place_batch(backend, dataset, indices, layout)
 }

@@ -4,109 +4,19 @@
 //! unlimited capacity (virtual addresses, never dereferenced), `platform` strategy, with a trace
 //! recording from the start. Ops check their outputs as the real backends do (shape, sole
 //! ownership), allocate around themselves exactly the workspace blocks the *target* backend
-//! says it would, in its order ([`Backend::workspace_schedule`]), and compute nothing: `softmax_xent` returns a loss of 0,
-//! downloads give zeros. So a dry run of `apply`, the loss, `vjp` and `Adam::update` on it
-//! allocates and frees, in the same order, exactly what the real step on the target does.
-//!
-//! It also names buffers from the roles tensors play in ops: the weight of a conv names a layer
-//! `conv1`, `conv2`, ... (dense layers likewise), masks name ReLU layers in the order of the
-//! step, and outputs get `{layer}.output`, `{layer}.mask`, `{layer}.dw`, `{layer}.dx`,
-//! `{layer}.workspace`, `loss.dlogits`, `{param}.m` / `.v` for Adam's moments. A buffer written
-//! later in another role (a gradient over a dead activation, ReLU in place) keeps its first name
-//! and records the others. `platform` over `SimMemory` never reuses an address, so a name keyed
-//! by address names exactly one allocation of the trace.
+//! says it would, in its order ([`Backend::workspace_schedule`]), and compute nothing:
+//! `softmax_xent` returns a loss of 0, downloads give zeros. So a dry run of `apply`, the loss,
+//! `vjp` and the optimizer's update on it allocates and frees, in the same order, exactly what
+//! the real step on the target does, and every buffer is named as the real step names it
+//! (its allocation's scope and role).
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::{
-    AdamHyper, Backend, BackendId, Conv2dGeometry, ConvPass, DType, Device, Precision, Shape,
-    Tensor, TensorError, WorkspaceOp, WorkspaceStep,
+    AdamHyper, Backend, BackendId, Conv2dGeometry, ConvPass, Device, Precision, Shape, Tensor,
+    TensorError, WorkspaceOp, WorkspaceStep,
 };
-
-/// What the plan knows of one buffer beyond its trace events.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Label {
-    /// The name of its first role.
-    pub name: String,
-    /// Its shape in that role (None for workspace).
-    pub shape: Option<Shape>,
-    /// Its element type (None for workspace).
-    pub dtype: Option<DType>,
-    /// Later roles, in order (e.g. `conv2.dx` written over `conv1.output`).
-    pub reused_as: Vec<String>,
-}
-
-/// Layer and buffer names, assigned as ops are called.
-#[derive(Default)]
-struct Namer {
-    labels: HashMap<u64, Label>,
-    /// Layer of each weight tensor (by address).
-    weights: HashMap<u64, String>,
-    /// Layer that took each input (by address and layer kind), for the backward passes that
-    /// see the input but not the weight.
-    inputs: HashMap<(u64, &'static str), String>,
-    /// ReLU layer of each mask (by address).
-    masks: HashMap<u64, String>,
-    /// Layers seen per kind (conv and dense: over the whole run; relu: in this step).
-    counts: HashMap<&'static str, usize>,
-    /// The layer of the op running now.
-    current: String,
-}
-
-impl Namer {
-    fn new_layer(&mut self, kind: &'static str) -> String {
-        let n = self.counts.entry(kind).or_default();
-        *n += 1;
-        format!("{kind}{n}")
-    }
-
-    /// The layer owning weight `w`, naming a new one of `kind` on first sight.
-    fn weight_layer(&mut self, w: &Tensor, kind: &'static str) -> String {
-        if let Some(l) = self.weights.get(&w.addr()) {
-            return l.clone();
-        }
-        let layer = self.new_layer(kind);
-        self.weights.insert(w.addr(), layer.clone());
-        self.name(w, format!("{layer}.w"));
-        layer
-    }
-
-    fn name(&mut self, t: &Tensor, name: String) {
-        let (shape, dtype) = (Some(t.shape().clone()), Some(t.dtype()));
-        self.name_addr(t.addr(), name, shape, dtype);
-    }
-
-    fn name_addr(&mut self, addr: u64, name: String, shape: Option<Shape>, dtype: Option<DType>) {
-        match self.labels.entry(addr) {
-            Entry::Occupied(mut e) => {
-                let l = e.get_mut();
-                if l.name != name && !l.reused_as.contains(&name) {
-                    l.reused_as.push(name);
-                }
-            }
-            Entry::Vacant(e) => {
-                e.insert(Label {
-                    name,
-                    shape,
-                    dtype,
-                    reused_as: Vec::new(),
-                });
-            }
-        }
-    }
-
-    fn name_of(&self, t: &Tensor) -> Option<&str> {
-        self.labels.get(&t.addr()).map(|l| l.name.as_str())
-    }
-
-    fn enter(&mut self, layer: &str) -> String {
-        self.current = layer.to_string();
-        self.current.clone()
-    }
-}
 
 /// The planning backend (see the module docs).
 #[derive(Debug)]
@@ -114,15 +24,6 @@ pub(crate) struct PlanBackend {
     id: BackendId,
     target: Arc<dyn Backend>,
     allocator: Arc<Allocator>,
-    namer: Mutex<Namer>,
-}
-
-impl std::fmt::Debug for Namer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Namer")
-            .field("labels", &self.labels.len())
-            .finish_non_exhaustive()
-    }
 }
 
 impl PlanBackend {
@@ -135,12 +36,7 @@ impl PlanBackend {
             id: BackendId::fresh(),
             target: target.clone(),
             allocator,
-            namer: Mutex::new(Namer::default()),
         }))
-    }
-
-    fn namer(&self) -> MutexGuard<'_, Namer> {
-        self.namer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Number of trace events (allocations and frees) so far.
@@ -149,33 +45,19 @@ impl PlanBackend {
         (s.allocs + s.frees) as usize
     }
 
-    /// Names `t`'s buffer (its first name wins).
-    pub(crate) fn label(&self, t: &Tensor, name: &str) {
-        self.namer().name(t, name.to_string());
-    }
-
-    /// Starts naming a new step: ReLU layers are counted again from 1.
-    pub(crate) fn begin_step(&self) {
-        self.namer().counts.remove("relu");
-    }
-
-    /// Stops recording: the trace and the name of every buffer, by address.
-    pub(crate) fn finish(&self) -> (Trace, HashMap<u64, Label>) {
-        let trace = self.allocator.stop_trace();
-        (trace, std::mem::take(&mut self.namer().labels))
+    /// Stops recording: the trace.
+    pub(crate) fn finish(&self) -> Trace {
+        self.allocator.stop_trace()
     }
 
     /// Allocates and frees the workspace the target uses for `op`, in the target's order
-    /// ([`Backend::workspace_schedule`]), each buffer named `{layer}.workspace`.
-    fn workspace(&self, op: WorkspaceOp, layer: &str) -> Result<(), TensorError> {
+    /// ([`Backend::workspace_schedule`]), in the current scope (`2.conv/workspace`).
+    fn workspace(&self, op: WorkspaceOp) -> Result<(), TensorError> {
         let mut held = Vec::new();
         for step in self.target.workspace_schedule(&op)? {
             match step {
                 WorkspaceStep::Alloc(bytes) => {
-                    let a = self.allocator.allocate(bytes, Category::Workspace)?;
-                    let name = format!("{layer}.workspace");
-                    self.namer().name_addr(a.addr(), name, None, None);
-                    held.push(Some(a));
+                    held.push(Some(self.allocator.allocate(bytes, Category::Workspace)?));
                 }
                 WorkspaceStep::Free(i) => drop(held.get_mut(i).and_then(Option::take)),
             }
@@ -216,11 +98,7 @@ impl Backend for PlanBackend {
     }
 
     fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
-        output("copy", dst, src.shape())?;
-        let mut n = self.namer();
-        let name = format!("{}.copy", n.name_of(src).unwrap_or("tensor"));
-        n.name(dst, name);
-        Ok(())
+        output("copy", dst, src.shape())
     }
 
     fn fill(&self, t: &mut Tensor, _value: f32) -> Result<(), TensorError> {
@@ -231,7 +109,7 @@ impl Backend for PlanBackend {
         &self,
         x: &Tensor,
         w: &Tensor,
-        b: &Tensor,
+        _b: &Tensor,
         g: &Conv2dGeometry,
         y: &mut Tensor,
     ) -> Result<(), TensorError> {
@@ -239,36 +117,22 @@ impl Backend for PlanBackend {
         x.expect_shape(OP, &g.input_shape())?;
         w.expect_shape(OP, &g.filter_shape())?;
         output(OP, y, &g.output_shape())?;
-        let layer = {
-            let mut n = self.namer();
-            let layer = n.weight_layer(w, "conv");
-            n.name(b, format!("{layer}.b"));
-            n.name(y, format!("{layer}.output"));
-            n.inputs.insert((x.addr(), "conv"), layer.clone());
-            n.enter(&layer)
-        };
         let pass = ConvPass::Forward;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass }, &layer)
+        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
     }
 
     fn conv2d_bwd_data(
         &self,
         dy: &Tensor,
-        w: &Tensor,
+        _w: &Tensor,
         g: &Conv2dGeometry,
         dx: &mut Tensor,
     ) -> Result<(), TensorError> {
         const OP: &str = "conv2d_bwd_data";
         dy.expect_shape(OP, &g.output_shape())?;
         output(OP, dx, &g.input_shape())?;
-        let layer = {
-            let mut n = self.namer();
-            let layer = n.weight_layer(w, "conv");
-            n.name(dx, format!("{layer}.dx"));
-            n.enter(&layer)
-        };
         let pass = ConvPass::BackwardData;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass }, &layer)
+        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
     }
 
     fn conv2d_bwd_filter(
@@ -284,18 +148,8 @@ impl Backend for PlanBackend {
         dy.expect_shape(OP, &g.output_shape())?;
         output(OP, dw, &g.filter_shape())?;
         output(OP, db, &Shape::new([g.c_out]))?;
-        let layer = {
-            let mut n = self.namer();
-            let layer = match n.inputs.get(&(x.addr(), "conv")) {
-                Some(l) => l.clone(),
-                None => n.current.clone(),
-            };
-            n.name(dw, format!("{layer}.dw"));
-            n.name(db, format!("{layer}.db"));
-            n.enter(&layer)
-        };
         let pass = ConvPass::BackwardFilter;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass }, &layer)
+        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
     }
 
     fn matmul(
@@ -307,79 +161,33 @@ impl Backend for PlanBackend {
         c: &mut Tensor,
     ) -> Result<(), TensorError> {
         const OP: &str = "matmul";
-        let (m, n_cols, k) =
+        let (m, n, k) =
             stax_tensor::matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
-        output(OP, c, &Shape::new([m, n_cols]))?;
-        let layer = {
-            let mut n = self.namer();
-            let (layer, role) = match (transpose_a, transpose_b) {
-                (false, false) => {
-                    let layer = n.weight_layer(b, "dense");
-                    n.inputs.insert((a.addr(), "dense"), layer.clone());
-                    (layer, "output")
-                }
-                (true, false) => match n.inputs.get(&(a.addr(), "dense")) {
-                    Some(l) => (l.clone(), "dw"),
-                    None => (n.current.clone(), "dw"),
-                },
-                (false, true) => (n.weight_layer(b, "dense"), "dx"),
-                (true, true) => (n.current.clone(), "matmul"),
-            };
-            n.name(c, format!("{layer}.{role}"));
-            n.enter(&layer)
-        };
-        let op = WorkspaceOp::Matmul { m, n: n_cols, k };
-        self.workspace(op, &layer)
+        output(OP, c, &Shape::new([m, n]))?;
+        self.workspace(WorkspaceOp::Matmul { m, n, k })
     }
 
-    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
-        y.expect_unique("bias_add")?;
-        let mut n = self.namer();
-        let layer = match n.name_of(y) {
-            Some(name) => super::timeline::layer_of(name).to_string(),
-            None => n.current.clone(),
-        };
-        n.name(b, format!("{layer}.b"));
-        Ok(())
+    fn bias_add(&self, y: &mut Tensor, _b: &Tensor) -> Result<(), TensorError> {
+        y.expect_unique("bias_add")
     }
 
     fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
         let cols = dy.shape().last();
         output("bias_grad", db, &Shape::new([cols]))?;
-        let layer = {
-            let mut n = self.namer();
-            let layer = n.current.clone();
-            n.name(db, format!("{layer}.db"));
-            layer
-        };
         let rows = dy.numel().checked_div(cols).unwrap_or(0);
-        self.workspace(WorkspaceOp::BiasGrad { rows, cols }, &layer)
+        self.workspace(WorkspaceOp::BiasGrad { rows, cols })
     }
 
     fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
         x.expect_unique("relu")?;
-        if let Some(mask) = mask {
-            output("relu", mask, &Shape::new([x.numel().div_ceil(32)]))?;
-            let mut n = self.namer();
-            let layer = n.new_layer("relu");
-            n.name(mask, format!("{layer}.mask"));
-            n.masks.insert(mask.addr(), layer.clone());
-            n.name(x, format!("{layer}.output"));
-            n.enter(&layer);
+        match mask {
+            Some(mask) => output("relu", mask, &Shape::new([x.numel().div_ceil(32)])),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
-        dy.expect_unique("relu_bwd")?;
-        let mut n = self.namer();
-        let layer = match n.masks.get(&mask.addr()) {
-            Some(l) => l.clone(),
-            None => n.current.clone(),
-        };
-        n.name(dy, format!("{layer}.dx"));
-        n.enter(&layer);
-        Ok(())
+    fn relu_bwd(&self, dy: &mut Tensor, _mask: &Tensor) -> Result<(), TensorError> {
+        dy.expect_unique("relu_bwd")
     }
 
     fn softmax_xent(
@@ -392,12 +200,7 @@ impl Backend for PlanBackend {
         let (rows, classes) = stax_tensor::backend::softmax_xent_dims(logits.shape())?;
         labels.expect_shape(OP, logits.shape())?;
         output(OP, dlogits, logits.shape())?;
-        {
-            let mut n = self.namer();
-            n.name(dlogits, "loss.dlogits".into());
-            n.enter("loss");
-        }
-        self.workspace(WorkspaceOp::SoftmaxXent { rows, classes }, "loss")?;
+        self.workspace(WorkspaceOp::SoftmaxXent { rows, classes })?;
         Ok(0.0)
     }
 
@@ -414,13 +217,7 @@ impl Backend for PlanBackend {
         output(OP, p, &shape)?;
         g.expect_shape(OP, &shape)?;
         output(OP, m, &shape)?;
-        output(OP, v, &shape)?;
-        let mut n = self.namer();
-        let param = n.name_of(p).unwrap_or("param").to_string();
-        n.name(m, format!("{param}.m"));
-        n.name(v, format!("{param}.v"));
-        n.enter("adam");
-        Ok(())
+        output(OP, v, &shape)
     }
 
     fn synchronize(&self) -> Result<(), TensorError> {

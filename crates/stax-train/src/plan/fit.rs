@@ -15,12 +15,13 @@
 use std::sync::Arc;
 
 use stax_alloc::{AllocError, Allocator, SimMemory, Strategy, replay};
-use stax_layers::Layer;
-use stax_optim::Adam;
+use stax_layers::{Layer, SoftmaxCrossEntropy};
+use stax_optim::Optimizer;
 use stax_tensor::{Backend, Shape, TensorError};
 
 use super::{Feed, MemoryPlan};
 use crate::TrainError;
+use crate::step::Parts;
 
 /// The largest batch size [`max_batch_that_fits`] tries.
 pub const MAX_BATCH: usize = 1 << 24;
@@ -144,18 +145,34 @@ pub fn default_budget(backend: &dyn Backend) -> Result<u64, TrainError> {
 }
 
 /// The largest batch size whose run fits `budget` bytes on `target` ([`MemoryPlan::fits`]),
-/// with batches fed as `feed` says: `input` gives the image shape (its batch dimension is
-/// ignored). `None` uses
+/// training `model` with softmax cross-entropy and `opt`, with batches fed as `feed` says:
+/// `input` gives the example shape (its batch dimension is ignored). `None` uses
 /// [`default_budget`]. 0 when not even a batch of one fits; at most [`MAX_BATCH`]. A batch
 /// larger than one that the backend cannot plan (say, a tensor past cuDNN's 32-bit limits)
 /// counts as not fitting.
 ///
 /// # Errors
 /// [`TrainError::NoBudget`]; shape and planning errors of a batch of one.
-pub fn max_batch_that_fits<L: Layer + ?Sized>(
+pub fn max_batch_that_fits<L: Layer, O: Optimizer>(
     model: &L,
     input: &Shape,
-    adam: &Adam,
+    opt: &O,
+    target: &Arc<dyn Backend>,
+    feed: Feed,
+    budget: Option<u64>,
+) -> Result<usize, TrainError> {
+    let parts = Parts {
+        model,
+        loss: &SoftmaxCrossEntropy,
+        opt,
+    };
+    largest_batch(parts, input, target, feed, budget)
+}
+
+/// [`max_batch_that_fits`] for a step of `parts`.
+pub(crate) fn largest_batch(
+    parts: Parts<'_>,
+    input: &Shape,
     target: &Arc<dyn Backend>,
     feed: Feed,
     budget: Option<u64>,
@@ -169,7 +186,7 @@ pub fn max_batch_that_fits<L: Layer + ?Sized>(
         if let Some(n) = dims.first_mut() {
             *n = batch;
         }
-        MemoryPlan::with_feed(model, &Shape::new(dims), adam, target, feed)?.fits(budget)
+        MemoryPlan::of(parts, &Shape::new(dims), target, feed)?.fits(budget)
     };
     if !fits(1)? {
         return Ok(0);

@@ -7,9 +7,9 @@
 //! allocator updates its peak on `>=`), so the per-category bytes at the peak agree to the byte
 //! with [`stax_alloc::Stats::peak_by_category`].
 //!
-//! [`MemoryPlan::name_trace`](crate::plan::MemoryPlan::name_trace) names the events of a trace
-//! recorded while training (on any backend) by matching them against a plan's allocation
-//! sequence.
+//! [`NamedTrace::of`] reads a trace recorded while training (on any backend) as a timeline:
+//! every event carries its buffer's name from the allocation itself, and the trainer's step
+//! marks say where each step starts.
 //!
 //! ```
 //! use stax_alloc::{Category, TraceOp};
@@ -32,10 +32,8 @@
 //! assert_eq!(peak.by_category[Category::Workspace.index()], 20);
 //! ```
 
-use std::collections::HashMap;
-
 use serde::Serialize;
-use stax_alloc::{Category, Trace, TraceOp};
+use stax_alloc::{Category, Mark, Trace, TraceEvent, TraceOp};
 
 /// One allocation or free, with the name of its buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -114,192 +112,112 @@ impl Timeline {
     }
 }
 
-/// Names for the events of a recorded trace (see
-/// [`MemoryPlan::name_trace`](crate::plan::MemoryPlan::name_trace)).
+/// A recorded trace as a timeline (see [`NamedTrace::of`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamedTrace {
-    /// The trace as a timeline with baseline zero: names from the plan where the events match
-    /// it, `{layer}.workspace` for extra workspace buffers, the category name otherwise.
+    /// The trace as a timeline with baseline zero, each event named after its buffer.
     pub timeline: Timeline,
-    /// Index of the first event of each training step found (the batch's placement).
+    /// Index of the first event of each training step (the trainer marks each step's start:
+    /// [`stax_alloc::Allocator::mark_step`]).
     pub step_starts: Vec<usize>,
 }
 
-/// One allocation of a plan's sequence: what a recorded allocation must be to take its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Expected {
-    pub category: Category,
-    pub bytes: u64,
-    pub name: String,
+impl NamedTrace {
+    /// The timeline of a recorded trace: events named as their allocations were
+    /// ([`stax_alloc::Name`]; the category for unnamed ones), steps where the trace marks them.
+    pub fn of(trace: &Trace) -> NamedTrace {
+        let events = trace
+            .events
+            .iter()
+            .map(|e| TimelineEvent::of(e, e.t_ns))
+            .collect();
+        let step_starts = trace
+            .marks
+            .iter()
+            .filter_map(|m| match m {
+                Mark::Step { at, .. } => Some(*at),
+                Mark::Role { .. } => None,
+            })
+            .collect();
+        NamedTrace {
+            timeline: Timeline {
+                baseline: [0; 7],
+                events,
+            },
+            step_starts,
+        }
+    }
 }
 
-/// The layer part of a buffer name: `conv2` for `conv2.output`.
-pub(crate) fn layer_of(name: &str) -> &str {
-    name.split('.').next().unwrap_or(name)
+/// The name of a trace event's buffer: its allocation's name, or its category's when it has
+/// none (a synthetic trace).
+pub(crate) fn event_name(e: &TraceEvent) -> String {
+    if e.name.is_empty() {
+        e.category.to_string()
+    } else {
+        e.name.clone()
+    }
 }
 
-/// Names a trace recorded from the start of training: `setup` is the plan's allocations made
-/// by `Trainer::new` (parameters, Adam's moments; with prefetching, the first batch), `cycle`
-/// those of one loop iteration (a batch's placement, then the step). Recorded allocations are
-/// matched in order by category and bytes; a step may also start without its placement (the
-/// last step of a prefetched loop, a batch stepped twice). A workspace allocation that matches
-/// nothing is named after the layer of the last match (backends such as CUDA make several
-/// workspace buffers where the plan holds one), and anything else unmatched (evaluation, a
-/// batch of another size) by its category. Frees take the name of their allocation.
-pub(crate) fn name_trace(trace: &Trace, setup: &[Expected], cycle: &[Expected]) -> NamedTrace {
-    let pattern: Vec<&Expected> = setup.iter().chain(cycle).collect();
-    let restart = setup.len();
-    let placement = cycle
-        .iter()
-        .take_while(|x| x.category == Category::Input)
-        .count();
-    let step_at = restart + placement;
-    let mut pos = 0usize;
-    let mut names: HashMap<u64, String> = HashMap::new();
-    let mut out = NamedTrace::default();
-    let mut layer = String::from("setup");
-    let fits =
-        |x: &Expected, category: Category, bytes: u64| x.category == category && x.bytes == bytes;
-    for (i, e) in trace.events.iter().enumerate() {
-        let name = match e.op {
-            TraceOp::Free => names
-                .remove(&e.id)
-                .unwrap_or_else(|| e.category.to_string()),
-            TraceOp::Alloc => {
-                if e.category != Category::Workspace {
-                    while pattern
-                        .get(pos)
-                        .is_some_and(|x| x.category == Category::Workspace)
-                    {
-                        pos += 1;
-                    }
-                }
-                let at = |p: usize| pattern.get(p).filter(|x| fits(x, e.category, e.bytes));
-                let hit = match at(pos) {
-                    Some(x) => Some((pos, x)),
-                    None => at(restart)
-                        .map(|x| (restart, x))
-                        .or_else(|| at(step_at).map(|x| (step_at, x))),
-                };
-                let name = match hit {
-                    Some((p, x)) => {
-                        let unplaced = p == step_at && pos != step_at && placement > 0;
-                        if (p == restart || unplaced) && !cycle.is_empty() {
-                            out.step_starts.push(i);
-                        }
-                        pos = if p + 1 == pattern.len() {
-                            restart
-                        } else {
-                            p + 1
-                        };
-                        layer = layer_of(&x.name).to_string();
-                        x.name.clone()
-                    }
-                    None if e.category == Category::Workspace => format!("{layer}.workspace"),
-                    None => e.category.to_string(),
-                };
-                names.insert(e.id, name.clone());
-                name
-            }
-        };
-        out.timeline.events.push(TimelineEvent {
+impl TimelineEvent {
+    /// The timeline event of trace event `e`, at time `t_ns`.
+    pub fn of(e: &TraceEvent, t_ns: u64) -> TimelineEvent {
+        TimelineEvent {
             op: e.op,
             id: e.id,
             bytes: e.bytes,
             category: e.category,
-            name,
-            t_ns: e.t_ns,
-        });
+            name: event_name(e),
+            t_ns,
+        }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stax_alloc::TraceBuilder;
-
-    fn exp(category: Category, bytes: u64, name: &str) -> Expected {
-        Expected {
-            category,
-            bytes,
-            name: name.into(),
-        }
-    }
+    use stax_alloc::{Allocator, Category, SimMemory, Strategy, Tag};
+    use std::sync::Arc;
 
     #[test]
-    fn names_steps_and_extra_workspace() {
-        let setup = [exp(Category::Parameter, 40, "dense1.w")];
-        let cycle = [
-            exp(Category::Input, 8, "input.images"),
-            exp(Category::Activation, 16, "dense1.output"),
-            exp(Category::Workspace, 4, "dense1.workspace"),
-            exp(Category::Gradient, 40, "dense1.dw"),
-        ];
-        let mut b = TraceBuilder::new();
-        b.alloc(40, Category::Parameter);
-        for _ in 0..2 {
-            let x = b.alloc(8, Category::Input);
-            let y = b.alloc(16, Category::Activation);
-            let w1 = b.alloc(3, Category::Workspace); // two buffers where the plan has one
-            let w2 = b.alloc(1, Category::Workspace);
-            b.free(w1);
-            b.free(w2);
-            let g = b.alloc(40, Category::Gradient);
-            b.free(g);
-            b.free(y);
-            b.free(x);
+    fn a_recorded_trace_reads_with_names_and_steps() {
+        let alloc = Allocator::new(
+            Arc::new(SimMemory::new(64 << 20, 2 << 20)),
+            Strategy::Caching,
+        )
+        .unwrap();
+        alloc.start_trace();
+        let w = alloc
+            .allocate(40, Tag::new(Category::Parameter, "w"))
+            .unwrap();
+        for step in 1..=2 {
+            alloc.mark_step(step);
+            let _s = alloc.scope("0.dense");
+            let y = alloc
+                .allocate(16, Tag::new(Category::Activation, "output"))
+                .unwrap();
+            drop(alloc.allocate(4, Category::Workspace).unwrap());
+            drop(y);
         }
-        b.alloc(99, Category::Activation); // evaluation: unmatched
-        let named = name_trace(&b.finish(), &setup, &cycle);
+        drop(w);
+        let named = NamedTrace::of(&alloc.stop_trace());
+        assert_eq!(named.step_starts, vec![1, 5]);
         let names: Vec<&str> = named
             .timeline
             .events
             .iter()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(named.step_starts, vec![1, 11]);
-        assert_eq!(names[0], "dense1.w");
-        let step = [
-            "input.images",
-            "dense1.output",
-            "dense1.workspace",
-            "dense1.workspace",
-        ];
-        assert_eq!(&names[1..5], step);
-        assert_eq!(names[7], "dense1.dw");
-        assert_eq!(names[10], "input.images"); // the free of x
-        assert_eq!(*names.last().unwrap(), "activation");
-    }
-
-    #[test]
-    fn a_step_without_its_placement_starts_a_step() {
-        // A prefetched loop: the first batch belongs to the set-up, each cycle places the next
-        // batch before the step, and the last step has no batch left to place.
-        let setup = [
-            exp(Category::Parameter, 40, "dense1.w"),
-            exp(Category::Input, 8, "input.images"),
-        ];
-        let cycle = [
-            exp(Category::Input, 8, "input.images"),
-            exp(Category::Activation, 16, "dense1.output"),
-        ];
-        let mut b = TraceBuilder::new();
-        b.alloc(40, Category::Parameter);
-        b.alloc(8, Category::Input);
-        for last in [false, false, true] {
-            if !last {
-                b.alloc(8, Category::Input);
-            }
-            let y = b.alloc(16, Category::Activation);
-            b.free(y);
-        }
-        let named = name_trace(&b.finish(), &setup, &cycle);
-        assert_eq!(named.step_starts, vec![2, 5, 8]);
-        let last = &named.timeline.events[8];
         assert_eq!(
-            (last.op, last.name.as_str()),
-            (TraceOp::Alloc, "dense1.output")
+            names[..5],
+            [
+                "w",
+                "0.dense/output",
+                "0.dense/workspace",
+                "0.dense/workspace",
+                "0.dense/output"
+            ]
         );
+        assert_eq!(named.timeline.peak().bytes, 60);
     }
 }

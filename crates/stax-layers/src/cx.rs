@@ -1,0 +1,169 @@
+//! The context a layer runs in: the mode, the RNG, the dtype policy, where in the model it
+//! is, and where its gradients go.
+
+use std::sync::Arc;
+
+use stax_tensor::{Backend, DType, Grads, Key, Path};
+
+use crate::{GradSink, LayerError, Rng};
+
+/// Training or evaluation (stax's Dropout `mode`; BatchNorm ignores it, as stax's does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// A training step: layers keep residuals for the backward pass.
+    Train,
+    /// Evaluation: nothing is kept, no masks are made.
+    Eval,
+}
+
+/// The dtypes a model computes in (after jmp's `Policy`): where parameters are stored, what
+/// the ops compute in, and what the model outputs. Today every op computes in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// Parameter storage dtype.
+    pub param: DType,
+    /// Activation and compute dtype.
+    pub compute: DType,
+    /// Output (logits) dtype.
+    pub output: DType,
+}
+
+impl Default for Policy {
+    /// Full f32.
+    fn default() -> Self {
+        Policy {
+            param: DType::F32,
+            compute: DType::F32,
+            output: DType::F32,
+        }
+    }
+}
+
+/// What a layer's `apply` and `vjp` run with (see the module docs).
+///
+/// The combinators enter each child ([`Cx::child`]): its key extends the path, the backend's
+/// allocator scope follows it (so everything the child allocates is named `2.conv/...`), and
+/// the child gets its own RNG key, split as stax's `serial` splits it.
+pub struct Cx<'a> {
+    backend: Arc<dyn Backend>,
+    mode: Mode,
+    rng: Option<Rng>,
+    policy: Policy,
+    path: Path,
+    sink: Option<&'a mut dyn GradSink>,
+}
+
+impl std::fmt::Debug for Cx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cx")
+            .field("mode", &self.mode)
+            .field("path", &self.path.to_string())
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Cx<'a> {
+    /// A training context on `backend` whose layers hand their gradients to `sink`.
+    pub fn train(backend: &Arc<dyn Backend>, sink: &'a mut dyn GradSink) -> Cx<'a> {
+        Cx {
+            backend: backend.clone(),
+            mode: Mode::Train,
+            rng: None,
+            policy: Policy::default(),
+            path: Path::root(),
+            sink: Some(sink),
+        }
+    }
+
+    /// An evaluation context on `backend`: nothing is kept for a backward pass.
+    pub fn eval(backend: &Arc<dyn Backend>) -> Cx<'a> {
+        Cx {
+            backend: backend.clone(),
+            mode: Mode::Eval,
+            rng: None,
+            policy: Policy::default(),
+            path: Path::root(),
+            sink: None,
+        }
+    }
+
+    /// This context with the RNG key `rng` (stax's `apply_fun(params, inputs, rng=rng)`).
+    pub fn with_rng(mut self, rng: Rng) -> Cx<'a> {
+        self.rng = Some(rng);
+        self
+    }
+
+    /// This context with the dtype policy `policy`.
+    pub fn with_policy(mut self, policy: Policy) -> Cx<'a> {
+        self.policy = policy;
+        self
+    }
+
+    /// Training or evaluation.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether layers should keep residuals for a backward pass.
+    pub fn is_training(&self) -> bool {
+        self.mode == Mode::Train
+    }
+
+    /// The dtype policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The backend the step runs on.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The key path of the layer running now (`3.parallel/0.serial/2.conv`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The RNG key of the layer running now, taken (None when the caller gave none).
+    pub fn take_rng(&mut self) -> Option<Rng> {
+        self.rng.take()
+    }
+
+    /// Runs `f` as the child `key` (at `position` among its siblings) with its own RNG key:
+    /// the path and the allocator scope are the child's meanwhile, and an error comes back
+    /// with `key` in front of its path.
+    ///
+    /// # Errors
+    /// What `f` returns, located.
+    pub fn child<T>(
+        &mut self,
+        key: Key,
+        position: usize,
+        rng: Option<Rng>,
+        f: impl FnOnce(&mut Cx<'_>) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
+        let _scope = self.backend.allocator().scope(&key.to_string());
+        let parent = std::mem::replace(&mut self.path, Path::root());
+        self.path = parent.child(key, position);
+        let saved_rng = std::mem::replace(&mut self.rng, rng);
+        let out = f(self).map_err(|e| e.at(key));
+        self.path = parent;
+        self.rng = saved_rng;
+        out
+    }
+
+    /// Hands the gradients of the layer running now (a tree like its parameters) to the sink.
+    ///
+    /// # Errors
+    /// [`LayerError::Gradients`] in an evaluation context, or when the sink refuses them.
+    pub fn gradients(&mut self, grads: Grads) -> Result<(), LayerError> {
+        match self.sink.as_deref_mut() {
+            Some(sink) => sink.accept(&self.path, grads),
+            None => Err(LayerError::Gradients {
+                path: String::new(),
+                reason: "a backward pass needs a training context (Cx::train)".into(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Epilogue fusion, as the combinators apply it: when layer `i + 1` is an activation
+//! ([`Layer::as_activation`]) without parameters and layer `i` runs it as an epilogue of its
+//! own op ([`Layer::fuses`]), a training step runs the two as one ([`Layer::apply_fused`],
+//! [`Layer::vjp_fused`]). Everything keeps the name it has unfused: the activation's saved
+//! buffer is made in the activation's scope, and the fused output and gradient take the
+//! activation's roles there.
+
+use stax_tensor::{Key, Params, Tree};
+
+use crate::layer::shapes_of;
+use crate::{Activation, Cx, Layer, LayerError, Residuals, Value};
+
+/// The activation layer `i + 1` hands to layer `i`, if the pair fuses.
+pub(crate) fn fused_at(
+    layers: &[Box<dyn Layer>],
+    params: &[&Params],
+    i: usize,
+) -> Option<Activation> {
+    let act = layers.get(i + 1)?.as_activation()?;
+    let empty = matches!(params.get(i + 1), Some(Tree::Node(c)) if c.is_empty());
+    (empty && layers[i].fuses(act)).then_some(act)
+}
+
+/// The forward pass of layers `i` and `i + 1` fused (see the module docs): the output and the
+/// two layers' residuals (the activation's are empty: the fused layer keeps them).
+pub(crate) fn apply_pair(
+    (layer, key, i): (&dyn Layer, Key, usize),
+    (act, act_key): (Activation, Key),
+    params: &Params,
+    x: Value,
+    cx: &mut Cx<'_>,
+    rng: Option<crate::Rng>,
+) -> Result<(Value, Residuals), LayerError> {
+    let out = layer.output_shape(&shapes_of(&x)).map_err(|e| e.at(key))?;
+    let shape = out.as_leaf().ok_or_else(|| {
+        layer
+            .shape_error("fusion needs one output tensor".into(), &out)
+            .at(key)
+    })?;
+    let aux = cx.child(act_key, i + 1, None, |cx| act.aux_for(shape, cx.backend()))?;
+    let (y, r) = cx.child(key, i, rng, |cx| layer.apply_fused(params, x, cx, act, aux))?;
+    cx.child(act_key, i + 1, None, |_| {
+        y.leaves().iter().for_each(|t| t.note_role("output"));
+        Ok(())
+    })?;
+    Ok((y, r))
+}
+
+/// The backward pass of a fused pair: `dy` is the gradient with respect to the activation's
+/// output; it becomes the activation's input gradient in place.
+pub(crate) fn vjp_pair(
+    (layer, key, i): (&dyn Layer, Key, usize),
+    (act, act_key): (Activation, Key),
+    params: &Params,
+    residuals: Residuals,
+    dy: Value,
+    cx: &mut Cx<'_>,
+    need_dx: bool,
+) -> Result<Option<Value>, LayerError> {
+    cx.child(act_key, i + 1, None, |_| {
+        dy.leaves().iter().for_each(|t| t.note_role("dx"));
+        Ok(())
+    })?;
+    cx.child(key, i, None, |cx| {
+        layer.vjp_fused(params, residuals, dy, cx, act, need_dx)
+    })
+}

@@ -1,0 +1,31 @@
+//! Models defined once, for the examples, benches and tests: the seed's CNN and stax's MNIST
+//! classifier MLP.
+
+use crate::{Conv, Dense, Flatten, Relu, Serial, serial};
+
+/// The seed's model (`seeds/000`): `Conv(64, (3, 3), SAME) Relu Conv(64, (3, 3), SAME) Relu
+/// Flatten Dense(128) Relu Dense(classes)`, NHWC input.
+pub fn seed_cnn(classes: usize) -> Serial {
+    serial![
+        Conv::same(64, (3, 3)),
+        Relu,
+        Conv::same(64, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(classes)
+    ]
+}
+
+/// An MLP of `hidden` widths with ReLUs and a `classes`-way head, on `[n, features]` inputs:
+/// stax's `examples/mnist_classifier.py` is `mlp(&[1024, 1024], 10)` (before its `LogSoftmax`).
+pub fn mlp(hidden: &[usize], classes: usize) -> Serial {
+    let mut layers: Vec<Box<dyn crate::Layer>> = Vec::new();
+    for &h in hidden {
+        layers.push(Box::new(Dense(h)));
+        layers.push(Box::new(Relu));
+    }
+    layers.push(Box::new(Dense(classes)));
+    Serial(layers)
+}

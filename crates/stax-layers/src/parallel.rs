@@ -1,0 +1,178 @@
+//! `Parallel`: layers applied to the branches of a tree input (stax's `parallel`), and
+//! `Identity`.
+
+use stax_tensor::{Key, Params, Tree};
+
+use crate::serial::children_of;
+use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Shapes, Value};
+
+/// stax's `parallel(*layers)`: layer `i` is applied to branch `i` of the input (a node of as
+/// many branches, such as `FanOut`'s), and the outputs are the branches of the output, keyed
+/// by position. Parameters: one child per layer keyed `{index}.{kind}`; an RNG key is split
+/// per layer.
+#[derive(Debug)]
+pub struct Parallel(pub Vec<Box<dyn Layer>>);
+
+/// `parallel![a, b]` builds a [`Parallel`] from layer values, like `stax.parallel(a, b)`.
+#[macro_export]
+macro_rules! parallel {
+    ($($layer:expr),* $(,)?) => {
+        $crate::Parallel(vec![$(Box::new($layer) as Box<dyn $crate::Layer>),*])
+    };
+}
+
+impl Parallel {
+    fn keys(&self) -> Vec<Key> {
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Key::Layer(i, l.kind()))
+            .collect()
+    }
+
+    /// The input's branches, one per layer.
+    fn branches<T: Clone>(
+        &self,
+        input: &Tree<T>,
+        shapes: &Shapes,
+    ) -> Result<Vec<Tree<T>>, LayerError> {
+        if matches!(input, Tree::Leaf(_)) || input.children().len() != self.0.len() {
+            let reason = format!("expected a node of {} branches", self.0.len());
+            return Err(self.shape_error(reason, shapes));
+        }
+        Ok(input.children().iter().map(|(_, t)| t.clone()).collect())
+    }
+}
+
+/// Branch outputs as one node keyed by position.
+fn indexed<T>(items: impl IntoIterator<Item = Tree<T>>) -> Tree<T> {
+    Tree::node(
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (Key::Index(i), t)),
+    )
+}
+
+impl Layer for Parallel {
+    fn kind(&self) -> &'static str {
+        "parallel"
+    }
+
+    fn describe(&self) -> String {
+        let names: Vec<String> = self.0.iter().map(|l| l.describe()).collect();
+        format!("parallel[{}]", names.join(", "))
+    }
+
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
+        let branches = self.branches(input, input)?;
+        let outs = self
+            .0
+            .iter()
+            .zip(self.keys())
+            .zip(&branches)
+            .map(|((l, k), s)| l.output_shape(s).map_err(|e| e.at(k)));
+        Ok(indexed(outs.collect::<Result<Vec<_>, _>>()?))
+    }
+
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
+        let branches = self.branches(input, input)?;
+        let specs = self
+            .0
+            .iter()
+            .zip(self.keys())
+            .zip(&branches)
+            .map(|((l, k), s)| Ok((k, l.param_specs(s).map_err(|e| e.at(k))?)));
+        Ok(Tree::Node(specs.collect::<Result<_, LayerError>>()?))
+    }
+
+    fn apply(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let keys = self.keys();
+        let children = children_of(self, params, &keys, "parameters")?;
+        let shapes = x.map(|t| t.shape().clone());
+        self.branches(&x, &shapes)?;
+        let mut rngs = cx.take_rng().map(|mut r| r.split(self.0.len()).into_iter());
+        let (mut outs, mut saved) = (Vec::new(), Vec::new());
+        for (i, (_, branch)) in x.into_children().into_iter().enumerate() {
+            let rng = rngs.as_mut().and_then(Iterator::next);
+            let layer = &*self.0[i];
+            let (y, r) = cx.child(keys[i], i, rng, |cx| layer.apply(children[i], branch, cx))?;
+            outs.push(y);
+            saved.push((keys[i], r));
+        }
+        Ok((indexed(outs), Tree::Node(saved)))
+    }
+
+    fn vjp(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let keys = self.keys();
+        let children = children_of(self, params, &keys, "parameters")?;
+        children_of(self, &residuals, &keys, "residuals")?;
+        let shapes = dy.map(|t| t.shape().clone());
+        self.branches(&dy, &shapes)?;
+        let pairs = residuals
+            .into_children()
+            .into_iter()
+            .zip(dy.into_children());
+        let mut dxs = Vec::new();
+        for (i, ((_, r), (_, d))) in pairs.enumerate() {
+            let layer = &*self.0[i];
+            let dx = cx.child(keys[i], i, None, |cx| {
+                layer.vjp(children[i], r, d, cx, need_dx)
+            })?;
+            dxs.push(dx);
+        }
+        Ok(dxs.into_iter().collect::<Option<Vec<_>>>().map(indexed))
+    }
+}
+
+/// stax's `Identity`: returns its input, whatever its structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity;
+
+impl Layer for Identity {
+    fn kind(&self) -> &'static str {
+        "identity"
+    }
+
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
+        Ok(input.clone())
+    }
+
+    fn param_specs(&self, _input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
+        Ok(Tree::empty())
+    }
+
+    fn apply(
+        &self,
+        params: &Params,
+        x: Value,
+        _cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        crate::layer::expect_params(params, self, &Tree::empty())?;
+        Ok((x, Tree::empty()))
+    }
+
+    fn vjp(
+        &self,
+        params: &Params,
+        _residuals: Residuals,
+        dy: Value,
+        _cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        crate::layer::expect_params(params, self, &Tree::empty())?;
+        Ok(need_dx.then_some(dy))
+    }
+}

@@ -1,0 +1,70 @@
+//! Gradient sinks: where a backward pass puts each layer's gradients, as soon as its `vjp`
+//! has them. The seam between the backward pass and the update: [`Collect`] gathers them for
+//! one update after the pass (today's step); accumulation over micro-batches, an all-reduce
+//! or an optimizer applied during the pass plug in here.
+
+use std::collections::HashMap;
+
+use stax_tensor::{Grads, Params, Path, Tensor};
+
+use crate::LayerError;
+
+/// Receives each layer's gradients during a backward pass.
+pub trait GradSink {
+    /// The gradients `grads` (a tree like the layer's parameters) of the layer at `path`.
+    ///
+    /// # Errors
+    /// [`LayerError::Gradients`] when the sink cannot take them.
+    fn accept(&mut self, path: &Path, grads: Grads) -> Result<(), LayerError>;
+}
+
+/// Collects every gradient of a backward pass, for one update after it.
+#[derive(Debug, Default)]
+pub struct Collect {
+    by_path: HashMap<Path, Tensor>,
+}
+
+impl Collect {
+    /// An empty collection.
+    pub fn new() -> Collect {
+        Collect::default()
+    }
+
+    /// The collected gradients as a tree like `params`.
+    ///
+    /// # Errors
+    /// [`LayerError::Gradients`] naming a parameter with no gradient, or a gradient for no
+    /// parameter.
+    pub fn finish(mut self, params: &Params) -> Result<Grads, LayerError> {
+        let grads = params.try_map(|path, _| {
+            self.by_path
+                .remove(path)
+                .ok_or_else(|| LayerError::Gradients {
+                    path: path.to_string(),
+                    reason: "the backward pass gave no gradient for this parameter".into(),
+                })
+        })?;
+        match self.by_path.keys().next() {
+            Some(extra) => Err(LayerError::Gradients {
+                path: extra.to_string(),
+                reason: "a gradient for no parameter of the model".into(),
+            }),
+            None => Ok(grads),
+        }
+    }
+}
+
+impl GradSink for Collect {
+    fn accept(&mut self, path: &Path, grads: Grads) -> Result<(), LayerError> {
+        for (rest, t) in grads.paths() {
+            let full = path.join(&rest);
+            if self.by_path.insert(full.clone(), t.clone()).is_some() {
+                return Err(LayerError::Gradients {
+                    path: full.to_string(),
+                    reason: "given twice".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
