@@ -14,7 +14,8 @@
 
 use clap::Parser;
 use stax::tensor::cuda::CudaBackend;
-use stax::tensor::{AdamHyper, Conv2dGeometry, TensorError};
+use stax::tensor::ops::{self, Epilogue};
+use stax::tensor::{Activation, AdamHyper, Conv2dGeometry, TensorError};
 use stax::train::Trainer;
 use stax::{
     Adam, Backend, BackendOptions, Category, Conv, DType, Dense, Flatten, Padding, Precision, Relu,
@@ -201,21 +202,21 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     let mut dy1 = empty(&be, &[b, h, h, c], DType::F32);
 
     // One forward pass first, so every later input holds real values.
-    be.conv2d(&x, &w1, &b1, &g1, &mut y1)?;
-    be.relu(&mut y1, Some(&mut m1))?;
-    be.conv2d(&y1, &w2, &b2, &g2, &mut y2)?;
-    be.relu(&mut y2, Some(&mut m2))?;
+    ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default())?;
+    ops::unary(Activation::Relu, &mut y1, Some(&mut m1))?;
+    ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default())?;
+    ops::unary(Activation::Relu, &mut y2, Some(&mut m2))?;
     let y2f = y2.reshape([b, feat])?;
-    be.matmul(&y2f, &wd, false, false, &mut z)?;
+    ops::matmul(&y2f, &wd, false, false, &mut z)?;
     drop(y2f);
-    be.bias_add(&mut z, &bd)?;
-    be.relu(&mut z, Some(&mut m3))?;
-    be.matmul(&z, &w3, false, false, &mut logits)?;
-    be.bias_add(&mut logits, &b3)?;
-    be.softmax_xent(&logits, &labels, &mut dlogits)?;
-    be.matmul(&dlogits, &w3, false, true, &mut dz)?;
-    be.relu_bwd(&mut dz, &m3)?;
-    be.matmul(&dz, &wd, false, true, &mut dy2)?;
+    ops::bias_add(&mut z, &bd)?;
+    ops::unary(Activation::Relu, &mut z, Some(&mut m3))?;
+    ops::matmul(&z, &w3, false, false, &mut logits)?;
+    ops::bias_add(&mut logits, &b3)?;
+    ops::softmax_xent(&logits, &labels, &mut dlogits)?;
+    ops::matmul(&dlogits, &w3, false, true, &mut dz)?;
+    ops::unary_bwd(Activation::Relu, &m3, &mut dz)?;
+    ops::matmul(&dz, &wd, false, true, &mut dy2)?;
     be.synchronize()?;
 
     println!("timing each op alone ({} reps):", p.reps);
@@ -228,53 +229,101 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         "conv1 forward + bias + relu1 (fused)",
         in_act + act + mask,
         true,
-        &mut || be.conv2d_relu(&x, &w1, &b1, &g1, &mut y1, &mut m1),
+        &mut || {
+            ops::conv2d(
+                &x,
+                &w1,
+                &b1,
+                &g1,
+                &mut y1,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m1),
+                },
+            )
+        },
     );
     gpu.set_fused_epilogues(false);
     p.time(
         "conv1 forward + bias + relu1, unfused",
         in_act + act + mask,
         false,
-        &mut || be.conv2d_relu(&x, &w1, &b1, &g1, &mut y1, &mut m1),
+        &mut || {
+            ops::conv2d(
+                &x,
+                &w1,
+                &b1,
+                &g1,
+                &mut y1,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m1),
+                },
+            )
+        },
     );
     p.time(
         "conv1 forward (+bias), unfused",
         in_act + act,
         false,
-        &mut || be.conv2d(&x, &w1, &b1, &g1, &mut y1),
+        &mut || ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default()),
     );
     gpu.set_fused_epilogues(true);
     p.time("conv1 forward (+bias)", in_act + act, false, &mut || {
-        be.conv2d(&x, &w1, &b1, &g1, &mut y1)
+        ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default())
     });
     p.time("relu1 (+bit mask)", 2.0 * act + mask, false, &mut || {
-        be.relu(&mut y1, Some(&mut m1))
+        ops::unary(Activation::Relu, &mut y1, Some(&mut m1))
     });
     p.time(
         "conv2 forward + bias + relu2 (fused)",
         2.0 * act + mask,
         true,
-        &mut || be.conv2d_relu(&y1, &w2, &b2, &g2, &mut y2, &mut m2),
+        &mut || {
+            ops::conv2d(
+                &y1,
+                &w2,
+                &b2,
+                &g2,
+                &mut y2,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m2),
+                },
+            )
+        },
     );
     gpu.set_fused_epilogues(false);
     p.time(
         "conv2 forward + bias + relu2, unfused",
         2.0 * act + mask,
         false,
-        &mut || be.conv2d_relu(&y1, &w2, &b2, &g2, &mut y2, &mut m2),
+        &mut || {
+            ops::conv2d(
+                &y1,
+                &w2,
+                &b2,
+                &g2,
+                &mut y2,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m2),
+                },
+            )
+        },
     );
     p.time(
         "conv2 forward (+bias), unfused",
         2.0 * act,
         false,
-        &mut || be.conv2d(&y1, &w2, &b2, &g2, &mut y2),
+        &mut || ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default()),
     );
     gpu.set_fused_epilogues(true);
     p.time("conv2 forward (+bias)", 2.0 * act, false, &mut || {
-        be.conv2d(&y1, &w2, &b2, &g2, &mut y2)
+        ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default())
     });
     p.time("relu2 (+bit mask)", 2.0 * act + mask, false, &mut || {
-        be.relu(&mut y2, Some(&mut m2))
+        ops::unary(Activation::Relu, &mut y2, Some(&mut m2))
     });
     let y2f = y2.reshape([b, feat])?;
     let wbytes = (feat * 128 * 4) as f64;
@@ -283,8 +332,8 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         act + wbytes,
         true,
         &mut || {
-            be.matmul(&y2f, &wd, false, false, &mut z)?;
-            be.bias_add(&mut z, &bd)
+            ops::matmul(&y2f, &wd, false, false, &mut z)?;
+            ops::bias_add(&mut z, &bd)
         },
     );
     p.time(
@@ -292,14 +341,14 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         0.0,
         true,
         &mut || {
-            be.relu(&mut z, Some(&mut m3))?;
-            be.matmul(&z, &w3, false, false, &mut logits)?;
-            be.bias_add(&mut logits, &b3)?;
-            be.softmax_xent(&logits, &labels, &mut dlogits)?;
-            be.matmul(&z, &dlogits, true, false, &mut dw3)?;
-            be.bias_grad(&dlogits, &mut db3)?;
-            be.matmul(&dlogits, &w3, false, true, &mut dz)?;
-            be.relu_bwd(&mut dz, &m3)
+            ops::unary(Activation::Relu, &mut z, Some(&mut m3))?;
+            ops::matmul(&z, &w3, false, false, &mut logits)?;
+            ops::bias_add(&mut logits, &b3)?;
+            ops::softmax_xent(&logits, &labels, &mut dlogits)?;
+            ops::matmul(&z, &dlogits, true, false, &mut dw3)?;
+            ops::bias_grad(&dlogits, &mut db3)?;
+            ops::matmul(&dlogits, &w3, false, true, &mut dz)?;
+            ops::unary_bwd(Activation::Relu, &m3, &mut dz)
         },
     );
     p.time(
@@ -307,12 +356,12 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         act + wbytes,
         true,
         &mut || {
-            be.matmul(&y2f, &dz, true, false, &mut dwd)?;
-            be.bias_grad(&dz, &mut dbd)
+            ops::matmul(&y2f, &dz, true, false, &mut dwd)?;
+            ops::bias_grad(&dz, &mut dbd)
         },
     );
     p.time("dense1 input gradient", act + wbytes, true, &mut || {
-        be.matmul(&dz, &wd, false, true, &mut dy2)
+        ops::matmul(&dz, &wd, false, true, &mut dy2)
     });
     let mut dy2v = dy2.reshape([b, h, h, c])?;
     drop(dy2);
@@ -320,70 +369,106 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         "relu2 bwd + conv2 bwd filter + bias grad (fused)",
         4.0 * act + mask,
         true,
-        &mut || be.conv2d_bwd_filter_relu(&y1, &mut dy2v, &m2, &g2, &mut dw2, &mut db),
+        &mut || {
+            ops::conv2d_bwd_filter(
+                &y1,
+                &mut dy2v,
+                &g2,
+                &mut dw2,
+                &mut db,
+                Some((Activation::Relu, &m2)),
+            )
+        },
     );
     gpu.set_fused_epilogues(false);
     p.time(
         "relu2 bwd + conv2 bwd filter + bias grad, unfused",
         4.0 * act + mask,
         false,
-        &mut || be.conv2d_bwd_filter_relu(&y1, &mut dy2v, &m2, &g2, &mut dw2, &mut db),
+        &mut || {
+            ops::conv2d_bwd_filter(
+                &y1,
+                &mut dy2v,
+                &g2,
+                &mut dw2,
+                &mut db,
+                Some((Activation::Relu, &m2)),
+            )
+        },
     );
     gpu.set_fused_epilogues(true);
     p.time("relu2 backward", 2.0 * act + mask, false, &mut || {
-        be.relu_bwd(&mut dy2v, &m2)
+        ops::unary_bwd(Activation::Relu, &m2, &mut dy2v)
     });
     p.time(
         "conv2 backward filter (+bias grad)",
         2.0 * act,
         false,
-        &mut || be.conv2d_bwd_filter(&y1, &dy2v, &g2, &mut dw2, &mut db),
+        &mut || ops::conv2d_bwd_filter(&y1, &mut dy2v.clone(), &g2, &mut dw2, &mut db, None),
     );
     p.time("conv2 backward data", 2.0 * act, true, &mut || {
-        be.conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
+        ops::conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
     });
     p.time(
         "relu1 bwd + conv1 bwd filter + bias grad (fused)",
         3.0 * act + in_act + mask,
         true,
-        &mut || be.conv2d_bwd_filter_relu(&x, &mut dy1, &m1, &g1, &mut dw1, &mut db),
+        &mut || {
+            ops::conv2d_bwd_filter(
+                &x,
+                &mut dy1,
+                &g1,
+                &mut dw1,
+                &mut db,
+                Some((Activation::Relu, &m1)),
+            )
+        },
     );
     gpu.set_fused_epilogues(false);
     p.time(
         "relu1 bwd + conv1 bwd filter + bias grad, unfused",
         3.0 * act + in_act + mask,
         false,
-        &mut || be.conv2d_bwd_filter_relu(&x, &mut dy1, &m1, &g1, &mut dw1, &mut db),
+        &mut || {
+            ops::conv2d_bwd_filter(
+                &x,
+                &mut dy1,
+                &g1,
+                &mut dw1,
+                &mut db,
+                Some((Activation::Relu, &m1)),
+            )
+        },
     );
     gpu.set_fused_epilogues(true);
     p.time("relu1 backward", 2.0 * act + mask, false, &mut || {
-        be.relu_bwd(&mut dy1, &m1)
+        ops::unary_bwd(Activation::Relu, &m1, &mut dy1)
     });
     p.time(
         "conv1 backward filter (+bias grad)",
         in_act + act,
         false,
-        &mut || be.conv2d_bwd_filter(&x, &dy1, &g1, &mut dw1, &mut db),
+        &mut || ops::conv2d_bwd_filter(&x, &mut dy1.clone(), &g1, &mut dw1, &mut db, None),
     );
     p.time("bias gradient alone, 64 channels", act, false, &mut || {
-        be.bias_grad(&dy1, &mut db)
+        ops::bias_grad(&dy1, &mut db)
     });
     p.time("bias add alone, 64 channels", 2.0 * act, false, &mut || {
-        be.bias_add(&mut dy1, &b1)
+        ops::bias_add(&mut dy1, &b1)
     });
     let mut copy_dst = empty(&be, &[b, h, h, c], DType::F32);
     p.time(
         "device copy of one activation",
         2.0 * act,
         false,
-        &mut || be.copy(&y2, &mut copy_dst),
+        &mut || ops::copy(&y2, &mut copy_dst),
     );
     drop(copy_dst);
 
     // Adam: the large Dense(128) weight, then the 7 small tensors as one row.
     let mut m = wd.duplicate()?;
     let mut v = wd.duplicate()?;
-    be.relu(&mut v, None)?;
+    ops::unary(Activation::Relu, &mut v, None)?;
     let adam = Adam::new(1e-3);
     let h1: AdamHyper = adam.hyper(1);
     let n = (feat * 128) as f64;
@@ -391,7 +476,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         "adam dense1.w (327.7 M params)",
         28.0 * n,
         true,
-        &mut || be.adam_update(&mut wd, &dwd, &mut m, &mut v, &h1),
+        &mut || ops::adam(&mut wd, &dwd, &mut m, &mut v, &h1),
     );
     let mut small: Vec<[Tensor; 4]> = Vec::new();
     for (i, shape) in [
@@ -416,7 +501,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     }
     p.time("adam, the 7 small tensors", 0.0, true, &mut || {
         for [pp, g, mm, vv] in small.iter_mut() {
-            be.adam_update(pp, g, mm, vv, &h1)?;
+            ops::adam(pp, g, mm, vv, &h1)?;
         }
         Ok(())
     });

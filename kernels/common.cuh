@@ -35,3 +35,42 @@ __device__ __forceinline__ double warp_allsum_f64(double v) {
     }
     return v;
 }
+
+// Half-precision storage types, bit patterns only (no header needed under NVRTC): every
+// kernel reads an element as f32 (to_f32), computes in f32 and rounds back once (from_f32,
+// round to nearest even: the conversions of the `half` crate the CPU backend uses).
+struct bf16_t {
+    unsigned short bits;
+};
+struct f16_t {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16_t v) { return __uint_as_float(((u32)v.bits) << 16); }
+__device__ __forceinline__ float to_f32(f16_t v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) {
+    u32 u = __float_as_uint(v);
+    bf16_t r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.bits = (unsigned short)((u >> 16) | 0x40u); // quiet NaN, sign kept
+    } else {
+        r.bits = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return r;
+}
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float v) {
+    f16_t r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+}
+
+// Instantiates M(type, suffix) for every float dtype: f32, bf16, f16.
+#define FOR_FLOATS(M) M(float, f32) M(bf16_t, bf16) M(f16_t, f16)

@@ -1,53 +1,22 @@
-// elementwise.cu: fill, bias add and its gradient, ReLU forward (with a packed bit mask) and
-// backward. All tensors are row-major f32 unless noted; see Backend's docs for the semantics.
+// elementwise.cu: fills, and the vectorized f32 fast paths of the ReLU (forward with a packed
+// bit mask, and backward) and of the bias add and gradient. The scalar kernels of every dtype
+// (and the tails of these) are in activation.cu. Row-major f32 unless noted.
 
 // p[i] = value for i < n (32-bit words: an f32 bit pattern or a u32).
 extern "C" __global__ void fill_u32(u32 *p, u32 value, size_t n) {
     GRID_STRIDE(i, n) { p[i] = value; }
 }
 
-// y[r, j] += b[j] for y of n elements viewed as rows of c.
-extern "C" __global__ void bias_add_f32(float *y, const float *b, size_t n, size_t c) {
-    GRID_STRIDE(i, n) { y[i] += b[i % c]; }
-}
-
-// Stage 1 of db[j] = sum_r dy[r, j]: block (x, s) sums rows s*rows_per_split .. of columns
-// 32x .. 32x+31 into partial[s, j] (f64). Block is 32 x 8 threads.
-extern "C" __global__ void bias_grad_partial_f32(const float *dy, double *partial, size_t rows,
-                                                 size_t c, size_t rows_per_split) {
-    __shared__ double acc[8][33];
-    size_t col = (size_t)blockIdx.x * 32 + threadIdx.x;
-    size_t begin = (size_t)blockIdx.y * rows_per_split;
-    size_t end = begin + rows_per_split < rows ? begin + rows_per_split : rows;
-    double s = 0.0;
-    if (col < c) {
-        for (size_t r = begin + threadIdx.y; r < end; r += 8) {
-            s += (double)dy[r * c + col];
-        }
-    }
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < c) {
-        double t = 0.0;
-        for (int k = 0; k < 8; ++k) t += acc[k][threadIdx.x];
-        partial[(size_t)blockIdx.y * c + col] = t;
-    }
-}
-
-// Stage 2: db[j] = sum_s partial[s, j].
-extern "C" __global__ void bias_grad_finish_f32(const double *partial, float *db, size_t splits,
-                                                size_t c) {
-    GRID_STRIDE(j, c) {
-        double t = 0.0;
-        for (size_t s = 0; s < splits; ++s) t += partial[s * c + j];
-        db[j] = (float)t;
-    }
+// p[i] = value for i < n (16-bit words: a bf16 or f16 bit pattern).
+extern "C" __global__ void fill_u16(unsigned short *p, unsigned short value, size_t n) {
+    GRID_STRIDE(i, n) { p[i] = value; }
 }
 
 // In-place x = max(x, 0) (NaN propagates, as jnp.maximum: the trainer must see it in the loss);
 // when mask is not null, bit i%32 of mask[i/32] = x[i] > 0 (bits past n are 0). With apply == 0
 // x is only read (the mask of an x that is already ReLU'd: y > 0 iff x > 0). One warp ballot
-// per 32 elements; the loop bound is warp-uniform. The tail of the vectorized relu_vec_f32.
+// per 32 elements; the loop bound is warp-uniform. The tail of the vectorized relu_vec_f32;
+// unary_<dtype> in activation.cu is the ReLU of every dtype.
 extern "C" __global__ void relu_f32(float *x, u32 *mask, size_t n, int apply) {
     size_t lane = threadIdx.x & 31;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -96,13 +65,6 @@ extern "C" __global__ void relu_vec_f32(float *x, u32 *mask, size_t chunks, int 
     }
 }
 
-// In-place dy[i] = 0 where bit i%32 of mask[i/32] is clear.
-extern "C" __global__ void relu_bwd_f32(float *dy, const u32 *mask, size_t n) {
-    GRID_STRIDE(i, n) {
-        if (((mask[i >> 5] >> (i & 31)) & 1u) == 0u) dy[i] = 0.0f;
-    }
-}
-
 // dy = 0 where the 4 bits (bit k for component k) are clear.
 __device__ __forceinline__ float4 mask4(float4 d, u32 bits) {
     d.x = (bits & 1u) ? d.x : 0.0f;
@@ -112,7 +74,8 @@ __device__ __forceinline__ float4 mask4(float4 d, u32 bits) {
     return d;
 }
 
-// As relu_bwd_f32 on n4 float4s (n = 4 n4 floats), 16 bytes per thread; dy 16-byte aligned.
+// In place dy[i] = 0 where bit i%32 of mask[i/32] is clear, on n4 float4s (n = 4 n4 floats),
+// 16 bytes per thread; dy 16-byte aligned (the scalar tail: unary_bwd_f32).
 // A float4 whose 4 bits are all clear is written as zeros without being read.
 extern "C" __global__ void relu_bwd_vec_f32(float *dy, const u32 *mask, size_t n4) {
     float4 *d4 = (float4 *)dy;
@@ -152,7 +115,7 @@ __device__ __forceinline__ void add4(double *s, float4 v) {
 
 // Stage 1 of db[j] = sum_r dy[r, j] for dy [rows, c] seen as n4 float4s, 16 bytes per thread,
 // f64 sums: block b writes partial[b, 0..c). When mask is not null, dy is first masked in place
-// as relu_bwd_f32 does (the ReLU backward fused with the bias gradient: one pass over dy).
+// as unary_bwd_f32 does (the ReLU backward fused with the bias gradient: one pass over dy).
 // Needs blockDim.x == 256, c % 4 == 0 and 1024 % c == 0, so that thread t of every block always
 // sees the float4 column group t % (c / 4); dy (and mask) 16-byte aligned. Stage 2 is
 // bias_grad_finish_f32.

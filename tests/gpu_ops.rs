@@ -8,9 +8,10 @@ mod common;
 use common::*;
 use stax_alloc::TraceOp;
 use stax_tensor::cuda::CudaBackend;
+use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
-    AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType, Device, Padding,
-    Precision, Strategy, Tensor, TensorError, WorkspaceOp, WorkspaceStep,
+    Activation, AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType,
+    Device, OpDesc, Padding, Precision, Strategy, Tensor, TensorError, WorkspaceStep,
 };
 use std::sync::Arc;
 
@@ -72,24 +73,22 @@ fn conv2d_all_passes_match_cpu() {
 
             let mut yg = poisoned(&gpu, g.output_shape(), DType::F32);
             let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
-            gpu.conv2d(&xg, &wg, &bg, &g, &mut yg).unwrap();
-            cpu.conv2d(&xc, &wc, &bc, &g, &mut yc).unwrap();
+            ops::conv2d(&xg, &wg, &bg, &g, &mut yg, Default::default()).unwrap();
+            ops::conv2d(&xc, &wc, &bc, &g, &mut yc, Default::default()).unwrap();
             let e1 = assert_rel_close(&vec(&yg), &vec(&yc), tol, &what("forward"));
 
             let mut dxg = poisoned(&gpu, g.input_shape(), DType::F32);
             let mut dxc = poisoned(&cpu, g.input_shape(), DType::F32);
-            gpu.conv2d_bwd_data(&dyg, &wg, &g, &mut dxg).unwrap();
-            cpu.conv2d_bwd_data(&dyc, &wc, &g, &mut dxc).unwrap();
+            ops::conv2d_bwd_data(&dyg, &wg, &g, &mut dxg).unwrap();
+            ops::conv2d_bwd_data(&dyc, &wc, &g, &mut dxc).unwrap();
             let e2 = assert_rel_close(&vec(&dxg), &vec(&dxc), tol, &what("backward data"));
 
             let mut dwg = poisoned(&gpu, g.filter_shape(), DType::F32);
             let mut dbg = poisoned(&gpu, [g.c_out], DType::F32);
             let mut dwc = poisoned(&cpu, g.filter_shape(), DType::F32);
             let mut dbc = poisoned(&cpu, [g.c_out], DType::F32);
-            gpu.conv2d_bwd_filter(&xg, &dyg, &g, &mut dwg, &mut dbg)
-                .unwrap();
-            cpu.conv2d_bwd_filter(&xc, &dyc, &g, &mut dwc, &mut dbc)
-                .unwrap();
+            ops::conv2d_bwd_filter(&xg, &mut dyg.clone(), &g, &mut dwg, &mut dbg, None).unwrap();
+            ops::conv2d_bwd_filter(&xc, &mut dyc.clone(), &g, &mut dwc, &mut dbc, None).unwrap();
             let e3 = assert_rel_close(&vec(&dwg), &vec(&dwc), tol, &what("backward filter"));
             let e4 = assert_rel_close(&vec(&dbg), &vec(&dbc), 1e-5, &what("bias gradient"));
             println!(
@@ -132,10 +131,30 @@ fn conv_relu_fused_ops_match_cpu() {
             let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
             let mut mg = poisoned(&gpu, [words], DType::U32);
             let mut mc = poisoned(&cpu, [words], DType::U32);
-            gpu.conv2d_relu(&xg, &wg, &bg, &g, &mut yg, &mut mg)
-                .unwrap();
-            cpu.conv2d_relu(&xc, &wc, &bc, &g, &mut yc, &mut mc)
-                .unwrap();
+            ops::conv2d(
+                &xg,
+                &wg,
+                &bg,
+                &g,
+                &mut yg,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut mg),
+                },
+            )
+            .unwrap();
+            ops::conv2d(
+                &xc,
+                &wc,
+                &bc,
+                &g,
+                &mut yc,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut mc),
+                },
+            )
+            .unwrap();
             let y_gpu = vec(&yg);
             let e1 = assert_rel_close(&y_gpu, &vec(&yc), tol, &what("forward"));
             let bits = mg.to_vec_u32().unwrap();
@@ -154,7 +173,7 @@ fn conv_relu_fused_ops_match_cpu() {
             let (mgg, mcc) = {
                 let bytes: Vec<u8> = bits.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let mut on_cpu = Tensor::empty(&cpu, [words], DType::U32, Category::Other).unwrap();
-                cpu.upload(&bytes, &mut on_cpu).unwrap();
+                ops::upload(&bytes, &mut on_cpu).unwrap();
                 (mg, on_cpu)
             };
 
@@ -163,10 +182,24 @@ fn conv_relu_fused_ops_match_cpu() {
             let mut dbg = poisoned(&gpu, [g.c_out], DType::F32);
             let mut dwc = poisoned(&cpu, g.filter_shape(), DType::F32);
             let mut dbc = poisoned(&cpu, [g.c_out], DType::F32);
-            gpu.conv2d_bwd_filter_relu(&xg, &mut dyg, &mgg, &g, &mut dwg, &mut dbg)
-                .unwrap();
-            cpu.conv2d_bwd_filter_relu(&xc, &mut dyc, &mcc, &g, &mut dwc, &mut dbc)
-                .unwrap();
+            ops::conv2d_bwd_filter(
+                &xg,
+                &mut dyg,
+                &g,
+                &mut dwg,
+                &mut dbg,
+                Some((Activation::Relu, &mgg)),
+            )
+            .unwrap();
+            ops::conv2d_bwd_filter(
+                &xc,
+                &mut dyc,
+                &g,
+                &mut dwc,
+                &mut dbc,
+                Some((Activation::Relu, &mcc)),
+            )
+            .unwrap();
             assert_close(&vec(&dyg), &vec(&dyc), 0.0, 0.0, &what("masked dy"));
             let e2 = assert_rel_close(&vec(&dwg), &vec(&dwc), tol, &what("backward filter"));
             let e3 = assert_rel_close(&vec(&dbg), &vec(&dbc), 1e-5, &what("bias gradient"));
@@ -203,17 +236,35 @@ fn seed_conv_fused_epilogues_match_unfused() {
             private.set_fused_epilogues(fused);
             let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
             let mut m = poisoned(&gpu, [words], DType::U32);
-            gpu.conv2d_relu(&x, &w, &b, &g, &mut y, &mut m).unwrap();
+            ops::conv2d(
+                &x,
+                &w,
+                &b,
+                &g,
+                &mut y,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m),
+                },
+            )
+            .unwrap();
             let mut plain = poisoned(&gpu, g.output_shape(), DType::F32);
-            gpu.conv2d(&x, &w, &b, &g, &mut plain).unwrap();
+            ops::conv2d(&x, &w, &b, &g, &mut plain, Default::default()).unwrap();
             // Backward on a copy of the plain output as dy (real values, both signs).
             let mut dy = plain.duplicate().unwrap();
             let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
             let mut db = poisoned(&gpu, [64], DType::F32);
-            gpu.conv2d_bwd_filter_relu(&x, &mut dy, &m, &g, &mut dw, &mut db)
-                .unwrap();
+            ops::conv2d_bwd_filter(
+                &x,
+                &mut dy,
+                &g,
+                &mut dw,
+                &mut db,
+                Some((Activation::Relu, &m)),
+            )
+            .unwrap();
             let mut db_plain = poisoned(&gpu, [64], DType::F32);
-            gpu.bias_grad(&plain, &mut db_plain).unwrap();
+            ops::bias_grad(&plain, &mut db_plain).unwrap();
             private.set_fused_epilogues(true);
             (
                 vec(&y),
@@ -276,8 +327,8 @@ fn matmul_all_transposes_match_cpu() {
                 let (bg, bc) = on_both(&gpu, &cpu, &rng.vec(k * n, -1.0, 1.0), b_shape);
                 let mut cg = poisoned(&gpu, [m, n], DType::F32);
                 let mut cc = poisoned(&cpu, [m, n], DType::F32);
-                gpu.matmul(&ag, &bg, ta, tb, &mut cg).unwrap();
-                cpu.matmul(&ac, &bc, ta, tb, &mut cc).unwrap();
+                ops::matmul(&ag, &bg, ta, tb, &mut cg).unwrap();
+                ops::matmul(&ac, &bc, ta, tb, &mut cc).unwrap();
                 let what = format!("matmul {precision:?} m{m} k{k} n{n} ta {ta} tb {tb}");
                 let e = assert_rel_close(&vec(&cg), &vec(&cc), tolerance(precision), &what);
                 println!("{what}: {e:.2e}");
@@ -310,8 +361,8 @@ fn bias_add_and_grad_match_cpu() {
         let b = rng.vec(c, -1.0, 1.0);
         let (mut yg, mut yc) = on_both(&gpu, &cpu, &y, shape);
         let (bg, bc) = on_both(&gpu, &cpu, &b, [c]);
-        gpu.bias_add(&mut yg, &bg).unwrap();
-        cpu.bias_add(&mut yc, &bc).unwrap();
+        ops::bias_add(&mut yg, &bg).unwrap();
+        ops::bias_add(&mut yc, &bc).unwrap();
         assert_close(
             &vec(&yg),
             &vec(&yc),
@@ -321,8 +372,8 @@ fn bias_add_and_grad_match_cpu() {
         );
         let mut dbg = poisoned(&gpu, [c], DType::F32);
         let mut dbc = poisoned(&cpu, [c], DType::F32);
-        gpu.bias_grad(&yg, &mut dbg).unwrap();
-        cpu.bias_grad(&yc, &mut dbc).unwrap();
+        ops::bias_grad(&yg, &mut dbg).unwrap();
+        ops::bias_grad(&yc, &mut dbc).unwrap();
         assert_rel_close(
             &vec(&dbg),
             &vec(&dbc),
@@ -345,8 +396,8 @@ fn relu_forward_mask_and_backward_match_cpu() {
         let (mut xg, mut xc) = on_both(&gpu, &cpu, &x, [n]);
         let mut mg = poisoned(&gpu, [words], DType::U32);
         let mut mc = poisoned(&cpu, [words], DType::U32);
-        gpu.relu(&mut xg, Some(&mut mg)).unwrap();
-        cpu.relu(&mut xc, Some(&mut mc)).unwrap();
+        ops::unary(Activation::Relu, &mut xg, Some(&mut mg)).unwrap();
+        ops::unary(Activation::Relu, &mut xc, Some(&mut mc)).unwrap();
         assert_close(&vec(&xg), &vec(&xc), 0.0, 0.0, &format!("relu [{n}]"));
         assert_eq!(
             mg.to_vec_u32().unwrap(),
@@ -355,8 +406,8 @@ fn relu_forward_mask_and_backward_match_cpu() {
         );
 
         let (mut ng, mut nc) = on_both(&gpu, &cpu, &x, [n]);
-        gpu.relu(&mut ng, None).unwrap();
-        cpu.relu(&mut nc, None).unwrap();
+        ops::unary(Activation::Relu, &mut ng, None).unwrap();
+        ops::unary(Activation::Relu, &mut nc, None).unwrap();
         assert_close(
             &vec(&ng),
             &vec(&nc),
@@ -367,8 +418,8 @@ fn relu_forward_mask_and_backward_match_cpu() {
 
         let dy = rng.vec(n, -1.0, 1.0);
         let (mut dg, mut dc) = on_both(&gpu, &cpu, &dy, [n]);
-        gpu.relu_bwd(&mut dg, &mg).unwrap();
-        cpu.relu_bwd(&mut dc, &mc).unwrap();
+        ops::unary_bwd(Activation::Relu, &mg, &mut dg).unwrap();
+        ops::unary_bwd(Activation::Relu, &mc, &mut dc).unwrap();
         assert_close(&vec(&dg), &vec(&dc), 0.0, 0.0, &format!("relu_bwd [{n}]"));
     }
 }
@@ -402,8 +453,8 @@ fn softmax_xent_loss_and_grad_match_cpu() {
         let (yg, yc) = on_both(&gpu, &cpu, &labels, [n, k]);
         let mut dg = poisoned(&gpu, [n, k], DType::F32);
         let mut dc = poisoned(&cpu, [n, k], DType::F32);
-        let lg = gpu.softmax_xent(&zg, &yg, &mut dg).unwrap();
-        let lc = cpu.softmax_xent(&zc, &yc, &mut dc).unwrap();
+        let lg = ops::softmax_xent(&zg, &yg, &mut dg).unwrap();
+        let lc = ops::softmax_xent(&zc, &yc, &mut dc).unwrap();
         let what = format!("softmax_xent [{n}, {k}] one-hot {one_hot}");
         assert_close(&[lg], &[lc], 1e-5, 1e-7, &format!("{what} loss"));
         assert_close(&vec(&dg), &vec(&dc), 1e-5, 1e-7, &format!("{what} dlogits"));
@@ -433,8 +484,8 @@ fn adam_update_matches_cpu() {
                 bias_correction2: 1.0 - b2.powi(t),
             };
             let (gg, gc) = on_both(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), [n]);
-            gpu.adam_update(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();
-            cpu.adam_update(&mut pc, &gc, &mut mc, &mut vc, &h).unwrap();
+            ops::adam(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();
+            ops::adam(&mut pc, &gc, &mut mc, &mut vc, &h).unwrap();
             for (name, a, b) in [("p", &pg, &pc), ("m", &mg, &mc), ("v", &vg, &vc)] {
                 assert_close(
                     &vec(a),
@@ -461,10 +512,10 @@ fn fill_copy_and_transfers_round_trip() {
     let copy = t.duplicate().unwrap();
     assert_eq!(vec(&copy), data, "device copy");
     let mut z = poisoned(&gpu, [n], DType::F32);
-    gpu.fill(&mut z, 2.5).unwrap();
+    ops::fill(&mut z, 2.5).unwrap();
     assert!(vec(&z).iter().all(|&v| v == 2.5), "fill");
     let mut m = poisoned(&gpu, [1000], DType::U32);
-    gpu.fill(&mut m, 0.0).unwrap();
+    ops::fill(&mut m, 0.0).unwrap();
     assert!(m.to_vec_u32().unwrap().iter().all(|&w| w == 0), "fill u32");
     let on_cpu = t.to(&cpu()).unwrap();
     assert_eq!(on_cpu.to_vec().unwrap(), data, "device_put to the host");
@@ -497,7 +548,7 @@ fn cpu_tensor_into_cuda_op_is_device_mismatch() {
     let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
     let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
     let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
-    let e = gpu.conv2d(&x_cpu, &w, &b, &g, &mut y).unwrap_err();
+    let e = ops::conv2d(&x_cpu, &w, &b, &g, &mut y, Default::default()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -512,9 +563,7 @@ fn cpu_tensor_into_cuda_op_is_device_mismatch() {
     let (a_cpu, _) = random_tensor(&cpu, [2, 2], &mut rng);
     let (a_gpu, _) = random_tensor(&gpu, [2, 2], &mut rng);
     let mut c = poisoned(&gpu, [2, 2], DType::F32);
-    let e = gpu
-        .matmul(&a_gpu, &a_cpu, false, false, &mut c)
-        .unwrap_err();
+    let e = ops::matmul(&a_gpu, &a_cpu, false, false, &mut c).unwrap_err();
     assert!(matches!(e, TensorError::DeviceMismatch { .. }), "{e}");
 }
 
@@ -539,7 +588,7 @@ fn terabyte_tensor_is_out_of_memory_and_backend_survives() {
     }
     let mut rng = Rng::new(2);
     let (mut x, data) = random_tensor(&gpu, [4096], &mut rng);
-    gpu.relu(&mut x, None).unwrap();
+    ops::unary(Activation::Relu, &mut x, None).unwrap();
     let want: Vec<f32> = data
         .iter()
         .map(|&v| if v > 0.0 { v } else { 0.0 })
@@ -588,13 +637,11 @@ fn seed_conv_plans_are_reported() {
         let mut db = poisoned(&dynb, [64], DType::F32);
         let mut step = |timed: bool| {
             let t0 = std::time::Instant::now();
-            gpu.conv2d(&x, &w1, &b, &g1, &mut y1).unwrap();
-            gpu.conv2d(&y1, &w2, &b, &g2, &mut y2).unwrap();
-            gpu.conv2d_bwd_data(&y2, &w2, &g2, &mut dx2).unwrap();
-            gpu.conv2d_bwd_filter(&y1, &y2, &g2, &mut dw, &mut db)
-                .unwrap();
-            gpu.conv2d_bwd_filter(&x, &dx2, &g1, &mut dw1, &mut db)
-                .unwrap();
+            ops::conv2d(&x, &w1, &b, &g1, &mut y1, Default::default()).unwrap();
+            ops::conv2d(&y1, &w2, &b, &g2, &mut y2, Default::default()).unwrap();
+            ops::conv2d_bwd_data(&y2, &w2, &g2, &mut dx2).unwrap();
+            ops::conv2d_bwd_filter(&y1, &mut y2.clone(), &g2, &mut dw, &mut db, None).unwrap();
+            ops::conv2d_bwd_filter(&x, &mut dx2.clone(), &g1, &mut dw1, &mut db, None).unwrap();
             gpu.synchronize().unwrap();
             if timed {
                 println!(
@@ -671,18 +718,18 @@ fn every_strategy_opens_and_computes() {
         let (bg, bc) = on_both(&gpu, &cpu, &b, [g.c_out]);
         let mut yg = poisoned(&gpu, g.output_shape(), DType::F32);
         let mut yc = poisoned(&cpu, g.output_shape(), DType::F32);
-        gpu.conv2d(&xg, &wg, &bg, &g, &mut yg).unwrap();
-        cpu.conv2d(&xc, &wc, &bc, &g, &mut yc).unwrap();
+        ops::conv2d(&xg, &wg, &bg, &g, &mut yg, Default::default()).unwrap();
+        ops::conv2d(&xc, &wc, &bc, &g, &mut yc, Default::default()).unwrap();
         let mut mg = poisoned(&gpu, [yg.numel().div_ceil(32)], DType::U32);
-        gpu.relu(&mut yg, Some(&mut mg)).unwrap();
-        cpu.relu(&mut yc, None).unwrap();
+        ops::unary(Activation::Relu, &mut yg, Some(&mut mg)).unwrap();
+        ops::unary(Activation::Relu, &mut yc, None).unwrap();
         let what = format!("conv2d + relu with {strategy:?}");
         assert_rel_close(&vec(&yg), &vec(&yc), 1e-5, &what);
         let (ag, ac) = on_both(&gpu, &cpu, &rng.vec(64 * 96, -1.0, 1.0), [64, 96]);
         let mut cg = poisoned(&gpu, [64, 64], DType::F32);
         let mut cc = poisoned(&cpu, [64, 64], DType::F32);
-        gpu.matmul(&ag, &ag, false, true, &mut cg).unwrap();
-        cpu.matmul(&ac, &ac, false, true, &mut cc).unwrap();
+        ops::matmul(&ag, &ag, false, true, &mut cg).unwrap();
+        ops::matmul(&ac, &ac, false, true, &mut cc).unwrap();
         assert_rel_close(
             &vec(&cg),
             &vec(&cc),
@@ -700,8 +747,8 @@ fn every_strategy_opens_and_computes() {
 }
 
 /// `workspace_schedule` lists, to the byte and in order, the workspace allocations and frees
-/// of each op (after the first query has chosen the conv algorithms on temporary buffers), and
-/// `workspace_bytes` is their peak.
+/// of each op once calibrated (the conv algorithms chosen), and `workspace_bytes` is their
+/// peak; before calibration a conv's schedule is a bound at least as large.
 #[test]
 fn workspace_schedules_match_what_ops_allocate() {
     if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
@@ -713,8 +760,15 @@ fn workspace_schedules_match_what_ops_allocate() {
     };
     let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
     let ws = Category::Workspace.index();
-    let check = |what: &str, op: WorkspaceOp, run: &mut dyn FnMut()| {
+    let check = |what: &str, op: OpDesc, run: &mut dyn FnMut()| {
+        let bound = gpu.workspace_bytes(&op).unwrap();
+        gpu.calibrate(&op).unwrap();
+        assert!(gpu.is_calibrated(&op), "{what}: calibrated");
         let predicted = gpu.workspace_schedule(&op).unwrap();
+        assert!(
+            WorkspaceStep::peak(&predicted) <= bound,
+            "{what}: the uncalibrated bound {bound} is below the exact schedule {predicted:?}"
+        );
         run(); // steady state: the algorithm is chosen, buffers are cached
         gpu.synchronize().unwrap();
         gpu.allocator().reset_peak();
@@ -760,23 +814,26 @@ fn workspace_schedules_match_what_ops_allocate() {
         let mut dx = poisoned(&gpu, g.input_shape(), DType::F32);
         let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
         let mut db = poisoned(&gpu, [g.c_out], DType::F32);
-        let op = |pass| WorkspaceOp::Conv { geometry: g, pass };
+        let op = |pass| OpDesc::Conv {
+            geometry: g,
+            pass,
+            dtype: DType::F32,
+        };
         check(
             &format!("conv fwd {g:?}"),
             op(ConvPass::Forward),
-            &mut || gpu.conv2d(&x, &w, &b, &g, &mut y).unwrap(),
+            &mut || ops::conv2d(&x, &w, &b, &g, &mut y, Default::default()).unwrap(),
         );
         check(
             &format!("conv bwd data {g:?}"),
             op(ConvPass::BackwardData),
-            &mut || gpu.conv2d_bwd_data(&dy, &w, &g, &mut dx).unwrap(),
+            &mut || ops::conv2d_bwd_data(&dy, &w, &g, &mut dx).unwrap(),
         );
         check(
             &format!("conv bwd filter {g:?}"),
             op(ConvPass::BackwardFilter),
             &mut || {
-                gpu.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)
-                    .unwrap()
+                ops::conv2d_bwd_filter(&x, &mut dy.clone(), &g, &mut dw, &mut db, None).unwrap()
             },
         );
         // the fused ReLU variants the training step uses allocate as their plain passes
@@ -785,15 +842,35 @@ fn workspace_schedules_match_what_ops_allocate() {
         check(
             &format!("conv fwd + relu {g:?}"),
             op(ConvPass::Forward),
-            &mut || gpu.conv2d_relu(&x, &w, &b, &g, &mut y, &mut mask).unwrap(),
+            &mut || {
+                ops::conv2d(
+                    &x,
+                    &w,
+                    &b,
+                    &g,
+                    &mut y,
+                    Epilogue {
+                        act: Some(Activation::Relu),
+                        aux: Some(&mut mask),
+                    },
+                )
+                .unwrap()
+            },
         );
         let mut dy_relu = dy.duplicate().unwrap();
         check(
             &format!("conv bwd filter + relu {g:?}"),
             op(ConvPass::BackwardFilter),
             &mut || {
-                gpu.conv2d_bwd_filter_relu(&x, &mut dy_relu, &mask, &g, &mut dw, &mut db)
-                    .unwrap()
+                ops::conv2d_bwd_filter(
+                    &x,
+                    &mut dy_relu,
+                    &g,
+                    &mut dw,
+                    &mut db,
+                    Some((Activation::Relu, &mask)),
+                )
+                .unwrap()
             },
         );
     }
@@ -801,26 +878,27 @@ fn workspace_schedules_match_what_ops_allocate() {
     let mut c = poisoned(&gpu, [33, 33], DType::F32);
     check(
         "matmul",
-        WorkspaceOp::Matmul {
+        OpDesc::Matmul {
             m: 33,
             n: 33,
             k: 70,
+            dtype: DType::F32,
         },
-        &mut || gpu.matmul(&a, &a, false, true, &mut c).unwrap(),
+        &mut || ops::matmul(&a, &a, false, true, &mut c).unwrap(),
     );
     let mut db = poisoned(&gpu, [70], DType::F32);
     check(
         "bias_grad",
-        WorkspaceOp::BiasGrad { rows: 33, cols: 70 },
-        &mut || gpu.bias_grad(&a, &mut db).unwrap(),
+        OpDesc::BiasGrad { rows: 33, cols: 70 },
+        &mut || ops::bias_grad(&a, &mut db).unwrap(),
     );
     let mut da = poisoned(&gpu, [33, 70], DType::F32);
     check(
         "softmax_xent",
-        WorkspaceOp::SoftmaxXent {
+        OpDesc::SoftmaxXent {
             rows: 33,
             classes: 70,
         },
-        &mut || gpu.softmax_xent(&a, &a, &mut da).map(drop).unwrap(),
+        &mut || ops::softmax_xent(&a, &a, &mut da).map(drop).unwrap(),
     );
 }

@@ -11,6 +11,7 @@ use common::{
 };
 use stax::alloc::{Allocator, HostMemory, SimMemory};
 use stax::tensor::cuda::CudaBackend;
+use stax::tensor::ops;
 use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
 use stax::train::plan::{Feed, MemoryPlan};
 use stax::train::{StepReport, TrainError, Trainer, place_batch};
@@ -130,11 +131,11 @@ fn upload_async_rejects_device_memory_and_wrong_sizes() {
     let sim = SimMemory::new(1 << 30, 2 << 20);
     let sim = Allocator::new(Arc::new(sim), Strategy::Caching).unwrap();
     let not_host = sim.allocate(12, Category::Input).unwrap();
-    let e = be.upload_async(not_host, dst()).unwrap_err();
+    let e = ops::upload_async(not_host, dst()).unwrap_err();
     assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
     let host = Allocator::new(Arc::new(HostMemory::new()), Strategy::Caching).unwrap();
     let short = host.allocate(8, Category::Input).unwrap();
-    let e = be.upload_async(short, dst()).unwrap_err();
+    let e = ops::upload_async(short, dst()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -205,7 +206,7 @@ fn gpu_upload_async_is_ordered_after_queued_work() {
     let data = rng.vec(n * n, -1.0, 1.0);
     for round in 0..3 {
         let mut c = Tensor::empty(&gpu, [n, n], DType::F32, Category::Other).unwrap();
-        gpu.matmul(&a, &a, false, false, &mut c).unwrap(); // queued, milliseconds of work
+        ops::matmul(&a, &a, false, false, &mut c).unwrap(); // queued, milliseconds of work
         let freed = c.addr();
         drop(c);
         let dst = Tensor::empty(&gpu, [n, n], DType::F32, Category::Input).unwrap();
@@ -218,7 +219,7 @@ fn gpu_upload_async_is_ordered_after_queued_work() {
         src.host_bytes_mut()
             .unwrap()
             .copy_from_slice(bytemuck::cast_slice(&data));
-        let got = gpu.upload_async(src, dst).unwrap().wait().unwrap();
+        let got = ops::upload_async(src, dst).unwrap().wait().unwrap();
         assert_eq!(got.to_vec().unwrap(), data, "round {round}");
     }
 }

@@ -78,23 +78,23 @@ pub fn cpu() -> Arc<dyn Backend> {
         .expect("the CPU backend always opens")
 }
 
-/// Overwrites `t` so that an op that forgets an element fails the comparison: NaN for f32,
-/// the word `0xDEAD_BEEF` for u32.
-pub fn poison(backend: &Arc<dyn Backend>, t: &mut Tensor) {
+/// Overwrites `t` so that an op that forgets an element fails the comparison: NaN for
+/// floats, the word `0xDEAD_BEEF` for u32.
+pub fn poison(t: &mut Tensor) {
     match t.dtype() {
-        DType::F32 => backend.fill(t, f32::NAN).expect("poison: fill with NaN"),
         DType::U32 => {
             let words = vec![0xDEAD_BEEFu32; t.numel()];
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-            backend.upload(&bytes, t).expect("poison: upload pattern");
+            stax::tensor::ops::upload(&bytes, t).expect("poison: upload pattern");
         }
+        _ => stax::tensor::ops::fill(t, f32::NAN).expect("poison: fill with NaN"),
     }
 }
 
 /// An output tensor of `shape` and `dtype` on `backend`, poisoned.
 pub fn poisoned(backend: &Arc<dyn Backend>, shape: impl Into<Shape>, dtype: DType) -> Tensor {
     let mut t = Tensor::empty(backend, shape, dtype, Category::Other).expect("allocate output");
-    poison(backend, &mut t);
+    poison(&mut t);
     t
 }
 

@@ -2,90 +2,58 @@
 //! stax's `elementwise(fun)` makes its activation layers. Each activation keeps for its
 //! backward pass the least it can ([`Saves`]): the ReLU a bit mask (1/32 of the activation's
 //! bytes), so the activation's buffer can be freed or overwritten by the next layer's backward
-//! pass. Activations run in place on their input's buffer when nothing else holds it.
+//! pass; tanh its output. Activations run in place on their input's buffer when nothing else
+//! holds it. A new activation is a variant of [`Activation`] (with its formulas and kernel
+//! line) and, if stax names it, a constant here.
 
 use stax_alloc::Tag;
 use std::sync::Arc;
 
-use stax_tensor::{Backend, Category, DType, Params, Shape, Tensor, Tree};
+pub use stax_tensor::{Activation, Saves};
+use stax_tensor::{Backend, Category, DType, Params, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
-/// An elementwise activation function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// `jax.nn.relu`: `max(x, 0)`, NaN propagated as `jnp.maximum` does; gradient
-    /// `select(x > 0, g, 0)` (relu'(0) = 0).
-    Relu,
+/// The buffer an activation's forward pass fills for its backward pass when it keeps one of
+/// its own (the ReLU's mask: U32, `ceil(numel / 32)` words, tagged [`Category::Activation`],
+/// role `mask`), for an output of `shape` on `backend`; None for one that keeps its output.
+///
+/// # Errors
+/// Allocation errors.
+pub fn aux_for(
+    act: Activation,
+    shape: &Shape,
+    backend: &Arc<dyn Backend>,
+) -> Result<Option<Tensor>, LayerError> {
+    match act.saves() {
+        Saves::Mask => {
+            let words = shape.numel().div_ceil(32);
+            let tag = Tag::new(Category::Activation, "mask");
+            Ok(Some(Tensor::empty(backend, [words], DType::U32, tag)?))
+        }
+        Saves::Output => Ok(None),
+    }
 }
 
-/// What an activation's backward pass reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Saves {
-    /// A bit mask of `x > 0` (U32 words, one bit an element), made by the activation layer.
-    Mask,
+/// What an activation keeps for its backward pass, given its output `y` and its mask: the
+/// residual field's name and the tensor.
+pub(crate) fn saved(
+    act: Activation,
+    y: &Tensor,
+    mask: Option<Tensor>,
+) -> Option<(&'static str, Saved)> {
+    match act.saves() {
+        Saves::Mask => mask.map(|m| ("mask", Saved::Tensor(m))),
+        Saves::Output => Some(("y", Saved::Tensor(y.clone()))),
+    }
 }
 
-impl Activation {
-    /// stax's name of the layer (`relu`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-        }
-    }
-
-    /// What its backward pass reads.
-    pub fn saves(self) -> Saves {
-        match self {
-            Activation::Relu => Saves::Mask,
-        }
-    }
-
-    /// Applies the activation to `y` in place; with `aux` (training), also writes what the
-    /// backward pass reads.
-    ///
-    /// # Errors
-    /// The backend's op errors.
-    pub fn forward(self, y: &mut Tensor, aux: Option<&mut Tensor>) -> Result<(), LayerError> {
-        let be = y.backend().clone();
-        match self {
-            Activation::Relu => be.relu(y, aux)?,
-        }
-        Ok(())
-    }
-
-    /// The backward pass, in place on `dy` (the gradient with respect to the output), from
-    /// what the forward pass saved.
-    ///
-    /// # Errors
-    /// The backend's op errors.
-    pub fn backward(self, saved: &Tensor, dy: &mut Tensor) -> Result<(), LayerError> {
-        let be = dy.backend().clone();
-        match self {
-            Activation::Relu => be.relu_bwd(dy, saved)?,
-        }
-        Ok(())
-    }
-
-    /// The buffer the forward pass fills for the backward pass when the activation keeps one
-    /// of its own (the ReLU's mask: U32, `ceil(numel / 32)` words, tagged
-    /// [`Category::Activation`], role `mask`), for an output of `shape` on `backend`.
-    ///
-    /// # Errors
-    /// Allocation errors.
-    pub fn aux_for(
-        self,
-        shape: &Shape,
-        backend: &Arc<dyn Backend>,
-    ) -> Result<Option<Tensor>, LayerError> {
-        match self.saves() {
-            Saves::Mask => {
-                let words = shape.numel().div_ceil(32);
-                let tag = Tag::new(Category::Activation, "mask");
-                Ok(Some(Tensor::empty(backend, [words], DType::U32, tag)?))
-            }
-        }
+/// The residual field an activation's backward pass reads.
+pub(crate) fn saved_key(act: Activation) -> &'static str {
+    match act.saves() {
+        Saves::Mask => "mask",
+        Saves::Output => "y",
     }
 }
 
@@ -96,6 +64,10 @@ pub struct Elementwise(pub Activation);
 /// stax's `Relu`: `max(x, 0)` (see [`Activation::Relu`]).
 #[allow(non_upper_case_globals)]
 pub const Relu: Elementwise = Elementwise(Activation::Relu);
+
+/// stax's `Tanh` (see [`Activation::Tanh`]).
+#[allow(non_upper_case_globals)]
+pub const Tanh: Elementwise = Elementwise(Activation::Tanh);
 
 impl Layer for Elementwise {
     fn kind(&self) -> &'static str {
@@ -120,16 +92,16 @@ impl Layer for Elementwise {
         expect_params(params, self, &Tree::empty())?;
         let x = one_tensor(self, x)?;
         let mut aux = match cx.is_training() {
-            true => self.0.aux_for(x.shape(), x.backend())?,
+            true => aux_for(self.0, x.shape(), x.backend())?,
             false => None,
         };
         let mut y = x.into_unique_as("output")?;
-        self.0.forward(&mut y, aux.as_mut())?;
-        let saved = match aux {
-            Some(mask) => residuals([("mask", Saved::Tensor(mask))]),
-            None => Tree::empty(),
+        ops::unary(self.0, &mut y, aux.as_mut())?;
+        let kept = match cx.is_training() {
+            true => residuals(saved(self.0, &y, aux)),
+            false => Tree::empty(),
         };
-        Ok((Tree::leaf(y), saved))
+        Ok((Tree::leaf(y), kept))
     }
 
     fn vjp(
@@ -141,12 +113,12 @@ impl Layer for Elementwise {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         expect_params(params, self, &Tree::empty())?;
-        let saved = saved_tensor(self, &mut residuals, "mask")?;
+        let saved = saved_tensor(self, &mut residuals, saved_key(self.0))?;
         if !need_dx {
             return Ok(None);
         }
         let mut dx = one_tensor(self, dy)?.into_unique_as("dx")?;
-        self.0.backward(&saved, &mut dx)?;
+        ops::unary_bwd(self.0, &saved, &mut dx)?;
         Ok(Some(Tree::leaf(dx)))
     }
 

@@ -1,18 +1,21 @@
 //! `Conv`: 2-D convolution, NHWC input, HWIO kernel (stax's `Conv`).
 
 use stax_alloc::Tag;
+use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{Category, Conv2dGeometry, DType, Key, Padding, Params, Shape, Tensor, Tree};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
-use crate::{Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
+use crate::{
+    Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+};
 
 /// stax's `Conv(out_chan, filter_shape, strides, padding)`: `y = conv(x, w) + b`.
 ///
 /// x NHWC `[n, h, w, c_in]`, w HWIO `[kh, kw, c_in, out_chan]` initialized with
 /// `glorot_normal(in_axis=2, out_axis=3)`, b `[out_chan]` initialized with `normal(1e-6)`
 /// (stax stores b as `[1, 1, 1, out_chan]`; the values broadcast the same way).
-/// Output NHWC `[n, out_h, out_w, out_chan]`, sizes as [`Padding`] says. A ReLU that follows
-/// runs in the convolution's epilogue ([`Layer::fuses`]).
+/// Output NHWC `[n, out_h, out_w, out_chan]`, sizes as [`Padding`] says. An activation that
+/// follows runs in the convolution's epilogue ([`Layer::fuses`]: cuDNN fuses a ReLU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv {
     /// Output channels.
@@ -92,37 +95,35 @@ impl Conv {
         let x = one_tensor(self, x)?;
         let g = self.geometry(x.shape())?;
         let wb = expect_params(params, self, &Self::specs(&g))?;
-        let be = x.backend().clone();
         let tag = Tag::new(Category::Activation, "output");
-        let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, tag)?;
-        let mask = match act {
-            Some((Activation::Relu, Some(mut mask))) => {
-                be.conv2d_relu(&x, wb[0], wb[1], &g, &mut y, &mut mask)?;
-                Some(mask)
-            }
-            Some((act, _)) => return Err(self.config(format!("cannot fuse {act:?}"))),
-            None => {
-                be.conv2d(&x, wb[0], wb[1], &g, &mut y)?;
-                None
-            }
+        let mut y = Tensor::empty(x.backend(), g.output_shape(), DType::F32, tag)?;
+        let (act, mut aux) = match act {
+            Some((a, aux)) => (Some(a), aux),
+            None => (None, None),
         };
+        let epi = Epilogue {
+            act,
+            aux: aux.as_mut(),
+        };
+        ops::conv2d(&x, wb[0], wb[1], &g, &mut y, epi)?;
         if !cx.is_training() {
             return Ok((Tree::leaf(y), Tree::empty()));
         }
-        let mut saved = vec![("x", Saved::Tensor(x))];
-        saved.extend(mask.map(|m| ("mask", Saved::Tensor(m))));
-        Ok((Tree::leaf(y), residuals(saved)))
+        let mut kept = vec![("x", Saved::Tensor(x))];
+        kept.extend(act.and_then(|a| activation::saved(a, &y, aux)));
+        Ok((Tree::leaf(y), residuals(kept)))
     }
 
-    /// The backward pass; with `mask`, `dy` is the gradient with respect to the output of the
-    /// ReLU that followed, masked here (fused with the bias gradient where the backend can).
-    /// Kernel and bias gradients first, then `dx` over `x`'s buffer when nothing else holds
-    /// it (the activation is no longer needed).
+    /// The backward pass; with `act`, `dy` is the gradient with respect to the output of the
+    /// activation that followed, turned here into the convolution's output gradient from what
+    /// the activation saved (fused with the bias gradient where the backend can). Kernel and
+    /// bias gradients first, then `dx` over `x`'s buffer when nothing else holds it (the
+    /// activation is no longer needed).
     fn backward(
         &self,
         params: &Params,
         x: Tensor,
-        mask: Option<Tensor>,
+        act: Option<(Activation, Tensor)>,
         dy: Value,
         cx: &mut Cx<'_>,
         need_dx: bool,
@@ -134,14 +135,16 @@ impl Conv {
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, grad("dw"))?;
         let mut db = Tensor::empty(&be, [g.c_out], DType::F32, grad("db"))?;
-        let dy = match mask {
-            Some(mask) => {
+        let dy = match act {
+            Some((act, saved)) => {
                 let mut dy = dy.into_unique()?;
-                be.conv2d_bwd_filter_relu(&x, &mut dy, &mask, &g, &mut dw, &mut db)?;
+                let act = Some((act, &saved));
+                ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act)?;
                 dy
             }
             None => {
-                be.conv2d_bwd_filter(&x, &dy, &g, &mut dw, &mut db)?;
+                let mut dy = dy;
+                ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, None)?;
                 dy
             }
         };
@@ -153,7 +156,7 @@ impl Conv {
                 drop(x);
                 Tensor::empty(&be, g.input_shape(), DType::F32, grad("dx"))?
             };
-            be.conv2d_bwd_data(&dy, wb[0], &g, &mut dx)?;
+            ops::conv2d_bwd_data(&dy, wb[0], &g, &mut dx)?;
             Some(Tree::leaf(dx))
         } else {
             None
@@ -212,9 +215,9 @@ impl Layer for Conv {
         self.backward(params, x, None, dy, cx, need_dx)
     }
 
-    /// The ReLU, in the convolution's epilogue (`Backend::conv2d_relu`).
-    fn fuses(&self, act: Activation) -> bool {
-        act == Activation::Relu
+    /// Any activation, in the convolution's epilogue ([`ops::conv2d`]'s `Epilogue`).
+    fn fuses(&self, _act: Activation) -> bool {
+        true
     }
 
     fn apply_fused(
@@ -228,19 +231,19 @@ impl Layer for Conv {
         self.forward(params, x, cx, Some((act, aux)))
     }
 
-    /// The ReLU's backward fused with the kernel and bias gradients
-    /// (`Backend::conv2d_bwd_filter_relu`).
+    /// The activation's backward fused with the kernel and bias gradients
+    /// ([`ops::conv2d_bwd_filter`]).
     fn vjp_fused(
         &self,
         params: &Params,
         mut residuals: Residuals,
         dy: Value,
         cx: &mut Cx<'_>,
-        _act: Activation,
+        act: Activation,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         let x = saved_tensor(self, &mut residuals, "x")?;
-        let mask = saved_tensor(self, &mut residuals, "mask")?;
-        self.backward(params, x, Some(mask), dy, cx, need_dx)
+        let saved = saved_tensor(self, &mut residuals, activation::saved_key(act))?;
+        self.backward(params, x, Some((act, saved)), dy, cx, need_dx)
     }
 }

@@ -1,7 +1,7 @@
 //! `Dense`: fully connected layer (stax's `Dense`).
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, DType, Key, Params, Shape, Tensor, Tree};
+use stax_tensor::{Category, DType, Key, Params, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
@@ -93,8 +93,8 @@ impl Layer for Dense {
         let be = x2.backend().clone();
         let tag = Tag::new(Category::Activation, "output");
         let mut y = Tensor::empty(&be, [rows, self.0], DType::F32, tag)?;
-        be.matmul(&x2, wb[0], false, false, &mut y)?;
-        be.bias_add(&mut y, wb[1])?;
+        ops::matmul(&x2, wb[0], false, false, &mut y)?;
+        ops::bias_add(&mut y, wb[1])?;
         let saved = match cx.is_training() {
             true => residuals([("x", Saved::Tensor(x2))]),
             false => Tree::empty(),
@@ -122,8 +122,8 @@ impl Layer for Dense {
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, wb[0].shape().clone(), DType::F32, grad("dw"))?;
         let mut db = Tensor::empty(&be, [self.0], DType::F32, grad("db"))?;
-        be.matmul(&x2, &dy2, true, false, &mut dw)?;
-        be.bias_grad(&dy2, &mut db)?;
+        ops::matmul(&x2, &dy2, true, false, &mut dw)?;
+        ops::bias_grad(&dy2, &mut db)?;
         let dx = if need_dx {
             let mut dx = if x2.is_unique() {
                 x2.note_role("dx");
@@ -133,7 +133,7 @@ impl Layer for Dense {
                 let (rows, k) = as_matrix(&in_shape);
                 Tensor::empty(&be, [rows, k], DType::F32, grad("dx"))?
             };
-            be.matmul(&dy2, wb[0], false, true, &mut dx)?;
+            ops::matmul(&dy2, wb[0], false, true, &mut dx)?;
             Some(Tree::leaf(dx.reshape(in_shape)?))
         } else {
             None

@@ -37,7 +37,9 @@ pub(crate) fn apply_pair(
             .shape_error("fusion needs one output tensor".into(), &out)
             .at(key)
     })?;
-    let aux = cx.child(act_key, i + 1, None, |cx| act.aux_for(shape, cx.backend()))?;
+    let aux = cx.child(act_key, i + 1, None, |cx| {
+        crate::activation::aux_for(act, shape, cx.backend())
+    })?;
     let (y, r) = cx.child(key, i, rng, |cx| layer.apply_fused(params, x, cx, act, aux))?;
     cx.child(act_key, i + 1, None, |_| {
         y.leaves().iter().for_each(|t| t.note_role("output"));

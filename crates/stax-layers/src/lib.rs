@@ -34,7 +34,7 @@ pub mod params;
 pub mod serial;
 pub mod sink;
 
-pub use activation::{Activation, Elementwise, Relu, Saves};
+pub use activation::{Activation, Elementwise, Relu, Saves, Tanh};
 pub use conv::Conv;
 pub use cx::{Cx, Mode, Policy};
 pub use dense::Dense;

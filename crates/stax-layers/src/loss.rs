@@ -3,7 +3,7 @@
 use std::fmt;
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, DType, Shape, Tensor};
+use stax_tensor::{Category, DType, Shape, Tensor, ops};
 
 use crate::LayerError;
 
@@ -46,10 +46,9 @@ impl Loss for SoftmaxCrossEntropy {
         logits: &Tensor,
         labels: &Tensor,
     ) -> Result<(f32, Tensor), LayerError> {
-        let be = logits.backend().clone();
         let tag = Tag::new(Category::Gradient, "dlogits");
-        let mut d = Tensor::empty(&be, logits.shape().clone(), DType::F32, tag)?;
-        let loss = be.softmax_xent(logits, labels, &mut d)?;
+        let mut d = Tensor::empty(logits.backend(), logits.shape().clone(), DType::F32, tag)?;
+        let loss = ops::softmax_xent(logits, labels, &mut d)?;
         Ok((loss, d))
     }
 }

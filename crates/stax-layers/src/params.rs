@@ -107,7 +107,7 @@ fn walk(
         Fill::Load(f) => f(at, spec)?,
     };
     check_len(at, &spec.shape, values.len())?;
-    backend.upload(bytemuck::cast_slice(&values), &mut t)?;
+    stax_tensor::ops::upload(bytemuck::cast_slice(&values), &mut t)?;
     Ok(Tree::leaf(t))
 }
 

@@ -109,7 +109,6 @@ impl Optimizer for Adam {
                 },
             ));
         };
-        let h = self.hyper(t);
-        Ok(p.backend().clone().adam_update(p, g, m, v, &h)?)
+        Ok(stax_tensor::ops::adam(p, g, m, v, &self.hyper(t))?)
     }
 }

@@ -1,14 +1,27 @@
-//! The `Backend` trait: the few ops stax needs, implemented by the CPU and CUDA backends.
+//! The `Backend` trait: a device's memory and the ops of a training step, in families.
 //!
-//! Ops write into caller-provided outputs (`&mut Tensor`), so the caller decides which buffer is
-//! reused and which is freshly allocated: that is how the training step keeps its memory minimal.
-//! Every op checks that all operands live on this backend's device
-//! ([`TensorError::DeviceMismatch`]), that shapes and dtypes fit ([`TensorError::Shape`],
-//! [`TensorError::DType`]) and that outputs are not shared ([`TensorError::Aliased`]).
+//! Ops come in families, one trait each: [`MemoryOps`] (copies, fills), [`ConvOps`]
+//! (convolutions and pooling), [`MatmulOps`], [`ElementwiseOps`] (activations, binary ops,
+//! bias), [`LossOps`] and [`OptimOps`]. A backend is all of them. Every op takes its operands
+//! as a [`Checked`] call that only the front end ([`crate::ops`]) can make: device (by backend
+//! identity), dtype, shape and aliasing are checked there, once, so the CPU, CUDA and planning
+//! backends compute (or, the planner, allocate) and check nothing again. Ops write into
+//! caller-provided outputs (`&mut Tensor`), so the caller decides which buffer is reused and
+//! which is fresh: that is how the training step keeps its memory minimal.
 
-use crate::upload::{Upload, host_source};
-use crate::{Conv2dGeometry, Device, Shape, Tensor, TensorError};
-use stax_alloc::{Allocation, Allocator, Strategy};
+mod call;
+mod families;
+mod scratch;
+
+pub use call::{
+    Adam, BiasAdd, BiasGrad, Binary, Call, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+};
+pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps};
+pub use scratch::Scratch;
+
+use crate::{Device, OpDesc, Shape, TensorError, WorkspaceStep};
+use stax_alloc::{Allocator, Strategy};
 use std::fmt;
 use std::sync::Arc;
 
@@ -89,100 +102,102 @@ pub struct AdamHyper {
     pub bias_correction2: f32,
 }
 
-/// One of the three passes of a 2-D convolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ConvPass {
-    /// `y = conv(x, w) + b` ([`Backend::conv2d`]).
-    Forward,
-    /// `dx` from `dy` and `w` ([`Backend::conv2d_bwd_data`]).
-    BackwardData,
-    /// `dw` and `db` from `x` and `dy` ([`Backend::conv2d_bwd_filter`]).
-    BackwardFilter,
-}
+/// The identity of one opened backend: unique in the process, so that tensors of two
+/// backends opened on the same device (each with its own stream and allocator) are told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(u64);
 
-/// An op whose scratch memory a memory planner asks about ([`Backend::workspace_schedule`]):
-/// the op and the sizes its workspace depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkspaceOp {
-    /// One pass of a convolution of this geometry.
-    Conv {
-        /// Shapes, strides and padding.
-        geometry: Conv2dGeometry,
-        /// Which pass.
-        pass: ConvPass,
-    },
-    /// [`Backend::matmul`] with `op(a)` `[m, k]`, `op(b)` `[k, n]`.
-    Matmul {
-        /// Rows of the product.
-        m: usize,
-        /// Columns of the product.
-        n: usize,
-        /// The contracted dimension.
-        k: usize,
-    },
-    /// [`Backend::bias_grad`] of `dy` seen as `[rows, cols]`.
-    BiasGrad {
-        /// Rows summed over.
-        rows: usize,
-        /// Bias length.
-        cols: usize,
-    },
-    /// [`Backend::softmax_xent`] of `[rows, classes]` logits.
-    SoftmaxXent {
-        /// Batch rows.
-        rows: usize,
-        /// Classes.
-        classes: usize,
-    },
-}
-
-/// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),
-/// in the order the op makes them ([`Backend::workspace_schedule`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkspaceStep {
-    /// Allocates this many bytes.
-    Alloc(usize),
-    /// Frees the schedule's `i`-th allocation (counting [`WorkspaceStep::Alloc`]s from 0).
-    Free(usize),
-}
-
-impl WorkspaceStep {
-    /// The schedule of an op that holds one buffer of `bytes` (none when 0).
-    pub fn single(bytes: usize) -> Vec<WorkspaceStep> {
-        if bytes == 0 {
-            Vec::new()
-        } else {
-            vec![WorkspaceStep::Alloc(bytes), WorkspaceStep::Free(0)]
-        }
+impl BackendId {
+    /// A fresh id (ids count up from 1 in the order backends are opened).
+    pub fn fresh() -> BackendId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        BackendId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
+}
 
-    /// The most bytes a schedule holds at once.
+impl fmt::Display for BackendId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "backend #{}", self.0)
+    }
+}
+
+/// A compute backend: owns an allocator and computes the ops of a stax training step (all of
+/// the op families above). Tensors are row-major.
+pub trait Backend:
+    MemoryOps + ConvOps + MatmulOps + ElementwiseOps + LossOps + OptimOps + Send + Sync + fmt::Debug
+{
+    /// The device this backend computes on.
+    fn device(&self) -> Device;
+
+    /// This backend's identity ([`BackendId::fresh`] when it was opened).
+    fn id(&self) -> BackendId;
+
+    /// The allocator every tensor of this backend is allocated from.
+    fn allocator(&self) -> &Arc<Allocator>;
+
+    /// Conv/matmul precision in use.
+    fn precision(&self) -> Precision;
+
+    /// Waits until all queued work is done.
     ///
-    /// ```
-    /// use stax_tensor::WorkspaceStep::{Alloc, Free};
-    /// // a filter copy (100), a padded input (50), then the library's workspace (30)
-    /// let s = [Alloc(100), Alloc(50), Alloc(30), Free(2), Free(0), Free(1)];
-    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&s), 180);
-    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&[Alloc(8), Free(0), Alloc(5)]), 8);
-    /// ```
-    pub fn peak(schedule: &[WorkspaceStep]) -> usize {
-        let mut sizes = Vec::new();
-        let (mut live, mut peak) = (0usize, 0usize);
-        for step in schedule {
-            match *step {
-                WorkspaceStep::Alloc(b) => {
-                    sizes.push(b);
-                    live += b;
-                    peak = peak.max(live);
-                }
-                WorkspaceStep::Free(i) => live -= sizes.get(i).copied().unwrap_or(0),
-            }
-        }
-        peak
+    /// # Errors
+    /// The device's error for failed work.
+    fn synchronize(&self) -> Result<(), TensorError>;
+
+    /// `(free, total)` device bytes as the driver reports them (`cuMemGetInfo`); `None` on the
+    /// host.
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError>;
+
+    /// Every workspace allocation and free (tagged [`stax_alloc::Category::Workspace`]) one
+    /// call of `op` makes, in order: the one source both the op ([`Scratch`]) and a memory
+    /// planner read. Pure: it never allocates. For an op whose workspace needs a device-side
+    /// choice not yet made ([`Backend::calibrate`]), it is the documented bound of that op.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] for invalid shapes.
+    fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError>;
+
+    /// The most workspace bytes one call of `op` holds at once: the peak of
+    /// [`Backend::workspace_schedule`].
+    ///
+    /// # Errors
+    /// As [`Backend::workspace_schedule`].
+    fn workspace_bytes(&self, op: &OpDesc) -> Result<usize, TensorError> {
+        Ok(WorkspaceStep::peak(&self.workspace_schedule(op)?))
+    }
+
+    /// Makes, on the device, any choice `op`'s workspace depends on (CUDA: cuDNN's algorithm
+    /// search for a convolution pass, which allocates scratch buffers of the pass's shapes and
+    /// its candidates' workspaces, then releases them), so that later
+    /// [`Backend::workspace_schedule`]s of `op` are exact. An op that runs uncalibrated
+    /// calibrates itself first. The default has nothing to choose.
+    ///
+    /// # Errors
+    /// The device's errors; out of memory for the search's buffers.
+    fn calibrate(&self, _op: &OpDesc) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    /// Whether `op`'s workspace schedule is exact (see [`Backend::calibrate`]); true by
+    /// default.
+    fn is_calibrated(&self, _op: &OpDesc) -> bool {
+        true
+    }
+
+    /// The allocator of the pinned host memory this backend copies from and to (its staging
+    /// buffers are tagged [`stax_alloc::Category::Input`]): allocate
+    /// [`MemoryOps::upload_async`] sources here for full-speed copies; reports show it as
+    /// pinned host memory beside device memory. `None` (the default) when the backend has
+    /// none (the CPU reads any host memory).
+    fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
+        None
     }
 }
 
-/// `(m, n, k)` of [`Backend::matmul`]'s `op(a) · op(b)` for operands of shapes `a` and `b`:
+/// `(m, n, k)` of a matmul's `op(a) · op(b)` for operands of shapes `a` and `b`:
 /// `op(a)` is `[m, k]`, `op(b)` is `[k, n]` (shared by the backends' checks).
 ///
 /// # Errors
@@ -237,230 +252,4 @@ pub fn softmax_xent_dims(logits: &Shape) -> Result<(usize, usize), TensorError> 
         });
     }
     Ok((n, k))
-}
-
-/// The identity of one opened backend: unique in the process, so that tensors of two
-/// backends opened on the same device (each with its own stream and allocator) are told apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BackendId(u64);
-
-impl BackendId {
-    /// A fresh id (ids count up from 1 in the order backends are opened).
-    pub fn fresh() -> BackendId {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        BackendId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
-impl fmt::Display for BackendId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "backend #{}", self.0)
-    }
-}
-
-/// A compute backend: owns an allocator and computes the ops of a stax training step.
-///
-/// All tensors are row-major. Unless stated, ops need `F32` operands on this backend's device
-/// and an output that is not shared with any other tensor.
-pub trait Backend: Send + Sync + fmt::Debug {
-    /// The device this backend computes on.
-    fn device(&self) -> Device;
-
-    /// This backend's identity ([`BackendId::fresh`] when it was opened).
-    fn id(&self) -> BackendId;
-
-    /// The allocator every tensor of this backend is allocated from.
-    fn allocator(&self) -> &Arc<Allocator>;
-
-    /// Conv/matmul precision in use.
-    fn precision(&self) -> Precision;
-
-    /// Copies `src` (raw little-endian element bytes) into `dst`; `src.len()` must equal
-    /// `dst.bytes()`.
-    fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError>;
-
-    /// Starts copying host memory `src` (raw element bytes, exactly `dst.bytes()` of them)
-    /// into `dst` and returns the copy in flight, which owns both until it is done: the
-    /// non-blocking `.to(device, non_blocking=True)` of a pinned PyTorch tensor. The copy is
-    /// ordered after all work queued before the call (`dst` may reuse memory that work
-    /// freed) and overlaps work queued after it; [`Upload::wait`] returns `dst` filled. The
-    /// CUDA backend copies on a second stream, from pinned memory at full speed when `src`
-    /// comes from [`Backend::staging_allocator`]. The default copies synchronously.
-    ///
-    /// # Errors
-    /// [`TensorError::InvalidArgument`] when `src` is not host memory;
-    /// [`TensorError::HostLength`] for a size mismatch; device and copy errors.
-    fn upload_async(&self, src: Allocation, mut dst: Tensor) -> Result<Upload, TensorError> {
-        self.upload(host_source("upload_async", &src, &dst)?, &mut dst)?;
-        Ok(Upload::done(dst))
-    }
-
-    /// Copies `src` into `dst` (raw element bytes); `dst.len()` must equal `src.bytes()`.
-    fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError>;
-
-    /// Copies `src` into `dst` (same shape and dtype). The default goes through host memory;
-    /// backends override it with a device-side copy.
-    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
-        src.expect_device("copy", self.device())?;
-        dst.expect_device("copy", self.device())?;
-        dst.expect_dtype("copy", src.dtype())?;
-        dst.expect_shape("copy", src.shape())?;
-        let mut host = vec![0u8; src.bytes()];
-        self.download(src, &mut host)?;
-        self.upload(&host, dst)
-    }
-
-    /// Sets every element of `t` to `value` (bit pattern of `value as f32`; for `U32` tensors
-    /// `value` must be 0).
-    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError>;
-
-    /// `y = conv(x, w) + b`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b `[c_out]`,
-    /// y NHWC `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`).
-    fn conv2d(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-    ) -> Result<(), TensorError>;
-
-    /// Gradient of the conv with respect to its input: `dx = conv_transpose(dy, w)`,
-    /// dy NHWC `g.output_shape()`, dx NHWC `g.input_shape()` (overwritten).
-    fn conv2d_bwd_data(
-        &self,
-        dy: &Tensor,
-        w: &Tensor,
-        g: &Conv2dGeometry,
-        dx: &mut Tensor,
-    ) -> Result<(), TensorError>;
-
-    /// Gradients of the conv with respect to kernel and bias: dw HWIO `g.filter_shape()`,
-    /// db `[c_out]` (both overwritten).
-    fn conv2d_bwd_filter(
-        &self,
-        x: &Tensor,
-        dy: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError>;
-
-    /// `y = relu(conv(x, w) + b)` with the ReLU's bit mask: what [`Backend::conv2d`] then
-    /// [`Backend::relu`] with `mask` compute (the default does exactly that), in fewer passes
-    /// over `y` where the backend can fuse them. `mask` is U32 of `ceil(y.numel() / 32)` words.
-    fn conv2d_relu(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-        mask: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.conv2d(x, w, b, g, y)?;
-        self.relu(y, Some(mask))
-    }
-
-    /// Kernel and bias gradients of `relu(conv(x, w) + b)`: `dy`, the gradient with respect
-    /// to the ReLU's output, is masked in place (the ReLU's backward), then dw and db are as
-    /// [`Backend::conv2d_bwd_filter`] computes them. The default does exactly those two ops;
-    /// backends may fuse the masking with the bias gradient (one pass over `dy`). Workspace:
-    /// at most that of [`Backend::conv2d_bwd_filter`] at any time.
-    fn conv2d_bwd_filter_relu(
-        &self,
-        x: &Tensor,
-        dy: &mut Tensor,
-        mask: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.relu_bwd(dy, mask)?;
-        self.conv2d_bwd_filter(x, dy, g, dw, db)
-    }
-
-    /// `c = op(a) · op(b)` for 2-D row-major matrices, where `op` transposes when the flag is
-    /// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
-    fn matmul(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        transpose_a: bool,
-        transpose_b: bool,
-        c: &mut Tensor,
-    ) -> Result<(), TensorError>;
-
-    /// `y[..., j] += b[j]`, b of shape `[y.shape().last()]`.
-    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError>;
-
-    /// `db[j] = sum of dy[..., j]` over all leading dimensions.
-    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError>;
-
-    /// In-place ReLU, `x = max(x, 0)`. If `mask` is given (U32, `ceil(numel / 32)` words) bit
-    /// `i % 32` of word `i / 32` is set to `x[i] > 0`, for the backward pass.
-    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError>;
-
-    /// In-place ReLU backward: `dy[i] = 0` where mask bit `i` is clear.
-    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError>;
-
-    /// Softmax cross-entropy with optax's semantics, fused with its gradient.
-    ///
-    /// logits and labels `[n, k]` (labels are probabilities, e.g. one-hot); returns
-    /// `mean_i(-sum_j labels[i, j] · log_softmax(logits)[i, j])` and writes
-    /// `dlogits = (softmax(logits) - labels) / n`, the gradient of that mean.
-    /// Mirrors `jnp.mean(optax.softmax_cross_entropy(logits, labels))`, computed stably
-    /// (max subtracted).
-    fn softmax_xent(
-        &self,
-        logits: &Tensor,
-        labels: &Tensor,
-        dlogits: &mut Tensor,
-    ) -> Result<f32, TensorError>;
-
-    /// One fused, in-place Adam step on one parameter tensor (see [`AdamHyper`]): reads
-    /// p, g, m, v and writes p, m, v; all four have the same shape.
-    fn adam_update(
-        &self,
-        p: &mut Tensor,
-        g: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        h: &AdamHyper,
-    ) -> Result<(), TensorError>;
-
-    /// Waits until all queued work is done.
-    fn synchronize(&self) -> Result<(), TensorError>;
-
-    /// `(free, total)` device bytes as the driver reports them (`cuMemGetInfo`); `None` on the
-    /// host.
-    fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError>;
-
-    /// Every workspace allocation and free (tagged [`stax_alloc::Category::Workspace`]) one
-    /// call of `op` makes, in order, in steady state (once any per-shape algorithm choice has
-    /// been made). A memory planner that replays exactly this around the op reproduces the
-    /// step's requested bytes and the allocator's placement decisions; empty when the op
-    /// allocates nothing.
-    ///
-    /// # Errors
-    /// [`TensorError::InvalidArgument`] for invalid shapes; backend errors where answering
-    /// needs the device (choosing a convolution algorithm).
-    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError>;
-
-    /// The most workspace bytes one call of `op` holds at once: the peak of
-    /// [`Backend::workspace_schedule`].
-    ///
-    /// # Errors
-    /// As [`Backend::workspace_schedule`].
-    fn workspace_bytes(&self, op: &WorkspaceOp) -> Result<usize, TensorError> {
-        Ok(WorkspaceStep::peak(&self.workspace_schedule(op)?))
-    }
-
-    /// The allocator of the pinned host memory this backend copies from and to (its staging
-    /// buffers are tagged [`stax_alloc::Category::Input`]): allocate [`Backend::upload_async`]
-    /// sources here for full-speed copies; reports show it as pinned host memory beside device
-    /// memory. `None` (the default) when the backend has none (the CPU reads any host memory).
-    fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
-        None
-    }
 }

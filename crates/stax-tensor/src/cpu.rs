@@ -7,17 +7,19 @@
 //! [`Category::Workspace`] and freed before the op returns.
 //!
 //! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
-//! backward filter), `matmul.rs` (strided GEMM views shared with the convs), `elementwise.rs`
-//! (fill, bias, ReLU), `softmax.rs` (softmax cross-entropy), `adam.rs` (the fused optimizer
-//! step) and `host.rs` (the checked slice views of tensor buffers).
+//! backward filter), `pool.rs` (max pooling), `matmul.rs` (strided GEMM views shared with the
+//! convs), `elementwise.rs` (fill, activations, binary ops, bias; generic over f32, bf16, f16),
+//! `softmax.rs` (softmax cross-entropy), `adam.rs` (the fused optimizer step) and `host.rs`
+//! (the slice views of tensor buffers: the only place addresses become slices, each view
+//! checked for device, dtype, length and alignment).
 //!
 //! ```
-//! use stax_tensor::{Backend, BackendOptions, Category, Tensor};
+//! use stax_tensor::{ops, Activation, Backend, BackendOptions, Category, Tensor};
 //! use stax_tensor::cpu::CpuBackend;
 //! use std::sync::Arc;
 //! let cpu: Arc<dyn Backend> = CpuBackend::new(&BackendOptions::default()).unwrap();
-//! let mut x = Tensor::from_slice(&cpu, &[1.0, -2.0, 3.0], [3], Category::Activation).unwrap();
-//! cpu.relu(&mut x, None).unwrap();
+//! let mut x = Tensor::from_slice(&cpu, &[1.0f32, -2.0, 3.0], [3], Category::Activation).unwrap();
+//! ops::unary(Activation::Relu, &mut x, None).unwrap();
 //! assert_eq!(x.to_vec().unwrap(), vec![1.0, 0.0, 3.0]);
 //! ```
 
@@ -26,23 +28,28 @@ mod conv;
 mod elementwise;
 mod host;
 mod matmul;
+mod pool;
 mod softmax;
 #[cfg(test)]
 mod testing;
 
-use crate::{
-    AdamHyper, Backend, BackendId, BackendOptions, Conv2dGeometry, Device, Precision, WorkspaceOp,
-    WorkspaceStep,
+use crate::backend::{
+    Adam, BiasAdd, BiasGrad, Binary, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
+    Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
 };
-use crate::{Tensor, TensorError};
-use host::{Workspace, bytes_of, bytes_of_mut, data, data_mut, words, words_mut};
-use stax_alloc::{Allocator, Category, HostMemory};
+use crate::{
+    Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
+    MatmulOps, MemoryOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
+};
+use host::{bytes_of, bytes_of_mut, data, data_mut};
+use stax_alloc::{Allocator, HostMemory};
 use std::sync::Arc;
 
 /// Default bound on one im2col column buffer: 4 MiB of f32 (it stays in the last-level cache).
 const DEFAULT_WORKSPACE_BYTES: usize = 4 << 20;
 
-/// The host backend: exact f32, NHWC/HWIO convolutions by im2col + GEMM.
+/// The host backend: exact f32 (and bf16/f16 elementwise ops, computed in f32), NHWC/HWIO
+/// convolutions by im2col + GEMM.
 ///
 /// It owns an [`Allocator`] over [`HostMemory`] with the strategy of the [`BackendOptions`] it
 /// was opened with. [`BackendOptions::workspace_limit`] bounds the bytes of one im2col column
@@ -95,17 +102,6 @@ impl CpuBackend {
     fn workspace_rows(&self, row_len: usize) -> usize {
         (self.workspace_bytes / 4 / row_len.max(1)).max(1)
     }
-
-    /// A scratch buffer of `floats` f32, tagged [`Category::Workspace`], freed when dropped.
-    fn workspace(&self, floats: usize) -> Result<Workspace, TensorError> {
-        let bytes = floats
-            .checked_mul(4)
-            .ok_or_else(|| TensorError::InvalidArgument {
-                op: "workspace",
-                reason: format!("{floats} f32 overflow the address space"),
-            })?;
-        Workspace::new(self.allocator.allocate(bytes, Category::Workspace)?, floats)
-    }
 }
 
 impl Backend for CpuBackend {
@@ -125,127 +121,6 @@ impl Backend for CpuBackend {
         self.precision
     }
 
-    fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
-        const OP: &str = "upload";
-        if src.len() != dst.bytes() {
-            return Err(TensorError::HostLength {
-                op: OP,
-                expected: dst.bytes(),
-                got: src.len(),
-                shape: dst.shape().clone(),
-            });
-        }
-        bytes_of_mut(OP, dst)?.copy_from_slice(src);
-        Ok(())
-    }
-
-    fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {
-        const OP: &str = "download";
-        if dst.len() != src.bytes() {
-            return Err(TensorError::HostLength {
-                op: OP,
-                expected: src.bytes(),
-                got: dst.len(),
-                shape: src.shape().clone(),
-            });
-        }
-        dst.copy_from_slice(bytes_of(OP, src)?);
-        Ok(())
-    }
-
-    /// A direct host copy (no staging buffer); same checks as the trait's default.
-    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
-        const OP: &str = "copy";
-        dst.expect_dtype(OP, src.dtype())?;
-        dst.expect_shape(OP, src.shape())?;
-        // Same shape and dtype, and both views check `bytes == numel * size`: equal lengths.
-        bytes_of_mut(OP, dst)?.copy_from_slice(bytes_of(OP, src)?);
-        Ok(())
-    }
-
-    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError> {
-        elementwise::fill(t, value)
-    }
-
-    fn conv2d(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        conv::forward(self, x, w, b, g, y)
-    }
-
-    fn conv2d_bwd_data(
-        &self,
-        dy: &Tensor,
-        w: &Tensor,
-        g: &Conv2dGeometry,
-        dx: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        conv::backward_data(self, dy, w, g, dx)
-    }
-
-    fn conv2d_bwd_filter(
-        &self,
-        x: &Tensor,
-        dy: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        conv::backward_filter(self, x, dy, g, dw, db)
-    }
-
-    fn matmul(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        transpose_a: bool,
-        transpose_b: bool,
-        c: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        matmul::matmul(a, b, transpose_a, transpose_b, c)
-    }
-
-    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
-        elementwise::bias_add(y, b)
-    }
-
-    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
-        elementwise::bias_grad(dy, db)
-    }
-
-    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
-        elementwise::relu(x, mask)
-    }
-
-    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
-        elementwise::relu_bwd(dy, mask)
-    }
-
-    fn softmax_xent(
-        &self,
-        logits: &Tensor,
-        labels: &Tensor,
-        dlogits: &mut Tensor,
-    ) -> Result<f32, TensorError> {
-        softmax::softmax_xent(logits, labels, dlogits)
-    }
-
-    fn adam_update(
-        &self,
-        p: &mut Tensor,
-        g: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        h: &AdamHyper,
-    ) -> Result<(), TensorError> {
-        adam::adam_update(p, g, m, v, h)
-    }
-
     fn synchronize(&self) -> Result<(), TensorError> {
         Ok(())
     }
@@ -256,13 +131,98 @@ impl Backend for CpuBackend {
 
     /// Convolutions allocate one im2col column buffer per call (none when pointwise); no other
     /// op allocates.
-    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+    fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         Ok(WorkspaceStep::single(match op {
-            WorkspaceOp::Conv { geometry, pass } => conv::workspace_bytes(self, geometry, *pass)?,
-            WorkspaceOp::Matmul { .. }
-            | WorkspaceOp::BiasGrad { .. }
-            | WorkspaceOp::SoftmaxXent { .. } => 0,
+            OpDesc::Conv { geometry, pass, .. } => conv::workspace_bytes(self, geometry, *pass)?,
+            _ => 0,
         }))
+    }
+}
+
+impl MemoryOps for CpuBackend {
+    fn upload(&self, c: Checked<CopyIn<'_>>) -> Result<(), TensorError> {
+        let CopyIn { src, dst } = c.into_inner();
+        bytes_of_mut("upload", dst)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, c: Checked<CopyOut<'_>>) -> Result<(), TensorError> {
+        let CopyOut { src, dst } = c.into_inner();
+        dst.copy_from_slice(bytes_of("download", src)?);
+        Ok(())
+    }
+
+    fn copy(&self, c: Checked<Copy<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "copy";
+        let Copy { src, dst } = c.into_inner();
+        bytes_of_mut(OP, dst)?.copy_from_slice(bytes_of(OP, src)?);
+        Ok(())
+    }
+
+    fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError> {
+        elementwise::fill(c.into_inner())
+    }
+}
+
+impl ConvOps for CpuBackend {
+    fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
+        conv::forward(self, c.into_inner())
+    }
+
+    fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
+        conv::backward_data(self, c.into_inner())
+    }
+
+    fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
+        conv::backward_filter(self, c.into_inner())
+    }
+
+    fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
+        pool::forward(c.into_inner())
+    }
+
+    fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
+        pool::backward(c.into_inner())
+    }
+}
+
+impl MatmulOps for CpuBackend {
+    fn matmul(&self, c: Checked<Matmul<'_>>) -> Result<(), TensorError> {
+        matmul::matmul(c.into_inner())
+    }
+}
+
+impl ElementwiseOps for CpuBackend {
+    fn unary(&self, c: Checked<Unary<'_>>) -> Result<(), TensorError> {
+        elementwise::unary(c.into_inner())
+    }
+
+    fn unary_bwd(&self, c: Checked<UnaryBwd<'_>>) -> Result<(), TensorError> {
+        elementwise::unary_bwd(c.into_inner())
+    }
+
+    fn binary(&self, c: Checked<Binary<'_>>) -> Result<(), TensorError> {
+        elementwise::binary(c.into_inner())
+    }
+
+    fn bias_add(&self, c: Checked<BiasAdd<'_>>) -> Result<(), TensorError> {
+        elementwise::bias_add(c.into_inner())
+    }
+
+    fn bias_grad(&self, c: Checked<BiasGrad<'_>>) -> Result<(), TensorError> {
+        elementwise::bias_grad(c.into_inner())
+    }
+}
+
+impl LossOps for CpuBackend {
+    fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError> {
+        softmax::softmax_xent(c.into_inner())
+    }
+}
+
+impl OptimOps for CpuBackend {
+    fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError> {
+        adam::adam_update(c.into_inner())
     }
 }
 
@@ -270,7 +230,8 @@ impl Backend for CpuBackend {
 mod tests {
     use super::testing::{backend, tensor};
     use super::*;
-    use crate::DType;
+    use crate::ops;
+    use crate::{Category, Conv2dGeometry, DType, Tensor};
 
     #[test]
     fn reports_host_device_and_precision() {
@@ -290,11 +251,11 @@ mod tests {
         let be = backend();
         let mut t = Tensor::empty(&be, [2, 3], DType::U32, Category::Other).unwrap();
         let src: Vec<u8> = (0..24).collect();
-        be.upload(&src, &mut t).unwrap();
+        ops::upload(&src, &mut t).unwrap();
         let mut back = vec![0u8; 24];
-        be.download(&t, &mut back).unwrap();
+        ops::download(&t, &mut back).unwrap();
         assert_eq!(back, src);
-        let e = be.upload(&src[..20], &mut t).unwrap_err();
+        let e = ops::upload(&src[..20], &mut t).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -306,7 +267,7 @@ mod tests {
             ),
             "{e}"
         );
-        let e = be.download(&t, &mut [0u8; 28]).unwrap_err();
+        let e = ops::download(&t, &mut [0u8; 28]).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -320,7 +281,7 @@ mod tests {
         );
         let _view = t.clone();
         assert!(matches!(
-            be.upload(&src, &mut t),
+            ops::upload(&src, &mut t),
             Err(TensorError::Aliased { op: "upload" })
         ));
     }
@@ -330,24 +291,24 @@ mod tests {
         let be = backend();
         let src = tensor(&be, &[1.0, 2.0, 3.0, 4.0], [2, 2]);
         let mut dst = tensor(&be, &[0.0; 4], [2, 2]);
-        be.copy(&src, &mut dst).unwrap();
+        ops::copy(&src, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
         let dup = src.duplicate().unwrap();
         assert!(!dup.same_buffer(&src));
         assert_eq!(dup.to_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
         let mut wrong = tensor(&be, &[0.0; 4], [4]);
         assert!(matches!(
-            be.copy(&src, &mut wrong),
+            ops::copy(&src, &mut wrong),
             Err(TensorError::Shape { .. })
         ));
         let mut words = Tensor::empty(&be, [2, 2], DType::U32, Category::Other).unwrap();
         assert!(matches!(
-            be.copy(&src, &mut words),
+            ops::copy(&src, &mut words),
             Err(TensorError::DType { .. })
         ));
         let _view = dst.clone();
         assert!(matches!(
-            be.copy(&src, &mut dst),
+            ops::copy(&src, &mut dst),
             Err(TensorError::Aliased { op: "copy" })
         ));
     }
@@ -356,8 +317,8 @@ mod tests {
     fn empty_tensors_are_fine() {
         let be = backend();
         let mut t = Tensor::empty(&be, [0, 4], DType::F32, Category::Other).unwrap();
-        be.upload(&[], &mut t).unwrap();
-        be.fill(&mut t, 1.0).unwrap();
+        ops::upload(&[], &mut t).unwrap();
+        ops::fill(&mut t, 1.0).unwrap();
         assert_eq!(t.to_vec().unwrap(), Vec::<f32>::new());
     }
 
@@ -377,9 +338,9 @@ mod tests {
         let w = tensor(&be, &[0.25; 108], [3, 3, 3, 4]);
         let b = tensor(&be, &[0.0; 4], [4]);
         let mut y = Tensor::empty(&be, g.output_shape(), DType::F32, Category::Activation).unwrap();
-        be.conv2d(&x, &w, &b, &g, &mut y).unwrap();
+        ops::conv2d(&x, &w, &b, &g, &mut y, Default::default()).unwrap();
         let mut dx = Tensor::empty(&be, g.input_shape(), DType::F32, Category::Other).unwrap();
-        be.conv2d_bwd_data(&y, &w, &g, &mut dx).unwrap();
+        ops::conv2d_bwd_data(&y, &w, &g, &mut dx).unwrap();
         let stats = be.allocator().stats();
         let ws = Category::Workspace.index();
         assert_eq!(
@@ -394,11 +355,20 @@ mod tests {
             crate::ConvPass::BackwardData,
             crate::ConvPass::BackwardFilter,
         ] {
-            let q = WorkspaceOp::Conv { geometry: g, pass };
+            let q = OpDesc::Conv {
+                geometry: g,
+                pass,
+                dtype: DType::F32,
+            };
             assert_eq!(be.workspace_bytes(&q).unwrap(), 9 * 27 * 4);
         }
         assert_eq!(stats.by_category[ws].peak, 9 * 27 * 4);
-        let mm = WorkspaceOp::Matmul { m: 4, n: 4, k: 4 };
+        let mm = OpDesc::Matmul {
+            m: 4,
+            n: 4,
+            k: 4,
+            dtype: DType::F32,
+        };
         assert_eq!(be.workspace_bytes(&mm).unwrap(), 0);
     }
 
@@ -412,9 +382,10 @@ mod tests {
             crate::Padding::Valid,
         )
         .unwrap();
-        let q = WorkspaceOp::Conv {
+        let q = OpDesc::Conv {
             geometry: g,
             pass: crate::ConvPass::BackwardFilter,
+            dtype: DType::F32,
         };
         assert_eq!(be.workspace_bytes(&q).unwrap(), 0);
         let be: Arc<dyn Backend> = be;

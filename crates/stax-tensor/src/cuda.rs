@@ -29,15 +29,15 @@ pub mod cublas;
 pub mod cudnn;
 pub mod kernels;
 pub mod memory;
+mod ops;
 mod transfer;
 mod workspace;
 
 use crate::{
-    AdamHyper, Backend, BackendId, BackendOptions, Conv2dGeometry, DType, Device, Precision, Shape,
-    Tensor, TensorError, Upload, WorkspaceOp, WorkspaceStep,
+    Backend, BackendId, BackendOptions, Device, OpDesc, Precision, TensorError, WorkspaceStep,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
-use stax_alloc::{Allocation, Allocator, Category, RawMemory, Strategy};
+use stax_alloc::{Allocator, RawMemory, Strategy};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -249,49 +249,6 @@ impl CudaBackend {
     fn bind(&self) -> Result<(), TensorError> {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
     }
-
-    /// An f32 operand of `op` on this device with `shape`.
-    fn check_input(&self, op: &'static str, t: &Tensor, shape: &Shape) -> Result<(), TensorError> {
-        t.expect_device(op, self.device())?;
-        t.expect_dtype(op, DType::F32)?;
-        t.expect_shape(op, shape)
-    }
-
-    /// As [`Self::check_input`], for an output that must not be shared.
-    fn check_output(&self, op: &'static str, t: &Tensor, shape: &Shape) -> Result<(), TensorError> {
-        self.check_input(op, t, shape)?;
-        t.expect_unique(op)
-    }
-
-    /// A u32 mask of `ceil(numel / 32)` words on this device (any shape of that size).
-    fn check_mask(&self, op: &'static str, mask: &Tensor, numel: usize) -> Result<(), TensorError> {
-        mask.expect_device(op, self.device())?;
-        mask.expect_dtype(op, DType::U32)?;
-        if mask.numel() != numel.div_ceil(32) {
-            return Err(TensorError::Shape {
-                op,
-                reason: format!(
-                    "mask needs ceil({numel} / 32) = {} words",
-                    numel.div_ceil(32)
-                ),
-                got: mask.shape().clone(),
-            });
-        }
-        Ok(())
-    }
-
-    fn check_bytes(&self, op: &'static str, t: &Tensor, len: usize) -> Result<(), TensorError> {
-        t.expect_device(op, self.device())?;
-        if len != t.bytes() {
-            return Err(TensorError::HostLength {
-                op,
-                expected: t.bytes(),
-                got: len,
-                shape: t.shape().clone(),
-            });
-        }
-        Ok(())
-    }
 }
 
 impl Drop for CudaBackend {
@@ -320,275 +277,6 @@ impl Backend for CudaBackend {
         self.precision
     }
 
-    fn upload(&self, src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
-        self.check_bytes("upload", dst, src.len())?;
-        dst.expect_unique("upload")?;
-        self.bind()?;
-        self.staging.upload(src, dst.addr())
-    }
-
-    fn upload_async(&self, src: Allocation, dst: Tensor) -> Result<Upload, TensorError> {
-        dst.expect_device("upload_async", self.device())?;
-        dst.expect_unique("upload_async")?;
-        self.bind()?;
-        self.staging.upload_async(src, dst)
-    }
-
-    fn download(&self, src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {
-        self.check_bytes("download", src, dst.len())?;
-        self.bind()?;
-        self.staging.download(src.addr(), dst)
-    }
-
-    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
-        const OP: &str = "copy";
-        src.expect_device(OP, self.device())?;
-        dst.expect_device(OP, self.device())?;
-        dst.expect_dtype(OP, src.dtype())?;
-        dst.expect_shape(OP, src.shape())?;
-        dst.expect_unique(OP)?;
-        if src.same_buffer(dst) || src.bytes() == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: both are live device buffers of this context holding `src.bytes()` bytes;
-        // distinct allocations never overlap; the copy is ordered on the compute stream.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(
-                dst.addr(),
-                src.addr(),
-                src.bytes(),
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(driver("cuMemcpyDtoDAsync"))
-    }
-
-    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), TensorError> {
-        const OP: &str = "fill";
-        t.expect_device(OP, self.device())?;
-        t.expect_unique(OP)?;
-        if t.dtype() == DType::U32 && value != 0.0 {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!("u32 tensors can only be filled with 0, got {value}"),
-            });
-        }
-        self.bind()?;
-        self.kernels.fill_u32(t.addr(), value.to_bits(), t.numel())
-    }
-
-    fn conv2d(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.conv_forward(x, w, b, g, y, None)
-    }
-
-    fn conv2d_relu(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-        mask: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.conv_forward(x, w, b, g, y, Some(mask))
-    }
-
-    fn conv2d_bwd_data(
-        &self,
-        dy: &Tensor,
-        w: &Tensor,
-        g: &Conv2dGeometry,
-        dx: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.conv_backward_data(dy, w, g, dx)
-    }
-
-    fn conv2d_bwd_filter(
-        &self,
-        x: &Tensor,
-        dy: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        self.conv_backward_filter(x, dy, g, dw, db, None)
-    }
-
-    fn conv2d_bwd_filter_relu(
-        &self,
-        x: &Tensor,
-        dy: &mut Tensor,
-        mask: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        dy.expect_unique("conv2d_bwd_filter_relu")?;
-        self.conv_backward_filter(x, dy, g, dw, db, Some(mask))
-    }
-
-    fn matmul(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        transpose_a: bool,
-        transpose_b: bool,
-        c: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "matmul";
-        let dims2 = |t: &Tensor| match *t.dims() {
-            [r, c] => Ok((r, c)),
-            _ => Err(TensorError::Shape {
-                op: OP,
-                reason: "expected a 2-D matrix".into(),
-                got: t.shape().clone(),
-            }),
-        };
-        let (ar, ac) = dims2(a)?;
-        let (br, bc) = dims2(b)?;
-        let (m, k) = if transpose_a { (ac, ar) } else { (ar, ac) };
-        let (kb, n) = if transpose_b { (bc, br) } else { (br, bc) };
-        if k != kb {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: format!("op(a) is [{m}, {k}] but op(b) is [{kb}, {n}]"),
-                got: b.shape().clone(),
-            });
-        }
-        self.check_input(OP, a, a.shape())?;
-        self.check_input(OP, b, b.shape())?;
-        self.check_output(OP, c, &[m, n].into())?;
-        self.bind()?;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            return self.kernels.fill_u32(c.addr(), 0, m * n);
-        }
-        let ws_bytes = self.matmul_bytes(m, n, k);
-        let ws = (ws_bytes > 0)
-            .then(|| self.allocator.allocate(ws_bytes, Category::Workspace))
-            .transpose()?;
-        let gemm = cublas::Gemm {
-            m,
-            n,
-            k,
-            transpose_a,
-            transpose_b,
-        };
-        let ws_addr = ws.as_ref().map_or(0, |w| w.addr());
-        self.blas
-            .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, ws_bytes)
-    }
-
-    fn bias_add(&self, y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
-        const OP: &str = "bias_add";
-        self.check_output(OP, y, &y.shape().clone())?;
-        self.check_input(OP, b, &[y.shape().last()].into())?;
-        self.bind()?;
-        self.kernels
-            .bias_add(y.addr(), b.addr(), y.numel(), y.shape().last())
-    }
-
-    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
-        const OP: &str = "bias_grad";
-        let c = dy.shape().last();
-        self.check_input(OP, dy, dy.shape())?;
-        self.check_output(OP, db, &[c].into())?;
-        self.bind()?;
-        let rows = dy.numel().checked_div(c).unwrap_or(0);
-        if c == 0 {
-            return Ok(());
-        }
-        let partial = self
-            .allocator
-            .allocate(self.bias_grad_bytes(rows, c), Category::Workspace)?;
-        self.kernels
-            .bias_grad(dy.addr(), 0, partial.addr(), db.addr(), rows, c)
-    }
-
-    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
-        const OP: &str = "relu";
-        self.check_output(OP, x, &x.shape().clone())?;
-        let mask_addr = match mask {
-            Some(m) => {
-                self.check_mask(OP, m, x.numel())?;
-                m.expect_unique(OP)?;
-                m.addr()
-            }
-            None => 0,
-        };
-        self.bind()?;
-        self.kernels.relu(x.addr(), mask_addr, x.numel(), true)
-    }
-
-    fn relu_bwd(&self, dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
-        const OP: &str = "relu_bwd";
-        self.check_output(OP, dy, &dy.shape().clone())?;
-        self.check_mask(OP, mask, dy.numel())?;
-        self.bind()?;
-        self.kernels.relu_bwd(dy.addr(), mask.addr(), dy.numel())
-    }
-
-    fn softmax_xent(
-        &self,
-        logits: &Tensor,
-        labels: &Tensor,
-        dlogits: &mut Tensor,
-    ) -> Result<f32, TensorError> {
-        const OP: &str = "softmax_xent";
-        let (n, k) = crate::backend::softmax_xent_dims(logits.shape())?;
-        self.check_input(OP, logits, logits.shape())?;
-        self.check_input(OP, labels, logits.shape())?;
-        self.check_output(OP, dlogits, logits.shape())?;
-        self.bind()?;
-        // n row losses (f64), then the mean (f32) at a 256-byte aligned offset.
-        let loss_offset = Self::softmax_loss_offset(n);
-        let ws = self
-            .allocator
-            .allocate(loss_offset + 4, Category::Workspace)?;
-        let loss_addr = ws.addr() + loss_offset as u64;
-        self.kernels.softmax_xent(
-            logits.addr(),
-            labels.addr(),
-            dlogits.addr(),
-            ws.addr(),
-            loss_addr,
-            n,
-            k,
-        )?;
-        let mut loss = [0u8; 4];
-        self.staging.download(loss_addr, &mut loss)?;
-        Ok(f32::from_le_bytes(loss))
-    }
-
-    fn adam_update(
-        &self,
-        p: &mut Tensor,
-        g: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        h: &AdamHyper,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "adam_update";
-        let shape = p.shape().clone();
-        self.check_output(OP, p, &shape)?;
-        self.check_input(OP, g, &shape)?;
-        self.check_output(OP, m, &shape)?;
-        self.check_output(OP, v, &shape)?;
-        self.bind()?;
-        self.kernels
-            .adam(p.addr(), g.addr(), m.addr(), v.addr(), h, p.numel())
-    }
-
     fn synchronize(&self) -> Result<(), TensorError> {
         self.stream
             .synchronize()
@@ -600,8 +288,30 @@ impl Backend for CudaBackend {
         Ok(Some((free as u64, total as u64)))
     }
 
-    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+    /// Exact for a calibrated convolution pass; for an uncalibrated one, cuDNN's workspace is
+    /// the bound the algorithm search would choose within: the largest workspace, at most the
+    /// limit, of the candidates cuDNN's heuristics list (a query that allocates nothing).
+    fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         self.op_workspace_schedule(op)
+    }
+
+    /// Runs cuDNN's algorithm search for a convolution pass not chosen yet (see
+    /// [`Backend::calibrate`]); nothing for any other op.
+    fn calibrate(&self, op: &OpDesc) -> Result<(), TensorError> {
+        match *op {
+            OpDesc::Conv { geometry, pass, .. } => self.calibrate_conv(&geometry, pass),
+            _ => Ok(()),
+        }
+    }
+
+    fn is_calibrated(&self, op: &OpDesc) -> bool {
+        match op {
+            OpDesc::Conv { geometry, pass, .. } => self
+                .dnn
+                .chosen_workspace(geometry, self.precision, *pass)
+                .is_some(),
+            _ => true,
+        }
     }
 
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {

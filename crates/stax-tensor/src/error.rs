@@ -30,6 +30,16 @@ pub enum TensorError {
         /// The dtype it got.
         got: DType,
     },
+    /// An op does not compute in this element type.
+    #[error("{op}: dtype {dtype} is not supported (supported: {supported})")]
+    UnsupportedDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype it got.
+        dtype: DType,
+        /// What it supports, in words (`f32`, `f32, bf16, f16`).
+        supported: &'static str,
+    },
     /// A host buffer's length does not match the tensor it is copied to or from.
     #[error("{op}: host buffer holds {got} bytes but the tensor {shape} needs {expected}")]
     HostLength {

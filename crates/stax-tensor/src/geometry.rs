@@ -153,6 +153,66 @@ impl Conv2dGeometry {
         Shape::new([self.n, self.out_h, self.out_w, self.c_out])
     }
 
+    /// Checks that a (possibly hand-built) geometry is self-consistent: no zero sizes or
+    /// strides, and output sizes that follow from input, kernel, stride and padding.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] naming `op` and what is inconsistent.
+    pub fn validate(&self, op: &'static str) -> Result<(), TensorError> {
+        let g = self;
+        let sizes = [
+            g.n, g.h, g.w, g.c_in, g.kh, g.kw, g.c_out, g.stride_h, g.stride_w,
+        ];
+        if sizes.contains(&0) {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!("zero-size dimension or stride in {g:?}"),
+            });
+        }
+        let out_len = |input: usize, a: usize, b: usize, k: usize, s: usize| {
+            let padded = input.checked_add(a)?.checked_add(b)?;
+            Some(padded.checked_sub(k)? / s + 1)
+        };
+        let oh = out_len(g.h, g.pad_top, g.pad_bottom, g.kh, g.stride_h);
+        let ow = out_len(g.w, g.pad_left, g.pad_right, g.kw, g.stride_w);
+        if oh != Some(g.out_h) || ow != Some(g.out_w) {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!(
+                    "output {}x{} does not follow from input {}x{}, kernel {}x{}, strides ({}, \
+                     {}) and padding (top {}, bottom {}, left {}, right {})",
+                    g.out_h,
+                    g.out_w,
+                    g.h,
+                    g.w,
+                    g.kh,
+                    g.kw,
+                    g.stride_h,
+                    g.stride_w,
+                    g.pad_top,
+                    g.pad_bottom,
+                    g.pad_left,
+                    g.pad_right
+                ),
+            });
+        }
+        let sizes = [
+            g.input_shape().checked_numel(),
+            g.output_shape().checked_numel(),
+            g.filter_shape().checked_numel(),
+        ];
+        if sizes
+            .iter()
+            .any(|n| n.and_then(|n| n.checked_mul(8)).is_none())
+        {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!("the tensors of {g:?} overflow the address space"),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the padding is the same on both sides in each direction (cuDNN needs this).
     pub fn symmetric_padding(&self) -> bool {
         self.pad_top == self.pad_bottom && self.pad_left == self.pad_right

@@ -9,31 +9,36 @@
 //! ```
 //! use stax_tensor::{Device, BackendOptions, Tensor, Category};
 //! let cpu = Device::Cpu.open(&BackendOptions::default()).unwrap();
-//! let t = Tensor::from_slice(&cpu, &[1.0, -2.0, 3.0, -4.0], [2, 2], Category::Other).unwrap();
+//! let t = Tensor::from_slice(&cpu, &[1.0f32, -2.0, 3.0, -4.0], [2, 2], Category::Other).unwrap();
 //! assert_eq!(t.to_vec().unwrap(), vec![1.0, -2.0, 3.0, -4.0]);
 //! assert_eq!(t.bytes(), 16);
 //! ```
 
 pub mod backend;
+mod checked;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod geometry;
+pub mod op;
+pub mod ops;
 pub mod shape;
 pub mod tensor;
 pub mod tree;
 pub mod upload;
 
 pub use backend::{
-    AdamHyper, Backend, BackendId, BackendOptions, ConvPass, Precision, WorkspaceOp, WorkspaceStep,
-    matmul_dims,
+    AdamHyper, Backend, BackendId, BackendOptions, ConvOps, ElementwiseOps, LossOps, MatmulOps,
+    MemoryOps, OptimOps, Precision, matmul_dims, softmax_xent_dims,
 };
+pub use checked::Checked;
 pub use device::Device;
-pub use dtype::DType;
+pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
+pub use op::{Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;

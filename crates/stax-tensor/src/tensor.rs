@@ -1,6 +1,6 @@
 //! `Tensor`: a shape, a dtype and an allocator-owned buffer on one backend.
 
-use crate::{Backend, DType, Device, Shape, TensorError};
+use crate::{Backend, DType, Device, Element, Float, Shape, TensorError, ops};
 use stax_alloc::{Allocation, Category, Name, Tag};
 use std::fmt;
 use std::sync::Arc;
@@ -63,44 +63,61 @@ impl Tensor {
         tag: impl Into<Tag>,
     ) -> Result<Tensor, TensorError> {
         let mut t = Tensor::empty(backend, shape, DType::F32, tag)?;
-        backend.fill(&mut t, 0.0)?;
+        ops::fill(&mut t, 0.0)?;
         Ok(t)
     }
 
-    /// An f32 tensor holding a copy of `data` (row-major, `data.len() == shape.numel()`).
+    /// A tensor of `T`'s dtype holding a copy of `data` (row-major, `data.len() ==
+    /// shape.numel()`).
     ///
     /// # Errors
     /// [`TensorError::HostLength`] on a length mismatch; otherwise as [`Tensor::empty`].
-    pub fn from_slice(
+    pub fn from_slice<T: Element>(
         backend: &Arc<dyn Backend>,
-        data: &[f32],
+        data: &[T],
         shape: impl Into<Shape>,
         tag: impl Into<Tag>,
     ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
+        let size = T::DTYPE.size_bytes();
         if data.len() != shape.numel() {
             return Err(TensorError::HostLength {
                 op: "from_slice",
-                expected: shape.numel().saturating_mul(4),
-                got: data.len() * 4,
+                expected: shape.numel().saturating_mul(size),
+                got: data.len() * size,
                 shape,
             });
         }
-        let mut t = Tensor::empty(backend, shape, DType::F32, tag)?;
-        backend.upload(bytemuck::cast_slice(data), &mut t)?;
+        let mut t = Tensor::empty(backend, shape, T::DTYPE, tag)?;
+        ops::upload(bytemuck::cast_slice(data), &mut t)?;
         Ok(t)
     }
 
-    /// Copies the contents of an f32 tensor to a host vector.
+    /// Copies the contents of a tensor of `T`'s dtype to a host vector.
     ///
     /// # Errors
-    /// [`TensorError::DType`] if the tensor is not f32; backend copy errors.
-    pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
-        self.expect_dtype("to_vec", DType::F32)?;
-        let mut out = vec![0f32; self.numel()];
-        self.backend
-            .download(self, bytemuck::cast_slice_mut(&mut out))?;
+    /// [`TensorError::DType`] if the tensor is of another dtype; backend copy errors.
+    pub fn to_host<T: Element>(&self) -> Result<Vec<T>, TensorError> {
+        self.expect_dtype("to_host", T::DTYPE)?;
+        let mut out = vec![T::zeroed(); self.numel()];
+        ops::download(self, bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
+    }
+
+    /// Copies the contents of a float tensor to a host vector of f32 (bf16 and f16 widened
+    /// exactly).
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for a U32 tensor; backend copy errors.
+    pub fn to_vec(&self) -> Result<Vec<f32>, TensorError> {
+        fn widen<T: Float>(t: &Tensor) -> Result<Vec<f32>, TensorError> {
+            Ok(t.to_host::<T>()?.into_iter().map(T::to_f32).collect())
+        }
+        crate::with_float!(self.dtype(), T => widen::<T>(self), Err(TensorError::UnsupportedDType {
+            op: "to_vec",
+            dtype: self.dtype(),
+            supported: "f32, bf16, f16 (to_host::<u32> reads u32)",
+        }))
     }
 
     /// Copies the contents of a u32 tensor (e.g. a bit mask) to a host vector.
@@ -108,11 +125,7 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DType`] if the tensor is not u32; backend copy errors.
     pub fn to_vec_u32(&self) -> Result<Vec<u32>, TensorError> {
-        self.expect_dtype("to_vec_u32", DType::U32)?;
-        let mut out = vec![0u32; self.numel()];
-        self.backend
-            .download(self, bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        self.to_host::<u32>()
     }
 
     /// Places the tensor on `backend`, like `jax.device_put`: a copy with the same shape, dtype
@@ -125,9 +138,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         let mut host = vec![0u8; self.bytes()];
-        self.backend.download(self, &mut host)?;
+        ops::download(self, &mut host)?;
         let mut t = Tensor::empty(backend, self.shape.clone(), self.dtype, self.tag())?;
-        backend.upload(&host, &mut t)?;
+        ops::upload(&host, &mut t)?;
         Ok(t)
     }
 
@@ -137,8 +150,13 @@ impl Tensor {
     /// # Errors
     /// Allocation or copy errors.
     pub fn duplicate(&self) -> Result<Tensor, TensorError> {
-        let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, self.tag())?;
-        self.backend.copy(self, &mut t)?;
+        self.copy_as(self.tag())
+    }
+
+    /// A copy in a fresh buffer tagged `tag`.
+    fn copy_as(&self, tag: Tag) -> Result<Tensor, TensorError> {
+        let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, tag)?;
+        ops::copy(self, &mut t)?;
         Ok(t)
     }
 
@@ -153,10 +171,7 @@ impl Tensor {
             self.note_role(role);
             Ok(self)
         } else {
-            let tag = Tag::new(self.category(), role);
-            let mut t = Tensor::empty(&self.backend, self.shape.clone(), self.dtype, tag)?;
-            self.backend.copy(&self, &mut t)?;
-            Ok(t)
+            self.copy_as(Tag::new(self.category(), role))
         }
     }
 

@@ -1,4 +1,4 @@
-//! Uploads that may still be running: [`crate::Backend::upload_async`] returns an [`Upload`]
+//! Uploads that may still be running: [`crate::ops::upload_async`] returns an [`Upload`]
 //! that holds the destination tensor until the copy is done, so nothing reads it early.
 //!
 //! ```
@@ -10,7 +10,7 @@
 //! let mut src = host.allocate(8, Category::Input)?;
 //! src.host_bytes_mut().unwrap().copy_from_slice(bytemuck::cast_slice(&[1.5f32, -2.0]));
 //! let dst = Tensor::empty(&cpu, [2], DType::F32, Category::Input)?;
-//! let upload = cpu.upload_async(src, dst)?; // the source is held until the copy is done
+//! let upload = stax_tensor::ops::upload_async(src, dst)?; // the source is held until done
 //! assert_eq!(upload.wait()?.to_vec()?, vec![1.5, -2.0]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -47,7 +47,7 @@ use serde::Serialize;
 use stax_alloc::{Category, Mark, Trace, TraceOp};
 use stax_layers::{Layer, Loss, ParamSource, SoftmaxCrossEntropy, init_params};
 use stax_optim::Optimizer;
-use stax_tensor::{Backend, DType, Device, Shape, Tensor, Tree};
+use stax_tensor::{Backend, DType, Device, OpDesc, Shape, Tensor, Tree};
 
 use crate::TrainError;
 use crate::staging::input_tensors;
@@ -128,6 +128,14 @@ pub struct MemoryPlan {
     pub peak: Peak,
     /// First step event of each phase.
     pub phases: Vec<(Phase, usize)>,
+    /// Whether every op's workspace is exact. False when the target has ops not yet
+    /// calibrated ([`Backend::calibrate`]: cuDNN's algorithm choice), whose workspace is then
+    /// the documented bound: the plan's peak is at least the step's.
+    pub exact: bool,
+    /// Every op of the step (and of the set-up), in order of first appearance: what
+    /// [`MemoryPlan::calibrate`] calibrates.
+    #[serde(skip)]
+    pub ops: Vec<OpDesc>,
     /// The dry run's trace up to the end of the planned step: set-up, then placement and step
     /// twice (the second is the one planned).
     #[serde(skip)]
@@ -230,7 +238,7 @@ impl MemoryPlan {
         let hook = &mut |p: Phase| phases.push((p, pb.events() - step_start));
         run_step(parts, &mut params, &mut state, (&x, &y), 2, hook)?;
         let step_end = pb.events();
-        let mut trace = pb.finish();
+        let (mut trace, ops) = pb.finish();
         drop((x, y, next, params, state, be));
         trace.events.truncate(step_end);
         trace.marks.retain(|m| mark_at(m) <= step_end);
@@ -241,8 +249,22 @@ impl MemoryPlan {
             shapes: (input.clone(), labels),
             phases,
             steps: step_start..step_end,
+            ops,
         };
         Ok(planned.assemble(trace))
+    }
+
+    /// Makes every op of this plan exact on `target` ([`Backend::calibrate`]: on CUDA,
+    /// cuDNN's algorithm search for each convolution pass not chosen yet, which allocates
+    /// scratch buffers on the device and releases them). Plans made afterwards are exact.
+    ///
+    /// # Errors
+    /// The target's errors (out of memory for the search's buffers).
+    pub fn calibrate(&self, target: &Arc<dyn Backend>) -> Result<(), TrainError> {
+        for op in &self.ops {
+            target.calibrate(op)?;
+        }
+        Ok(())
     }
 
     /// The dry run's allocations and frees, from the trainer's set-up to the end of the planned
@@ -306,6 +328,8 @@ struct Planned<'a> {
     phases: Vec<(Phase, usize)>,
     /// The planned step's events in the trace.
     steps: std::ops::Range<usize>,
+    /// Every op of the dry run.
+    ops: Vec<OpDesc>,
 }
 
 impl Planned<'_> {
@@ -393,6 +417,8 @@ impl Planned<'_> {
             peak,
             phases: self.phases,
             allocator: AllocatorModel::of(self.target.allocator()),
+            exact: self.ops.iter().all(|op| self.target.is_calibrated(op)),
+            ops: self.ops,
             timeline,
             trace,
         }

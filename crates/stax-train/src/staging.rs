@@ -116,8 +116,8 @@ impl HostBatch {
     pub fn upload(self, backend: &Arc<dyn Backend>) -> Result<(Upload, Upload), TrainError> {
         let (xs, ys) = self.shapes;
         let (x, y) = input_tensors(backend, xs, ys)?;
-        let x = backend.upload_async(self.images, x)?;
-        let y = backend.upload_async(self.labels, y)?;
+        let x = stax_tensor::ops::upload_async(self.images, x)?;
+        let y = stax_tensor::ops::upload_async(self.labels, y)?;
         Ok((x, y))
     }
 }

@@ -55,11 +55,13 @@ impl<L: Layer, O: Optimizer> Trainer<L, O> {
 
 impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Initializes parameters (stax's `init_fun` with `Rng::new(seed)`) for inputs of shape
-    /// `input` (`[batch, ...]`), and the optimizer's state, on `backend`.
+    /// `input` (`[batch, ...]`), and the optimizer's state, on `backend`; then calibrates the
+    /// step's ops at that batch size ([`Trainer::calibrate`]), so that plans and steps are
+    /// exact from the first step on.
     ///
     /// # Errors
     /// Shape errors before any allocation; [`TrainError::InitOutOfMemory`] when the parameters
-    /// and the optimizer's state do not fit.
+    /// and the optimizer's state do not fit; calibration errors.
     pub fn with_loss(
         model: L,
         input: Shape,
@@ -82,7 +84,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let (_, params) = init_params(&model, &Tree::leaf(input.clone()), backend, source)
             .map_err(|e| explain(e.into()))?;
         let state = opt.init(&params).map_err(|e| explain(e.into()))?;
-        Ok(Trainer {
+        let trainer = Trainer {
             model,
             params,
             opt,
@@ -93,7 +95,20 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             steps: 0,
             staging: HostStaging::new()?,
             feed: Feed::Placed,
-        })
+        };
+        trainer.calibrate(trainer.input.dims()[0])?;
+        Ok(trainer)
+    }
+
+    /// Makes the ops of a step with batch size `batch` exact on this trainer's backend
+    /// ([`MemoryPlan::calibrate`]: on CUDA, cuDNN's algorithm search for every convolution
+    /// pass not chosen yet; it allocates scratch buffers on the device and releases them
+    /// before it returns). A step of a batch size not calibrated calibrates itself first.
+    ///
+    /// # Errors
+    /// Planning errors; the device's errors (out of memory for the search's buffers).
+    pub fn calibrate(&self, batch: usize) -> Result<(), TrainError> {
+        self.plan(batch)?.calibrate(&self.backend)
     }
 
     fn parts(&self) -> Parts<'_> {

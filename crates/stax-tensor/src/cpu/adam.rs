@@ -8,38 +8,10 @@
 //! bias corrections in [`AdamHyper`].
 
 use super::{data, data_mut};
-use crate::{AdamHyper, Tensor, TensorError};
+use crate::TensorError;
+use crate::backend::Adam;
 
 const OP: &str = "adam_update";
-
-/// Checks that the hyper-parameters give finite updates: all finite, bias corrections positive.
-fn validate(h: &AdamHyper) -> Result<(), TensorError> {
-    let fields = [
-        ("lr", h.lr),
-        ("b1", h.b1),
-        ("b2", h.b2),
-        ("eps", h.eps),
-        ("eps_root", h.eps_root),
-        ("bias_correction1", h.bias_correction1),
-        ("bias_correction2", h.bias_correction2),
-    ];
-    if let Some((name, v)) = fields.iter().find(|(_, v)| !v.is_finite()) {
-        return Err(TensorError::InvalidArgument {
-            op: OP,
-            reason: format!("{name} must be finite, got {v}"),
-        });
-    }
-    if h.bias_correction1 <= 0.0 || h.bias_correction2 <= 0.0 {
-        return Err(TensorError::InvalidArgument {
-            op: OP,
-            reason: format!(
-                "bias corrections 1 - b^t must be positive (step t >= 1), got {} and {}",
-                h.bias_correction1, h.bias_correction2
-            ),
-        });
-    }
-    Ok(())
-}
 
 /// One Adam step in place: reads `p`, `g`, `m`, `v` (all the same shape, f32) and writes `p`,
 /// `m`, `v` (see the module doc for the formula).
@@ -50,18 +22,8 @@ fn validate(h: &AdamHyper) -> Result<(), TensorError> {
 /// [`TensorError::Shape`] if the shapes differ, [`TensorError::InvalidArgument`] for a
 /// non-finite hyper-parameter or a bias correction `<= 0`, [`TensorError::Aliased`] if `p`, `m`
 /// or `v` shares its buffer; dtype and device errors.
-pub(crate) fn adam_update(
-    p: &mut Tensor,
-    g: &Tensor,
-    m: &mut Tensor,
-    v: &mut Tensor,
-    h: &AdamHyper,
-) -> Result<(), TensorError> {
-    validate(h)?;
-    let shape = p.shape().clone();
-    for t in [g, &*m, &*v] {
-        t.expect_shape(OP, &shape)?;
-    }
+pub(crate) fn adam_update(c: Adam<'_>) -> Result<(), TensorError> {
+    let Adam { p, g, m, v, h } = c;
     let g = data(OP, g)?;
     let (p, m, v) = (data_mut(OP, p)?, data_mut(OP, m)?, data_mut(OP, v)?);
     let step = -h.lr;
@@ -78,6 +40,7 @@ pub(crate) fn adam_update(
 #[cfg(test)]
 mod tests {
     use super::super::testing::{assert_close, backend, tensor};
+    use crate::ops;
     use crate::{AdamHyper, TensorError};
 
     fn hyper(t: i32) -> AdamHyper {
@@ -101,8 +64,7 @@ mod tests {
         let mut m = tensor(&be, &[0.0; 3], [3]);
         let mut v = tensor(&be, &[0.0; 3], [3]);
         let g1 = tensor(&be, &[0.1, -0.2, 0.3], [3]);
-        be.adam_update(&mut p, &g1, &mut m, &mut v, &hyper(1))
-            .unwrap();
+        ops::adam(&mut p, &g1, &mut m, &mut v, &hyper(1)).unwrap();
         // Step 1: m = 0.1 g, v = 0.001 g², so m̂ / sqrt(v̂) = sign(g) and p moves by lr (minus eps).
         let p1 = [
             0.900_000_009_999_999,
@@ -127,8 +89,7 @@ mod tests {
         );
 
         let g2 = tensor(&be, &[0.5, 0.0, -1.0], [3]);
-        be.adam_update(&mut p, &g2, &mut m, &mut v, &hyper(2))
-            .unwrap();
+        ops::adam(&mut p, &g2, &mut m, &mut v, &hyper(2)).unwrap();
         let p2 = [
             0.813_895_386_180_784_9,
             -0.332_994_184_325_558_4,
@@ -157,24 +118,18 @@ mod tests {
             bias_correction1: 0.0,
             ..hyper(1)
         };
-        let e = be
-            .adam_update(&mut p, &g, &mut m, &mut v, &bad)
-            .unwrap_err();
+        let e = ops::adam(&mut p, &g, &mut m, &mut v, &bad).unwrap_err();
         assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
         let bad = AdamHyper {
             lr: f32::NAN,
             ..hyper(1)
         };
-        assert!(be.adam_update(&mut p, &g, &mut m, &mut v, &bad).is_err());
+        assert!(ops::adam(&mut p, &g, &mut m, &mut v, &bad).is_err());
         let g3 = tensor(&be, &[1.0; 3], [3]);
-        let e = be
-            .adam_update(&mut p, &g3, &mut m, &mut v, &hyper(1))
-            .unwrap_err();
+        let e = ops::adam(&mut p, &g3, &mut m, &mut v, &hyper(1)).unwrap_err();
         assert!(matches!(e, TensorError::Shape { .. }), "{e}");
         let _alias = v.clone();
-        let e = be
-            .adam_update(&mut p, &g, &mut m, &mut v, &hyper(1))
-            .unwrap_err();
+        let e = ops::adam(&mut p, &g, &mut m, &mut v, &hyper(1)).unwrap_err();
         assert!(matches!(e, TensorError::Aliased { .. }), "{e}");
         assert_eq!(p.to_vec().unwrap(), vec![1.0, 2.0]);
         assert_eq!(m.to_vec().unwrap(), vec![0.0; 2]);

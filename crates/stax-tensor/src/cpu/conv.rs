@@ -17,10 +17,11 @@
 //! fits the backend's workspace bound, allocated as [`stax_alloc::Category::Workspace`] and freed
 //! before the op returns. A 1x1 kernel with stride 1 and no padding is a plain GEMM on `x`.
 
-use super::elementwise::column_sums;
+use super::elementwise::{column_sums, unary, unary_bwd};
 use super::matmul::{MatMut, MatRef, gemm};
 use super::{CpuBackend, data, data_mut};
-use crate::{Conv2dGeometry, ConvPass, Shape, Tensor, TensorError};
+use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd};
+use crate::{Backend, Conv2dGeometry, ConvPass, DType, OpDesc, TensorError};
 use std::ops::Range;
 
 #[cfg(test)]
@@ -29,51 +30,6 @@ mod tests;
 const FWD: &str = "conv2d";
 const BWD_DATA: &str = "conv2d_bwd_data";
 const BWD_FILTER: &str = "conv2d_bwd_filter";
-
-/// Output length along one axis: `(input + pad_a + pad_b - k) / stride + 1`, or `None` when
-/// the padded input is shorter than the kernel or the sum overflows.
-fn out_len(input: usize, pad_a: usize, pad_b: usize, k: usize, stride: usize) -> Option<usize> {
-    let padded = input.checked_add(pad_a)?.checked_add(pad_b)?;
-    Some(padded.checked_sub(k)? / stride + 1)
-}
-
-/// Checks that a (possibly hand-built) geometry is self-consistent: no zero sizes or strides,
-/// and output sizes that follow from input, kernel, stride and padding.
-fn validate(op: &'static str, g: &Conv2dGeometry) -> Result<(), TensorError> {
-    let sizes = [
-        g.n, g.h, g.w, g.c_in, g.kh, g.kw, g.c_out, g.stride_h, g.stride_w,
-    ];
-    if sizes.contains(&0) {
-        return Err(TensorError::InvalidArgument {
-            op,
-            reason: format!("zero-size dimension or stride in {g:?}"),
-        });
-    }
-    let oh = out_len(g.h, g.pad_top, g.pad_bottom, g.kh, g.stride_h);
-    let ow = out_len(g.w, g.pad_left, g.pad_right, g.kw, g.stride_w);
-    if oh != Some(g.out_h) || ow != Some(g.out_w) {
-        return Err(TensorError::InvalidArgument {
-            op,
-            reason: format!(
-                "output {}x{} does not follow from input {}x{}, kernel {}x{}, strides ({}, {}) \
-                 and padding (top {}, bottom {}, left {}, right {})",
-                g.out_h,
-                g.out_w,
-                g.h,
-                g.w,
-                g.kh,
-                g.kw,
-                g.stride_h,
-                g.stride_w,
-                g.pad_top,
-                g.pad_bottom,
-                g.pad_left,
-                g.pad_right
-            ),
-        });
-    }
-    Ok(())
-}
 
 /// Patch length `K = kh · kw · c_in`.
 fn patch_len(g: &Conv2dGeometry) -> usize {
@@ -192,7 +148,7 @@ pub(crate) fn workspace_bytes(
         ConvPass::BackwardData => BWD_DATA,
         ConvPass::BackwardFilter => BWD_FILTER,
     };
-    validate(op, g)?;
+    g.validate(op)?;
     column_floats(be, g)
         .checked_mul(4)
         .ok_or_else(|| TensorError::InvalidArgument {
@@ -201,11 +157,37 @@ pub(crate) fn workspace_bytes(
         })
 }
 
+/// The column buffer of one pass, allocated by the pass's workspace schedule.
+fn columns(
+    be: &CpuBackend,
+    op: &'static str,
+    g: &Conv2dGeometry,
+    pass: ConvPass,
+) -> Result<(Scratch, usize), TensorError> {
+    let desc = OpDesc::Conv {
+        geometry: *g,
+        pass,
+        dtype: DType::F32,
+    };
+    let mut ws = Scratch::new(op, be.allocator(), be.workspace_schedule(&desc)?);
+    let i = ws.alloc()?;
+    Ok((ws, i))
+}
+
+/// The f32 view of column buffer `i`.
+fn floats(ws: &mut Scratch, i: usize) -> Result<&mut [f32], TensorError> {
+    bytemuck::try_cast_slice_mut(ws.host_mut(i)?).map_err(|e| TensorError::InvalidArgument {
+        op: "workspace",
+        reason: format!("the column buffer is not an f32 array: {e}"),
+    })
+}
+
 /// Calls `f(rows, col)` for consecutive chunks of output pixels, `col` being their patch matrix
 /// `[rows.len(), K]`. Pointwise convs pass `x` itself as one chunk; otherwise the column buffer
 /// is one workspace allocation of at most the backend's workspace bound (at least one row).
 fn for_each_chunk(
     be: &CpuBackend,
+    (op, pass): (&'static str, ConvPass),
     g: &Conv2dGeometry,
     x: &[f32],
     mut f: impl FnMut(Range<usize>, MatRef<'_>) -> Result<(), TensorError>,
@@ -214,45 +196,36 @@ fn for_each_chunk(
     if is_pointwise(g) {
         return f(0..total, MatRef::row_major(x, total, k));
     }
-    let floats = column_floats(be, g);
-    let chunk = floats / k;
-    let mut workspace = be.workspace(floats)?;
-    let buf = workspace.as_mut_slice();
+    let chunk = column_floats(be, g) / k;
+    let (mut ws, i) = columns(be, op, g, pass)?;
+    let buf = floats(&mut ws, i)?;
     for start in (0..total).step_by(chunk) {
         let rows = start..(start + chunk).min(total);
         let col = &mut buf[..rows.len() * k];
         im2col(g, x, start, col);
         f(rows.clone(), MatRef::row_major(col, rows.len(), k))?;
     }
-    Ok(())
+    ws.free(i)?;
+    ws.finish()
 }
 
-/// Forward convolution `y = conv(x, w) + b` (see the module doc); `y` is overwritten.
-///
-/// x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b `[c_out]`, y NHWC `g.output_shape()`.
-///
-/// # Errors
-/// [`TensorError::InvalidArgument`] for an inconsistent geometry, [`TensorError::Shape`] for
-/// operands that do not match it, dtype / device / alias errors, and [`TensorError::Alloc`]
-/// if the column buffer cannot be allocated.
-pub(crate) fn forward(
-    be: &CpuBackend,
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    g: &Conv2dGeometry,
-    y: &mut Tensor,
-) -> Result<(), TensorError> {
-    validate(FWD, g)?;
-    x.expect_shape(FWD, &g.input_shape())?;
-    w.expect_shape(FWD, &g.filter_shape())?;
-    b.expect_shape(FWD, &Shape::new([g.c_out]))?;
-    y.expect_shape(FWD, &g.output_shape())?;
+/// Forward convolution `y = act(conv(x, w) + b)` (see the module doc); `y` is overwritten,
+/// the activation (and its mask) after the bias, as a separate pass.
+pub(crate) fn forward(be: &CpuBackend, c: Conv2d<'_>) -> Result<(), TensorError> {
+    let Conv2d {
+        g,
+        x,
+        w,
+        b,
+        y,
+        act,
+        aux,
+    } = c;
     let (xs, bias) = (data(FWD, x)?, data(FWD, b)?);
-    let wm = MatRef::row_major(data(FWD, w)?, patch_len(g), g.c_out);
+    let wm = MatRef::row_major(data(FWD, w)?, patch_len(&g), g.c_out);
     let ys = data_mut(FWD, y)?;
     let co = g.c_out;
-    for_each_chunk(be, g, xs, |rows, col| {
+    for_each_chunk(be, (FWD, ConvPass::Forward), &g, xs, |rows, col| {
         let out = &mut ys[rows.start * co..rows.end * co];
         for row in out.chunks_exact_mut(co) {
             row.copy_from_slice(bias);
@@ -265,26 +238,17 @@ pub(crate) fn forward(
             1.0,
             MatMut::row_major(out, rows.len(), co),
         )
-    })
+    })?;
+    match act {
+        Some(act) => unary(Unary { act, y, aux }),
+        None => Ok(()),
+    }
 }
 
 /// Gradient with respect to the input, `dx = conv_transpose(dy, w)`; `dx` is overwritten.
-///
-/// dy NHWC `g.output_shape()`, w HWIO `g.filter_shape()`, dx NHWC `g.input_shape()`.
-///
-/// # Errors
-/// As [`forward`].
-pub(crate) fn backward_data(
-    be: &CpuBackend,
-    dy: &Tensor,
-    w: &Tensor,
-    g: &Conv2dGeometry,
-    dx: &mut Tensor,
-) -> Result<(), TensorError> {
-    validate(BWD_DATA, g)?;
-    dy.expect_shape(BWD_DATA, &g.output_shape())?;
-    w.expect_shape(BWD_DATA, &g.filter_shape())?;
-    dx.expect_shape(BWD_DATA, &g.input_shape())?;
+pub(crate) fn backward_data(be: &CpuBackend, c: Conv2dBwdData<'_>) -> Result<(), TensorError> {
+    let Conv2dBwdData { g, dy, w, dx } = c;
+    let g = &g;
     let (total, k, co) = (pixels(g), patch_len(g), g.c_out);
     let dys = data(BWD_DATA, dy)?;
     let wt = MatRef::row_major(data(BWD_DATA, w)?, k, co).t();
@@ -301,10 +265,9 @@ pub(crate) fn backward_data(
         );
     }
     dxs.fill(0.0);
-    let floats = column_floats(be, g);
-    let chunk = floats / k;
-    let mut workspace = be.workspace(floats)?;
-    let buf = workspace.as_mut_slice();
+    let chunk = column_floats(be, g) / k;
+    let (mut ws, i) = columns(be, BWD_DATA, g, ConvPass::BackwardData)?;
+    let buf = floats(&mut ws, i)?;
     for start in (0..total).step_by(chunk) {
         let rows = (start + chunk).min(total) - start;
         let dcol = &mut buf[..rows * k];
@@ -319,45 +282,54 @@ pub(crate) fn backward_data(
         )?;
         col2im(g, dcol, start, dxs);
     }
-    Ok(())
+    ws.free(i)?;
+    ws.finish()
 }
 
 /// Gradients with respect to kernel and bias: `dw = colᵀ · dy` (HWIO `g.filter_shape()`) and
-/// `db[o] = sum of dy[..., o]` (`[c_out]`, summed in f64); both overwritten.
-///
-/// # Errors
-/// As [`forward`].
-pub(crate) fn backward_filter(
-    be: &CpuBackend,
-    x: &Tensor,
-    dy: &Tensor,
-    g: &Conv2dGeometry,
-    dw: &mut Tensor,
-    db: &mut Tensor,
-) -> Result<(), TensorError> {
-    validate(BWD_FILTER, g)?;
-    x.expect_shape(BWD_FILTER, &g.input_shape())?;
-    dy.expect_shape(BWD_FILTER, &g.output_shape())?;
-    dw.expect_shape(BWD_FILTER, &g.filter_shape())?;
-    db.expect_shape(BWD_FILTER, &Shape::new([g.c_out]))?;
+/// `db[o] = sum of dy[..., o]` (`[c_out]`, summed in f64); both overwritten. With an
+/// activation, `dy` is first turned in place into the gradient before it.
+pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result<(), TensorError> {
+    let Conv2dBwdFilter {
+        g,
+        x,
+        dy,
+        dw,
+        db,
+        act,
+    } = c;
+    if let Some((act, saved)) = act {
+        unary_bwd(UnaryBwd {
+            act,
+            saved,
+            dy: &mut *dy,
+        })?;
+    }
+    let g = &g;
     let (xs, dys) = (data(BWD_FILTER, x)?, data(BWD_FILTER, dy)?);
     let (k, co) = (patch_len(g), g.c_out);
     let dws = data_mut(BWD_FILTER, dw)?;
     let dbs = data_mut(BWD_FILTER, db)?;
     let mut beta = 0.0;
-    for_each_chunk(be, g, xs, |rows, col| {
-        let dym = MatRef::row_major(&dys[rows.start * co..rows.end * co], rows.len(), co);
-        gemm(
-            BWD_FILTER,
-            1.0,
-            col.t(),
-            dym,
-            beta,
-            MatMut::row_major(&mut *dws, k, co),
-        )?;
-        beta = 1.0;
-        Ok(())
-    })?;
+    for_each_chunk(
+        be,
+        (BWD_FILTER, ConvPass::BackwardFilter),
+        g,
+        xs,
+        |rows, col| {
+            let dym = MatRef::row_major(&dys[rows.start * co..rows.end * co], rows.len(), co);
+            gemm(
+                BWD_FILTER,
+                1.0,
+                col.t(),
+                dym,
+                beta,
+                MatMut::row_major(&mut *dws, k, co),
+            )?;
+            beta = 1.0;
+            Ok(())
+        },
+    )?;
     column_sums(dys, dbs);
     Ok(())
 }

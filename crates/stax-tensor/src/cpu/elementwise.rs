@@ -1,175 +1,176 @@
-//! Elementwise ops on the host: fill, bias add and its gradient, ReLU forward and backward.
+//! Elementwise ops on the host, written once over the element type ([`Float`]: f32, bf16,
+//! f16, each read as f32, computed in f32 and rounded back once): fill, activations and their
+//! backward passes, binary ops, bias add and its gradient.
 //!
-//! ReLU masks are packed bits, as the CUDA kernels keep them: a `U32` tensor of
-//! `ceil(numel / 32)` words where bit `i % 32` of word `i / 32` is `x[i] > 0`, and the bits past
-//! `numel` in the last word are zero.
+//! Masks are packed bits, as the CUDA kernels keep them: a `U32` tensor of `ceil(numel / 32)`
+//! words where bit `i % 32` of word `i / 32` is `x[i] > 0`, and the bits past `numel` in the
+//! last word are zero.
 
-use super::{data, data_mut, words, words_mut};
-use crate::{DType, Shape, Tensor, TensorError};
+use super::host::{view, view_mut, words, words_mut};
+use crate::backend::{BiasAdd, BiasGrad, Binary, Fill, Unary, UnaryBwd};
+use crate::{Float, Saves, TensorError, with_float};
 
-/// Sets every element of `t` to `value`; a `U32` tensor only takes `value == 0` (written as 0).
-///
-/// # Errors
-/// [`TensorError::InvalidArgument`] for a non-zero `value` on a `U32` tensor;
-/// [`TensorError::Aliased`] if `t` shares its buffer; [`TensorError::DeviceMismatch`].
-pub(crate) fn fill(t: &mut Tensor, value: f32) -> Result<(), TensorError> {
+/// The dtype error of an op given U32 where it needs a float (the front end refuses it).
+fn not_float(op: &'static str, dtype: crate::DType) -> TensorError {
+    TensorError::UnsupportedDType {
+        op,
+        dtype,
+        supported: "f32, bf16, f16",
+    }
+}
+
+/// Sets every element to `value` rounded to the dtype (a U32 tensor to 0).
+pub(super) fn fill(c: Fill<'_>) -> Result<(), TensorError> {
     const OP: &str = "fill";
-    match t.dtype() {
-        DType::F32 => data_mut(OP, t)?.fill(value),
-        DType::U32 if value == 0.0 => words_mut(OP, t)?.fill(0),
-        DType::U32 => {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!("a u32 tensor can only be filled with 0, not {value}"),
-            });
-        }
-    }
+    let Fill { t, value } = c;
+    with_float!(t.dtype(), T => view_mut::<T>(OP, t)?.fill(T::from_f32(value)),
+        words_mut(OP, t)?.fill(0));
     Ok(())
 }
 
-/// Checks that a bias has shape `[c]`, `c` being the last dimension of `of`.
-fn expect_bias(op: &'static str, bias: &Tensor, of: &Tensor) -> Result<usize, TensorError> {
-    let c = of.shape().last();
-    bias.expect_shape(op, &Shape::new([c]))?;
-    Ok(c)
+/// In place `y = act(y)`; for an activation that saves a mask, `aux` receives it.
+pub(super) fn unary(c: Unary<'_>) -> Result<(), TensorError> {
+    let dtype = c.y.dtype();
+    with_float!(dtype, T => unary_t::<T>(c), Err(not_float("unary", dtype)))
 }
 
-/// `y[..., j] += b[j]`; `y` any shape (a scalar counts as `[1]`), `b` is `[y.shape().last()]`.
-///
-/// # Errors
-/// [`TensorError::Shape`] if `b` is not `[last]`; dtype, device and alias errors as usual.
-pub(crate) fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
-    const OP: &str = "bias_add";
-    let c = expect_bias(OP, b, y)?;
-    let bias = data(OP, b)?;
-    let y = data_mut(OP, y)?;
-    if c > 0 {
-        add_rows(y, bias);
-    }
-    Ok(())
-}
-
-/// Adds `bias` (length `c > 0`) to every row of the row-major `[_, c]` matrix `y`.
-fn add_rows(y: &mut [f32], bias: &[f32]) {
-    for row in y.chunks_exact_mut(bias.len()) {
-        for (v, b) in row.iter_mut().zip(bias) {
-            *v += b;
-        }
-    }
-}
-
-/// `db[j] = sum of dy[..., j]` over all leading dimensions, accumulated in f64.
-///
-/// # Errors
-/// [`TensorError::Shape`] if `db` is not `[dy.shape().last()]`; dtype, device and alias errors.
-pub(crate) fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
-    const OP: &str = "bias_grad";
-    expect_bias(OP, db, dy)?;
-    let dy = data(OP, dy)?;
-    column_sums(dy, data_mut(OP, db)?);
-    Ok(())
-}
-
-/// `out[j] = sum_i m[i, j]` for the row-major matrix `m` with `out.len()` columns, in f64.
-pub(crate) fn column_sums(m: &[f32], out: &mut [f32]) {
-    if out.is_empty() {
-        return;
-    }
-    let mut acc = vec![0f64; out.len()];
-    for row in m.chunks_exact(out.len()) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a += f64::from(v);
-        }
-    }
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = a as f32;
-    }
-}
-
-/// Checks that `mask` holds `ceil(numel / 32)` words.
-fn expect_mask(op: &'static str, mask: &Tensor, numel: usize) -> Result<(), TensorError> {
-    let want = numel.div_ceil(32);
-    if mask.numel() != want {
-        return Err(TensorError::Shape {
-            op,
-            reason: format!("a mask for {numel} elements needs {want} u32 words"),
-            got: mask.shape().clone(),
-        });
-    }
-    Ok(())
-}
-
-/// In-place ReLU `x = x > 0 ? x : 0` (NaN becomes 0, as CUDA's `fmaxf`); with a mask, bit `i`
-/// is `x[i] > 0` and the trailing bits of the last word are cleared.
-///
-/// # Errors
-/// [`TensorError::Shape`] for a mask of the wrong length, [`TensorError::DType`] unless `x` is
-/// f32 and the mask u32, [`TensorError::Aliased`] if either output shares its buffer.
-/// `max(v, 0)` with NaN propagated, as `jnp.maximum(x, 0)` does (a NaN input must reach the
-/// loss, where the trainer reports it, instead of being silently zeroed).
-fn relu1(v: f32) -> f32 {
-    if v > 0.0 || v.is_nan() { v } else { 0.0 }
-}
-
-pub(crate) fn relu(x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
-    const OP: &str = "relu";
-    let numel = x.numel();
-    let Some(mask) = mask else {
-        for v in data_mut(OP, x)? {
-            *v = relu1(*v);
-        }
+fn unary_t<T: Float>(c: Unary<'_>) -> Result<(), TensorError> {
+    const OP: &str = "unary";
+    let Unary { act, y, aux } = c;
+    let y = view_mut::<T>(OP, y)?;
+    let Some(mask) = aux else {
+        y.iter_mut()
+            .for_each(|v| *v = T::from_f32(act.apply(v.to_f32())));
         return Ok(());
     };
-    expect_mask(OP, mask, numel)?;
-    let bits = words_mut(OP, mask)?;
-    let x = data_mut(OP, x)?;
-    for (chunk, word) in x.chunks_mut(32).zip(bits) {
+    for (chunk, word) in y.chunks_mut(32).zip(words_mut(OP, mask)?) {
         let mut w = 0u32;
         for (i, v) in chunk.iter_mut().enumerate() {
-            let on = *v > 0.0;
-            w |= u32::from(on) << i;
-            *v = relu1(*v);
+            let x = v.to_f32();
+            w |= u32::from(x > 0.0) << i;
+            *v = T::from_f32(act.apply(x));
         }
         *word = w;
     }
     Ok(())
 }
 
-/// In-place ReLU backward: `dy[i] = 0` where bit `i` of `mask` is clear (see [`relu`]).
-///
-/// # Errors
-/// As [`relu`]; `mask` must hold `ceil(dy.numel() / 32)` u32 words.
-pub(crate) fn relu_bwd(dy: &mut Tensor, mask: &Tensor) -> Result<(), TensorError> {
-    const OP: &str = "relu_bwd";
-    expect_mask(OP, mask, dy.numel())?;
-    let bits = words(OP, mask)?;
-    let dy = data_mut(OP, dy)?;
-    for (chunk, &word) in dy.chunks_mut(32).zip(bits) {
-        for (i, v) in chunk.iter_mut().enumerate() {
-            if word >> i & 1 == 0 {
-                *v = 0.0;
+/// In place `dy = dy · act'` from the mask or the output the forward pass saved.
+pub(super) fn unary_bwd(c: UnaryBwd<'_>) -> Result<(), TensorError> {
+    let dtype = c.dy.dtype();
+    with_float!(dtype, T => unary_bwd_t::<T>(c), Err(not_float("unary_bwd", dtype)))
+}
+
+fn unary_bwd_t<T: Float>(c: UnaryBwd<'_>) -> Result<(), TensorError> {
+    const OP: &str = "unary_bwd";
+    let UnaryBwd { act, saved, dy } = c;
+    let dy = view_mut::<T>(OP, dy)?;
+    match act.saves() {
+        Saves::Mask => {
+            for (chunk, &word) in dy.chunks_mut(32).zip(words(OP, saved)?) {
+                for (i, v) in chunk.iter_mut().enumerate() {
+                    let bit = (word >> i & 1) as f32;
+                    *v = T::from_f32(act.grad(bit, v.to_f32()));
+                }
+            }
+        }
+        Saves::Output => {
+            for (v, &s) in dy.iter_mut().zip(view::<T>(OP, saved)?) {
+                *v = T::from_f32(act.grad(s.to_f32(), v.to_f32()));
             }
         }
     }
     Ok(())
 }
 
+/// In place `a = a op b`.
+pub(super) fn binary(c: Binary<'_>) -> Result<(), TensorError> {
+    let dtype = c.a.dtype();
+    with_float!(dtype, T => binary_t::<T>(c), Err(not_float("binary", dtype)))
+}
+
+fn binary_t<T: Float>(c: Binary<'_>) -> Result<(), TensorError> {
+    const OP: &str = "binary";
+    let Binary { op, a, b } = c;
+    let b = view::<T>(OP, b)?;
+    for (x, &z) in view_mut::<T>(OP, a)?.iter_mut().zip(b) {
+        *x = T::from_f32(op.apply(x.to_f32(), z.to_f32()));
+    }
+    Ok(())
+}
+
+/// `y[..., j] += b[j]`.
+pub(super) fn bias_add(c: BiasAdd<'_>) -> Result<(), TensorError> {
+    let dtype = c.y.dtype();
+    with_float!(dtype, T => bias_add_t::<T>(c), Err(not_float("bias_add", dtype)))
+}
+
+fn bias_add_t<T: Float>(c: BiasAdd<'_>) -> Result<(), TensorError> {
+    const OP: &str = "bias_add";
+    let BiasAdd { cols, y, b, .. } = c;
+    let bias = view::<T>(OP, b)?;
+    if cols > 0 {
+        for row in view_mut::<T>(OP, y)?.chunks_exact_mut(cols) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v = T::from_f32(v.to_f32() + b.to_f32());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `db[j] = sum of dy[..., j]`, in f64.
+pub(super) fn bias_grad(c: BiasGrad<'_>) -> Result<(), TensorError> {
+    let dtype = c.dy.dtype();
+    with_float!(dtype, T => bias_grad_t::<T>(c), Err(not_float("bias_grad", dtype)))
+}
+
+fn bias_grad_t<T: Float>(c: BiasGrad<'_>) -> Result<(), TensorError> {
+    const OP: &str = "bias_grad";
+    let BiasGrad { dy, db, .. } = c;
+    column_sums(view::<T>(OP, dy)?, view_mut::<T>(OP, db)?);
+    Ok(())
+}
+
+/// `out[j] = sum_i m[i, j]` for the row-major matrix `m` with `out.len()` columns, in f64.
+pub(super) fn column_sums<T: Float>(m: &[T], out: &mut [T]) {
+    if out.is_empty() {
+        return;
+    }
+    let mut acc = vec![0f64; out.len()];
+    for row in m.chunks_exact(out.len()) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a += f64::from(v.to_f32());
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = T::from_f32(a as f32);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::{backend, tensor};
-    use crate::{Category, DType, Tensor, TensorError};
+    use crate::dtype::{bf16, f16};
+    use crate::{Activation, BinaryOp, Category, DType, Tensor, TensorError, ops};
 
     #[test]
-    fn fill_f32_and_u32() {
+    fn fill_every_dtype() {
         let be = backend();
         let mut t = tensor(&be, &[1.0; 5], [5]);
-        be.fill(&mut t, -2.5).unwrap();
+        ops::fill(&mut t, -2.5).unwrap();
         assert_eq!(t.to_vec().unwrap(), vec![-2.5; 5]);
+        let mut h = Tensor::empty(&be, [3], DType::BF16, Category::Other).unwrap();
+        ops::fill(&mut h, 1.0 / 3.0).unwrap();
+        assert_eq!(
+            h.to_host::<bf16>().unwrap(),
+            vec![bf16::from_f32(1.0 / 3.0); 3]
+        );
         let mut m = Tensor::empty(&be, [3], DType::U32, Category::Other).unwrap();
-        be.upload(&[0xff; 12], &mut m).unwrap();
-        be.fill(&mut m, 0.0).unwrap();
+        ops::upload(&[0xff; 12], &mut m).unwrap();
+        ops::fill(&mut m, 0.0).unwrap();
         assert_eq!(m.to_vec_u32().unwrap(), vec![0; 3]);
-        let e = be.fill(&mut m, 1.0).unwrap_err();
+        let e = ops::fill(&mut m, 1.0).unwrap_err();
         assert!(
             matches!(e, TensorError::InvalidArgument { op: "fill", .. }),
             "{e}"
@@ -181,27 +182,27 @@ mod tests {
         let be = backend();
         let mut y = tensor(&be, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [1, 2, 3]);
         let b = tensor(&be, &[10.0, 20.0, 30.0], [3]);
-        be.bias_add(&mut y, &b).unwrap();
+        ops::bias_add(&mut y, &b).unwrap();
         assert_eq!(
             y.to_vec().unwrap(),
             vec![11.0, 22.0, 33.0, 14.0, 25.0, 36.0]
         );
         let mut db = tensor(&be, &[f32::NAN; 3], [3]);
-        be.bias_grad(&y, &mut db).unwrap();
+        ops::bias_grad(&y, &mut db).unwrap();
         assert_eq!(db.to_vec().unwrap(), vec![25.0, 47.0, 69.0]);
         let bad = tensor(&be, &[0.0; 2], [2]);
         assert!(matches!(
-            be.bias_add(&mut y, &bad),
+            ops::bias_add(&mut y, &bad),
             Err(TensorError::Shape { .. })
         ));
         let mut bad = tensor(&be, &[0.0; 3], [1, 3]);
         assert!(matches!(
-            be.bias_grad(&y, &mut bad),
+            ops::bias_grad(&y, &mut bad),
             Err(TensorError::Shape { .. })
         ));
         let _alias = y.clone();
         assert!(matches!(
-            be.bias_add(&mut y, &b),
+            ops::bias_add(&mut y, &b),
             Err(TensorError::Aliased { .. })
         ));
     }
@@ -215,8 +216,8 @@ mod tests {
             .collect();
         let mut x = tensor(&be, &xs, [37]);
         let mut mask = Tensor::empty(&be, [2], DType::U32, Category::Activation).unwrap();
-        be.upload(&[0xff; 8], &mut mask).unwrap();
-        be.relu(&mut x, Some(&mut mask)).unwrap();
+        ops::upload(&[0xff; 8], &mut mask).unwrap();
+        ops::unary(Activation::Relu, &mut x, Some(&mut mask)).unwrap();
         let want_x: Vec<f32> = xs.iter().map(|&v| v.max(0.0)).collect();
         assert_eq!(x.to_vec().unwrap(), want_x);
         // Set bits: i % 3 == 0 and i > 0 (x[0] = 0 is not > 0).
@@ -228,7 +229,7 @@ mod tests {
         assert_eq!(mask.to_vec_u32().unwrap(), want.to_vec());
 
         let mut dy = tensor(&be, &[1.5; 37], [37]);
-        be.relu_bwd(&mut dy, &mask).unwrap();
+        ops::unary_bwd(Activation::Relu, &mask, &mut dy).unwrap();
         let want_dy: Vec<f32> = xs
             .iter()
             .map(|&v| if v > 0.0 { 1.5 } else { 0.0 })
@@ -240,7 +241,7 @@ mod tests {
     fn relu_without_mask_and_nan() {
         let be = backend();
         let mut x = tensor(&be, &[-1.0, 0.0, 2.0, f32::NAN, f32::INFINITY], [5]);
-        be.relu(&mut x, None).unwrap();
+        ops::unary(Activation::Relu, &mut x, None).unwrap();
         let y = x.to_vec().unwrap();
         // NaN propagates, as jnp.maximum(x, 0) does.
         assert_eq!((y[0], y[1], y[2], y[4]), (0.0, 0.0, 2.0, f32::INFINITY));
@@ -252,31 +253,92 @@ mod tests {
         let be = backend();
         let mut x = tensor(&be, &[1.0; 33], [33]);
         let mut short = Tensor::empty(&be, [1], DType::U32, Category::Other).unwrap();
+        let relu = Activation::Relu;
         assert!(matches!(
-            be.relu(&mut x, Some(&mut short)),
+            ops::unary(relu, &mut x, Some(&mut short)),
             Err(TensorError::Shape { .. })
         ));
         let mut f32_mask = tensor(&be, &[0.0; 2], [2]);
-        let e = be.relu(&mut x, Some(&mut f32_mask)).unwrap_err();
+        let e = ops::unary(relu, &mut x, Some(&mut f32_mask)).unwrap_err();
         assert!(matches!(e, TensorError::DType { .. }), "{e}");
         let y2 = x.clone();
         assert!(matches!(
-            be.relu(&mut x, None),
-            Err(TensorError::Aliased { op: "relu" })
+            ops::unary(relu, &mut x, None),
+            Err(TensorError::Aliased { op: "unary" })
         ));
         drop(y2);
         let mask = Tensor::empty(&be, [2], DType::U32, Category::Other).unwrap();
         let _m2 = mask.clone();
-        // A shared mask may be read by relu_bwd, but not written by relu.
-        be.relu_bwd(&mut x, &mask).unwrap();
+        // A shared mask may be read by the backward pass, but not written by the forward.
+        ops::unary_bwd(relu, &mask, &mut x).unwrap();
         let mut shared = mask.clone();
         assert!(matches!(
-            be.relu(&mut x, Some(&mut shared)),
+            ops::unary(relu, &mut x, Some(&mut shared)),
             Err(TensorError::Aliased { .. })
         ));
         assert!(matches!(
-            be.relu_bwd(&mut x, &short),
+            ops::unary_bwd(relu, &short, &mut x),
             Err(TensorError::Shape { .. })
         ));
+        // tanh keeps its output, not a mask
+        let mut m = Tensor::empty(&be, [2], DType::U32, Category::Other).unwrap();
+        let e = ops::unary(Activation::Tanh, &mut x, Some(&mut m)).unwrap_err();
+        assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
+    }
+
+    /// Every elementwise op in bf16 and f16 equals the f32 computation on the same (rounded)
+    /// inputs, rounded once to the dtype.
+    #[test]
+    fn half_dtypes_are_f32_rounded_once() {
+        let be = backend();
+        let xs: Vec<f32> = (0..50).map(|i| (i as f32 - 25.0) / 7.3).collect();
+        for dtype in [DType::BF16, DType::F16] {
+            let round = |v: f32| match dtype {
+                DType::BF16 => bf16::from_f32(v).to_f32(),
+                _ => f16::from_f32(v).to_f32(),
+            };
+            let xr: Vec<f32> = xs.iter().map(|&v| round(v)).collect();
+            let make = |vals: &[f32]| {
+                let mut t = Tensor::empty(&be, [vals.len()], dtype, Category::Other).unwrap();
+                match dtype {
+                    DType::BF16 => {
+                        let h: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+                        ops::upload(bytemuck::cast_slice(&h), &mut t).unwrap();
+                    }
+                    _ => {
+                        let h: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+                        ops::upload(bytemuck::cast_slice(&h), &mut t).unwrap();
+                    }
+                }
+                t
+            };
+            let mut y = make(&xr);
+            ops::unary(Activation::Tanh, &mut y, None).unwrap();
+            let want: Vec<f32> = xr.iter().map(|&v| round(v.tanh())).collect();
+            assert_eq!(y.to_vec().unwrap(), want, "{dtype} tanh");
+            let mut dy = make(&xr);
+            ops::unary_bwd(Activation::Tanh, &y, &mut dy).unwrap();
+            let yv = y.to_vec().unwrap();
+            let want: Vec<f32> = xr
+                .iter()
+                .zip(&yv)
+                .map(|(&g, &s)| round(g * (1.0 - s * s)))
+                .collect();
+            assert_eq!(dy.to_vec().unwrap(), want, "{dtype} tanh backward");
+            let mut a = make(&xr);
+            ops::binary(BinaryOp::Add, &mut a, &y).unwrap();
+            let want: Vec<f32> = xr.iter().zip(&yv).map(|(&x, &s)| round(x + s)).collect();
+            assert_eq!(a.to_vec().unwrap(), want, "{dtype} add");
+            let mut r = make(&xr);
+            let mut mask = Tensor::empty(&be, [2], DType::U32, Category::Other).unwrap();
+            ops::unary(Activation::Relu, &mut r, Some(&mut mask)).unwrap();
+            let want: Vec<f32> = xr.iter().map(|&v| v.max(0.0)).collect();
+            assert_eq!(r.to_vec().unwrap(), want, "{dtype} relu");
+            let mut b = make(&xr[..10]).reshape([2, 5]).unwrap();
+            let bias = make(&xr[10..15]);
+            ops::bias_add(&mut b, &bias).unwrap();
+            let want: Vec<f32> = (0..10).map(|i| round(xr[i] + xr[10 + i % 5])).collect();
+            assert_eq!(b.to_vec().unwrap(), want, "{dtype} bias_add");
+        }
     }
 }

@@ -6,51 +6,7 @@
 //! the only one to its buffer. Every view checks device, dtype, length and alignment, so a
 //! tensor of another backend (whose address means nothing here) is an error, not a crash.
 
-use crate::{DType, Device, Tensor, TensorError};
-use stax_alloc::Allocation;
-
-/// An exclusively owned host scratch buffer of f32 from the backend's allocator.
-pub(super) struct Workspace {
-    /// Held so the buffer lives exactly as long as the workspace; freed on drop.
-    _alloc: Allocation,
-    ptr: *mut f32,
-    floats: usize,
-}
-
-impl Workspace {
-    /// Wraps a fresh host allocation of at least `floats * 4` bytes.
-    pub(super) fn new(alloc: Allocation, floats: usize) -> Result<Workspace, TensorError> {
-        const OP: &str = "workspace";
-        if floats.checked_mul(4).is_none_or(|b| b > alloc.bytes()) {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "allocation of {} bytes cannot hold {floats} f32",
-                    alloc.bytes()
-                ),
-            });
-        }
-        let ptr = host_ptr::<f32>(OP, alloc.addr(), floats)?;
-        Ok(Workspace {
-            _alloc: alloc,
-            ptr,
-            floats,
-        })
-    }
-
-    /// The whole buffer.
-    pub(super) fn as_mut_slice(&mut self) -> &mut [f32] {
-        if self.floats == 0 {
-            return &mut [];
-        }
-        // SAFETY: `ptr` is the start of `_alloc`, a live host allocation of at least `floats * 4`
-        // bytes (checked in `new`), non-null and aligned for f32 (checked by `host_ptr`), and
-        // initialized memory as the host allocator guarantees. `_alloc` is owned by this value
-        // and never shared, and `&mut self` makes the returned borrow the only access while it
-        // lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.floats) }
-    }
-}
+use crate::{Device, Element, Tensor, TensorError};
 
 /// The host pointer behind `addr`, checked non-null and aligned for `T` (unless `len == 0`).
 fn host_ptr<T>(op: &'static str, addr: u64, len: usize) -> Result<*mut T, TensorError> {
@@ -67,15 +23,11 @@ fn host_ptr<T>(op: &'static str, addr: u64, len: usize) -> Result<*mut T, Tensor
     Ok(addr as *mut T)
 }
 
-/// Checks that `t` is a CPU tensor of `dtype` whose buffer holds exactly its elements, and
-/// returns its element count and host pointer.
-fn checked_ptr<T>(
-    op: &'static str,
-    t: &Tensor,
-    dtype: DType,
-) -> Result<(*mut T, usize), TensorError> {
+/// Checks that `t` is a CPU tensor of `T`'s dtype whose buffer holds exactly its elements,
+/// and returns its element count and host pointer.
+fn checked_ptr<T: Element>(op: &'static str, t: &Tensor) -> Result<(*mut T, usize), TensorError> {
     t.expect_device(op, Device::Cpu)?;
-    t.expect_dtype(op, dtype)?;
+    t.expect_dtype(op, T::DTYPE)?;
     let len = t.numel();
     if len.checked_mul(size_of::<T>()) != Some(t.bytes()) {
         return Err(TensorError::Shape {
@@ -90,13 +42,12 @@ fn checked_ptr<T>(
     Ok((host_ptr::<T>(op, t.addr(), len)?, len))
 }
 
-/// Read view of a CPU tensor's elements; fails unless `t` is on the CPU with `dtype`.
-fn view<'a, T: bytemuck::Pod>(
+/// Read view of a CPU tensor's elements; fails unless `t` is on the CPU with `T`'s dtype.
+pub(super) fn view<'a, T: Element>(
     op: &'static str,
     t: &'a Tensor,
-    dtype: DType,
 ) -> Result<&'a [T], TensorError> {
-    let (ptr, len) = checked_ptr::<T>(op, t, dtype)?;
+    let (ptr, len) = checked_ptr::<T>(op, t)?;
     if len == 0 {
         return Ok(&[]);
     }
@@ -108,14 +59,13 @@ fn view<'a, T: bytemuck::Pod>(
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// Write view of a CPU tensor's elements; fails unless `t` is on the CPU with `dtype` and is
-/// the only handle to its buffer.
-fn view_mut<'a, T: bytemuck::Pod>(
+/// Write view of a CPU tensor's elements; fails unless `t` is on the CPU with `T`'s dtype and
+/// is the only handle to its buffer.
+pub(super) fn view_mut<'a, T: Element>(
     op: &'static str,
     t: &'a mut Tensor,
-    dtype: DType,
 ) -> Result<&'a mut [T], TensorError> {
-    let (ptr, len) = checked_ptr::<T>(op, t, dtype)?;
+    let (ptr, len) = checked_ptr::<T>(op, t)?;
     t.expect_unique(op)?;
     if len == 0 {
         return Ok(&mut []);
@@ -129,7 +79,7 @@ fn view_mut<'a, T: bytemuck::Pod>(
 
 /// The f32 elements of `t` (read-only); see [`view`].
 pub(super) fn data<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f32], TensorError> {
-    view(op, t, DType::F32)
+    view(op, t)
 }
 
 /// The f32 elements of `t` for writing; see [`view_mut`].
@@ -137,12 +87,12 @@ pub(super) fn data_mut<'a>(
     op: &'static str,
     t: &'a mut Tensor,
 ) -> Result<&'a mut [f32], TensorError> {
-    view_mut(op, t, DType::F32)
+    view_mut(op, t)
 }
 
 /// The u32 words of `t` (read-only), e.g. a ReLU mask.
 pub(super) fn words<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [u32], TensorError> {
-    view(op, t, DType::U32)
+    view(op, t)
 }
 
 /// The u32 words of `t` for writing.
@@ -150,15 +100,13 @@ pub(super) fn words_mut<'a>(
     op: &'static str,
     t: &'a mut Tensor,
 ) -> Result<&'a mut [u32], TensorError> {
-    view_mut(op, t, DType::U32)
+    view_mut(op, t)
 }
 
 /// The raw bytes of a CPU tensor of any dtype (read-only).
 pub(super) fn bytes_of<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [u8], TensorError> {
-    Ok(match t.dtype() {
-        DType::F32 => bytemuck::cast_slice(data(op, t)?),
-        DType::U32 => bytemuck::cast_slice(words(op, t)?),
-    })
+    crate::with_float!(t.dtype(), T => Ok(bytemuck::cast_slice(view::<T>(op, t)?)),
+        Ok(bytemuck::cast_slice(words(op, t)?)))
 }
 
 /// The raw bytes of a CPU tensor of any dtype, for writing.
@@ -166,8 +114,6 @@ pub(super) fn bytes_of_mut<'a>(
     op: &'static str,
     t: &'a mut Tensor,
 ) -> Result<&'a mut [u8], TensorError> {
-    Ok(match t.dtype() {
-        DType::F32 => bytemuck::cast_slice_mut(data_mut(op, t)?),
-        DType::U32 => bytemuck::cast_slice_mut(words_mut(op, t)?),
-    })
+    crate::with_float!(t.dtype(), T => Ok(bytemuck::cast_slice_mut(view_mut::<T>(op, t)?)),
+        Ok(bytemuck::cast_slice_mut(words_mut(op, t)?)))
 }

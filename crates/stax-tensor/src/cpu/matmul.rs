@@ -6,7 +6,8 @@
 //! or write out of bounds.
 
 use super::{data, data_mut};
-use crate::{Tensor, TensorError};
+use crate::TensorError;
+use crate::backend::Matmul;
 
 /// A read-only strided matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -142,15 +143,17 @@ const OP: &str = "matmul";
 /// [`TensorError::Shape`] for a non-matrix operand or disagreeing dimensions,
 /// [`TensorError::DType`] / [`TensorError::DeviceMismatch`] for a non-f32 or non-CPU operand,
 /// [`TensorError::Aliased`] if `c` shares its buffer.
-pub(crate) fn matmul(
-    a: &Tensor,
-    b: &Tensor,
-    transpose_a: bool,
-    transpose_b: bool,
-    c: &mut Tensor,
-) -> Result<(), TensorError> {
-    let (m, n, _) = crate::matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
-    c.expect_shape(OP, &[m, n].into())?;
+pub(crate) fn matmul(call: Matmul<'_>) -> Result<(), TensorError> {
+    let Matmul {
+        m,
+        n,
+        a,
+        b,
+        transpose_a,
+        transpose_b,
+        c,
+        ..
+    } = call;
     let ((ra, ca), (rb, cb)) = ((a.dims()[0], a.dims()[1]), (b.dims()[0], b.dims()[1]));
     let mut av = MatRef::row_major(data(OP, a)?, ra, ca);
     let mut bv = MatRef::row_major(data(OP, b)?, rb, cb);
@@ -173,6 +176,7 @@ pub(crate) fn matmul(
 #[cfg(test)]
 mod tests {
     use super::super::testing::{assert_close, backend, random_vec, rng, tensor};
+    use crate::ops;
     use crate::{Category, DType, Tensor, TensorError};
 
     /// Naive `op(a) · op(b)` in f64.
@@ -202,8 +206,8 @@ mod tests {
                 let a = tensor(&be, &av, if ta { [k, m] } else { [m, k] });
                 let b = tensor(&be, &bv, if tb { [n, k] } else { [k, n] });
                 let mut c = Tensor::empty(&be, [m, n], DType::F32, Category::Other).unwrap();
-                be.fill(&mut c, f32::NAN).unwrap();
-                be.matmul(&a, &b, ta, tb, &mut c).unwrap();
+                ops::fill(&mut c, f32::NAN).unwrap();
+                ops::matmul(&a, &b, ta, tb, &mut c).unwrap();
                 let want = naive(&av, &bv, (m, k, n), ta, tb);
                 assert_close(&c.to_vec().unwrap(), &want, 1e-5, 1e-5, "matmul");
             }
@@ -216,7 +220,7 @@ mod tests {
         let a = Tensor::empty(&be, [3, 0], DType::F32, Category::Other).unwrap();
         let b = Tensor::empty(&be, [0, 2], DType::F32, Category::Other).unwrap();
         let mut c = tensor(&be, &[f32::NAN; 6], [3, 2]);
-        be.matmul(&a, &b, false, false, &mut c).unwrap();
+        ops::matmul(&a, &b, false, false, &mut c).unwrap();
         assert_eq!(c.to_vec().unwrap(), vec![0.0; 6]);
     }
 
@@ -226,31 +230,37 @@ mod tests {
         let a = tensor(&be, &[1.0; 6], [2, 3]);
         let b = tensor(&be, &[1.0; 6], [2, 3]);
         let mut c = tensor(&be, &[0.0; 4], [2, 2]);
-        let e = be.matmul(&a, &b, false, false, &mut c).unwrap_err();
+        let e = ops::matmul(&a, &b, false, false, &mut c).unwrap_err();
         assert_eq!(
             e.to_string(),
             "matmul: op(a) is [2, 3] but op(b) is [2, 3] (got [2, 3])"
         );
-        be.matmul(&a, &b, false, true, &mut c).unwrap();
+        ops::matmul(&a, &b, false, true, &mut c).unwrap();
         assert_eq!(c.to_vec().unwrap(), vec![3.0; 4]);
         let mut c3 = tensor(&be, &[0.0; 6], [2, 3]);
         assert!(matches!(
-            be.matmul(&a, &b, false, true, &mut c3),
+            ops::matmul(&a, &b, false, true, &mut c3),
             Err(TensorError::Shape { .. })
         ));
         let v = tensor(&be, &[1.0; 6], [6]);
         assert!(matches!(
-            be.matmul(&v, &b, false, true, &mut c),
+            ops::matmul(&v, &b, false, true, &mut c),
             Err(TensorError::Shape { .. })
         ));
         let u = Tensor::empty(&be, [2, 3], DType::U32, Category::Other).unwrap();
         assert!(matches!(
-            be.matmul(&u, &b, false, true, &mut c),
+            ops::matmul(&u, &b, false, true, &mut c),
+            Err(TensorError::UnsupportedDType { .. })
+        ));
+        // an f32 matmul given a bf16 operand: a dtype mismatch
+        let h = Tensor::empty(&be, [2, 3], DType::BF16, Category::Other).unwrap();
+        assert!(matches!(
+            ops::matmul(&a, &h, false, true, &mut c),
             Err(TensorError::DType { .. })
         ));
         let _alias = c.clone();
         assert!(matches!(
-            be.matmul(&a, &b, false, true, &mut c),
+            ops::matmul(&a, &b, false, true, &mut c),
             Err(TensorError::Aliased { .. })
         ));
     }

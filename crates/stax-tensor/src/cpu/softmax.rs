@@ -9,7 +9,8 @@
 //! Each row is computed in f64 and rounded once.
 
 use super::{data, data_mut};
-use crate::{Tensor, TensorError};
+use crate::TensorError;
+use crate::backend::SoftmaxXent;
 
 const OP: &str = "softmax_xent";
 
@@ -20,14 +21,14 @@ const OP: &str = "softmax_xent";
 /// [`TensorError::Shape`] unless logits are 2-D and labels and dlogits have their shape;
 /// [`TensorError::InvalidArgument`] if `n` or `k` is 0 (the mean is undefined);
 /// dtype, device and alias errors as for every op.
-pub(crate) fn softmax_xent(
-    logits: &Tensor,
-    labels: &Tensor,
-    dlogits: &mut Tensor,
-) -> Result<f32, TensorError> {
-    let (n, k) = crate::backend::softmax_xent_dims(logits.shape())?;
-    labels.expect_shape(OP, logits.shape())?;
-    dlogits.expect_shape(OP, logits.shape())?;
+pub(crate) fn softmax_xent(c: SoftmaxXent<'_>) -> Result<f32, TensorError> {
+    let SoftmaxXent {
+        rows: n,
+        classes: k,
+        logits,
+        labels,
+        dlogits,
+    } = c;
     let x = data(OP, logits)?;
     let y = data(OP, labels)?;
     let d = data_mut(OP, dlogits)?;
@@ -55,6 +56,7 @@ pub(crate) fn softmax_xent(
 #[cfg(test)]
 mod tests {
     use super::super::testing::{assert_close, backend, random_vec, rng, tensor};
+    use crate::ops;
     use crate::{Backend, Category, DType, Tensor, TensorError};
     use std::sync::Arc;
 
@@ -62,7 +64,7 @@ mod tests {
         let logits = tensor(be, x, [n, k]);
         let labels = tensor(be, y, [n, k]);
         let mut d = tensor(be, &vec![f32::NAN; n * k], [n, k]);
-        let loss = be.softmax_xent(&logits, &labels, &mut d).unwrap();
+        let loss = ops::softmax_xent(&logits, &labels, &mut d).unwrap();
         (loss, d.to_vec().unwrap())
     }
 
@@ -156,29 +158,27 @@ mod tests {
         let be = backend();
         let empty = Tensor::empty(&be, [0, 3], DType::F32, Category::Other).unwrap();
         let mut d0 = Tensor::empty(&be, [0, 3], DType::F32, Category::Other).unwrap();
-        let e = be.softmax_xent(&empty, &empty, &mut d0).unwrap_err();
+        let e = ops::softmax_xent(&empty, &empty, &mut d0).unwrap_err();
         assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
         let no_classes = Tensor::empty(&be, [2, 0], DType::F32, Category::Other).unwrap();
         let mut d1 = Tensor::empty(&be, [2, 0], DType::F32, Category::Other).unwrap();
-        let e = be
-            .softmax_xent(&no_classes, &no_classes, &mut d1)
-            .unwrap_err();
+        let e = ops::softmax_xent(&no_classes, &no_classes, &mut d1).unwrap_err();
         assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
         let x = tensor(&be, &[0.0; 6], [2, 3]);
         let y = tensor(&be, &[0.0; 6], [3, 2]);
         let mut d = tensor(&be, &[0.0; 6], [2, 3]);
         assert!(matches!(
-            be.softmax_xent(&x, &y, &mut d),
+            ops::softmax_xent(&x, &y, &mut d),
             Err(TensorError::Shape { .. })
         ));
         let flat = tensor(&be, &[0.0; 6], [6]);
         assert!(matches!(
-            be.softmax_xent(&flat, &flat, &mut d),
+            ops::softmax_xent(&flat, &flat, &mut d),
             Err(TensorError::Shape { .. })
         ));
         let _alias = d.clone();
         assert!(matches!(
-            be.softmax_xent(&x, &x, &mut d),
+            ops::softmax_xent(&x, &x, &mut d),
             Err(TensorError::Aliased { .. })
         ));
     }

@@ -1,32 +1,33 @@
-//! The three convolution passes of [`CudaBackend`]: layout changes around cuDNN.
+//! The convolution passes and the pooling of [`CudaBackend`]: layout changes around cuDNN, and
+//! our pooling kernels.
 //!
 //! Our kernels are HWIO and cuDNN's NHWC filters are KRSC (= OHWI), so the filter is
 //! transposed into a workspace buffer (and the filter gradient back). cuDNN wants symmetric
 //! padding: with padding `(top, bottom)` it is given `min(top, bottom)` on both sides of an
 //! input extended by explicit zero rows (`top - min` above, `bottom - min` below; the same for
 //! columns), a copy made only when the padding is asymmetric (SAME with stride 2 on an even
-//! size, or an even kernel). Every temporary comes from the allocator tagged `Workspace` and is
-//! freed when the call returns (in stream order, so reuse is safe).
+//! size, or an even kernel). Every temporary is a step of the pass's workspace schedule
+//! ([`CudaBackend::conv_schedule`], taken through a [`Scratch`]) and is freed when the call
+//! returns (in stream order, so reuse is safe).
 
 use super::CudaBackend;
 use super::cudnn::{CudnnConv, Epilogue, Operands};
-use super::workspace::Schedule;
-use crate::{Conv2dGeometry, ConvPass, Tensor, TensorError, WorkspaceStep};
-use stax_alloc::{Allocation, Category};
+use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
+use crate::{Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, Saves, TensorError};
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
 #[derive(Debug, Clone, Copy)]
-struct Extended {
-    h: usize,
-    w: usize,
-    top: usize,
-    left: usize,
+pub(super) struct Extended {
+    pub h: usize,
+    pub w: usize,
+    pub top: usize,
+    pub left: usize,
 }
 
 const F32: usize = 4;
 
 /// What cuDNN computes for `g`, and the extended input if one is needed.
-fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
+pub(super) fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
     let ph = g.pad_top.min(g.pad_bottom);
     let pw = g.pad_left.min(g.pad_right);
     let ext = (!g.symmetric_padding()).then(|| Extended {
@@ -53,6 +54,11 @@ fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
     )
 }
 
+/// Bytes of the extended input (or its gradient) of an asymmetric padding.
+pub(super) fn extended_bytes(g: &Conv2dGeometry, e: &Extended) -> usize {
+    g.n * e.h * e.w * g.c_in * F32
+}
+
 /// Bytes held beside cuDNN's workspace during a pass: the OHWI filter (or its gradient)
 /// and, for asymmetric padding, the extended input (or its gradient).
 fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
@@ -64,283 +70,300 @@ fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
     g.kh * g.kw * g.c_in * g.c_out * F32 + ext
 }
 
+/// The buffers of one pass taken from its schedule: the filter copy, the extended input when
+/// the padding is asymmetric, and cuDNN's workspace when it has one (in the schedule's order).
+struct PassBuffers {
+    filter: usize,
+    ext: Option<usize>,
+    cudnn: Option<usize>,
+}
+
 impl CudaBackend {
-    fn scratch(&self, bytes: usize) -> Result<Allocation, TensorError> {
-        Ok(self.allocator.allocate(bytes.max(1), Category::Workspace)?)
-    }
-
-    /// The filter `w` (HWIO) copied to OHWI in a workspace buffer.
-    fn filter_ohwi(&self, w: &Tensor, g: &Conv2dGeometry) -> Result<Allocation, TensorError> {
-        let t = self.scratch(w.bytes())?;
-        self.kernels
-            .transpose_filter(w.addr(), t.addr(), g.kh * g.kw, g.c_in, g.c_out, true)?;
-        Ok(t)
-    }
-
-    /// `x` embedded in its extended zero-padded buffer, when `ext` asks for one.
-    fn extend(
-        &self,
-        x: &Tensor,
-        g: &Conv2dGeometry,
-        ext: Option<Extended>,
-    ) -> Result<Option<Allocation>, TensorError> {
-        let Some(e) = ext else { return Ok(None) };
-        let buf = self.scratch(g.n * e.h * e.w * g.c_in * F32)?;
-        self.kernels.pad_or_crop(
-            true,
-            x.addr(),
-            buf.addr(),
-            [g.n, g.h, g.w, g.c_in],
-            [e.h, e.w],
-            [e.top, e.left],
-        )?;
-        Ok(Some(buf))
-    }
-
+    /// Runs `pass` of `conv` with the buffers of `ops` and the workspace in `ws[i]`.
     fn run_cudnn(
         &self,
         pass: ConvPass,
         conv: &CudnnConv,
         ops: Operands,
+        ws: (&Scratch, Option<usize>),
     ) -> Result<(), TensorError> {
-        self.dnn.run(
-            pass,
-            conv,
-            self.precision,
-            ops,
-            self.workspace_limit,
-            &self.allocator,
-        )
+        let workspace = ws.1.and_then(|i| ws.0.allocation(i));
+        self.dnn.run(pass, conv, self.precision, ops, workspace)
     }
 
-    /// Forward pass; see [`crate::Backend::conv2d`], and with `relu_mask`
-    /// [`crate::Backend::conv2d_relu`]. The bias (and the ReLU) run in cuDNN's epilogue where
-    /// it fuses them, else as our own passes over `y`; with a fused ReLU the mask is one
-    /// read-only pass.
-    pub(super) fn conv_forward(
+    /// The filter buffer, then the extended input (pad x into it when given), then cuDNN's
+    /// workspace: the schedule's allocations, in order.
+    fn pass_buffers(
         &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
+        ws: &mut Scratch,
         g: &Conv2dGeometry,
-        y: &mut Tensor,
-        relu_mask: Option<&mut Tensor>,
-    ) -> Result<(), TensorError> {
+        ext: Option<Extended>,
+        pad_from: Option<u64>,
+        pass: ConvPass,
+    ) -> Result<PassBuffers, TensorError> {
+        let filter = ws.alloc()?;
+        let ext_i = match ext {
+            Some(e) => {
+                let i = ws.alloc()?;
+                if let Some(x) = pad_from {
+                    let dims = [g.n, g.h, g.w, g.c_in];
+                    self.kernels.pad_or_crop(
+                        true,
+                        x,
+                        ws.addr(i),
+                        dims,
+                        [e.h, e.w],
+                        [e.top, e.left],
+                    )?;
+                }
+                Some(i)
+            }
+            None => None,
+        };
+        let cudnn = match self.cudnn_workspace(g, pass)? {
+            0 => None,
+            _ => Some(ws.alloc()?),
+        };
+        Ok(PassBuffers {
+            filter,
+            ext: ext_i,
+            cudnn,
+        })
+    }
+
+    /// The forward pass (see [`crate::ops::conv2d`]). The bias (and a ReLU) run in cuDNN's
+    /// epilogue where it fuses them, else as our own passes over `y`; with a fused ReLU the
+    /// mask is one read-only pass.
+    fn conv_forward(&self, c: Conv2d<'_>) -> Result<(), TensorError> {
         const OP: &str = "conv2d";
-        self.check_input(OP, x, &g.input_shape())?;
-        self.check_input(OP, w, &g.filter_shape())?;
-        self.check_input(OP, b, &[g.c_out].into())?;
-        self.check_output(OP, y, &g.output_shape())?;
-        if let Some(m) = &relu_mask {
-            self.check_mask(OP, m, y.numel())?;
-            m.expect_unique(OP)?;
-        }
+        let Conv2d {
+            g,
+            x,
+            w,
+            b,
+            y,
+            act,
+            aux,
+        } = c;
         self.bind()?;
-        let (conv, ext) = layout(g);
-        let w_t = self.filter_ohwi(w, g)?;
-        let x_ext = self.extend(x, g, ext)?;
-        let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
+        let pass = ConvPass::Forward;
+        self.calibrate_conv(&g, pass)?;
+        let (conv, ext) = layout(&g);
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
+        let bufs = self.pass_buffers(&mut ws, &g, ext, Some(x.addr()), pass)?;
+        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
+        let f = ws.addr(bufs.filter);
+        self.kernels
+            .transpose_filter(w.addr(), f, hw, ci, co, true)?;
         let ops = Operands {
-            x: xp,
-            w: w_t.addr(),
+            x: bufs.ext.map_or(x.addr(), |i| ws.addr(i)),
+            w: f,
             y: y.addr(),
         };
-        let epi = Epilogue {
-            bias: b.addr(),
-            relu: relu_mask.is_some(),
-        };
+        let relu = act == Some(Activation::Relu);
         let fused = if self.fused_epilogues() {
-            self.dnn.run_forward(
-                &conv,
-                self.precision,
-                ops,
-                epi,
-                self.workspace_limit,
-                &self.allocator,
-            )?
+            let epi = Epilogue {
+                bias: b.addr(),
+                relu,
+            };
+            let workspace = bufs.cudnn.and_then(|i| ws.allocation(i));
+            self.dnn
+                .run_forward(&conv, self.precision, ops, epi, workspace)?
         } else {
-            self.run_cudnn(ConvPass::Forward, &conv, ops)?;
+            self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
             false
         };
-        drop((w_t, x_ext));
+        if let Some(i) = bufs.cudnn {
+            ws.free(i)?;
+        }
+        ws.free(bufs.filter)?;
+        if let Some(i) = bufs.ext {
+            ws.free(i)?;
+        }
+        ws.finish()?;
         if !fused {
             self.kernels
-                .bias_add(y.addr(), b.addr(), y.numel(), g.c_out)?;
+                .bias_add(crate::DType::F32, y.addr(), b.addr(), y.numel(), co)?;
         }
-        match relu_mask {
-            Some(m) => self.kernels.relu(y.addr(), m.addr(), y.numel(), !fused),
+        let mask = aux.map_or(0, |m| m.addr());
+        match act {
+            // cuDNN applied a fused ReLU: the mask is one read-only pass
+            Some(Activation::Relu) if fused && mask == 0 => Ok(()),
+            Some(Activation::Relu) => self.kernels.relu(y.addr(), mask, y.numel(), !fused),
+            Some(act) => self.activate(act, mask, y),
             None => Ok(()),
         }
     }
 
-    /// Input gradient; see [`crate::Backend::conv2d_bwd_data`].
-    pub(super) fn conv_backward_data(
-        &self,
-        dy: &Tensor,
-        w: &Tensor,
-        g: &Conv2dGeometry,
-        dx: &mut Tensor,
-    ) -> Result<(), TensorError> {
+    /// Input gradient (see [`crate::ops::conv2d_bwd_data`]).
+    fn conv_backward_data(&self, c: Conv2dBwdData<'_>) -> Result<(), TensorError> {
         const OP: &str = "conv2d_bwd_data";
-        self.check_input(OP, dy, &g.output_shape())?;
-        self.check_input(OP, w, &g.filter_shape())?;
-        self.check_output(OP, dx, &g.input_shape())?;
+        let Conv2dBwdData { g, dy, w, dx } = c;
         self.bind()?;
-        let (conv, ext) = layout(g);
-        let w_t = self.filter_ohwi(w, g)?;
-        let dx_ext = match ext {
-            Some(e) => Some(self.scratch(g.n * e.h * e.w * g.c_in * F32)?),
-            None => None,
-        };
-        let xp = dx_ext.as_ref().map_or(dx.addr(), Allocation::addr);
+        let pass = ConvPass::BackwardData;
+        self.calibrate_conv(&g, pass)?;
+        let (conv, ext) = layout(&g);
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
+        let bufs = self.pass_buffers(&mut ws, &g, ext, None, pass)?;
+        let f = ws.addr(bufs.filter);
+        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
+        self.kernels
+            .transpose_filter(w.addr(), f, hw, ci, co, true)?;
         let ops = Operands {
-            x: xp,
-            w: w_t.addr(),
+            x: bufs.ext.map_or(dx.addr(), |i| ws.addr(i)),
+            w: f,
             y: dy.addr(),
         };
-        self.run_cudnn(ConvPass::BackwardData, &conv, ops)?;
-        if let (Some(e), Some(buf)) = (ext, &dx_ext) {
-            self.kernels.pad_or_crop(
-                false,
-                dx.addr(),
-                buf.addr(),
-                [g.n, g.h, g.w, g.c_in],
-                [e.h, e.w],
-                [e.top, e.left],
-            )?;
+        self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
+        if let Some(i) = bufs.cudnn {
+            ws.free(i)?;
         }
-        Ok(())
+        if let (Some(e), Some(i)) = (ext, bufs.ext) {
+            let dims = [g.n, g.h, g.w, g.c_in];
+            let (big, small) = (ws.addr(i), dx.addr());
+            self.kernels
+                .pad_or_crop(false, small, big, dims, [e.h, e.w], [e.top, e.left])?;
+            ws.free(i)?;
+        }
+        ws.free(bufs.filter)?;
+        ws.finish()
     }
 
-    /// Filter and bias gradients; see [`crate::Backend::conv2d_bwd_filter`], and with
-    /// `relu_mask` [`crate::Backend::conv2d_bwd_filter_relu`] (dy masked in place first).
+    /// Filter and bias gradients (see [`crate::ops::conv2d_bwd_filter`]).
     ///
-    /// The bias gradient runs first, so that with a mask it is fused with the masking (one
+    /// The bias gradient runs first, so that with a ReLU it is fused with the masking (one
     /// pass over dy) where the kernels vectorize; then the filter gradient. The partials are
-    /// freed before the rest is allocated ([`Self::conv_workspace_schedule`]).
-    pub(super) fn conv_backward_filter(
-        &self,
-        x: &Tensor,
-        dy: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-        relu_mask: Option<&Tensor>,
-    ) -> Result<(), TensorError> {
+    /// freed before the rest is allocated ([`CudaBackend::conv_schedule`]).
+    fn conv_backward_filter(&self, c: Conv2dBwdFilter<'_>) -> Result<(), TensorError> {
         const OP: &str = "conv2d_bwd_filter";
-        self.check_input(OP, x, &g.input_shape())?;
-        self.check_input(OP, dy, &g.output_shape())?;
-        self.check_output(OP, dw, &g.filter_shape())?;
-        self.check_output(OP, db, &[g.c_out].into())?;
-        if let Some(m) = relu_mask {
-            self.check_mask(OP, m, dy.numel())?;
-        }
+        let Conv2dBwdFilter {
+            g,
+            x,
+            dy,
+            dw,
+            db,
+            act,
+        } = c;
         self.bind()?;
+        let pass = ConvPass::BackwardFilter;
+        self.calibrate_conv(&g, pass)?;
         let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
         let rows = g.n * g.out_h * g.out_w;
-        let mut mask = relu_mask.map_or(0, Tensor::addr);
-        if mask != 0
-            && !(self.fused_epilogues() && self.kernels.bias_grad_vectorizes(co, dy.addr()))
-        {
-            self.kernels.relu_bwd(dy.addr(), mask, dy.numel())?;
-            mask = 0;
+        let mut mask = 0;
+        match act {
+            Some((Activation::Relu, m))
+                if self.fused_epilogues() && self.kernels.bias_grad_vectorizes(co, dy.addr()) =>
+            {
+                mask = m.addr();
+            }
+            Some((a, saved)) => self.activate_bwd(a, saved, dy)?,
+            None => {}
         }
-        let partial = self.scratch(self.bias_grad_bytes(rows, co))?;
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
+        let partial = ws.alloc()?;
+        let f32 = crate::DType::F32;
+        let (d, p) = (dy.addr(), ws.addr(partial));
         self.kernels
-            .bias_grad(dy.addr(), mask, partial.addr(), db.addr(), rows, co)?;
-        drop(partial);
-        let (conv, ext) = layout(g);
-        let x_ext = self.extend(x, g, ext)?;
-        let xp = x_ext.as_ref().map_or(x.addr(), Allocation::addr);
-        let dw_t = self.scratch(dw.bytes())?;
+            .bias_grad(f32, d, mask, p, db.addr(), rows, co)?;
+        ws.free(partial)?;
+        let (conv, ext) = layout(&g);
+        let ext_i = match ext {
+            Some(e) => {
+                let i = ws.alloc()?;
+                let dims = [g.n, g.h, g.w, g.c_in];
+                self.kernels.pad_or_crop(
+                    true,
+                    x.addr(),
+                    ws.addr(i),
+                    dims,
+                    [e.h, e.w],
+                    [e.top, e.left],
+                )?;
+                Some(i)
+            }
+            None => None,
+        };
+        let filter = ws.alloc()?;
+        let cudnn = match self.cudnn_workspace(&g, pass)? {
+            0 => None,
+            _ => Some(ws.alloc()?),
+        };
         let ops = Operands {
-            x: xp,
-            w: dw_t.addr(),
+            x: ext_i.map_or(x.addr(), |i| ws.addr(i)),
+            w: ws.addr(filter),
             y: dy.addr(),
         };
-        self.run_cudnn(ConvPass::BackwardFilter, &conv, ops)?;
-        drop(x_ext);
-        self.kernels
-            .transpose_filter(dw_t.addr(), dw.addr(), hw, ci, co, false)
-    }
-
-    /// The workspace one call of `pass` allocates and frees, in order, in steady state (see
-    /// [`crate::Backend::workspace_schedule`]), mirroring the three passes above: the OHWI
-    /// filter (or its gradient), the extended input for asymmetric padding, cuDNN's workspace,
-    /// and for the filter gradient first the bias-gradient partials. If the pass's algorithm
-    /// has not been chosen yet, it is chosen now, by timing the candidates on temporary buffers
-    /// of the pass's shapes.
-    pub(super) fn conv_workspace_schedule(
-        &self,
-        g: &Conv2dGeometry,
-        pass: ConvPass,
-    ) -> Result<Vec<WorkspaceStep>, TensorError> {
-        let (conv, ext) = layout(g);
-        let cudnn = match self.dnn.chosen_workspace(g, self.precision, pass) {
-            Some(bytes) => bytes,
-            None => self.choose_algorithm(g, pass, &conv)?,
-        };
-        let filter = g.filter_shape().numel() * F32;
-        let ext_bytes = ext.map(|e| g.n * e.h * e.w * g.c_in * F32);
-        let mut s = Schedule::default();
-        match pass {
-            ConvPass::Forward => {
-                let f = s.alloc(filter);
-                let e = ext_bytes.map(|b| s.alloc(b));
-                s.scoped(cudnn);
-                s.free(f);
-                if let Some(e) = e {
-                    s.free(e);
-                }
-            }
-            ConvPass::BackwardData => {
-                let f = s.alloc(filter);
-                let e = ext_bytes.map(|b| s.alloc(b));
-                s.scoped(cudnn);
-                if let Some(e) = e {
-                    s.free(e);
-                }
-                s.free(f);
-            }
-            ConvPass::BackwardFilter => {
-                let rows = g.n * g.out_h * g.out_w;
-                let p = s.alloc(self.bias_grad_bytes(rows, g.c_out).max(1));
-                s.free(p);
-                let e = ext_bytes.map(|b| s.alloc(b));
-                let d = s.alloc(filter);
-                s.scoped(cudnn);
-                if let Some(e) = e {
-                    s.free(e);
-                }
-                s.free(d);
-            }
+        self.run_cudnn(pass, &conv, ops, (&ws, cudnn))?;
+        if let Some(i) = cudnn {
+            ws.free(i)?;
         }
-        Ok(s.finish())
+        if let Some(i) = ext_i {
+            ws.free(i)?;
+        }
+        self.kernels
+            .transpose_filter(ws.addr(filter), dw.addr(), hw, ci, co, false)?;
+        ws.free(filter)?;
+        ws.finish()
     }
 
-    /// Chooses the algorithm of `pass` for `conv` by timing the candidates on temporary
-    /// buffers of its shapes, then releases them; returns its cuDNN workspace bytes.
-    fn choose_algorithm(
+    /// An activation in place on `y` (its mask to `mask`, 0 for none), by our kernels.
+    pub(super) fn activate(
         &self,
-        g: &Conv2dGeometry,
-        pass: ConvPass,
-        conv: &CudnnConv,
-    ) -> Result<usize, TensorError> {
-        self.bind()?;
-        let x = self.scratch(g.n * conv.h * conv.w * g.c_in * F32)?;
-        let w = self.scratch(g.filter_shape().numel() * F32)?;
-        let y = self.scratch(g.output_shape().numel() * F32)?;
-        let ops = Operands {
-            x: x.addr(),
-            w: w.addr(),
-            y: y.addr(),
+        act: Activation,
+        mask: u64,
+        y: &crate::Tensor,
+    ) -> Result<(), TensorError> {
+        let (n, code, alpha) = (y.numel(), act.code(), act.alpha());
+        if act == Activation::Relu && y.dtype() == crate::DType::F32 {
+            return self.kernels.relu(y.addr(), mask, n, true);
+        }
+        self.kernels
+            .unary(y.dtype(), y.addr(), mask, n, code, alpha)
+    }
+
+    /// An activation's backward pass in place on `dy`, from what it saved.
+    pub(super) fn activate_bwd(
+        &self,
+        act: Activation,
+        saved: &crate::Tensor,
+        dy: &crate::Tensor,
+    ) -> Result<(), TensorError> {
+        let (n, code, alpha) = (dy.numel(), act.code(), act.alpha());
+        let (s, m) = match act.saves() {
+            Saves::Mask => (0, saved.addr()),
+            Saves::Output => (saved.addr(), 0),
         };
-        let limit = self.workspace_limit;
-        let bytes = self
-            .dnn
-            .prepare(pass, conv, self.precision, ops, limit, &self.allocator)?;
-        drop((x, w, y));
-        super::cudnn::release_search(&self.allocator)?;
-        Ok(bytes)
+        if act == Activation::Relu && dy.dtype() == crate::DType::F32 {
+            return self.kernels.relu_bwd(dy.addr(), m, n);
+        }
+        self.kernels
+            .unary_bwd(dy.dtype(), dy.addr(), s, m, n, code, alpha)
+    }
+}
+
+impl ConvOps for CudaBackend {
+    fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
+        self.conv_forward(c.into_inner())
+    }
+
+    fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
+        self.conv_backward_data(c.into_inner())
+    }
+
+    fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
+        self.conv_backward_filter(c.into_inner())
+    }
+
+    fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
+        let Pool2d { g, x, y, .. } = c.into_inner();
+        self.bind()?;
+        self.kernels.max_pool(&g, x.addr(), y.addr())
+    }
+
+    fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
+        let Pool2dBwd { g, x, dy, dx, .. } = c.into_inner();
+        self.bind()?;
+        self.kernels
+            .max_pool_bwd(&g, x.addr(), dy.addr(), dx.addr())
     }
 }

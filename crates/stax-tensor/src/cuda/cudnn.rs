@@ -1,12 +1,15 @@
 //! cuDNN convolutions in NHWC with KRSC (= OHWI) filters: descriptors, algorithm choice once
 //! per geometry under a workspace budget, and the three passes.
 //!
-//! Algorithms are chosen on first use of a (geometry, precision, pass): cuDNN's heuristics
+//! Algorithms are chosen once per (geometry, precision, pass), by calibration
+//! ([`crate::Backend::calibrate`], or the pass's first run): cuDNN's heuristics
 //! (`cudnnGet*Algorithm_v7`) list the candidates and their workspace needs, then
-//! `cudnnFind*AlgorithmEx` times those that fit the budget on the call's own buffers, with a
-//! workspace from our allocator sized to the largest candidate that fits. The fastest is kept
-//! with its workspace size and reported by [`ConvPlanInfo`]. Every later call of that pass
-//! allocates exactly that workspace (tagged `Workspace`) and frees it afterwards.
+//! `cudnnFind*AlgorithmEx` times those that fit the budget on scratch buffers of the pass's
+//! shapes, with a workspace from our allocator sized to the largest candidate that fits. The
+//! fastest is kept with its workspace size and reported by [`ConvPlanInfo`]. Every later call
+//! of that pass runs with exactly that workspace, allocated by the caller from the pass's
+//! schedule. Before the choice, the largest of those candidates' workspaces is the bound a
+//! memory plan uses ([`Dnn::bound`]: a host-side query, nothing allocated).
 //!
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
 //! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`.
@@ -236,32 +239,57 @@ impl Dnn {
         Ok(choice.workspace)
     }
 
-    /// Runs `pass` of `conv` on `ops` (output overwritten), choosing its algorithm first if
-    /// this is the pass's first call for this geometry and precision. Workspaces come from
-    /// `alloc` (tagged `Workspace`) and are at most `limit` bytes.
+    /// The largest workspace, at most `limit` bytes, of the candidates cuDNN's heuristics
+    /// list for `pass` of `conv`: the most a search within `limit` can choose. Allocates
+    /// nothing on the device.
     ///
     /// # Errors
-    /// [`TensorError::Cudnn`]; [`TensorError::Alloc`] for the workspace;
-    /// [`TensorError::InvalidArgument`] if no algorithm fits the budget.
+    /// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] if no candidate fits `limit`.
+    pub(crate) fn bound(
+        &self,
+        pass: ConvPass,
+        conv: &CudnnConv,
+        precision: Precision,
+        limit: usize,
+    ) -> Result<usize, TensorError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let handle = state.handle;
+        let plan = plan_of(&mut state, conv, precision)?;
+        plan.desc.set_math(match precision {
+            Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        })?;
+        let heuristic = candidates(handle, &plan.desc, pass, None)?;
+        budget(&heuristic, pass, limit)
+    }
+
+    /// Runs `pass` of `conv` on `ops` (output overwritten) with its chosen algorithm and
+    /// `workspace` (the chosen algorithm's bytes, from the pass's schedule).
+    ///
+    /// # Errors
+    /// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] if the pass is not calibrated.
     pub(crate) fn run(
         &self,
         pass: ConvPass,
         conv: &CudnnConv,
         precision: Precision,
         ops: Operands,
-        limit: usize,
-        alloc: &Arc<Allocator>,
+        workspace: Option<&Allocation>,
     ) -> Result<(), TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
-        let (plan, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
-        plan.desc.set_math(if precision == Precision::Highest {
-            sys::cudnnMathType_t::CUDNN_FMA_MATH
-        } else {
-            choice.math
-        })?;
-        let ws = workspace(alloc, choice.workspace)?;
-        execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())
+        let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
+        plan.desc.set_math(math(precision, choice))?;
+        execute(handle, &plan.desc, choice.algo, ops, workspace)
+    }
+}
+
+/// cuDNN's math type for running `choice` under `precision`.
+fn math(precision: Precision, choice: Choice) -> sys::cudnnMathType_t {
+    if precision == Precision::Highest {
+        sys::cudnnMathType_t::CUDNN_FMA_MATH
+    } else {
+        choice.math
     }
 }
 
@@ -272,6 +300,7 @@ impl Dnn {
     /// the epilogue was applied. When it returns false the output holds the plain convolution
     /// (the caller adds the epilogue). Workspace as [`Dnn::run`]: the same bytes.
     ///
+    ///
     /// # Errors
     /// As [`Dnn::run`].
     #[allow(clippy::too_many_arguments)]
@@ -281,19 +310,14 @@ impl Dnn {
         precision: Precision,
         ops: Operands,
         epi: Epilogue,
-        limit: usize,
-        alloc: &Arc<Allocator>,
+        workspace: Option<&Allocation>,
     ) -> Result<bool, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let pass = ConvPass::Forward;
-        let (plan, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
-        plan.desc.set_math(if precision == Precision::Highest {
-            sys::cudnnMathType_t::CUDNN_FMA_MATH
-        } else {
-            choice.math
-        })?;
-        let ws = workspace(alloc, choice.workspace)?;
+        let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
+        plan.desc.set_math(math(precision, choice))?;
+        let ws = workspace;
         let precomp =
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
         if let Algo::Fwd(algo) = choice.algo
@@ -303,7 +327,7 @@ impl Dnn {
             // Any refusal (the output is then untouched) falls back to the separate epilogue,
             // for good: the status is kept for the plan report.
             let (bias, relu) = (epi.bias, epi.relu);
-            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, ws.as_ref()) {
+            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, ws) {
                 Ok(()) => {
                     plan.fused_last = true;
                     return Ok(true);
@@ -312,8 +336,51 @@ impl Dnn {
             }
         }
         plan.fused_last = false;
-        execute(handle, &plan.desc, choice.algo, ops, ws.as_ref())?;
+        execute(handle, &plan.desc, choice.algo, ops, ws)?;
         Ok(false)
+    }
+}
+
+/// The plan of `conv` (its descriptors), created on first use.
+fn plan_of<'s>(
+    state: &'s mut State,
+    conv: &CudnnConv,
+    precision: Precision,
+) -> Result<&'s mut Plan, TensorError> {
+    Ok(match state.plans.entry((conv.geometry, precision)) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(Plan {
+            desc: Descriptors::new(conv)?,
+            chosen: [None; 3],
+            candidates: Default::default(),
+            layout_bytes: [0; 3],
+            no_fused_epilogue: None,
+            fused_last: false,
+        }),
+    })
+}
+
+/// The plan of `conv` and the algorithm chosen for `pass`.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] when `pass` has not been calibrated.
+fn chosen<'s>(
+    state: &'s mut State,
+    pass: ConvPass,
+    conv: &CudnnConv,
+    precision: Precision,
+) -> Result<(&'s mut Plan, Choice), TensorError> {
+    let plan = plan_of(state, conv, precision)?;
+    plan.layout_bytes[pass as usize] = conv.layout_bytes;
+    match plan.chosen[pass as usize] {
+        Some(c) => Ok((plan, c)),
+        None => Err(TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "internal: {pass:?} of {:?} runs uncalibrated",
+                conv.geometry
+            ),
+        }),
     }
 }
 
@@ -328,17 +395,7 @@ fn plan_and_choice<'s>(
     alloc: &Arc<Allocator>,
 ) -> Result<(&'s mut Plan, Choice), TensorError> {
     let handle = state.handle;
-    let plan = match state.plans.entry((conv.geometry, precision)) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(e) => e.insert(Plan {
-            desc: Descriptors::new(conv)?,
-            chosen: [None; 3],
-            candidates: Default::default(),
-            layout_bytes: [0; 3],
-            no_fused_epilogue: None,
-            fused_last: false,
-        }),
-    };
+    let plan = plan_of(state, conv, precision)?;
     plan.layout_bytes[pass as usize] = conv.layout_bytes;
     if let Some(c) = plan.chosen[pass as usize] {
         return Ok((plan, c));
@@ -374,6 +431,21 @@ fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>,
     })
 }
 
+/// The largest workspace of the usable `candidates` within `limit`.
+fn budget(candidates: &[Choice], pass: ConvPass, limit: usize) -> Result<usize, TensorError> {
+    candidates
+        .iter()
+        .filter(|c| c.ok && c.workspace <= limit)
+        .map(|c| c.workspace)
+        .max()
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"
+            ),
+        })
+}
+
 /// Lists candidates by heuristics, times those within `limit` with FindEx, keeps the fastest;
 /// returns it with every candidate for the report.
 fn choose(
@@ -385,17 +457,7 @@ fn choose(
     alloc: &Arc<Allocator>,
 ) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
     let heuristic = candidates(handle, d, pass, None)?;
-    let budget = heuristic
-        .iter()
-        .filter(|c| c.ok && c.workspace <= limit)
-        .map(|c| c.workspace)
-        .max()
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"
-            ),
-        })?;
+    let budget = budget(&heuristic, pass, limit)?;
     let ws = workspace(alloc, budget)?;
     let timed = {
         // The search may capture CUDA graphs; keep other threads' unsafe calls out meanwhile.

@@ -1,9 +1,13 @@
-//! How much workspace each op of [`CudaBackend`] allocates: one formula per op, used both by
-//! the op itself and by [`crate::Backend::workspace_schedule`], so a memory plan built on the
-//! answer matches what the op does, to the byte and in order.
+//! How much workspace each op of [`CudaBackend`] allocates: one schedule per op, the single
+//! source both the op (through a [`crate::backend::Scratch`]) and
+//! [`crate::Backend::workspace_schedule`] read, so a memory plan built on the answer matches
+//! what the op does, to the byte and in order.
 
+use super::conv::{extended_bytes, layout};
+use super::cudnn::Operands;
 use super::{CudaBackend, cublas};
-use crate::{TensorError, WorkspaceOp, WorkspaceStep};
+use crate::{Conv2dGeometry, ConvPass, OpDesc, TensorError, WorkspaceStep};
+use stax_alloc::Category;
 
 /// A workspace schedule being written down.
 #[derive(Debug, Default)]
@@ -60,21 +64,20 @@ impl CudaBackend {
         (rows * 8).next_multiple_of(256)
     }
 
-    /// See [`crate::Backend::workspace_schedule`]. Every op but the convolutions allocates
-    /// one buffer (bias partials even of 0 bytes, as `bias_grad` of no rows does).
+    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient and softmax
+    /// cross-entropy allocate one buffer (bias partials even of 0 bytes, as `bias_grad` of no
+    /// rows does); the convolutions several; nothing else allocates.
     pub(super) fn op_workspace_schedule(
         &self,
-        op: &WorkspaceOp,
+        op: &OpDesc,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         let one = |bytes| vec![WorkspaceStep::Alloc(bytes), WorkspaceStep::Free(0)];
         Ok(match *op {
-            WorkspaceOp::Conv { geometry, pass } => {
-                self.conv_workspace_schedule(&geometry, pass)?
-            }
-            WorkspaceOp::Matmul { m, n, k } => WorkspaceStep::single(self.matmul_bytes(m, n, k)),
-            WorkspaceOp::BiasGrad { cols: 0, .. } => Vec::new(),
-            WorkspaceOp::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
-            WorkspaceOp::SoftmaxXent { rows, classes } => {
+            OpDesc::Conv { geometry, pass, .. } => self.conv_schedule(&geometry, pass)?,
+            OpDesc::Matmul { m, n, k, .. } => WorkspaceStep::single(self.matmul_bytes(m, n, k)),
+            OpDesc::BiasGrad { cols: 0, .. } => Vec::new(),
+            OpDesc::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
+            OpDesc::SoftmaxXent { rows, classes } => {
                 if rows == 0 || classes == 0 {
                     return Err(TensorError::InvalidArgument {
                         op: "workspace_schedule",
@@ -83,6 +86,109 @@ impl CudaBackend {
                 }
                 one(Self::softmax_loss_offset(rows) + 4)
             }
+            OpDesc::Pool { .. }
+            | OpDesc::Unary { .. }
+            | OpDesc::Binary { .. }
+            | OpDesc::BiasAdd { .. }
+            | OpDesc::Adam { .. }
+            | OpDesc::Memory => Vec::new(),
         })
+    }
+
+    /// cuDNN's workspace bytes for `pass` of `g`: the chosen algorithm's once calibrated,
+    /// else the bound a search would choose within ([`super::cudnn::Dnn::bound`]).
+    pub(super) fn cudnn_workspace(
+        &self,
+        g: &Conv2dGeometry,
+        pass: ConvPass,
+    ) -> Result<usize, TensorError> {
+        match self.dnn.chosen_workspace(g, self.precision, pass) {
+            Some(bytes) => Ok(bytes),
+            None => {
+                let (conv, _) = layout(g);
+                self.dnn
+                    .bound(pass, &conv, self.precision, self.workspace_limit)
+            }
+        }
+    }
+
+    /// The workspace one call of `pass` allocates and frees, in order: the OHWI filter (or
+    /// its gradient), the extended input for asymmetric padding, cuDNN's workspace, and for
+    /// the filter gradient first the bias-gradient partials. The passes in `conv.rs` take
+    /// exactly these steps.
+    pub(super) fn conv_schedule(
+        &self,
+        g: &Conv2dGeometry,
+        pass: ConvPass,
+    ) -> Result<Vec<WorkspaceStep>, TensorError> {
+        g.validate("workspace_schedule")?;
+        let (_, ext) = layout(g);
+        let cudnn = self.cudnn_workspace(g, pass)?;
+        let filter = g.filter_shape().numel() * 4;
+        let ext_bytes = ext.map(|e| extended_bytes(g, &e));
+        let mut s = Schedule::default();
+        match pass {
+            ConvPass::Forward => {
+                let f = s.alloc(filter);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                s.scoped(cudnn);
+                s.free(f);
+                if let Some(e) = e {
+                    s.free(e);
+                }
+            }
+            ConvPass::BackwardData => {
+                let f = s.alloc(filter);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                s.scoped(cudnn);
+                if let Some(e) = e {
+                    s.free(e);
+                }
+                s.free(f);
+            }
+            ConvPass::BackwardFilter => {
+                let rows = g.n * g.out_h * g.out_w;
+                let p = s.alloc(self.bias_grad_bytes(rows, g.c_out).max(1));
+                s.free(p);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                let d = s.alloc(filter);
+                s.scoped(cudnn);
+                if let Some(e) = e {
+                    s.free(e);
+                }
+                s.free(d);
+            }
+        }
+        Ok(s.finish())
+    }
+
+    /// Chooses the algorithm of `pass` for `g`, if not chosen yet, by timing the candidates
+    /// on temporary buffers of its shapes, then releases them and what the search left cached
+    /// (see [`crate::Backend::calibrate`]).
+    pub(super) fn calibrate_conv(
+        &self,
+        g: &Conv2dGeometry,
+        pass: ConvPass,
+    ) -> Result<(), TensorError> {
+        if self.dnn.chosen_workspace(g, self.precision, pass).is_some() {
+            return Ok(());
+        }
+        g.validate("calibrate")?;
+        self.bind()?;
+        let (conv, _) = layout(g);
+        let scratch = |bytes: usize| self.allocator.allocate(bytes.max(1), Category::Workspace);
+        let x = scratch(g.n * conv.h * conv.w * g.c_in * 4)?;
+        let w = scratch(g.filter_shape().numel() * 4)?;
+        let y = scratch(g.output_shape().numel() * 4)?;
+        let ops = Operands {
+            x: x.addr(),
+            w: w.addr(),
+            y: y.addr(),
+        };
+        let limit = self.workspace_limit;
+        self.dnn
+            .prepare(pass, &conv, self.precision, ops, limit, &self.allocator)?;
+        drop((x, w, y));
+        super::cudnn::release_search(&self.allocator)
     }
 }

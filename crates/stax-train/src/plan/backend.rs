@@ -10,12 +10,16 @@
 //! the real step on the target does, and every buffer is named as the real step names it
 //! (its allocation's scope and role).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
+use stax_tensor::backend::{
+    Adam, BiasAdd, BiasGrad, Binary, Call, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+};
 use stax_tensor::{
-    AdamHyper, Backend, BackendId, Conv2dGeometry, ConvPass, Device, Precision, Shape, Tensor,
-    TensorError, WorkspaceOp, WorkspaceStep,
+    Backend, BackendId, Checked, ConvOps, Device, ElementwiseOps, LossOps, MatmulOps, MemoryOps,
+    OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
 };
 
 /// The planning backend (see the module docs).
@@ -24,6 +28,8 @@ pub(crate) struct PlanBackend {
     id: BackendId,
     target: Arc<dyn Backend>,
     allocator: Arc<Allocator>,
+    /// Every op the dry run met, in order of first appearance.
+    ops: Mutex<Vec<OpDesc>>,
 }
 
 impl PlanBackend {
@@ -36,6 +42,7 @@ impl PlanBackend {
             id: BackendId::fresh(),
             target: target.clone(),
             allocator,
+            ops: Mutex::new(Vec::new()),
         }))
     }
 
@@ -45,14 +52,23 @@ impl PlanBackend {
         (s.allocs + s.frees) as usize
     }
 
-    /// Stops recording: the trace.
-    pub(crate) fn finish(&self) -> Trace {
-        self.allocator.stop_trace()
+    /// Stops recording: the trace, and every op the run met (in order of first appearance).
+    pub(crate) fn finish(&self) -> (Trace, Vec<OpDesc>) {
+        let ops = std::mem::take(&mut *self.ops.lock().unwrap_or_else(|p| p.into_inner()));
+        (self.allocator.stop_trace(), ops)
     }
 
-    /// Allocates and frees the workspace the target uses for `op`, in the target's order
-    /// ([`Backend::workspace_schedule`]), in the current scope (`2.conv/workspace`).
-    fn workspace(&self, op: WorkspaceOp) -> Result<(), TensorError> {
+    /// Allocates and frees the workspace the target uses for the op of `call`, in the
+    /// target's order ([`Backend::workspace_schedule`]), in the current scope
+    /// (`2.conv/workspace`), and notes the op.
+    fn replay<T: Call>(&self, call: &Checked<T>) -> Result<(), TensorError> {
+        let op = call.get().desc();
+        {
+            let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+            if op != OpDesc::Memory && !ops.contains(&op) {
+                ops.push(op);
+            }
+        }
         let mut held = Vec::new();
         for step in self.target.workspace_schedule(&op)? {
             match step {
@@ -64,11 +80,6 @@ impl PlanBackend {
         }
         Ok(())
     }
-}
-
-fn output(op: &'static str, t: &Tensor, shape: &Shape) -> Result<(), TensorError> {
-    t.expect_shape(op, shape)?;
-    t.expect_unique(op)
 }
 
 impl Backend for PlanBackend {
@@ -88,138 +99,6 @@ impl Backend for PlanBackend {
         self.target.precision()
     }
 
-    fn upload(&self, _src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
-        dst.expect_unique("upload")
-    }
-
-    fn download(&self, _src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {
-        dst.fill(0);
-        Ok(())
-    }
-
-    fn copy(&self, src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
-        output("copy", dst, src.shape())
-    }
-
-    fn fill(&self, t: &mut Tensor, _value: f32) -> Result<(), TensorError> {
-        t.expect_unique("fill")
-    }
-
-    fn conv2d(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        g: &Conv2dGeometry,
-        y: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "conv2d";
-        x.expect_shape(OP, &g.input_shape())?;
-        w.expect_shape(OP, &g.filter_shape())?;
-        output(OP, y, &g.output_shape())?;
-        let pass = ConvPass::Forward;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
-    }
-
-    fn conv2d_bwd_data(
-        &self,
-        dy: &Tensor,
-        _w: &Tensor,
-        g: &Conv2dGeometry,
-        dx: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "conv2d_bwd_data";
-        dy.expect_shape(OP, &g.output_shape())?;
-        output(OP, dx, &g.input_shape())?;
-        let pass = ConvPass::BackwardData;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
-    }
-
-    fn conv2d_bwd_filter(
-        &self,
-        x: &Tensor,
-        dy: &Tensor,
-        g: &Conv2dGeometry,
-        dw: &mut Tensor,
-        db: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "conv2d_bwd_filter";
-        x.expect_shape(OP, &g.input_shape())?;
-        dy.expect_shape(OP, &g.output_shape())?;
-        output(OP, dw, &g.filter_shape())?;
-        output(OP, db, &Shape::new([g.c_out]))?;
-        let pass = ConvPass::BackwardFilter;
-        self.workspace(WorkspaceOp::Conv { geometry: *g, pass })
-    }
-
-    fn matmul(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        transpose_a: bool,
-        transpose_b: bool,
-        c: &mut Tensor,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "matmul";
-        let (m, n, k) =
-            stax_tensor::matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
-        output(OP, c, &Shape::new([m, n]))?;
-        self.workspace(WorkspaceOp::Matmul { m, n, k })
-    }
-
-    fn bias_add(&self, y: &mut Tensor, _b: &Tensor) -> Result<(), TensorError> {
-        y.expect_unique("bias_add")
-    }
-
-    fn bias_grad(&self, dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
-        let cols = dy.shape().last();
-        output("bias_grad", db, &Shape::new([cols]))?;
-        let rows = dy.numel().checked_div(cols).unwrap_or(0);
-        self.workspace(WorkspaceOp::BiasGrad { rows, cols })
-    }
-
-    fn relu(&self, x: &mut Tensor, mask: Option<&mut Tensor>) -> Result<(), TensorError> {
-        x.expect_unique("relu")?;
-        match mask {
-            Some(mask) => output("relu", mask, &Shape::new([x.numel().div_ceil(32)])),
-            None => Ok(()),
-        }
-    }
-
-    fn relu_bwd(&self, dy: &mut Tensor, _mask: &Tensor) -> Result<(), TensorError> {
-        dy.expect_unique("relu_bwd")
-    }
-
-    fn softmax_xent(
-        &self,
-        logits: &Tensor,
-        labels: &Tensor,
-        dlogits: &mut Tensor,
-    ) -> Result<f32, TensorError> {
-        const OP: &str = "softmax_xent";
-        let (rows, classes) = stax_tensor::backend::softmax_xent_dims(logits.shape())?;
-        labels.expect_shape(OP, logits.shape())?;
-        output(OP, dlogits, logits.shape())?;
-        self.workspace(WorkspaceOp::SoftmaxXent { rows, classes })?;
-        Ok(0.0)
-    }
-
-    fn adam_update(
-        &self,
-        p: &mut Tensor,
-        g: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
-        _h: &AdamHyper,
-    ) -> Result<(), TensorError> {
-        const OP: &str = "adam_update";
-        let shape = p.shape().clone();
-        output(OP, p, &shape)?;
-        g.expect_shape(OP, &shape)?;
-        output(OP, m, &shape)?;
-        output(OP, v, &shape)
-    }
-
     fn synchronize(&self) -> Result<(), TensorError> {
         Ok(())
     }
@@ -228,7 +107,64 @@ impl Backend for PlanBackend {
         Ok(None)
     }
 
-    fn workspace_schedule(&self, op: &WorkspaceOp) -> Result<Vec<WorkspaceStep>, TensorError> {
+    fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         self.target.workspace_schedule(op)
+    }
+}
+
+/// The planning backend computes nothing: every op replays its target's workspace schedule;
+/// downloads read zeros and the loss is 0.
+macro_rules! replay_ops {
+    ($($family:ident { $($op:ident($call:ident)),* })*) => {$(
+        impl $family for PlanBackend {
+            $(fn $op(&self, c: Checked<$call<'_>>) -> Result<(), TensorError> {
+                self.replay(&c)
+            })*
+        }
+    )*};
+}
+
+replay_ops! {
+    ConvOps {
+        conv2d(Conv2d),
+        conv2d_bwd_data(Conv2dBwdData),
+        conv2d_bwd_filter(Conv2dBwdFilter),
+        pool2d(Pool2d),
+        pool2d_bwd(Pool2dBwd)
+    }
+    MatmulOps { matmul(Matmul) }
+    ElementwiseOps {
+        unary(Unary),
+        unary_bwd(UnaryBwd),
+        binary(Binary),
+        bias_add(BiasAdd),
+        bias_grad(BiasGrad)
+    }
+    OptimOps { adam(Adam) }
+}
+
+impl MemoryOps for PlanBackend {
+    fn upload(&self, c: Checked<CopyIn<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+
+    fn download(&self, c: Checked<CopyOut<'_>>) -> Result<(), TensorError> {
+        c.into_inner().dst.fill(0);
+        Ok(())
+    }
+
+    fn copy(&self, c: Checked<Copy<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+
+    fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+}
+
+impl LossOps for PlanBackend {
+    fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError> {
+        self.replay(&c)?;
+        Ok(0.0)
     }
 }

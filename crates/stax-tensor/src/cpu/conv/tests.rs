@@ -3,7 +3,7 @@
 use super::super::testing::{
     assert_close, backend, backend_with_workspace, random_vec, rng, tensor,
 };
-use crate::{Backend, Category, Conv2dGeometry, DType, Padding, Tensor, TensorError};
+use crate::{Backend, Category, Conv2dGeometry, DType, Padding, Tensor, TensorError, ops};
 use rand::rngs::StdRng;
 use std::sync::Arc;
 
@@ -98,7 +98,7 @@ fn random(be: &Arc<dyn Backend>, r: &mut StdRng, shape: crate::Shape) -> (Tensor
 /// A tensor full of NaN, so an element the op forgets to write fails the comparison.
 fn poisoned(be: &Arc<dyn Backend>, shape: crate::Shape) -> Tensor {
     let mut t = Tensor::empty(be, shape, DType::F32, Category::Other).unwrap();
-    be.fill(&mut t, f32::NAN).unwrap();
+    ops::fill(&mut t, f32::NAN).unwrap();
     t
 }
 
@@ -126,13 +126,13 @@ fn conv_matches_naive_loops_for_all_geometries() {
             let what = |op: &str| format!("{op} {g:?}");
 
             let mut y = poisoned(be, g.output_shape());
-            be.conv2d(&x, &w, &b, g, &mut y).unwrap();
+            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap();
             let want = naive_forward(g, &xv, &wv, &bv);
             assert_close(&y.to_vec().unwrap(), &want, 1e-4, 1e-5, &what("conv2d"));
 
             let [want_dx, want_dw, want_db] = naive_backward(g, &xv, &wv, &dyv);
             let mut dx = poisoned(be, g.input_shape());
-            be.conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
+            ops::conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
             assert_close(
                 &dx.to_vec().unwrap(),
                 &want_dx,
@@ -143,7 +143,7 @@ fn conv_matches_naive_loops_for_all_geometries() {
 
             let mut dw = poisoned(be, g.filter_shape());
             let mut db = poisoned(be, [g.c_out].into());
-            be.conv2d_bwd_filter(&x, &dy, g, &mut dw, &mut db).unwrap();
+            ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap();
             assert_close(
                 &dw.to_vec().unwrap(),
                 &want_dw,
@@ -174,12 +174,12 @@ fn backward_passes_are_adjoints_of_forward() {
         let (dy, dyv) = random(&be, &mut r, g.output_shape());
         let zero = tensor(&be, &vec![0.0; g.c_out], [g.c_out]);
         let mut y = poisoned(&be, g.output_shape());
-        be.conv2d(&x, &w, &zero, g, &mut y).unwrap();
+        ops::conv2d(&x, &w, &zero, g, &mut y, Default::default()).unwrap();
         let mut dx = poisoned(&be, g.input_shape());
-        be.conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
+        ops::conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap();
         let mut dw = poisoned(&be, g.filter_shape());
         let mut db = poisoned(&be, [g.c_out].into());
-        be.conv2d_bwd_filter(&x, &dy, g, &mut dw, &mut db).unwrap();
+        ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap();
         let lhs = dot(&y.to_vec().unwrap(), &dyv);
         let via_x = dot(&xv, &dx.to_vec().unwrap());
         let via_w = dot(&wv, &dw.to_vec().unwrap());
@@ -212,30 +212,57 @@ fn bad_operands_are_typed_errors() {
     let shape_err = |r: Result<(), TensorError>| matches!(r, Err(TensorError::Shape { .. }));
 
     let x_bad = tensor(&be, &[0.5; 150], [2, 5, 3, 5]);
-    assert!(shape_err(be.conv2d(&x_bad, &w, &b, &g, &mut y)));
+    assert!(shape_err(ops::conv2d(
+        &x_bad,
+        &w,
+        &b,
+        &g,
+        &mut y,
+        Default::default()
+    )));
     let b_bad = tensor(&be, &[0.0; 3], [3]);
-    assert!(shape_err(be.conv2d(&x, &w, &b_bad, &g, &mut y)));
+    assert!(shape_err(ops::conv2d(
+        &x,
+        &w,
+        &b_bad,
+        &g,
+        &mut y,
+        Default::default()
+    )));
     let mut y_bad = poisoned(&be, [2, 5, 5, 4].into());
-    assert!(shape_err(be.conv2d(&x, &w, &b, &g, &mut y_bad)));
+    assert!(shape_err(ops::conv2d(
+        &x,
+        &w,
+        &b,
+        &g,
+        &mut y_bad,
+        Default::default()
+    )));
     let mut dx_bad = poisoned(&be, [2, 5, 5, 4].into());
-    assert!(shape_err(be.conv2d_bwd_data(&y, &w, &g, &mut dx_bad)));
+    assert!(shape_err(ops::conv2d_bwd_data(&y, &w, &g, &mut dx_bad)));
     let (mut dw, mut db) = (poisoned(&be, g.filter_shape()), poisoned(&be, [4].into()));
-    assert!(shape_err(
-        be.conv2d_bwd_filter(&x, &x, &g, &mut dw, &mut db)
-    ));
+    assert!(shape_err(ops::conv2d_bwd_filter(
+        &x,
+        &mut x.clone(),
+        &g,
+        &mut dw,
+        &mut db,
+        None
+    )));
 
     let x_u32 = Tensor::empty(&be, g.input_shape(), DType::U32, Category::Other).unwrap();
-    let e = be.conv2d(&x_u32, &w, &b, &g, &mut y).unwrap_err();
-    assert!(matches!(e, TensorError::DType { op: "conv2d", .. }), "{e}");
+    let e = ops::conv2d(&x_u32, &w, &b, &g, &mut y, Default::default()).unwrap_err();
+    assert!(
+        matches!(e, TensorError::UnsupportedDType { op: "conv2d", .. }),
+        "{e}"
+    );
 
     let y_view = y.clone();
-    let e = be.conv2d(&x, &w, &b, &g, &mut y).unwrap_err();
+    let e = ops::conv2d(&x, &w, &b, &g, &mut y, Default::default()).unwrap_err();
     assert!(matches!(e, TensorError::Aliased { op: "conv2d" }), "{e}");
     drop(y_view);
     let _db_view = db.clone();
-    let e = be
-        .conv2d_bwd_filter(&x, &y, &g, &mut dw, &mut db)
-        .unwrap_err();
+    let e = ops::conv2d_bwd_filter(&x, &mut y, &g, &mut dw, &mut db, None).unwrap_err();
     assert!(
         matches!(
             e,
@@ -248,14 +275,14 @@ fn bad_operands_are_typed_errors() {
 
     // Hand-built geometries that do not add up are rejected before any memory is touched.
     let inconsistent = Conv2dGeometry { out_h: 4, ..g };
-    let e = be.conv2d(&x, &w, &b, &inconsistent, &mut y).unwrap_err();
+    let e = ops::conv2d(&x, &w, &b, &inconsistent, &mut y, Default::default()).unwrap_err();
     assert!(matches!(e, TensorError::InvalidArgument { .. }), "{e}");
     let zero_stride = Conv2dGeometry { stride_w: 0, ..g };
-    let e = be.conv2d_bwd_data(&y, &w, &zero_stride, &mut poisoned(&be, g.input_shape()));
+    let e = ops::conv2d_bwd_data(&y, &w, &zero_stride, &mut poisoned(&be, g.input_shape()));
     assert!(matches!(e, Err(TensorError::InvalidArgument { .. })));
     let huge_pad = Conv2dGeometry {
         pad_left: usize::MAX,
         ..g
     };
-    assert!(be.conv2d(&x, &w, &b, &huge_pad, &mut y).is_err());
+    assert!(ops::conv2d(&x, &w, &b, &huge_pad, &mut y, Default::default()).is_err());
 }

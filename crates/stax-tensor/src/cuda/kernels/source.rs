@@ -12,41 +12,94 @@ const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 /// One `.cu` file: a module loaded once per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
-    /// `kernels/elementwise.cu`: fill, bias add and gradient, ReLU forward and backward.
+    /// `kernels/elementwise.cu`: fills and the vectorized f32 ReLU and bias paths.
     Elementwise,
+    /// `kernels/activation.cu`: activations, binary ops, bias add and gradient, every float
+    /// dtype.
+    Activation,
     /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, and a mean.
     SoftmaxXent,
     /// `kernels/adam.cu`: the fused Adam step.
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
     Layout,
+    /// `kernels/pool.cu`: max pooling forward and backward.
+    Pool,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 4] = [
+    pub const ALL: [KernelModule; 6] = [
         KernelModule::Elementwise,
+        KernelModule::Activation,
         KernelModule::SoftmaxXent,
         KernelModule::Adam,
         KernelModule::Layout,
+        KernelModule::Pool,
     ];
 
     /// The file name, for messages.
     pub fn file(self) -> &'static str {
         match self {
             KernelModule::Elementwise => "elementwise.cu",
+            KernelModule::Activation => "activation.cu",
             KernelModule::SoftmaxXent => "softmax_xent.cu",
             KernelModule::Adam => "adam.cu",
             KernelModule::Layout => "layout.cu",
+            KernelModule::Pool => "pool.cu",
         }
+    }
+
+    /// The kernel symbols the module defines: fixed names, and roots instantiated per float
+    /// dtype as `{root}_{dtype}`.
+    pub(super) fn symbols(self) -> Vec<String> {
+        let fixed: &[&str] = match self {
+            KernelModule::Elementwise => &[
+                "fill_u32",
+                "fill_u16",
+                "relu_f32",
+                "relu_vec_f32",
+                "relu_bwd_vec_f32",
+                "bias_add_vec_f32",
+                "bias_grad_vec_f32",
+            ],
+            KernelModule::Activation => &[],
+            KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32"],
+            KernelModule::Adam => &["adam_f32", "adam_vec_f32"],
+            KernelModule::Layout => &[
+                "hwio_to_ohwi_f32",
+                "ohwi_to_hwio_f32",
+                "pad_nhwc_f32",
+                "crop_nhwc_f32",
+            ],
+            KernelModule::Pool => &["max_pool_f32", "max_pool_bwd_f32"],
+        };
+        let per_dtype: &[&str] = match self {
+            KernelModule::Activation => &[
+                "unary",
+                "unary_bwd",
+                "binary",
+                "bias_add",
+                "bias_grad_partial",
+                "bias_grad_finish",
+            ],
+            _ => &[],
+        };
+        let floats = crate::DType::FLOATS.iter().map(|d| d.name());
+        let generic = per_dtype
+            .iter()
+            .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
+        fixed.iter().map(|s| s.to_string()).chain(generic).collect()
     }
 
     fn source(self) -> &'static str {
         match self {
             KernelModule::Elementwise => include_str!("../../../../../kernels/elementwise.cu"),
+            KernelModule::Activation => include_str!("../../../../../kernels/activation.cu"),
             KernelModule::SoftmaxXent => include_str!("../../../../../kernels/softmax_xent.cu"),
             KernelModule::Adam => include_str!("../../../../../kernels/adam.cu"),
             KernelModule::Layout => include_str!("../../../../../kernels/layout.cu"),
+            KernelModule::Pool => include_str!("../../../../../kernels/pool.cu"),
         }
     }
 }

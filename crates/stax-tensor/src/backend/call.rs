@@ -1,0 +1,387 @@
+//! The operands of each op, as the front end ([`crate::ops`]) checks them and hands them to a
+//! backend inside a [`crate::Checked`]. Shapes are the front end's; each call says what it
+//! computes as an [`OpDesc`] ([`Call::desc`]).
+
+use crate::{Activation, AdamHyper, BinaryOp, Conv2dGeometry, DType, OpDesc, PoolKind, Tensor};
+
+/// What an op call computes, as far as its memory goes.
+pub trait Call {
+    /// The op's description.
+    fn desc(&self) -> OpDesc;
+}
+
+macro_rules! memory_calls {
+    ($($name:ident),*) => {$(
+        impl Call for $name<'_> {
+            fn desc(&self) -> OpDesc {
+                OpDesc::Memory
+            }
+        }
+    )*};
+}
+
+/// Host bytes into a tensor (`src.len() == dst.bytes()`).
+#[derive(Debug)]
+pub struct CopyIn<'a> {
+    /// Raw little-endian element bytes.
+    pub src: &'a [u8],
+    /// The destination.
+    pub dst: &'a mut Tensor,
+}
+
+/// A tensor's bytes to the host (`dst.len() == src.bytes()`).
+#[derive(Debug)]
+pub struct CopyOut<'a> {
+    /// The source.
+    pub src: &'a Tensor,
+    /// Raw element bytes.
+    pub dst: &'a mut [u8],
+}
+
+/// A device copy (same shape and dtype).
+#[derive(Debug)]
+pub struct Copy<'a> {
+    /// The source.
+    pub src: &'a Tensor,
+    /// The destination.
+    pub dst: &'a mut Tensor,
+}
+
+/// Every element of `t` set to `value` rounded to `t`'s dtype (a U32 tensor: `value == 0`).
+#[derive(Debug)]
+pub struct Fill<'a> {
+    /// The tensor.
+    pub t: &'a mut Tensor,
+    /// The value.
+    pub value: f32,
+}
+
+/// Host memory from an allocator into a tensor, started now and finished later
+/// ([`crate::MemoryOps::upload_async`]): `src` is host memory of exactly `dst.bytes()` bytes.
+#[derive(Debug)]
+pub struct CopyInAsync {
+    /// The host source (pinned on CUDA for full speed).
+    pub src: stax_alloc::Allocation,
+    /// The destination.
+    pub dst: Tensor,
+}
+
+impl Call for CopyInAsync {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Memory
+    }
+}
+
+memory_calls!(CopyIn, CopyOut, Copy, Fill);
+
+/// `y = act(conv(x, w) + b)`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b
+/// `[c_out]`, y NHWC `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`).
+/// With an activation that saves a mask, `aux` receives it.
+#[derive(Debug)]
+pub struct Conv2d<'a> {
+    /// Shapes, strides, padding.
+    pub g: Conv2dGeometry,
+    /// Input.
+    pub x: &'a Tensor,
+    /// Kernel.
+    pub w: &'a Tensor,
+    /// Bias.
+    pub b: &'a Tensor,
+    /// Output.
+    pub y: &'a mut Tensor,
+    /// The activation of the epilogue, if any.
+    pub act: Option<Activation>,
+    /// Its mask (ReLU), if it keeps one.
+    pub aux: Option<&'a mut Tensor>,
+}
+
+/// `dx = conv_transpose(dy, w)`: dy NHWC `g.output_shape()`, dx NHWC `g.input_shape()`.
+#[derive(Debug)]
+pub struct Conv2dBwdData<'a> {
+    /// Shapes, strides, padding.
+    pub g: Conv2dGeometry,
+    /// Output gradient.
+    pub dy: &'a Tensor,
+    /// Kernel.
+    pub w: &'a Tensor,
+    /// Input gradient (overwritten).
+    pub dx: &'a mut Tensor,
+}
+
+/// Kernel and bias gradients: dw HWIO `g.filter_shape()`, db `[c_out]` (overwritten). With
+/// `act`, `dy` is first turned in place into the gradient before the epilogue's activation
+/// (its backward, from what it saved).
+#[derive(Debug)]
+pub struct Conv2dBwdFilter<'a> {
+    /// Shapes, strides, padding.
+    pub g: Conv2dGeometry,
+    /// The forward input.
+    pub x: &'a Tensor,
+    /// Output gradient.
+    pub dy: &'a mut Tensor,
+    /// Kernel gradient.
+    pub dw: &'a mut Tensor,
+    /// Bias gradient.
+    pub db: &'a mut Tensor,
+    /// The epilogue's activation and what it saved.
+    pub act: Option<(Activation, &'a Tensor)>,
+}
+
+/// A 2-D pooling: x NHWC `g.input_shape()`, y NHWC `g.output_shape()`.
+#[derive(Debug)]
+pub struct Pool2d<'a> {
+    /// How the window is combined.
+    pub kind: PoolKind,
+    /// Shapes, window (as the kernel), strides, padding.
+    pub g: Conv2dGeometry,
+    /// Input.
+    pub x: &'a Tensor,
+    /// Output.
+    pub y: &'a mut Tensor,
+}
+
+/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy and the input.
+#[derive(Debug)]
+pub struct Pool2dBwd<'a> {
+    /// How the window is combined.
+    pub kind: PoolKind,
+    /// Shapes, window, strides, padding.
+    pub g: Conv2dGeometry,
+    /// The forward input.
+    pub x: &'a Tensor,
+    /// Output gradient.
+    pub dy: &'a Tensor,
+    /// Input gradient.
+    pub dx: &'a mut Tensor,
+}
+
+/// `c = op(a) · op(b)` for row-major matrices, `op` transposing when its flag is set:
+/// `op(a)` `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]` (overwritten).
+#[derive(Debug)]
+pub struct Matmul<'a> {
+    /// Rows of `c`.
+    pub m: usize,
+    /// Columns of `c`.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Left operand.
+    pub a: &'a Tensor,
+    /// Right operand.
+    pub b: &'a Tensor,
+    /// Whether `a` is transposed.
+    pub transpose_a: bool,
+    /// Whether `b` is transposed.
+    pub transpose_b: bool,
+    /// The product.
+    pub c: &'a mut Tensor,
+}
+
+/// In place `y = act(y)`; `aux` receives the activation's mask (ReLU) in training.
+#[derive(Debug)]
+pub struct Unary<'a> {
+    /// The activation.
+    pub act: Activation,
+    /// Input and output.
+    pub y: &'a mut Tensor,
+    /// The mask, for an activation that saves one.
+    pub aux: Option<&'a mut Tensor>,
+}
+
+/// In place `dy = dy · act'`, from what the forward pass saved (a mask or the output).
+#[derive(Debug)]
+pub struct UnaryBwd<'a> {
+    /// The activation.
+    pub act: Activation,
+    /// What the forward pass saved.
+    pub saved: &'a Tensor,
+    /// Output gradient in, input gradient out.
+    pub dy: &'a mut Tensor,
+}
+
+/// In place `a = a op b` (same shape and dtype).
+#[derive(Debug)]
+pub struct Binary<'a> {
+    /// The op.
+    pub op: BinaryOp,
+    /// Left operand and result.
+    pub a: &'a mut Tensor,
+    /// Right operand.
+    pub b: &'a Tensor,
+}
+
+/// `y[.., j] += b[j]`, b `[cols]`, y seen as `[rows, cols]`.
+#[derive(Debug)]
+pub struct BiasAdd<'a> {
+    /// Rows of y.
+    pub rows: usize,
+    /// Bias length.
+    pub cols: usize,
+    /// Output.
+    pub y: &'a mut Tensor,
+    /// Bias.
+    pub b: &'a Tensor,
+}
+
+/// `db[j] = sum of dy[.., j]`, dy seen as `[rows, cols]`.
+#[derive(Debug)]
+pub struct BiasGrad<'a> {
+    /// Rows of dy.
+    pub rows: usize,
+    /// Bias length.
+    pub cols: usize,
+    /// Output gradient.
+    pub dy: &'a Tensor,
+    /// Bias gradient (overwritten).
+    pub db: &'a mut Tensor,
+}
+
+/// Softmax cross-entropy of `[rows, classes]` logits with probability labels, fused with its
+/// gradient (see [`crate::ops::softmax_xent`]).
+#[derive(Debug)]
+pub struct SoftmaxXent<'a> {
+    /// Batch rows.
+    pub rows: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Logits.
+    pub logits: &'a Tensor,
+    /// Labels.
+    pub labels: &'a Tensor,
+    /// The gradient of the mean loss (overwritten).
+    pub dlogits: &'a mut Tensor,
+}
+
+/// One fused, in-place Adam step on one parameter tensor (see [`AdamHyper`]).
+#[derive(Debug)]
+pub struct Adam<'a> {
+    /// Parameter.
+    pub p: &'a mut Tensor,
+    /// Gradient.
+    pub g: &'a Tensor,
+    /// First moment.
+    pub m: &'a mut Tensor,
+    /// Second moment.
+    pub v: &'a mut Tensor,
+    /// Hyper-parameters of this step.
+    pub h: AdamHyper,
+}
+
+impl Call for Conv2d<'_> {
+    fn desc(&self) -> OpDesc {
+        conv(self.g, crate::ConvPass::Forward, self.x.dtype())
+    }
+}
+
+impl Call for Conv2dBwdData<'_> {
+    fn desc(&self) -> OpDesc {
+        conv(self.g, crate::ConvPass::BackwardData, self.dy.dtype())
+    }
+}
+
+impl Call for Conv2dBwdFilter<'_> {
+    fn desc(&self) -> OpDesc {
+        conv(self.g, crate::ConvPass::BackwardFilter, self.x.dtype())
+    }
+}
+
+fn conv(geometry: Conv2dGeometry, pass: crate::ConvPass, dtype: DType) -> OpDesc {
+    OpDesc::Conv {
+        geometry,
+        pass,
+        dtype,
+    }
+}
+
+impl Call for Pool2d<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Pool {
+            kind: self.kind,
+            geometry: self.g,
+            backward: false,
+        }
+    }
+}
+
+impl Call for Pool2dBwd<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Pool {
+            kind: self.kind,
+            geometry: self.g,
+            backward: true,
+        }
+    }
+}
+
+impl Call for Matmul<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Matmul {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            dtype: self.a.dtype(),
+        }
+    }
+}
+
+impl Call for Unary<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Unary {
+            act: self.act,
+            n: self.y.numel(),
+            backward: false,
+        }
+    }
+}
+
+impl Call for UnaryBwd<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Unary {
+            act: self.act,
+            n: self.dy.numel(),
+            backward: true,
+        }
+    }
+}
+
+impl Call for Binary<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Binary {
+            op: self.op,
+            n: self.a.numel(),
+        }
+    }
+}
+
+impl Call for BiasAdd<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::BiasAdd {
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+impl Call for BiasGrad<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::BiasGrad {
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+impl Call for SoftmaxXent<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::SoftmaxXent {
+            rows: self.rows,
+            classes: self.classes,
+        }
+    }
+}
+
+impl Call for Adam<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::Adam { n: self.p.numel() }
+    }
+}

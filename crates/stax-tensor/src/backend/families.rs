@@ -1,0 +1,150 @@
+//! The op families a [`crate::Backend`] implements, one trait each (after burn's split of its
+//! backend into op traits). Every method takes a [`Checked`] call: the front end
+//! ([`crate::ops`]) has checked its operands, and a backend computes without checking again.
+
+use crate::upload::{Upload, host_source};
+use crate::{Checked, TensorError};
+
+use super::call::{
+    Adam, BiasAdd, BiasGrad, Binary, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+};
+
+/// Copies between host and device, device copies and fills.
+pub trait MemoryOps {
+    /// Host bytes into a tensor.
+    ///
+    /// # Errors
+    /// The device's copy errors.
+    fn upload(&self, c: Checked<CopyIn<'_>>) -> Result<(), TensorError>;
+
+    /// Starts copying host memory into a tensor and returns the copy in flight, which owns
+    /// both until it is done: the non-blocking `.to(device, non_blocking=True)` of a pinned
+    /// PyTorch tensor. The copy is ordered after all work queued before the call (the
+    /// destination may reuse memory that work freed) and overlaps work queued after it;
+    /// [`Upload::wait`] returns the destination filled. The CUDA backend copies on a second
+    /// stream; the default copies synchronously.
+    ///
+    /// # Errors
+    /// The device's copy errors.
+    fn upload_async(&self, c: Checked<CopyInAsync>) -> Result<Upload, TensorError> {
+        let CopyInAsync { src, mut dst } = c.into_inner();
+        let bytes = host_source("upload_async", &src, &dst)?;
+        self.upload(Checked::new(CopyIn {
+            src: bytes,
+            dst: &mut dst,
+        }))?;
+        Ok(Upload::done(dst))
+    }
+
+    /// A tensor's bytes to the host (waits for the work that writes it).
+    ///
+    /// # Errors
+    /// The device's copy errors.
+    fn download(&self, c: Checked<CopyOut<'_>>) -> Result<(), TensorError>;
+
+    /// A device copy.
+    ///
+    /// # Errors
+    /// The device's errors.
+    fn copy(&self, c: Checked<Copy<'_>>) -> Result<(), TensorError>;
+
+    /// Sets every element to a value.
+    ///
+    /// # Errors
+    /// The device's errors.
+    fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError>;
+}
+
+/// Convolutions and pooling.
+pub trait ConvOps {
+    /// The forward convolution, with its bias and activation epilogue.
+    ///
+    /// # Errors
+    /// Workspace allocation and library errors.
+    fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError>;
+
+    /// The convolution's input gradient.
+    ///
+    /// # Errors
+    /// As [`ConvOps::conv2d`].
+    fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError>;
+
+    /// The convolution's kernel and bias gradients (with the epilogue's activation backward).
+    ///
+    /// # Errors
+    /// As [`ConvOps::conv2d`].
+    fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError>;
+
+    /// A 2-D pooling.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError>;
+
+    /// A pooling's input gradient.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError>;
+}
+
+/// Matrix products.
+pub trait MatmulOps {
+    /// `c = op(a) · op(b)`.
+    ///
+    /// # Errors
+    /// Workspace allocation and library errors.
+    fn matmul(&self, c: Checked<Matmul<'_>>) -> Result<(), TensorError>;
+}
+
+/// Elementwise ops: one entry for every activation, one for every binary op, and the bias.
+pub trait ElementwiseOps {
+    /// An activation, in place.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn unary(&self, c: Checked<Unary<'_>>) -> Result<(), TensorError>;
+
+    /// An activation's backward pass, in place on the gradient.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn unary_bwd(&self, c: Checked<UnaryBwd<'_>>) -> Result<(), TensorError>;
+
+    /// A binary op, in place on its left operand.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn binary(&self, c: Checked<Binary<'_>>) -> Result<(), TensorError>;
+
+    /// The bias added along the last axis.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn bias_add(&self, c: Checked<BiasAdd<'_>>) -> Result<(), TensorError>;
+
+    /// The bias gradient: sums over all leading axes.
+    ///
+    /// # Errors
+    /// Workspace allocation and kernel errors.
+    fn bias_grad(&self, c: Checked<BiasGrad<'_>>) -> Result<(), TensorError>;
+}
+
+/// Losses.
+pub trait LossOps {
+    /// Softmax cross-entropy fused with its gradient; returns the mean loss.
+    ///
+    /// # Errors
+    /// Workspace allocation and kernel errors.
+    fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError>;
+}
+
+/// Optimizer updates.
+pub trait OptimOps {
+    /// One fused, in-place Adam step.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError>;
+}

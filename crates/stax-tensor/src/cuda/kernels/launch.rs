@@ -1,0 +1,369 @@
+//! Launchers of the elementwise kernels: fills, bias add and gradient, activations (the ReLU's
+//! vectorized f32 path and every dtype's generic kernels) and binary ops.
+
+use super::{Kernels, aligned16, driver};
+use crate::{DType, TensorError};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+impl Kernels {
+    /// `p[i] = value` for `n` 32-bit words at `p`.
+    pub(crate) fn fill_u32(&self, p: u64, value: u32, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let sym = "fill_u32";
+        // SAFETY: `fill_u32(u32 *p, u32 value, size_t n)`; p holds n words.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(sym)?)
+                .arg(&p)
+                .arg(&value)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// `p[i] = value` for `n` 16-bit words at `p` (a bf16 or f16 bit pattern).
+    pub(crate) fn fill_u16(&self, p: u64, value: u16, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let sym = "fill_u16";
+        // SAFETY: `fill_u16(unsigned short *p, unsigned short value, size_t n)`; p holds n
+        // 16-bit words.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(sym)?)
+                .arg(&p)
+                .arg(&value)
+                .arg(&n)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (f32: 16 bytes per
+    /// thread when `c % 4 == 0` and both are 16-byte aligned).
+    pub(crate) fn bias_add(
+        &self,
+        dtype: DType,
+        y: u64,
+        b: u64,
+        n: usize,
+        c: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        if dtype == DType::F32 && c % 4 == 0 && n % 4 == 0 && aligned16(&[y, b]) {
+            let (n4, c4) = (n / 4, c / 4);
+            let sym = "bias_add_vec_f32";
+            // SAFETY: `bias_add_vec_f32(float *y, const float *b, size_t n4, size_t c4)`; y
+            // holds 4 n4 floats and b 4 c4 >= 4, both 16-byte aligned.
+            return unsafe {
+                self.stream
+                    .launch_builder(self.function(sym)?)
+                    .arg(&y)
+                    .arg(&b)
+                    .arg(&n4)
+                    .arg(&c4)
+                    .launch(self.grid(n4))
+            }
+            .map(drop)
+            .map_err(driver(sym));
+        }
+        let (f, sym) = (self.typed("bias_add", dtype)?, "bias_add");
+        // SAFETY: `bias_add_<dtype>(T *y, const T *b, size_t n, size_t c)`; y holds n
+        // elements of `dtype`, b holds c >= 1.
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&y)
+                .arg(&b)
+                .arg(&n)
+                .arg(&c)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// How many row splits `bias_grad` uses for `rows` rows: the size, in `c` doubles each, of
+    /// the partial-sum workspace it needs. At most 4 blocks of 256 threads per multiprocessor,
+    /// so the vectorized kernel runs as one wave.
+    pub(crate) fn bias_grad_splits(&self, rows: usize) -> usize {
+        rows.div_ceil(256).clamp(1, 4 * self.sms as usize)
+    }
+
+    /// Whether `bias_grad` of `c` f32 columns at `dy` takes the vectorized path, the one that
+    /// can fuse the ReLU backward (`mask`): `c` a multiple of 4 dividing 1024, `dy` 16-byte
+    /// aligned.
+    pub(crate) fn bias_grad_vectorizes(&self, c: usize, dy: u64) -> bool {
+        c % 4 == 0 && c > 0 && 1024 % c == 0 && aligned16(&[dy])
+    }
+
+    /// `db[j] = sum_r dy[r, j]` for dy `[rows, c]` of `dtype`, through `partial`, a workspace
+    /// of `bias_grad_splits(rows) * c` doubles. With `mask != 0` (only f32, where
+    /// [`Self::bias_grad_vectorizes`]), `dy` is first masked in place as the ReLU's backward
+    /// does, in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bias_grad(
+        &self,
+        dtype: DType,
+        dy: u64,
+        mask: u64,
+        partial: u64,
+        db: u64,
+        rows: usize,
+        c: usize,
+    ) -> Result<(), TensorError> {
+        if c == 0 {
+            return Ok(());
+        }
+        let splits = self.bias_grad_splits(rows);
+        if dtype == DType::F32 && self.bias_grad_vectorizes(c, dy) {
+            let n4 = rows * c / 4;
+            let sym = "bias_grad_vec_f32";
+            let cfg = LaunchConfig {
+                grid_dim: (splits as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `bias_grad_vec_f32(float *dy, const u32 *mask, double *partial, size_t
+            // n4, size_t c)`; dy holds 4 n4 = rows*c floats (16-byte aligned), mask is null or
+            // holds ceil(rows*c / 32) words, partial splits*c doubles; blocks of 256 threads
+            // and c divides 1024 (bias_grad_vectorizes), as the kernel needs.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(sym)?)
+                    .arg(&dy)
+                    .arg(&mask)
+                    .arg(&partial)
+                    .arg(&n4)
+                    .arg(&c)
+                    .launch(cfg)
+            }
+            .map_err(driver(sym))?;
+        } else {
+            if mask != 0 {
+                self.relu_bwd(dy, mask, rows * c)?;
+            }
+            let rows_per_split = rows.div_ceil(splits).max(1);
+            let (f, sym) = (self.typed("bias_grad_partial", dtype)?, "bias_grad_partial");
+            let cfg = LaunchConfig {
+                grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `bias_grad_partial_<dtype>(const T *dy, double *partial, size_t rows,
+            // size_t c, size_t rows_per_split)`; dy holds rows*c elements of `dtype`, partial
+            // splits*c doubles, and the grid has exactly `splits` rows of blocks of 32x8
+            // threads.
+            unsafe {
+                self.stream
+                    .launch_builder(f)
+                    .arg(&dy)
+                    .arg(&partial)
+                    .arg(&rows)
+                    .arg(&c)
+                    .arg(&rows_per_split)
+                    .launch(cfg)
+            }
+            .map_err(driver(sym))?;
+        }
+        let (f, sym) = (self.typed("bias_grad_finish", dtype)?, "bias_grad_finish");
+        // SAFETY: `bias_grad_finish_<dtype>(const double *partial, T *db, size_t splits,
+        // size_t c)`; partial holds splits*c doubles, db holds c elements of `dtype`.
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&partial)
+                .arg(&db)
+                .arg(&splits)
+                .arg(&c)
+                .launch(self.grid(c))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// In-place ReLU on `n` f32 at `x`; `mask` (0 for none) receives `ceil(n/32)` words.
+    /// With `apply == false` `x` is only read: the mask of an `x` that is already ReLU'd.
+    pub(crate) fn relu(&self, x: u64, mask: u64, n: usize, apply: bool) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let apply = i32::from(apply);
+        // Whole chunks of 128 floats (32 lanes x 16 bytes, 4 mask words) vectorized.
+        let chunks = if aligned16(&[x]) { n / 128 } else { 0 };
+        if chunks > 0 {
+            let sym = "relu_vec_f32";
+            // SAFETY: `relu_vec_f32(float *x, u32 *mask, size_t chunks, int apply)`; x holds
+            // at least 128 chunks floats, 16-byte aligned; mask is null or holds at least
+            // 4 chunks words; blocks are whole warps (256 threads), as the shuffles need.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(sym)?)
+                    .arg(&x)
+                    .arg(&mask)
+                    .arg(&chunks)
+                    .arg(&apply)
+                    .launch(self.grid(chunks * 32))
+            }
+            .map_err(driver(sym))?;
+        }
+        let done = chunks * 128;
+        if done == n {
+            return Ok(());
+        }
+        let (xt, nt) = (x + 4 * done as u64, n - done);
+        let mt = if mask == 0 {
+            0
+        } else {
+            mask + 4 * (done / 32) as u64
+        };
+        let sym = "relu_f32";
+        // SAFETY: `relu_f32(float *x, u32 *mask, size_t n, int apply)`; the tail of x from
+        // element `done` (a multiple of 32) holds nt floats, the mask from word done/32 holds
+        // ceil(nt/32) words or is null. Blocks are whole warps (256 threads), as the ballot needs.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(sym)?)
+                .arg(&xt)
+                .arg(&mt)
+                .arg(&nt)
+                .arg(&apply)
+                .launch(self.grid(nt))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// `dy[i] = 0` where mask bit `i` is clear, for `n` f32 at `dy`.
+    pub(crate) fn relu_bwd(&self, dy: u64, mask: u64, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        // Whole groups of 32 floats (8 float4s, one mask word) vectorized.
+        let n4 = if aligned16(&[dy]) { n / 32 * 8 } else { 0 };
+        if n4 > 0 {
+            let sym = "relu_bwd_vec_f32";
+            // SAFETY: `relu_bwd_vec_f32(float *dy, const u32 *mask, size_t n4)`; dy holds at
+            // least 4 n4 floats, 16-byte aligned; mask at least n4/8 words.
+            unsafe {
+                self.stream
+                    .launch_builder(self.function(sym)?)
+                    .arg(&dy)
+                    .arg(&mask)
+                    .arg(&n4)
+                    .launch(self.grid(n4))
+            }
+            .map_err(driver(sym))?;
+        }
+        let done = n4 * 4;
+        if done == n {
+            return Ok(());
+        }
+        let (dt, mt) = (dy + 4 * done as u64, mask + 4 * (done / 32) as u64);
+        let relu = crate::Activation::Relu;
+        self.unary_bwd(DType::F32, dt, 0, mt, n - done, relu.code(), relu.alpha())
+    }
+
+    /// In place `y = act(y)` on `n` elements of `dtype`, `op` the activation's code; `mask`
+    /// (0 for none) receives the ReLU's `ceil(n/32)` words.
+    pub(crate) fn unary(
+        &self,
+        dtype: DType,
+        y: u64,
+        mask: u64,
+        n: usize,
+        op: i32,
+        alpha: f32,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, sym) = (self.typed("unary", dtype)?, "unary");
+        // SAFETY: `unary_<dtype>(T *y, u32 *mask, size_t n, int op, float alpha)`; y holds n
+        // elements of `dtype`; mask is null or holds ceil(n/32) words; blocks are whole warps
+        // (256 threads), as the ballot needs.
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&y)
+                .arg(&mask)
+                .arg(&n)
+                .arg(&op)
+                .arg(&alpha)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// In place `dy = dy · act'` on `n` elements of `dtype`, from `mask` (ReLU; `saved` 0) or
+    /// from `saved` (the output; `mask` 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn unary_bwd(
+        &self,
+        dtype: DType,
+        dy: u64,
+        saved: u64,
+        mask: u64,
+        n: usize,
+        op: i32,
+        alpha: f32,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, sym) = (self.typed("unary_bwd", dtype)?, "unary_bwd");
+        // SAFETY: `unary_bwd_<dtype>(T *dy, const T *saved, const u32 *mask, size_t n, int op,
+        // float alpha)`; dy holds n elements of `dtype`; exactly one of saved (n elements) and
+        // mask (ceil(n/32) words) is non-null.
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&dy)
+                .arg(&saved)
+                .arg(&mask)
+                .arg(&n)
+                .arg(&op)
+                .arg(&alpha)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+
+    /// In place `a = a op b` on `n` elements of `dtype`, `op` the binary op's code.
+    pub(crate) fn binary(
+        &self,
+        dtype: DType,
+        a: u64,
+        b: u64,
+        n: usize,
+        op: i32,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, sym) = (self.typed("binary", dtype)?, "binary");
+        // SAFETY: `binary_<dtype>(T *a, const T *b, size_t n, int op)`; a and b hold n
+        // elements of `dtype` each.
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&a)
+                .arg(&b)
+                .arg(&n)
+                .arg(&op)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(sym))
+    }
+}

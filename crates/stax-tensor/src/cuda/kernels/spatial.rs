@@ -1,0 +1,268 @@
+//! Launchers of the spatial and update kernels: filter transposes and padding copies around
+//! cuDNN, max pooling, softmax cross-entropy and Adam.
+
+use super::{Kernels, aligned16, driver};
+use crate::{AdamHyper, Conv2dGeometry, TensorError};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// A pooling's geometry as `kernels/pool.cu`'s `struct PoolGeometry` (twelve `size_t`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct PoolGeometry {
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    pad_top: usize,
+    pad_left: usize,
+    out_h: usize,
+    out_w: usize,
+}
+
+// SAFETY: `PoolGeometry` is `#[repr(C)]` with twelve usize (size_t on the 64-bit targets CUDA
+// supports) in the order of `struct PoolGeometry` in kernels/pool.cu, and holds no pointers.
+unsafe impl DeviceRepr for PoolGeometry {}
+
+impl PoolGeometry {
+    fn of(g: &Conv2dGeometry) -> PoolGeometry {
+        PoolGeometry {
+            n: g.n,
+            h: g.h,
+            w: g.w,
+            c: g.c_in,
+            kh: g.kh,
+            kw: g.kw,
+            sh: g.stride_h,
+            sw: g.stride_w,
+            pad_top: g.pad_top,
+            pad_left: g.pad_left,
+            out_h: g.out_h,
+            out_w: g.out_w,
+        }
+    }
+}
+
+impl Kernels {
+    /// Softmax cross-entropy of `[n, k]` logits and labels: writes `dlogits` and the mean loss
+    /// (one f32) to `loss`, through `row_loss`, a workspace of `n` doubles.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn softmax_xent(
+        &self,
+        logits: u64,
+        labels: u64,
+        dlogits: u64,
+        row_loss: u64,
+        loss: u64,
+        n: usize,
+        k: usize,
+    ) -> Result<(), TensorError> {
+        let kern = "softmax_xent_f32";
+        // One warp per row.
+        // SAFETY: `softmax_xent_f32(const float *logits, const float *labels, float *dlogits,
+        // double *row_loss, size_t n, size_t k)`; the three matrices hold n*k floats,
+        // row_loss n doubles; blocks are whole warps.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(kern)?)
+                .arg(&logits)
+                .arg(&labels)
+                .arg(&dlogits)
+                .arg(&row_loss)
+                .arg(&n)
+                .arg(&k)
+                .launch(self.grid(n.saturating_mul(32)))
+        }
+        .map_err(driver(kern))?;
+        let kern = "mean_f64_to_f32";
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `mean_f64_to_f32(const double *v, float *out, size_t n)`; v holds n doubles,
+        // out one float; one block of 256 threads (8 warps, the size of its shared array).
+        unsafe {
+            self.stream
+                .launch_builder(self.function(kern)?)
+                .arg(&row_loss)
+                .arg(&loss)
+                .arg(&n)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(driver(kern))
+    }
+
+    /// One Adam step over `n` elements of p, g, m, v.
+    pub(crate) fn adam(
+        &self,
+        p: u64,
+        g: u64,
+        m: u64,
+        v: u64,
+        h: &AdamHyper,
+        n: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let vec = aligned16(&[p, g, m, v]);
+        let (k, threads) = if vec {
+            ("adam_vec_f32", (n / 4).max(n % 4))
+        } else {
+            ("adam_f32", n)
+        };
+        // SAFETY: `adam_f32` / `adam_vec_f32(float *p, const float *g, float *m, float *v,
+        // AdamHyper h, size_t n)`; the four arrays hold n floats (16-byte aligned for the vector
+        // kernel, whose grid has at least n % 4 threads in block 0 for the tail); AdamHyper's
+        // layout matches (see the DeviceRepr impl above).
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&p)
+                .arg(&g)
+                .arg(&m)
+                .arg(&v)
+                .arg(h)
+                .arg(&n)
+                .launch(self.grid(threads))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+
+    /// Filter transpose between HWIO `[kh, kw, ci, co]` and OHWI `[co, kh, kw, ci]`
+    /// (`to_ohwi` picks the direction); `hw = kh * kw`.
+    pub(crate) fn transpose_filter(
+        &self,
+        src: u64,
+        dst: u64,
+        hw: usize,
+        ci: usize,
+        co: usize,
+        to_ohwi: bool,
+    ) -> Result<(), TensorError> {
+        let n = hw * ci * co;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = if to_ohwi {
+            "hwio_to_ohwi_f32"
+        } else {
+            "ohwi_to_hwio_f32"
+        };
+        // SAFETY: `hwio_to_ohwi_f32` / `ohwi_to_hwio_f32(const float *src, float *dst,
+        // size_t hw, size_t ci, size_t co)`; src and dst hold hw*ci*co floats, distinct buffers.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&src)
+                .arg(&dst)
+                .arg(&hw)
+                .arg(&ci)
+                .arg(&co)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+
+    /// Copies between an NHWC image `small` `[nb, h, w, c]` and a larger one `big`
+    /// `[nb, big_h, big_w, c]` at offset `(top, left)`: `pad` writes all of `big` (zeros
+    /// around), otherwise the window of `big` is cropped into `small`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pad_or_crop(
+        &self,
+        pad: bool,
+        small: u64,
+        big: u64,
+        [nb, h, w, c]: [usize; 4],
+        [big_h, big_w]: [usize; 2],
+        [top, left]: [usize; 2],
+    ) -> Result<(), TensorError> {
+        let (k, src, dst, [hs, ws], [hd, wd]) = if pad {
+            ("pad_nhwc_f32", small, big, [h, w], [big_h, big_w])
+        } else {
+            ("crop_nhwc_f32", big, small, [big_h, big_w], [h, w])
+        };
+        let n = nb * hd * wd * c;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `pad_nhwc_f32` / `crop_nhwc_f32(const float *src, float *dst, size_t nb,
+        // size_t hs, size_t ws, size_t c, size_t hd, size_t wd, size_t top, size_t left)`;
+        // src holds nb*hs*ws*c floats and dst nb*hd*wd*c; the caller ensures
+        // big_h >= top + h and big_w >= left + w.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&src)
+                .arg(&dst)
+                .arg(&nb)
+                .arg(&hs)
+                .arg(&ws)
+                .arg(&c)
+                .arg(&hd)
+                .arg(&wd)
+                .arg(&top)
+                .arg(&left)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+
+    /// Max pooling of x NHWC `g.input_shape()` into y NHWC `g.output_shape()` (f32).
+    pub(crate) fn max_pool(&self, g: &Conv2dGeometry, x: u64, y: u64) -> Result<(), TensorError> {
+        let n = g.output_shape().numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, pg) = ("max_pool_f32", PoolGeometry::of(g));
+        // SAFETY: `max_pool_f32(const float *x, float *y, PoolGeometry g)`; x holds
+        // g.input_shape() floats, y g.output_shape() floats; PoolGeometry's layout matches.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&x)
+                .arg(&y)
+                .arg(&pg)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+
+    /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling, from the
+    /// forward input x and dy (NHWC `g.output_shape()`), f32.
+    pub(crate) fn max_pool_bwd(
+        &self,
+        g: &Conv2dGeometry,
+        x: u64,
+        dy: u64,
+        dx: u64,
+    ) -> Result<(), TensorError> {
+        let n = g.input_shape().numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, pg) = ("max_pool_bwd_f32", PoolGeometry::of(g));
+        // SAFETY: `max_pool_bwd_f32(const float *x, const float *dy, float *dx, PoolGeometry
+        // g)`; x and dx hold g.input_shape() floats, dy g.output_shape(); distinct buffers.
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&x)
+                .arg(&dy)
+                .arg(&dx)
+                .arg(&pg)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+}

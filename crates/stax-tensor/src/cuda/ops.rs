@@ -1,0 +1,197 @@
+//! The op families of [`CudaBackend`] but the convolutions (`conv.rs`): copies and fills,
+//! cuBLAS matmul, our elementwise, loss and Adam kernels. The front end ([`crate::ops`]) has
+//! checked every operand; each op binds the context, takes its workspace by its schedule and
+//! launches.
+
+use super::{CudaBackend, cublas, driver};
+use crate::backend::{
+    Adam, BiasAdd, BiasGrad, Binary, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Matmul, Scratch,
+    SoftmaxXent, Unary, UnaryBwd,
+};
+use crate::dtype::{bf16, f16};
+use crate::{
+    Backend, Checked, DType, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps, TensorError,
+    Upload,
+};
+
+impl MemoryOps for CudaBackend {
+    fn upload(&self, c: Checked<CopyIn<'_>>) -> Result<(), TensorError> {
+        let CopyIn { src, dst } = c.into_inner();
+        self.bind()?;
+        self.staging.upload(src, dst.addr())
+    }
+
+    fn upload_async(&self, c: Checked<CopyInAsync>) -> Result<Upload, TensorError> {
+        let CopyInAsync { src, dst } = c.into_inner();
+        self.bind()?;
+        self.staging.upload_async(src, dst)
+    }
+
+    fn download(&self, c: Checked<CopyOut<'_>>) -> Result<(), TensorError> {
+        let CopyOut { src, dst } = c.into_inner();
+        self.bind()?;
+        self.staging.download(src.addr(), dst)
+    }
+
+    fn copy(&self, c: Checked<Copy<'_>>) -> Result<(), TensorError> {
+        let Copy { src, dst } = c.into_inner();
+        if src.bytes() == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both are live device buffers of this context holding `src.bytes()` bytes
+        // (checked: same shape and dtype); distinct allocations never overlap (`dst` is the
+        // only handle to its buffer); the copy is ordered on the compute stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst.addr(),
+                src.addr(),
+                src.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
+    fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError> {
+        let Fill { t, value } = c.into_inner();
+        self.bind()?;
+        let (addr, n) = (t.addr(), t.numel());
+        match t.dtype() {
+            DType::F32 => self.kernels.fill_u32(addr, value.to_bits(), n),
+            DType::U32 => self.kernels.fill_u32(addr, 0, n),
+            DType::BF16 => self
+                .kernels
+                .fill_u16(addr, bf16::from_f32(value).to_bits(), n),
+            DType::F16 => self
+                .kernels
+                .fill_u16(addr, f16::from_f32(value).to_bits(), n),
+        }
+    }
+}
+
+impl MatmulOps for CudaBackend {
+    fn matmul(&self, c: Checked<Matmul<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "matmul";
+        let desc = crate::backend::Call::desc(c.get());
+        let Matmul {
+            m,
+            n,
+            k,
+            a,
+            b,
+            transpose_a,
+            transpose_b,
+            c,
+        } = c.into_inner();
+        self.bind()?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return self.kernels.fill_u32(c.addr(), 0, m * n);
+        }
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let bytes = self.matmul_bytes(m, n, k);
+        let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
+        let gemm = cublas::Gemm {
+            m,
+            n,
+            k,
+            transpose_a,
+            transpose_b,
+        };
+        let ws_addr = i.map_or(0, |i| ws.addr(i));
+        self.blas
+            .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, bytes)?;
+        if let Some(i) = i {
+            ws.free(i)?;
+        }
+        ws.finish()
+    }
+}
+
+impl ElementwiseOps for CudaBackend {
+    fn unary(&self, c: Checked<Unary<'_>>) -> Result<(), TensorError> {
+        let Unary { act, y, aux } = c.into_inner();
+        self.bind()?;
+        self.activate(act, aux.map_or(0, |m| m.addr()), y)
+    }
+
+    fn unary_bwd(&self, c: Checked<UnaryBwd<'_>>) -> Result<(), TensorError> {
+        let UnaryBwd { act, saved, dy } = c.into_inner();
+        self.bind()?;
+        self.activate_bwd(act, saved, dy)
+    }
+
+    fn binary(&self, c: Checked<Binary<'_>>) -> Result<(), TensorError> {
+        let Binary { op, a, b } = c.into_inner();
+        self.bind()?;
+        let n = a.numel();
+        self.kernels
+            .binary(a.dtype(), a.addr(), b.addr(), n, op.code())
+    }
+
+    fn bias_add(&self, c: Checked<BiasAdd<'_>>) -> Result<(), TensorError> {
+        let BiasAdd { cols, y, b, .. } = c.into_inner();
+        self.bind()?;
+        if cols == 0 {
+            return Ok(());
+        }
+        self.kernels
+            .bias_add(y.dtype(), y.addr(), b.addr(), y.numel(), cols)
+    }
+
+    fn bias_grad(&self, c: Checked<BiasGrad<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "bias_grad";
+        let desc = crate::backend::Call::desc(c.get());
+        let BiasGrad { rows, cols, dy, db } = c.into_inner();
+        self.bind()?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let i = ws.alloc()?;
+        let (d, p) = (dy.addr(), ws.addr(i));
+        self.kernels
+            .bias_grad(dy.dtype(), d, 0, p, db.addr(), rows, cols)?;
+        ws.free(i)?;
+        ws.finish()
+    }
+}
+
+impl LossOps for CudaBackend {
+    fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError> {
+        const OP: &str = "softmax_xent";
+        let desc = crate::backend::Call::desc(c.get());
+        let SoftmaxXent {
+            rows,
+            classes,
+            logits,
+            labels,
+            dlogits,
+        } = c.into_inner();
+        self.bind()?;
+        // n row losses (f64), then the mean (f32) at a 256-byte aligned offset.
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let i = ws.alloc()?;
+        let loss_addr = ws.addr(i) + Self::softmax_loss_offset(rows) as u64;
+        let (x, y, d) = (logits.addr(), labels.addr(), dlogits.addr());
+        self.kernels
+            .softmax_xent(x, y, d, ws.addr(i), loss_addr, rows, classes)?;
+        let mut loss = [0u8; 4];
+        self.staging.download(loss_addr, &mut loss)?;
+        ws.free(i)?;
+        ws.finish()?;
+        Ok(f32::from_le_bytes(loss))
+    }
+}
+
+impl OptimOps for CudaBackend {
+    fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError> {
+        let Adam { p, g, m, v, h } = c.into_inner();
+        self.bind()?;
+        self.kernels
+            .adam(p.addr(), g.addr(), m.addr(), v.addr(), &h, p.numel())
+    }
+}

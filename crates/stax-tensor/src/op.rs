@@ -1,0 +1,287 @@
+//! Op descriptions: the values the CPU, CUDA and planning backends all consume.
+//!
+//! An [`OpDesc`] says what one op call computes, as far as its memory goes: the backends size
+//! its workspace from it ([`crate::Backend::workspace_schedule`]), the planner replays that
+//! schedule, and the op itself allocates by it ([`crate::backend::Scratch`]). The enums here
+//! ([`Activation`], [`BinaryOp`]) are the op codes the elementwise kernels switch on.
+
+use crate::{Conv2dGeometry, DType};
+
+/// An elementwise activation function (stax's `elementwise(fun)` layers).
+///
+/// A new activation is one variant here, its formulas ([`Activation::apply`],
+/// [`Activation::grad`]) and one case in each switch of `kernels/activation.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `jax.nn.relu`: `max(x, 0)`, NaN propagated as `jnp.maximum` does; gradient
+    /// `select(x > 0, g, 0)` (relu'(0) = 0), read from a bit mask.
+    Relu,
+    /// `jnp.tanh`; gradient `g (1 - y²)` from the output `y`.
+    Tanh,
+}
+
+/// What an activation's backward pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Saves {
+    /// A bit mask of `x > 0` (U32 words, one bit an element: 1/32 of an f32 activation).
+    Mask,
+    /// The activation's output.
+    Output,
+}
+
+impl Activation {
+    /// stax's name of the layer (`relu`, `tanh`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Tanh => "tanh",
+        }
+    }
+
+    /// What its backward pass reads.
+    pub fn saves(self) -> Saves {
+        match self {
+            Activation::Relu => Saves::Mask,
+            Activation::Tanh => Saves::Output,
+        }
+    }
+
+    /// `f(x)`, in f32 (the CPU backend's formula).
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            // NaN <= 0 is false: NaN propagates.
+            Activation::Relu => {
+                if x <= 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            Activation::Tanh => x.tanh(),
+        }
+    }
+
+    /// `dy · f'`, from what the forward pass saved ([`Activation::saves`]; for a mask, the
+    /// bit as 1.0 or 0.0).
+    pub fn grad(self, saved: f32, dy: f32) -> f32 {
+        match self {
+            Activation::Relu => {
+                if saved > 0.0 {
+                    dy
+                } else {
+                    0.0
+                }
+            }
+            Activation::Tanh => dy * (1.0 - saved * saved),
+        }
+    }
+
+    /// The op code `kernels/activation.cu` switches on (`ACT_*`).
+    pub fn code(self) -> i32 {
+        match self {
+            Activation::Relu => 0,
+            Activation::Tanh => 1,
+        }
+    }
+
+    /// The op's parameter (`alpha` in the kernels; none of today's activations has one).
+    pub fn alpha(self) -> f32 {
+        0.0
+    }
+}
+
+/// An elementwise binary op, in place: `a = a op b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b` (`FanInSum`, summing gradients).
+    Add,
+    /// `a · b`.
+    Mul,
+}
+
+impl BinaryOp {
+    /// The op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Mul => "mul",
+        }
+    }
+
+    /// `a op b` in f32 (the CPU backend's formula).
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Mul => a * b,
+        }
+    }
+
+    /// The op code `kernels/activation.cu` switches on (`BIN_*`).
+    pub fn code(self) -> i32 {
+        match self {
+            BinaryOp::Add => 0,
+            BinaryOp::Mul => 1,
+        }
+    }
+}
+
+/// One of the three passes of a 2-D convolution (or two of a pooling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConvPass {
+    /// `y = conv(x, w) + b`.
+    Forward,
+    /// `dx` from `dy` and `w`.
+    BackwardData,
+    /// `dw` and `db` from `x` and `dy`.
+    BackwardFilter,
+}
+
+/// How a pooling combines its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// `lax.reduce_window(max, -inf)`: padding reads -inf; the gradient goes to the first
+    /// maximum of each window in window order (XLA's select-and-scatter with `>=`).
+    Max,
+}
+
+/// What one op call computes, as far as its memory goes (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpDesc {
+    /// A pass of a 2-D convolution of this geometry, in `dtype`.
+    Conv {
+        /// Shapes, strides and padding.
+        geometry: Conv2dGeometry,
+        /// Which pass.
+        pass: ConvPass,
+        /// Element type.
+        dtype: DType,
+    },
+    /// A 2-D pooling (`geometry.c_out == geometry.c_in`, the window as the kernel).
+    Pool {
+        /// Max (more with the rest of stax).
+        kind: PoolKind,
+        /// Shapes, window, strides and padding.
+        geometry: Conv2dGeometry,
+        /// Whether it is the backward pass.
+        backward: bool,
+    },
+    /// `op(a) · op(b)` with `op(a)` `[m, k]`, `op(b)` `[k, n]`, in `dtype`.
+    Matmul {
+        /// Rows of the product.
+        m: usize,
+        /// Columns of the product.
+        n: usize,
+        /// The contracted dimension.
+        k: usize,
+        /// Element type.
+        dtype: DType,
+    },
+    /// An activation (forward: `backward == false`) over `n` elements.
+    Unary {
+        /// The activation.
+        act: Activation,
+        /// Elements.
+        n: usize,
+        /// Whether it is the backward pass.
+        backward: bool,
+    },
+    /// A binary op over `n` elements.
+    Binary {
+        /// The op.
+        op: BinaryOp,
+        /// Elements.
+        n: usize,
+    },
+    /// `y[.., j] += b[j]` on `[rows, cols]`.
+    BiasAdd {
+        /// Rows.
+        rows: usize,
+        /// Bias length.
+        cols: usize,
+    },
+    /// `db[j] = sum of dy[.., j]` of `dy` seen as `[rows, cols]`.
+    BiasGrad {
+        /// Rows summed over.
+        rows: usize,
+        /// Bias length.
+        cols: usize,
+    },
+    /// Softmax cross-entropy of `[rows, classes]` logits.
+    SoftmaxXent {
+        /// Batch rows.
+        rows: usize,
+        /// Classes.
+        classes: usize,
+    },
+    /// One Adam step on `n` parameters.
+    Adam {
+        /// Elements.
+        n: usize,
+    },
+    /// A host/device copy, a fill or a device copy: no workspace.
+    Memory,
+}
+
+/// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),
+/// in the order the op makes them ([`crate::Backend::workspace_schedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkspaceStep {
+    /// Allocates this many bytes.
+    Alloc(usize),
+    /// Frees the schedule's `i`-th allocation (counting [`WorkspaceStep::Alloc`]s from 0).
+    Free(usize),
+}
+
+impl WorkspaceStep {
+    /// The schedule of an op that holds one buffer of `bytes` (none when 0).
+    pub fn single(bytes: usize) -> Vec<WorkspaceStep> {
+        if bytes == 0 {
+            Vec::new()
+        } else {
+            vec![WorkspaceStep::Alloc(bytes), WorkspaceStep::Free(0)]
+        }
+    }
+
+    /// The most bytes a schedule holds at once.
+    ///
+    /// ```
+    /// use stax_tensor::WorkspaceStep::{Alloc, Free};
+    /// // a filter copy (100), a padded input (50), then the library's workspace (30)
+    /// let s = [Alloc(100), Alloc(50), Alloc(30), Free(2), Free(0), Free(1)];
+    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&s), 180);
+    /// assert_eq!(stax_tensor::WorkspaceStep::peak(&[Alloc(8), Free(0), Alloc(5)]), 8);
+    /// ```
+    pub fn peak(schedule: &[WorkspaceStep]) -> usize {
+        let mut sizes = Vec::new();
+        let (mut live, mut peak) = (0usize, 0usize);
+        for step in schedule {
+            match *step {
+                WorkspaceStep::Alloc(b) => {
+                    sizes.push(b);
+                    live += b;
+                    peak = peak.max(live);
+                }
+                WorkspaceStep::Free(i) => live -= sizes.get(i).copied().unwrap_or(0),
+            }
+        }
+        peak
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_formulas() {
+        assert_eq!(Activation::Relu.apply(-1.5), 0.0);
+        assert_eq!(Activation::Relu.apply(0.0), 0.0);
+        assert!(Activation::Relu.apply(f32::NAN).is_nan());
+        assert_eq!(Activation::Relu.grad(1.0, 3.0), 3.0);
+        assert_eq!(Activation::Relu.grad(0.0, 3.0), 0.0);
+        let y = Activation::Tanh.apply(0.5);
+        assert!((y - 0.462_117_16).abs() < 1e-7);
+        assert!((Activation::Tanh.grad(y, 2.0) - 2.0 * (1.0 - y * y)).abs() < 1e-7);
+        assert_eq!(BinaryOp::Add.apply(1.5, 2.0), 3.5);
+    }
+}

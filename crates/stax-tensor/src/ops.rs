@@ -1,0 +1,111 @@
+//! The checked front end: one function per op. Each checks its operands once (all on one
+//! backend, by identity; dtypes; shapes; outputs not shared), builds the op's [`Checked`]
+//! call and hands it to the backend of its first operand. Layers, optimizers and the trainer
+//! call these, never a backend directly.
+//!
+//! ```
+//! use stax_tensor::{ops, Activation, BackendOptions, Category, Device, Tensor};
+//! let cpu = Device::Cpu.open(&BackendOptions::default())?;
+//! let mut y = Tensor::from_slice(&cpu, &[1.0, -2.0, 3.0], [3], Category::Activation)?;
+//! ops::unary(Activation::Relu, &mut y, None)?;
+//! assert_eq!(y.to_vec()?, vec![1.0, 0.0, 3.0]);
+//! // a shared output is refused, not raced
+//! let alias = y.clone();
+//! assert!(ops::unary(Activation::Tanh, &mut y, None).is_err());
+//! # drop(alias);
+//! # Ok::<(), stax_tensor::TensorError>(())
+//! ```
+
+mod conv;
+mod elementwise;
+mod memory;
+mod update;
+
+pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd};
+pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
+pub use memory::{copy, download, fill, upload, upload_async};
+pub use update::{adam, softmax_xent};
+
+use crate::{Backend, DType, Shape, Tensor, TensorError};
+use std::sync::Arc;
+
+/// `f32` alone.
+const F32: (&[DType], &str) = (&[DType::F32], "f32");
+/// Every float dtype.
+const FLOATS: (&[DType], &str) = (&DType::FLOATS, "f32, bf16, f16");
+
+/// The backend an op runs on: its first operand's.
+fn backend_of(t: &Tensor) -> Arc<dyn Backend> {
+    t.backend().clone()
+}
+
+/// An input of `op`: on `be`, of `dtype`, of `shape` (when given).
+fn input(
+    op: &'static str,
+    be: &Arc<dyn Backend>,
+    t: &Tensor,
+    dtype: DType,
+    shape: Option<&Shape>,
+) -> Result<(), TensorError> {
+    t.expect_on(op, be)?;
+    t.expect_dtype(op, dtype)?;
+    match shape {
+        Some(s) => t.expect_shape(op, s),
+        None => Ok(()),
+    }
+}
+
+/// As [`input`], for a tensor the op writes: also the only handle to its buffer.
+fn output(
+    op: &'static str,
+    be: &Arc<dyn Backend>,
+    t: &Tensor,
+    dtype: DType,
+    shape: Option<&Shape>,
+) -> Result<(), TensorError> {
+    input(op, be, t, dtype, shape)?;
+    t.expect_unique(op)
+}
+
+/// Fails with [`TensorError::UnsupportedDType`] unless `dtype` is one of `supported`.
+fn supports(
+    op: &'static str,
+    dtype: DType,
+    (supported, words): (&[DType], &'static str),
+) -> Result<(), TensorError> {
+    if supported.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(TensorError::UnsupportedDType {
+            op,
+            dtype,
+            supported: words,
+        })
+    }
+}
+
+/// A bit mask for `numel` elements: U32 of `ceil(numel / 32)` words on `be`.
+fn mask(
+    op: &'static str,
+    be: &Arc<dyn Backend>,
+    t: &Tensor,
+    numel: usize,
+) -> Result<(), TensorError> {
+    t.expect_on(op, be)?;
+    t.expect_dtype(op, DType::U32)?;
+    let want = numel.div_ceil(32);
+    if t.numel() != want {
+        return Err(TensorError::Shape {
+            op,
+            reason: format!("a mask for {numel} elements needs {want} u32 words"),
+            got: t.shape().clone(),
+        });
+    }
+    Ok(())
+}
+
+/// `(rows, cols)` of `shape` seen as a matrix over its last axis (`cols` 1 for a scalar).
+fn rows_cols(shape: &Shape) -> (usize, usize) {
+    let cols = shape.last();
+    (shape.numel().checked_div(cols).unwrap_or(0), cols)
+}

@@ -1,0 +1,208 @@
+//! Convolutions and pooling.
+
+use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd};
+use crate::{Activation, Checked, Conv2dGeometry, PoolKind, Saves, Shape, Tensor, TensorError};
+
+use super::{F32, backend_of, input, mask, output, supports};
+
+/// What a forward convolution adds after the convolution and its bias: an activation, and
+/// where it keeps its mask when it keeps one (training).
+#[derive(Debug, Default)]
+pub struct Epilogue<'a> {
+    /// The activation, if any.
+    pub act: Option<Activation>,
+    /// Its mask (U32, `ceil(numel / 32)` words), for an activation that saves one.
+    pub aux: Option<&'a mut Tensor>,
+}
+
+/// Checks an activation's saved tensor against the gradient it is applied to: a mask of
+/// `numel` bits, or a tensor of the output's shape and dtype.
+pub(super) fn check_saved(
+    op: &'static str,
+    act: Activation,
+    saved: &Tensor,
+    like: &Tensor,
+) -> Result<(), TensorError> {
+    let be = backend_of(like);
+    match act.saves() {
+        Saves::Mask => mask(op, &be, saved, like.numel()),
+        Saves::Output => input(op, &be, saved, like.dtype(), Some(like.shape())),
+    }
+}
+
+/// Checks an activation's mask output: the activation keeps one, and it fits `y`.
+pub(super) fn check_aux(
+    op: &'static str,
+    act: Option<Activation>,
+    aux: &Tensor,
+    y: &Tensor,
+) -> Result<(), TensorError> {
+    if act.is_none_or(|a| a.saves() != Saves::Mask) {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("{act:?} keeps no mask"),
+        });
+    }
+    mask(op, &backend_of(y), aux, y.numel())?;
+    aux.expect_unique(op)
+}
+
+/// `y = act(conv(x, w) + b)`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b
+/// `[c_out]`, y NHWC `g.output_shape()`, f32 (cross-correlation, as
+/// `lax.conv_general_dilated`). With `epi.act`, the activation runs in the epilogue (fused by
+/// the backend where it can); `epi.aux` receives a ReLU's mask, or an activation that saves
+/// its output reads `y` later.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] for an inconsistent geometry; shape, dtype
+/// ([`TensorError::UnsupportedDType`] for anything but f32), device and alias errors;
+/// workspace allocation and library errors.
+pub fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    g: &Conv2dGeometry,
+    y: &mut Tensor,
+    epi: Epilogue<'_>,
+) -> Result<(), TensorError> {
+    const OP: &str = "conv2d";
+    g.validate(OP)?;
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, w, x.dtype(), Some(&g.filter_shape()))?;
+    input(OP, &be, b, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
+    let Epilogue { act, aux } = epi;
+    if let Some(m) = &aux {
+        check_aux(OP, act, m, y)?;
+    }
+    let call = Conv2d {
+        g: *g,
+        x,
+        w,
+        b,
+        y,
+        act,
+        aux,
+    };
+    be.conv2d(Checked::new(call))
+}
+
+/// `dx = conv_transpose(dy, w)`: dy NHWC `g.output_shape()`, w HWIO `g.filter_shape()`, dx
+/// NHWC `g.input_shape()` (overwritten), f32.
+///
+/// # Errors
+/// As [`conv2d`].
+pub fn conv2d_bwd_data(
+    dy: &Tensor,
+    w: &Tensor,
+    g: &Conv2dGeometry,
+    dx: &mut Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "conv2d_bwd_data";
+    g.validate(OP)?;
+    let be = backend_of(dy);
+    supports(OP, dy.dtype(), F32)?;
+    input(OP, &be, dy, dy.dtype(), Some(&g.output_shape()))?;
+    input(OP, &be, w, dy.dtype(), Some(&g.filter_shape()))?;
+    output(OP, &be, dx, dy.dtype(), Some(&g.input_shape()))?;
+    be.conv2d_bwd_data(Checked::new(Conv2dBwdData { g: *g, dy, w, dx }))
+}
+
+/// Kernel and bias gradients: dw HWIO `g.filter_shape()`, db `[c_out]` (both overwritten),
+/// from x NHWC `g.input_shape()` and dy NHWC `g.output_shape()`, f32. With `act` (the forward
+/// epilogue's activation and what it saved), `dy` is first turned, in place, into the
+/// gradient before that activation (fused with the bias gradient where the backend can).
+///
+/// # Errors
+/// As [`conv2d`].
+pub fn conv2d_bwd_filter(
+    x: &Tensor,
+    dy: &mut Tensor,
+    g: &Conv2dGeometry,
+    dw: &mut Tensor,
+    db: &mut Tensor,
+    act: Option<(Activation, &Tensor)>,
+) -> Result<(), TensorError> {
+    const OP: &str = "conv2d_bwd_filter";
+    g.validate(OP)?;
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, dw, x.dtype(), Some(&g.filter_shape()))?;
+    output(OP, &be, db, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    if let Some((a, saved)) = act {
+        check_saved(OP, a, saved, dy)?;
+        dy.expect_unique(OP)?;
+    }
+    let call = Conv2dBwdFilter {
+        g: *g,
+        x,
+        dy,
+        dw,
+        db,
+        act,
+    };
+    be.conv2d_bwd_filter(Checked::new(call))
+}
+
+/// A 2-D pooling of `kind`: x NHWC `g.input_shape()`, y NHWC `g.output_shape()` (window
+/// `g.kh x g.kw`, `g.c_out == g.c_in`), f32.
+///
+/// # Errors
+/// As [`conv2d`]; [`TensorError::InvalidArgument`] when `c_out != c_in`.
+pub fn pool2d(
+    kind: PoolKind,
+    g: &Conv2dGeometry,
+    x: &Tensor,
+    y: &mut Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "pool2d";
+    check_pool(OP, g)?;
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
+    output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
+    be.pool2d(Checked::new(Pool2d { kind, g: *g, x, y }))
+}
+
+/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from the forward
+/// input `x` and dy NHWC `g.output_shape()`, f32.
+///
+/// # Errors
+/// As [`pool2d`].
+pub fn pool2d_bwd(
+    kind: PoolKind,
+    g: &Conv2dGeometry,
+    x: &Tensor,
+    dy: &Tensor,
+    dx: &mut Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "pool2d_bwd";
+    check_pool(OP, g)?;
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, dx, x.dtype(), Some(&g.input_shape()))?;
+    be.pool2d_bwd(Checked::new(Pool2dBwd {
+        kind,
+        g: *g,
+        x,
+        dy,
+        dx,
+    }))
+}
+
+fn check_pool(op: &'static str, g: &Conv2dGeometry) -> Result<(), TensorError> {
+    g.validate(op)?;
+    if g.c_out != g.c_in {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("a pooling keeps its {} channels, not {}", g.c_in, g.c_out),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Elementwise ops (activations, binary ops, bias) and the matrix product.
+
+use crate::backend::{BiasAdd, BiasGrad, Binary, Matmul, Unary, UnaryBwd};
+use crate::{Activation, BinaryOp, Checked, Shape, Tensor, TensorError, matmul_dims};
+
+use super::conv::{check_aux, check_saved};
+use super::{F32, FLOATS, backend_of, input, output, rows_cols, supports};
+
+/// In place `y = act(y)`, any shape, any float dtype. `aux` receives, for an activation that
+/// keeps one ([`crate::Saves::Mask`]: the ReLU), its bit mask: U32 of `ceil(numel / 32)`
+/// words, bit `i % 32` of word `i / 32` set to `y[i] > 0` (the bits past `numel` clear).
+///
+/// # Errors
+/// [`TensorError::UnsupportedDType`] for U32; [`TensorError::InvalidArgument`] for a mask
+/// given to an activation that keeps none; mask shape, device and alias errors.
+pub fn unary(act: Activation, y: &mut Tensor, aux: Option<&mut Tensor>) -> Result<(), TensorError> {
+    const OP: &str = "unary";
+    let be = backend_of(y);
+    supports(OP, y.dtype(), FLOATS)?;
+    output(OP, &be, y, y.dtype(), None)?;
+    if let Some(m) = &aux {
+        check_aux(OP, Some(act), m, y)?;
+    }
+    be.unary(Checked::new(Unary { act, y, aux }))
+}
+
+/// In place `dy = dy · act'`, from what `act`'s forward pass saved: its mask (see [`unary`])
+/// or its output (a tensor of `dy`'s shape and dtype).
+///
+/// # Errors
+/// As [`unary`].
+pub fn unary_bwd(act: Activation, saved: &Tensor, dy: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "unary_bwd";
+    let be = backend_of(dy);
+    supports(OP, dy.dtype(), FLOATS)?;
+    output(OP, &be, dy, dy.dtype(), None)?;
+    check_saved(OP, act, saved, dy)?;
+    be.unary_bwd(Checked::new(UnaryBwd { act, saved, dy }))
+}
+
+/// In place `a = a op b`, same shape and float dtype (`FanInSum`'s sum, gradients summed).
+///
+/// # Errors
+/// Shape, dtype, device and alias errors.
+pub fn binary(op: BinaryOp, a: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
+    const OP: &str = "binary";
+    let be = backend_of(a);
+    supports(OP, a.dtype(), FLOATS)?;
+    output(OP, &be, a, a.dtype(), None)?;
+    input(OP, &be, b, a.dtype(), Some(a.shape()))?;
+    be.binary(Checked::new(Binary { op, a, b }))
+}
+
+/// `y[..., j] += b[j]`, `b` of shape `[y.shape().last()]` (a scalar `y` counts as `[1]`).
+///
+/// # Errors
+/// Shape, dtype, device and alias errors.
+pub fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
+    const OP: &str = "bias_add";
+    let be = backend_of(y);
+    supports(OP, y.dtype(), FLOATS)?;
+    output(OP, &be, y, y.dtype(), None)?;
+    let (rows, cols) = rows_cols(y.shape());
+    input(OP, &be, b, y.dtype(), Some(&Shape::new([cols])))?;
+    be.bias_add(Checked::new(BiasAdd { rows, cols, y, b }))
+}
+
+/// `db[j] = sum of dy[..., j]` over all leading dimensions, `db` `[dy.shape().last()]`
+/// (overwritten), accumulated in f64.
+///
+/// # Errors
+/// Shape, dtype, device and alias errors; workspace allocation errors.
+pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "bias_grad";
+    let be = backend_of(dy);
+    supports(OP, dy.dtype(), FLOATS)?;
+    let (rows, cols) = rows_cols(dy.shape());
+    output(OP, &be, db, dy.dtype(), Some(&Shape::new([cols])))?;
+    be.bias_grad(Checked::new(BiasGrad { rows, cols, dy, db }))
+}
+
+/// `c = op(a) · op(b)` for 2-D row-major f32 matrices, where `op` transposes when its flag is
+/// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
+///
+/// # Errors
+/// Shape, dtype, device and alias errors; workspace allocation and library errors.
+pub fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+    c: &mut Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "matmul";
+    let be = backend_of(a);
+    supports(OP, a.dtype(), F32)?;
+    let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
+    input(OP, &be, a, a.dtype(), None)?;
+    input(OP, &be, b, a.dtype(), None)?;
+    output(OP, &be, c, a.dtype(), Some(&Shape::new([m, n])))?;
+    let call = Matmul {
+        m,
+        n,
+        k,
+        a,
+        b,
+        transpose_a,
+        transpose_b,
+        c,
+    };
+    be.matmul(Checked::new(call))
+}

@@ -1,0 +1,74 @@
+// pool.cu: 2-D max pooling, NHWC f32, forward and backward (see crates/stax-tensor/src/cpu/
+// pool.rs for the semantics: padding reads -inf, NaN propagates, the gradient of a window goes
+// to its first maximum in window order).
+
+// Geometry of one pooling, as Conv2dGeometry (the window as kh x kw, c_out == c_in).
+struct PoolGeometry {
+    size_t n, h, w, c, kh, kw, sh, sw, pad_top, pad_left, out_h, out_w;
+};
+
+// Image-relative index of the first maximum of window (oy, ox) in channel c of image x, or
+// (size_t)-1 when the window lies wholly in the padding; its value in *best.
+__device__ size_t window_argmax(const PoolGeometry &g, const float *x, size_t oy, size_t ox,
+                                size_t c, float *best) {
+    size_t arg = (size_t)-1;
+    float b = __int_as_float(0xff800000); // -inf
+    for (size_t ky = 0; ky < g.kh; ++ky) {
+        long long iy = (long long)(oy * g.sh + ky) - (long long)g.pad_top;
+        if (iy < 0 || iy >= (long long)g.h) continue;
+        for (size_t kx = 0; kx < g.kw; ++kx) {
+            long long ix = (long long)(ox * g.sw + kx) - (long long)g.pad_left;
+            if (ix < 0 || ix >= (long long)g.w) continue;
+            size_t i = ((size_t)iy * g.w + (size_t)ix) * g.c + c;
+            float v = x[i];
+            if (arg == (size_t)-1 || v > b || (isnan(v) && !isnan(b))) {
+                arg = i;
+                b = v;
+            }
+        }
+    }
+    *best = b;
+    return arg;
+}
+
+// y[n, oy, ox, c] = max over the window (one thread an output element).
+extern "C" __global__ void max_pool_f32(const float *x, float *y, PoolGeometry g) {
+    size_t total = g.n * g.out_h * g.out_w * g.c;
+    size_t image = g.h * g.w * g.c;
+    GRID_STRIDE(o, total) {
+        size_t c = o % g.c, r = o / g.c;
+        size_t ox = r % g.out_w, r2 = r / g.out_w;
+        size_t oy = r2 % g.out_h, n = r2 / g.out_h;
+        float best;
+        window_argmax(g, x + n * image, oy, ox, c, &best);
+        y[o] = best;
+    }
+}
+
+// dx[i] = sum of dy over the windows whose first maximum is i (one thread an input element,
+// gathering over the windows that cover it: deterministic, no atomics).
+extern "C" __global__ void max_pool_bwd_f32(const float *x, const float *dy, float *dx,
+                                            PoolGeometry g) {
+    size_t total = g.n * g.h * g.w * g.c;
+    size_t image = g.h * g.w * g.c;
+    GRID_STRIDE(t, total) {
+        size_t c = t % g.c, r = t / g.c;
+        size_t ix = r % g.w, r2 = r / g.w;
+        size_t iy = r2 % g.h, n = r2 / g.h;
+        size_t own = (iy * g.w + ix) * g.c + c;
+        // windows oy with oy*sh <= iy + pad_top < oy*sh + kh
+        long long py = (long long)(iy + g.pad_top), px = (long long)(ix + g.pad_left);
+        long long oy0 = py >= (long long)g.kh ? (py - (long long)g.kh) / (long long)g.sh + 1 : 0;
+        long long ox0 = px >= (long long)g.kw ? (px - (long long)g.kw) / (long long)g.sw + 1 : 0;
+        float acc = 0.0f;
+        for (long long oy = oy0; oy <= py / (long long)g.sh && oy < (long long)g.out_h; ++oy) {
+            for (long long ox = ox0; ox <= px / (long long)g.sw && ox < (long long)g.out_w;
+                 ++ox) {
+                float best;
+                size_t arg = window_argmax(g, x + n * image, (size_t)oy, (size_t)ox, c, &best);
+                if (arg == own) acc += dy[((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c];
+            }
+        }
+        dx[t] = acc;
+    }
+}
