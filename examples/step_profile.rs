@@ -17,10 +17,7 @@ use stax::tensor::cuda::CudaBackend;
 use stax::tensor::ops::{self, Epilogue};
 use stax::tensor::{Activation, AdamHyper, Conv2dGeometry, TensorError};
 use stax::train::Trainer;
-use stax::{
-    Adam, Backend, BackendOptions, Category, Conv, DType, Dense, Flatten, Padding, Precision, Relu,
-    Shape, Tensor, serial,
-};
+use stax::{Adam, Backend, BackendOptions, Category, DType, Padding, Precision, Shape, Tensor};
 use std::sync::Arc;
 
 /// Time each op of the seed step alone, then the whole step.
@@ -511,16 +508,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
 /// Times whole steps of the seed model through the trainer.
 fn whole_step(gpu: &Arc<CudaBackend>, batch: usize, img: usize, steps: usize) {
     let be: Arc<dyn Backend> = gpu.clone();
-    let model = serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(2)
-    ];
+    let model = stax::models::seed_cnn(2);
     let input = Shape::new([batch, img, img, 3]);
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let mut trainer = Trainer::new(model, input, Adam::new(1e-3), &be, 0)?;

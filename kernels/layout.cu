@@ -58,3 +58,20 @@ extern "C" __global__ void crop_nhwc_f32(const float *src, float *dst, size_t nb
         dst[i] = src[((b * hs + (y + top)) * ws + (x + left)) * c + ch];
     }
 }
+
+// Block copy between row-major matrices of 32-bit (u32) or 16-bit (u16) words: dst[r *
+// dst_pitch + dst_off + j] = src[r * src_pitch + src_off + j] for r < rows, j < width (pitches
+// and offsets in words). A concatenation along an axis copies each input this way into its
+// column block of the output, and a split the reverse.
+#define COPY_BLOCK(T, S)                                                                       \
+    extern "C" __global__ void copy_block_##S(const T *src, T *dst, size_t rows, size_t width,  \
+                                              size_t src_pitch, size_t src_off,                 \
+                                              size_t dst_pitch, size_t dst_off) {               \
+        size_t n = rows * width;                                                               \
+        GRID_STRIDE(i, n) {                                                                    \
+            size_t r = i / width, j = i % width;                                               \
+            dst[r * dst_pitch + dst_off + j] = src[r * src_pitch + src_off + j];               \
+        }                                                                                      \
+    }
+COPY_BLOCK(u32, u32)
+COPY_BLOCK(unsigned short, u16)

@@ -15,8 +15,9 @@ pub use stax_train as train;
 
 pub use stax_layers::models;
 pub use stax_layers::{
-    Collect, Conv, Cx, Dense, Flatten, Identity, Layer, Padding, Parallel, ParamSource, Params,
-    Relu, Rng, Serial, SoftmaxCrossEntropy, init_params, parallel, serial,
+    Activation, Collect, Conv, Cx, Dense, Elementwise, FanInConcat, FanInSum, FanOut, Flatten,
+    Identity, Layer, MaxPool, Padding, Parallel, ParamSource, Params, Relu, Rng, Serial,
+    SoftmaxCrossEntropy, Tanh, init_params, parallel, serial,
 };
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{

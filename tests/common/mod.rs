@@ -11,8 +11,11 @@
 //!   steps (the seed's is `stax::models::seed_cnn`) and deterministic batches for them;
 //!   [`host_values`], tensors as one host vector.
 //! - [`init`], [`apply`], [`vjp`]: one layer's parameters, forward pass and backward pass
-//!   (gradients collected into a tree like the parameters).
+//!   (gradients collected into a tree like the parameters); [`layers`]: finite differences
+//!   and GPU-vs-CPU for one layer.
 #![allow(dead_code)]
+
+pub mod layers;
 
 use stax_tensor::cuda::CudaBackend;
 use stax_tensor::{

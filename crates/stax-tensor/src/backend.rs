@@ -14,8 +14,9 @@ mod families;
 mod scratch;
 
 pub use call::{
-    Adam, BiasAdd, BiasGrad, Binary, Call, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
+    CopyIn, CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
+    UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps};
 pub use scratch::Scratch;

@@ -27,6 +27,7 @@ mod adam;
 mod conv;
 mod elementwise;
 mod host;
+mod layout;
 mod matmul;
 mod pool;
 mod softmax;
@@ -34,8 +35,8 @@ mod softmax;
 mod testing;
 
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
-    Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::{
     Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
@@ -161,6 +162,14 @@ impl MemoryOps for CpuBackend {
 
     fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError> {
         elementwise::fill(c.into_inner())
+    }
+
+    fn concat(&self, c: Checked<Concat<'_>>) -> Result<(), TensorError> {
+        layout::concat(c.into_inner())
+    }
+
+    fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError> {
+        layout::split(c.into_inner())
     }
 }
 

@@ -72,7 +72,54 @@ impl Call for CopyInAsync {
     }
 }
 
-memory_calls!(CopyIn, CopyOut, Copy, Fill);
+/// `out` = the `inputs` concatenated along `axis` (same rank, dtype and extents but on `axis`).
+#[derive(Debug)]
+pub struct Concat<'a> {
+    /// The axis.
+    pub axis: usize,
+    /// The pieces, in order.
+    pub inputs: &'a [&'a Tensor],
+    /// Their concatenation.
+    pub out: &'a mut Tensor,
+}
+
+/// The `outs` = consecutive pieces of `src` along `axis` (the reverse of [`Concat`]).
+#[derive(Debug)]
+pub struct Split<'a> {
+    /// The axis.
+    pub axis: usize,
+    /// The whole.
+    pub src: &'a Tensor,
+    /// The pieces, in order.
+    pub outs: &'a mut [Tensor],
+}
+
+impl Concat<'_> {
+    /// `(outer, inner)` of each input, and the output's inner size (elements): the
+    /// concatenation is a block copy of `[outer, inner_i]` matrices into `[outer, total]`.
+    pub fn blocks(&self) -> (usize, Vec<usize>, usize) {
+        blocks(self.axis, self.inputs.iter().copied(), self.out)
+    }
+}
+
+impl Split<'_> {
+    /// As [`Concat::blocks`], for the pieces.
+    pub fn blocks(&self) -> (usize, Vec<usize>, usize) {
+        blocks(self.axis, self.outs.iter(), self.src)
+    }
+}
+
+fn blocks<'t>(
+    axis: usize,
+    pieces: impl Iterator<Item = &'t Tensor>,
+    whole: &Tensor,
+) -> (usize, Vec<usize>, usize) {
+    let inner = |t: &Tensor| t.dims()[axis..].iter().product::<usize>();
+    let outer = whole.dims()[..axis].iter().product::<usize>();
+    (outer, pieces.map(inner).collect(), inner(whole))
+}
+
+memory_calls!(CopyIn, CopyOut, Copy, Fill, Concat, Split);
 
 /// `y = act(conv(x, w) + b)`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b
 /// `[c_out]`, y NHWC `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`).

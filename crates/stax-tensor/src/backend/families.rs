@@ -6,8 +6,8 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, BiasAdd, BiasGrad, Binary, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 
 /// Copies between host and device, device copies and fills.
@@ -54,6 +54,18 @@ pub trait MemoryOps {
     /// # Errors
     /// The device's errors.
     fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError>;
+
+    /// Concatenates along an axis.
+    ///
+    /// # Errors
+    /// The device's errors.
+    fn concat(&self, c: Checked<Concat<'_>>) -> Result<(), TensorError>;
+
+    /// Splits along an axis.
+    ///
+    /// # Errors
+    /// The device's errors.
+    fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError>;
 }
 
 /// Convolutions and pooling.

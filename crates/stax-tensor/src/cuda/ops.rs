@@ -5,8 +5,8 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Matmul, Scratch,
-    SoftmaxXent, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Matmul,
+    Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::dtype::{bf16, f16};
 use crate::{
@@ -67,6 +67,34 @@ impl MemoryOps for CudaBackend {
                 .kernels
                 .fill_u16(addr, f16::from_f32(value).to_bits(), n),
         }
+    }
+
+    fn concat(&self, c: Checked<Concat<'_>>) -> Result<(), TensorError> {
+        let c = c.into_inner();
+        let (outer, inners, total) = c.blocks();
+        self.bind()?;
+        let mut off = 0;
+        for (t, inner) in c.inputs.iter().zip(inners) {
+            let block = (outer, inner, (inner, 0), (total, off));
+            self.kernels
+                .copy_block(c.out.dtype(), t.addr(), c.out.addr(), block)?;
+            off += inner;
+        }
+        Ok(())
+    }
+
+    fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError> {
+        let c = c.into_inner();
+        let (outer, inners, total) = c.blocks();
+        self.bind()?;
+        let mut off = 0;
+        for (t, inner) in c.outs.iter().zip(inners) {
+            let block = (outer, inner, (total, off), (inner, 0));
+            self.kernels
+                .copy_block(c.src.dtype(), c.src.addr(), t.addr(), block)?;
+            off += inner;
+        }
+        Ok(())
     }
 }
 

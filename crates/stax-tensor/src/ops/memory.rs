@@ -2,11 +2,11 @@
 
 use stax_alloc::Allocation;
 
-use crate::backend::{Copy, CopyIn, CopyInAsync, CopyOut, Fill};
+use crate::backend::{Concat, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Split};
 use crate::upload::host_source;
-use crate::{Checked, DType, Tensor, TensorError, Upload};
+use crate::{Checked, DType, Shape, Tensor, TensorError, Upload};
 
-use super::{backend_of, output};
+use super::{backend_of, input, output};
 
 fn host_length(op: &'static str, t: &Tensor, len: usize) -> Result<(), TensorError> {
     if len == t.bytes() {
@@ -85,4 +85,97 @@ pub fn fill(t: &mut Tensor, value: f32) -> Result<(), TensorError> {
         });
     }
     be.fill(Checked::new(Fill { t, value }))
+}
+
+/// `axis` of tensors of rank `rank`, from a stax-style axis (negative counts from the end).
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] when it is out of range.
+pub fn axis_of(op: &'static str, axis: isize, rank: usize) -> Result<usize, TensorError> {
+    let a = if axis < 0 { axis + rank as isize } else { axis };
+    usize::try_from(a)
+        .ok()
+        .filter(|&a| a < rank)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op,
+            reason: format!("axis {axis} is out of range for rank {rank}"),
+        })
+}
+
+/// The shape of `pieces` concatenated along `axis`: every piece of one rank, with the extents
+/// of the first on every other axis.
+///
+/// # Errors
+/// [`TensorError::Shape`] naming the first piece that does not fit.
+pub fn concat_shape(
+    op: &'static str,
+    axis: usize,
+    pieces: &[&Shape],
+) -> Result<Shape, TensorError> {
+    let first = pieces.first().ok_or_else(|| TensorError::InvalidArgument {
+        op,
+        reason: "nothing to concatenate".into(),
+    })?;
+    let mut dims = first.dims().to_vec();
+    if axis >= dims.len() {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("axis {axis} is out of range for rank {}", dims.len()),
+        });
+    }
+    dims[axis] = 0;
+    for (i, s) in pieces.iter().enumerate() {
+        let fits = s.rank() == first.rank()
+            && s.dims()
+                .iter()
+                .zip(first.dims())
+                .enumerate()
+                .all(|(k, (a, b))| k == axis || a == b);
+        if !fits {
+            return Err(TensorError::Shape {
+                op,
+                reason: format!(
+                    "piece {i} does not match piece 0 ({first}) on every axis but {axis}"
+                ),
+                got: (*s).clone(),
+            });
+        }
+        dims[axis] += s.dims()[axis];
+    }
+    Ok(Shape::new(dims))
+}
+
+/// `out` = `inputs` concatenated along `axis` (`jnp.concatenate`): one rank, dtype (not u32
+/// masks' bits: whole words) and backend, equal extents on every other axis; `out` of the
+/// concatenated shape.
+///
+/// # Errors
+/// Shape, dtype, device and alias errors.
+pub fn concat(axis: usize, inputs: &[&Tensor], out: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "concat";
+    let be = backend_of(out);
+    let shapes: Vec<&Shape> = inputs.iter().map(|t| t.shape()).collect();
+    let shape = concat_shape(OP, axis, &shapes)?;
+    for t in inputs {
+        input(OP, &be, t, out.dtype(), None)?;
+    }
+    output(OP, &be, out, out.dtype(), Some(&shape))?;
+    be.concat(Checked::new(Concat { axis, inputs, out }))
+}
+
+/// `outs` = consecutive pieces of `src` along `axis` (the reverse of [`concat`]): their
+/// shapes concatenate to `src`'s.
+///
+/// # Errors
+/// Shape, dtype, device and alias errors.
+pub fn split(axis: usize, src: &Tensor, outs: &mut [Tensor]) -> Result<(), TensorError> {
+    const OP: &str = "split";
+    let be = backend_of(src);
+    let shapes: Vec<&Shape> = outs.iter().map(|t| t.shape()).collect();
+    let shape = concat_shape(OP, axis, &shapes)?;
+    input(OP, &be, src, src.dtype(), Some(&shape))?;
+    for t in outs.iter() {
+        output(OP, &be, t, src.dtype(), None)?;
+    }
+    be.split(Checked::new(Split { axis, src, outs }))
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Call, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
+    CopyIn, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use stax_tensor::{
     Backend, BackendId, Checked, ConvOps, Device, ElementwiseOps, LossOps, MatmulOps, MemoryOps,
@@ -158,6 +158,14 @@ impl MemoryOps for PlanBackend {
     }
 
     fn fill(&self, c: Checked<Fill<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+
+    fn concat(&self, c: Checked<Concat<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+
+    fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError> {
         self.replay(&c)
     }
 }

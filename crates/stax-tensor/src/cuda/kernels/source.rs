@@ -71,6 +71,8 @@ impl KernelModule {
                 "ohwi_to_hwio_f32",
                 "pad_nhwc_f32",
                 "crop_nhwc_f32",
+                "copy_block_u32",
+                "copy_block_u16",
             ],
             KernelModule::Pool => &["max_pool_f32", "max_pool_bwd_f32"],
         };

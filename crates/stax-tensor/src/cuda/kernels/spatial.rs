@@ -216,6 +216,46 @@ impl Kernels {
         .map_err(driver(k))
     }
 
+    /// Copies a `[rows, width]` block of elements of `dtype` (2 or 4 bytes) from `src`
+    /// (row pitch and column offset in elements) into `dst`:
+    /// `block = (rows, width, (src_pitch, src_off), (dst_pitch, dst_off))`.
+    pub(crate) fn copy_block(
+        &self,
+        dtype: crate::DType,
+        src: u64,
+        dst: u64,
+        block: (usize, usize, (usize, usize), (usize, usize)),
+    ) -> Result<(), TensorError> {
+        let (rows, width, (sp, so), (dp, doff)) = block;
+        let n = rows * width;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = match dtype.size_bytes() {
+            2 => "copy_block_u16",
+            _ => "copy_block_u32",
+        };
+        // SAFETY: `copy_block_<u32|u16>(const T *src, T *dst, size_t rows, size_t width, size_t
+        // src_pitch, size_t src_off, size_t dst_pitch, size_t dst_off)` with T the dtype's
+        // word; src holds rows x src_pitch words with src_off + width <= src_pitch, dst rows x
+        // dst_pitch with dst_off + width <= dst_pitch (the caller's block geometry).
+        unsafe {
+            self.stream
+                .launch_builder(self.function(k)?)
+                .arg(&src)
+                .arg(&dst)
+                .arg(&rows)
+                .arg(&width)
+                .arg(&sp)
+                .arg(&so)
+                .arg(&dp)
+                .arg(&doff)
+                .launch(self.grid(n))
+        }
+        .map(drop)
+        .map_err(driver(k))
+    }
+
     /// Max pooling of x NHWC `g.input_shape()` into y NHWC `g.output_shape()` (f32).
     pub(crate) fn max_pool(&self, g: &Conv2dGeometry, x: u64, y: u64) -> Result<(), TensorError> {
         let n = g.output_shape().numel();

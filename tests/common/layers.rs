@@ -1,0 +1,159 @@
+//! One layer under test: finite differences of its backward pass, and its forward and
+//! backward passes on two backends compared (the conformance list's checks).
+
+use super::{Rng, assert_rel_close, init, vjp};
+use stax::{Backend, Category, Layer, Params, Shape, Tensor, Tree};
+use std::sync::Arc;
+
+/// Values in ±[0.1, 1.1] (away from a ReLU's kink at 0, so finite differences are smooth).
+pub fn away_from_zero(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let z = rng.uniform(-1.0, 1.0);
+            z.signum() * (0.1 + z.abs())
+        })
+        .collect()
+}
+
+fn host_params(p: &Params) -> Vec<Vec<f32>> {
+    p.leaves().iter().map(|t| t.to_vec().unwrap()).collect()
+}
+
+fn rebuild(be: &Arc<dyn Backend>, like: &Params, values: &[Vec<f32>]) -> Params {
+    let mut it = values.iter();
+    like.try_map(|_, t: &Tensor| {
+        Tensor::from_slice(
+            be,
+            it.next().unwrap(),
+            t.shape().clone(),
+            Category::Parameter,
+        )
+    })
+    .unwrap()
+}
+
+/// `sum(apply(params, x) * r)`, in f64.
+fn loss(
+    layer: &dyn Layer,
+    be: &Arc<dyn Backend>,
+    p: &Params,
+    x: &[f32],
+    xs: &Shape,
+    r: &[f32],
+) -> f64 {
+    let xt = Tensor::from_slice(be, x, xs.clone(), Category::Input).unwrap();
+    let y = super::apply(layer, p, Tree::leaf(xt));
+    let y: Vec<f32> = y
+        .leaves()
+        .iter()
+        .flat_map(|t| t.to_vec().unwrap())
+        .collect();
+    y.iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// Checks `layer`'s input gradient and every parameter gradient at up to 12 coordinates each
+/// against central finite differences of `L = sum(apply(params, x) * r)` (so `dL/dy = r`),
+/// on the CPU, and that the backward pass leaves no buffer behind.
+pub fn finite_differences(layer: &dyn Layer, input: &Shape, seed: u64) {
+    let be = super::cpu();
+    let name = layer.describe();
+    let mut rng = Rng::new(seed);
+    let (out, params) = init(layer, input, &be, seed + 1000);
+    let out: Vec<Shape> = out.leaves().into_iter().cloned().collect();
+    let x = away_from_zero(&mut rng, input.numel());
+    let r = away_from_zero(&mut rng, out.iter().map(Shape::numel).sum());
+    let p = host_params(&params);
+    let xt = Tensor::from_slice(&be, &x, input.clone(), Category::Input).unwrap();
+    let live = be.allocator().stats().requested;
+    let (y, dx, grads) = vjp(layer, &params, Tree::leaf(xt), |y| {
+        let shapes: Vec<Shape> = y.leaves().iter().map(|t| t.shape().clone()).collect();
+        assert_eq!(shapes, out, "{name}: apply's shapes differ from init's");
+        let mut at = 0;
+        y.map(|t| {
+            let n = t.numel();
+            at += n;
+            Tensor::from_slice(&be, &r[at - n..at], t.shape().clone(), Category::Gradient).unwrap()
+        })
+    });
+    drop(y);
+    let dx = dx.into_leaf().unwrap().to_vec().unwrap();
+    let g = host_params(&grads);
+    drop(grads);
+    assert!(
+        be.allocator().stats().requested <= live,
+        "{name}: the backward pass left buffers behind"
+    );
+    let h = 1e-3f32;
+    let tol =
+        |analytic: f64, numeric: f64| (analytic - numeric).abs() <= 2e-3 + 2e-3 * numeric.abs();
+    let f = |q: &[Vec<f32>], x: &[f32]| loss(layer, &be, &rebuild(&be, &params, q), x, input, &r);
+    let coords =
+        |n: usize, rng: &mut Rng| -> Vec<usize> { (0..n.min(12)).map(|_| rng.below(n)).collect() };
+    for i in coords(x.len(), &mut rng) {
+        let (mut xp, mut xm) = (x.clone(), x.clone());
+        xp[i] += h;
+        xm[i] -= h;
+        let numeric = (f(&p, &xp) - f(&p, &xm)) / (2.0 * h as f64);
+        assert!(
+            tol(dx[i] as f64, numeric),
+            "{name}: dx[{i}] = {} but finite difference {numeric}",
+            dx[i]
+        );
+    }
+    for (k, pk) in p.iter().enumerate() {
+        for i in coords(pk.len(), &mut rng) {
+            let (mut pp, mut pm) = (p.clone(), p.clone());
+            pp[k][i] += h;
+            pm[k][i] -= h;
+            let numeric = (f(&pp, &x) - f(&pm, &x)) / (2.0 * h as f64);
+            assert!(
+                tol(g[k][i] as f64, numeric),
+                "{name}: dparam{k}[{i}] = {} but finite difference {numeric}",
+                g[k][i]
+            );
+        }
+    }
+}
+
+/// `layer`'s forward pass, input gradient and parameter gradients on `gpu` equal the CPU's on
+/// fresh random inputs and parameters, within `max_rel` (norm-wise; see `assert_rel_close`).
+pub fn gpu_matches_cpu(
+    layer: &dyn Layer,
+    input: &Shape,
+    seed: u64,
+    gpu: &Arc<dyn Backend>,
+    max_rel: f64,
+) {
+    let cpu = super::cpu();
+    let name = layer.describe();
+    let mut rng = Rng::new(seed);
+    let (_, on_cpu) = init(layer, input, &cpu, seed);
+    let on_gpu = on_cpu.try_map(|_, t| t.to(gpu)).unwrap();
+    let x = rng.vec(input.numel(), -1.0, 1.0);
+    let run = |be: &Arc<dyn Backend>, params: &Params, dy_seed: u64| {
+        let xt = Tensor::from_slice(be, &x, input.clone(), Category::Input).unwrap();
+        let (y, dx, g) = vjp(layer, params, Tree::leaf(xt), |y| {
+            let mut r = Rng::new(dy_seed);
+            y.map(|t| {
+                let v = r.vec(t.numel(), -1.0, 1.0);
+                Tensor::from_slice(be, &v, t.shape().clone(), Category::Gradient).unwrap()
+            })
+        });
+        let values = |v: &Tree<Tensor>| -> Vec<Vec<f32>> {
+            v.leaves().iter().map(|t| t.to_vec().unwrap()).collect()
+        };
+        (values(&y), values(&dx), values(&g))
+    };
+    let (yc, dxc, gc) = run(&cpu, &on_cpu, seed + 1);
+    let (yg, dxg, gg) = run(gpu, &on_gpu, seed + 1);
+    for (what, (g, c)) in [
+        ("output", (yg, yc)),
+        ("dx", (dxg, dxc)),
+        ("grads", (gg, gc)),
+    ] {
+        assert_eq!(g.len(), c.len(), "{name}: {what} structure");
+        for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+            assert_rel_close(a, b, max_rel, &format!("{name}: {what} {i}"));
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The layer conformance list: one line per layer (and per combinator arrangement), and four
+//! checks run over every line: shapes (`init`'s equal `apply`'s, in both modes: stax's
+//! `_CheckShapeAgreement`), finite differences of the backward pass, GPU = CPU on fresh random
+//! inputs (skipped without a GPU), and the memory plan of a training step equal to what the
+//! step measures, to the byte, on the CPU and the GPU. A new layer is one line here.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::layers::{finite_differences, gpu_matches_cpu};
+use common::{Rng, cpu, cuda_or_skip, init, with_precision};
+use stax::train::Trainer;
+use stax::{
+    Adam, Backend, Category, Collect, Conv, Cx, Dense, FanInConcat, FanInSum, FanOut, Flatten,
+    Identity, Layer, MaxPool, Padding, Precision, Relu, Serial, Shape, Tanh, Tensor, Tree,
+    parallel, serial,
+};
+
+/// One line of the list: a name, the layer, an input shape.
+struct Case {
+    name: &'static str,
+    layer: fn() -> Box<dyn Layer>,
+    input: &'static [usize],
+}
+
+macro_rules! case {
+    ($name:literal, $layer:expr, $input:expr) => {
+        Case {
+            name: $name,
+            layer: || Box::new($layer),
+            input: &$input,
+        }
+    };
+}
+
+const LAYERS: &[Case] = &[
+    case!("conv SAME stride 1", Conv::same(4, (3, 3)), [2, 6, 5, 3]),
+    case!(
+        "conv VALID stride 2 odd",
+        Conv::new(3, (3, 2), (2, 2), Padding::Valid),
+        [2, 7, 5, 2]
+    ),
+    case!(
+        "conv SAME asymmetric, batch 1",
+        Conv::new(2, (3, 3), (2, 1), Padding::Same),
+        [1, 8, 6, 3]
+    ),
+    case!("conv 1x1", Conv::same(5, (1, 1)), [3, 4, 4, 2]),
+    case!("conv even kernel", Conv::same(2, (2, 2)), [1, 5, 5, 1]),
+    case!("dense rank 2", Dense(5), [3, 7]),
+    case!("dense rank 3", Dense(2), [2, 3, 4]),
+    case!("dense 1x1", Dense(3), [1, 1]),
+    case!("relu", Relu, [2, 3, 3, 2]),
+    case!("tanh", Tanh, [2, 3, 3, 2]),
+    case!("flatten", Flatten, [2, 3, 3, 2]),
+    case!(
+        "max_pool 2x2 stride 1 VALID",
+        MaxPool::new((2, 2)),
+        [2, 5, 4, 3]
+    ),
+    case!(
+        "max_pool 3x3 stride 2 SAME",
+        MaxPool::new((3, 3)).with((2, 2), Padding::Same),
+        [1, 7, 6, 2]
+    ),
+    case!(
+        "conv + tanh (fused)",
+        serial![Conv::same(3, (3, 3)), Tanh],
+        [2, 5, 5, 2]
+    ),
+    case!(
+        "small cnn",
+        serial![
+            Conv::same(3, (3, 3)),
+            Relu,
+            Conv::new(2, (3, 3), (2, 2), Padding::Valid),
+            Relu,
+            Flatten,
+            Dense(4),
+            Relu,
+            Dense(2)
+        ],
+        [2, 7, 7, 2]
+    ),
+    case!(
+        "residual block",
+        serial![
+            FanOut(2),
+            parallel![
+                serial![Conv::same(3, (3, 3)), Relu, Conv::same(3, (3, 3))],
+                Identity
+            ],
+            FanInSum,
+            Relu
+        ],
+        [2, 6, 6, 3]
+    ),
+    case!(
+        "concat of two convs",
+        serial![
+            FanOut(2),
+            parallel![Conv::same(3, (3, 3)), Conv::same(2, (1, 1))],
+            FanInConcat(-1)
+        ],
+        [2, 5, 5, 2]
+    ),
+    case!("fan out, sum", serial![FanOut(3), FanInSum], [2, 4]),
+];
+
+fn shape(case: &Case) -> Shape {
+    Shape::new(case.input)
+}
+
+#[test]
+fn shapes_agree_in_both_modes() {
+    let be = cpu();
+    for (i, case) in LAYERS.iter().enumerate() {
+        let layer = (case.layer)();
+        let (out, params) = init(&*layer, &shape(case), &be, i as u64);
+        for train in [true, false] {
+            let data = Rng::new(i as u64).vec(shape(case).numel(), -1.0, 1.0);
+            let x = Tensor::from_slice(&be, &data, shape(case), Category::Input).unwrap();
+            let mut sink = Collect::new();
+            let mut cx = if train {
+                Cx::train(&be, &mut sink)
+            } else {
+                Cx::eval(&be)
+            };
+            let (y, _) = layer.apply(&params, Tree::leaf(x), &mut cx).unwrap();
+            assert_eq!(
+                y.map(|t| t.shape().clone()),
+                out,
+                "{}: train {train}",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn backward_passes_match_finite_differences() {
+    for (i, case) in LAYERS.iter().enumerate() {
+        finite_differences(&*(case.layer)(), &shape(case), 11 + i as u64);
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_on_every_layer() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    for (i, case) in LAYERS.iter().enumerate() {
+        gpu_matches_cpu(&*(case.layer)(), &shape(case), 101 + i as u64, &gpu, 2e-5);
+    }
+}
+
+/// The layer with a head that makes it a two-class model.
+fn model(case: &Case) -> Serial {
+    Serial(vec![(case.layer)(), Box::new(Flatten), Box::new(Dense(2))])
+}
+
+/// Two training steps of the case's model: each step's peak and bytes per category at the
+/// peak equal the plan's, and live bytes after it the plan's persistent bytes.
+fn plan_equals_measured(case: &Case, be: &Arc<dyn Backend>, seed: u64) {
+    let input = shape(case);
+    let mut trainer = Trainer::new(model(case), input.clone(), Adam::new(1e-3), be, seed).unwrap();
+    let plan = trainer.plan(input.dims()[0]).unwrap();
+    assert!(
+        plan.exact,
+        "{}: the plan is exact once calibrated",
+        case.name
+    );
+    let mut rng = Rng::new(seed);
+    let n = input.dims()[0];
+    for _ in 0..2 {
+        let x = Tensor::from_slice(
+            be,
+            &rng.vec(input.numel(), -1.0, 1.0),
+            input.clone(),
+            Category::Input,
+        )
+        .unwrap();
+        let labels: Vec<f32> = (0..n * 2)
+            .map(|i| ((i % 2) == (i / 2) % 2) as u8 as f32)
+            .collect();
+        let y = Tensor::from_slice(be, &labels, [n, 2], Category::Input).unwrap();
+        let r = trainer.step(&x, &y).unwrap();
+        assert_eq!(r.memory.peak, plan.peak.bytes, "{}: peak", case.name);
+        for c in Category::ALL {
+            assert_eq!(
+                r.memory.at_peak(c),
+                plan.peak.by_category[c.index()],
+                "{}: {c}",
+                case.name
+            );
+        }
+        assert_eq!(
+            r.memory.live,
+            plan.persistent_bytes(),
+            "{}: live",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn plans_equal_measured_on_the_cpu() {
+    let be = cpu();
+    for (i, case) in LAYERS.iter().enumerate() {
+        plan_equals_measured(case, &be, 31 + i as u64);
+    }
+}
+
+#[test]
+fn plans_equal_measured_on_the_gpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Tf32)) else {
+        return;
+    };
+    for (i, case) in LAYERS.iter().enumerate() {
+        plan_equals_measured(case, &gpu, 31 + i as u64);
+    }
+}
