@@ -29,6 +29,7 @@
 //! # Ok::<(), stax_alloc::AllocError>(())
 //! ```
 
+pub mod adversarial;
 mod allocator;
 mod backend;
 mod block;
@@ -39,7 +40,9 @@ mod strategy;
 mod trace;
 
 pub use allocator::{Allocation, Allocator};
-pub use backend::{HostAccess, HostMemory, RawMemory, Segment, SimMemory};
+pub use backend::{
+    HostAccess, HostMemory, PoolUsage, RawMemory, Segment, SimMemory, VirtualMemory,
+};
 pub use category::Category;
 pub use error::{AllocError, OomReport};
 pub use stats::{
