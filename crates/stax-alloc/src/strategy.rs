@@ -14,7 +14,7 @@
 //! | strategy | `reserved` is at most |
 //! | --- | --- |
 //! | `caching` | the highest value so far of the sum over live blocks of `max(2 x block, fresh segment)`, where a block of at most 1 MiB has a fresh segment of 2 MiB and a larger one its size rounded up to the granularity: about 2x the peak of live bytes |
-//! | `expandable` | the highest number so far of pages that live blocks touch, times the page size: the peak of live bytes plus at most two pages per live block |
+//! | `expandable` | `page x (p + p / 8)`, `p` the most pages live blocks have touched at once so far: 9/8 of the peak of live bytes plus at most two pages per live block |
 //! | `bfc` | the arena, always: `fraction x total` rounded down to the granularity |
 //! | `platform`, `async` | exactly the sum over live allocations of their size rounded up to the granularity |
 //!
@@ -87,11 +87,13 @@ pub enum Strategy {
     /// best-fit with coalescing, and physical pages are mapped under a block when it needs
     /// them (one `cuMemCreate` handle per page, so pages can be unmapped one by one). Pages no
     /// live block touches stay mapped as the cache until a new mapping would take `reserved`
-    /// past the bound below, an out-of-memory retry, or `empty_cache`: then they are unmapped
-    /// (highest addresses first). Needs [`RawMemory::virtual_memory`].
+    /// past the bound below (then they are unmapped, highest addresses first, down to the
+    /// peak itself), an out-of-memory retry, or `empty_cache`. Needs
+    /// [`RawMemory::virtual_memory`].
     ///
-    /// Bound: `reserved <= page size x the highest number so far of pages touched by live
-    /// blocks`, at most the peak of live bytes plus two pages per live block.
+    /// Bound: `reserved <= page size x (p + p / 8)`, where `p` is the most pages live blocks
+    /// have touched at once so far: 9/8 of the peak of live bytes, plus two pages per live
+    /// block at most (the eighth is slack against unmapping and mapping at every allocation).
     Expandable,
     /// Reserves `fraction` of the device's *total* memory (as JAX's
     /// `XLA_PYTHON_CLIENT_MEM_FRACTION`) once, at start-up, and serves everything from that

@@ -69,7 +69,8 @@ fn idle_pages_are_unmapped_before_reserved_passes_the_peak() {
     let pin = alloc.allocate(2 * MIB, Category::Parameter).unwrap(); // page 4
     assert_eq!(pin.offset(), 8 << 20);
     drop(a); // pages 0-3 idle; peak: 5 pages touched
-    // 12 MiB do not fit the 8 MiB hole: pages 5-10. Budget max(5, 1 + 6) = 7 pages, so 4 of
+    // 12 MiB do not fit the 8 MiB hole: pages 5-10. Budget max(5, 1 + 6) = 7 pages (slack
+    // 7 / 8 = 0 pages): 11 would pass it, so the mapping must fit 7 pages itself: 4 of
     // the 5 + 6 would-be pages must go: the four idle ones, in one call.
     let c = alloc.allocate(12 * MIB, Category::Activation).unwrap();
     assert_eq!(c.offset(), 10 << 20);

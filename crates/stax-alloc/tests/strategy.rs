@@ -256,37 +256,29 @@ fn bfc_fraction_is_of_the_total_and_refuses_what_is_not_free() {
         "0.5 of the total, not of the free 624 MiB"
     );
     drop(alloc);
-    match Allocator::new(sim.clone(), Strategy::Bfc { fraction: 0.75 }) {
-        Err(AllocError::ArenaUnavailable {
+    let e = Allocator::new(sim.clone(), Strategy::Bfc { fraction: 0.75 }).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "allocator: bfc:fraction=0.75 wants an arena of 805.31 MB (805,306,368 bytes) (0.75 \
+         of the 1.07 GB (1,073,741,824 bytes) total) but sim has only 654.31 MB (654,311,424 \
+         bytes) free: lower the fraction or free the memory held elsewhere (another process \
+         on the same device?)"
+    );
+    match e {
+        AllocError::ArenaUnavailable {
             strategy,
             backend,
             fraction,
             requested,
             free,
             total,
-        }) => {
+        } => {
             assert_eq!(
                 (strategy.as_str(), backend.as_str()),
                 ("bfc:fraction=0.75", "sim")
             );
             assert_eq!(fraction, 0.75);
             assert_eq!((requested, free, total), (768 << 20, 624 << 20, 1 << 30));
-            let msg = AllocError::ArenaUnavailable {
-                strategy,
-                backend,
-                fraction,
-                requested,
-                free,
-                total,
-            }
-            .to_string();
-            assert_eq!(
-                msg,
-                "allocator: bfc:fraction=0.75 wants an arena of 805.31 MB (805,306,368 bytes) \
-                 (0.75 of the 1.07 GB (1,073,741,824 bytes) total) but sim has only 654.31 MB \
-                 (654,311,424 bytes) free: lower the fraction or free the memory held \
-                 elsewhere (another process on the same device?)"
-            );
         }
         other => panic!("expected ArenaUnavailable, got {other:?}"),
     }

@@ -13,17 +13,17 @@
 //! every chunk is its own physical allocation, so it can be unmapped alone.
 //!
 //! Chunks no live block touches stay mapped (the cache) until
-//! - a new mapping would take `reserved` past the highest number of chunks live blocks have
-//!   touched so far (this request included): idle chunks are unmapped, highest addresses
-//!   first, until it does not. Unmapping every idle chunk always suffices, which gives the
-//!   bound `reserved <= chunk x max over time of the chunks touched by live blocks`;
+//! - a new mapping would take `reserved` past 9/8 of the highest number of chunks live blocks
+//!   have touched so far (this request included; the eighth is slack, so that a workload
+//!   moving around does not unmap and map at every allocation): idle chunks are unmapped,
+//!   highest addresses first, until the mapping fits that highest number itself. Unmapping
+//!   every idle chunk always suffices, which gives the bound `reserved <= chunk x (p + p / 8)`
+//!   with `p` the most chunks live blocks have touched at once so far;
 //! - mapping fails for lack of memory: every idle chunk is unmapped and the mapping retried;
 //! - `empty_cache`: every idle chunk is unmapped.
 //!
 //! [`crate::Allocation::offset`] is the offset from the start of the address range; snapshot
 //! segments are the runs of mapped chunks, their blocks' offsets relative to the run.
-
-use std::collections::BTreeSet;
 
 use crate::block::{Arena, Tag};
 use crate::stats::{BlockSnapshot, BlockState, PoolKind, SegmentSnapshot};
@@ -41,10 +41,8 @@ pub(crate) struct Expandable {
     capacity: u64,
     /// Per chunk: the number of live blocks touching it.
     live: Vec<u32>,
-    /// Per chunk: mapped or not.
+    /// Per chunk: mapped or not (mapped with no live block: idle, the cache).
     mapped: Vec<bool>,
-    /// Mapped chunks no live block touches, by index.
-    idle: BTreeSet<u32>,
     mapped_chunks: u64,
     touched: u64,
     touched_peak: u64,
@@ -90,7 +88,6 @@ impl Expandable {
             capacity,
             live: vec![0; n],
             mapped: vec![false; n],
-            idle: BTreeSet::new(),
             mapped_chunks: 0,
             touched: 0,
             touched_peak: 0,
@@ -151,7 +148,6 @@ impl Expandable {
             }
             self.mapped[start..c].fill(true);
             self.mapped_chunks += (c - start) as u64;
-            self.idle.extend((start..c).map(|i| i as u32));
             done.push((start, c - 1));
         }
         Ok(())
@@ -168,35 +164,27 @@ impl Expandable {
         }
         self.mapped[a..=b].fill(false);
         self.mapped_chunks -= (b + 1 - a) as u64;
-        for i in a..=b {
-            self.idle.remove(&(i as u32));
-        }
     }
 
     /// Unmaps idle chunks outside `[keep.0, keep.1]`, highest first, `count` of them (all when
-    /// None), one call per run.
+    /// None), one call per run. Scans every chunk: this runs only when the cache shrinks.
     fn unmap_idle(&mut self, mem: &mut Metered<'_>, count: Option<u64>, keep: (usize, usize)) {
         let mut left = count.unwrap_or(u64::MAX);
-        let mut picked: Vec<usize> = Vec::new();
-        for &c in self.idle.iter().rev() {
-            if left == 0 {
-                break;
+        let idle = |s: &Self, c: usize| s.mapped[c] && s.live[c] == 0 && (c < keep.0 || c > keep.1);
+        let mut c = self.mapped.len();
+        while left > 0 && c > 0 {
+            c -= 1;
+            if !idle(self, c) {
+                continue;
             }
-            let c = c as usize;
-            if c < keep.0 || c > keep.1 {
-                picked.push(c);
+            // a run of idle chunks ending at `c`, at most `left` long
+            let end = c;
+            while left > 1 && c > 0 && idle(self, c - 1) {
+                c -= 1;
                 left -= 1;
             }
-        }
-        // `picked` descends: cut it into runs of consecutive chunks.
-        let mut i = 0;
-        while i < picked.len() {
-            let mut j = i;
-            while j + 1 < picked.len() && picked[j + 1] + 1 == picked[j] {
-                j += 1;
-            }
-            self.unmap_run(mem, picked[j], picked[i]);
-            i = j + 1;
+            left -= 1;
+            self.unmap_run(mem, c, end);
         }
     }
 
@@ -235,8 +223,8 @@ impl Pool for Expandable {
         if missing > 0 {
             let fresh = self.live[first..=last].iter().filter(|&&n| n == 0).count() as u64;
             let budget = self.touched_peak.max(self.touched + fresh);
-            let over = (self.mapped_chunks + missing).saturating_sub(budget);
-            if over > 0 {
+            if self.mapped_chunks + missing > budget + budget / 8 {
+                let over = self.mapped_chunks + missing - budget;
                 self.unmap_idle(mem, Some(over), (first, last));
             }
             let mapped = match self.map_missing(mem, first, last) {
@@ -258,10 +246,7 @@ impl Pool for Expandable {
             }
         }
         for c in first..=last {
-            if self.live[c] == 0 {
-                self.touched += 1;
-                self.idle.remove(&(c as u32));
-            }
+            self.touched += u64::from(self.live[c] == 0);
             self.live[c] += 1;
         }
         self.touched_peak = self.touched_peak.max(self.touched);
@@ -281,10 +266,7 @@ impl Pool for Expandable {
         let (first, last) = self.chunks(addr, size);
         for c in first..=last {
             self.live[c] -= 1;
-            if self.live[c] == 0 {
-                self.touched -= 1;
-                self.idle.insert(c as u32);
-            }
+            self.touched -= u64::from(self.live[c] == 0);
         }
         self.live_bytes -= size as u64;
         Some(freed)

@@ -167,8 +167,11 @@ impl Checker {
 
     /// The bound `reserved` must stay under (bytes).
     pub fn bound(&self) -> u64 {
+        let g = self.granularity();
         match self.strategy {
-            Strategy::Caching | Strategy::Expandable => self.bound_peak,
+            Strategy::Caching => self.bound_peak,
+            // the peak of pages touched, and an eighth of it (whole pages) of slack
+            Strategy::Expandable => self.bound_peak + self.bound_peak / g / 8 * g,
             _ => self.bound_now(),
         }
     }
