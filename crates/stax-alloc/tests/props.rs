@@ -221,3 +221,31 @@ fn expandable_needs_virtual_memory() {
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }
+
+/// `caching` never places a large request in a segment over twice its size (when the segment
+/// is larger than the request's own fresh one), not even right after reserving a segment for
+/// it, when best-fit would prefer a smaller hole of the large segment.
+#[test]
+fn caching_never_cuts_a_request_from_a_segment_over_twice_its_size() {
+    let mib = 1usize << 20;
+    let mut c = Checker::new(Strategy::Caching, sim()).unwrap();
+    c.alloc(40 * mib, Category::Activation); // a 40 MiB segment...
+    c.free(0); // ...cached whole
+    let b = c.alloc(36 * mib + mib / 2, Category::Activation).unwrap(); // 36.5 <= 40 <= 73
+    assert_eq!(
+        b.offset(),
+        0,
+        "cut from the cached segment, 3.5 MiB left free after it"
+    );
+    // 3 MiB + 256 fits that 3.5 MiB hole, but its segment is over 2 x 3 MiB: a fresh 4 MiB
+    // segment serves it, and nothing lands in the hole.
+    let s = c.alloc(3 * mib + 256, Category::Workspace).unwrap();
+    assert_eq!(
+        s.offset(),
+        0,
+        "the fresh segment's start, not the 40 MiB segment's hole"
+    );
+    let st = c.alloc.stats();
+    assert_eq!((st.segments, st.reserved), (2, 44 << 20));
+    c.free_all();
+}

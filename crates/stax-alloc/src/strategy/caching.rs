@@ -193,7 +193,8 @@ impl Pool for Caching {
                 message: format!("segment {seg:?} could not be added to the pool"),
             }));
         }
-        match arena.alloc(size, usize::MAX, tag) {
+        // The new segment is within the limit; so is whatever best-fit takes instead.
+        match arena.alloc(size, max_segment, tag) {
             Some(t) => Ok(self.grant(pool, t)),
             None => Err(Refusal::NoFit {
                 can_never_fit: false,

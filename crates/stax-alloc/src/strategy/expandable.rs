@@ -25,6 +25,8 @@
 //! [`crate::Allocation::offset`] is the offset from the start of the address range; snapshot
 //! segments are the runs of mapped chunks, their blocks' offsets relative to the run.
 
+use std::collections::BTreeMap;
+
 use crate::block::{Arena, Tag};
 use crate::stats::{BlockSnapshot, BlockState, PoolKind, SegmentSnapshot};
 use crate::strategy::{Grant, Metered, Pool, Refusal, Strategy};
@@ -43,6 +45,8 @@ pub(crate) struct Expandable {
     live: Vec<u32>,
     /// Per chunk: mapped or not (mapped with no live block: idle, the cache).
     mapped: Vec<bool>,
+    /// The runs of mapped chunks: first -> last (inclusive).
+    runs: BTreeMap<usize, usize>,
     mapped_chunks: u64,
     touched: u64,
     touched_peak: u64,
@@ -88,6 +92,7 @@ impl Expandable {
             capacity,
             live: vec![0; n],
             mapped: vec![false; n],
+            runs: BTreeMap::new(),
             mapped_chunks: 0,
             touched: 0,
             touched_peak: 0,
@@ -148,6 +153,7 @@ impl Expandable {
             }
             self.mapped[start..c].fill(true);
             self.mapped_chunks += (c - start) as u64;
+            self.add_run(start, c - 1);
             done.push((start, c - 1));
         }
         Ok(())
@@ -164,6 +170,36 @@ impl Expandable {
         }
         self.mapped[a..=b].fill(false);
         self.mapped_chunks -= (b + 1 - a) as u64;
+        self.remove_run(a, b);
+    }
+
+    /// Records the newly mapped chunks `[a, b]`, merged with the runs beside them.
+    fn add_run(&mut self, a: usize, b: usize) {
+        let (mut first, mut last) = (a, b);
+        if let Some((&s, &e)) = self.runs.range(..a).next_back() {
+            if e + 1 == a {
+                first = s;
+                self.runs.remove(&s);
+            }
+        }
+        if let Some(e) = self.runs.remove(&(b + 1)) {
+            last = e;
+        }
+        self.runs.insert(first, last);
+    }
+
+    /// Records the unmapped chunks `[a, b]`, a part of one run.
+    fn remove_run(&mut self, a: usize, b: usize) {
+        let Some((&s, &e)) = self.runs.range(..=a).next_back() else {
+            return;
+        };
+        self.runs.remove(&s);
+        if s < a {
+            self.runs.insert(s, a - 1);
+        }
+        if b < e {
+            self.runs.insert(b + 1, e);
+        }
     }
 
     /// Unmaps idle chunks outside `[keep.0, keep.1]`, highest first, `count` of them (all when
@@ -188,22 +224,9 @@ impl Expandable {
         }
     }
 
-    /// The runs of mapped chunks, as `[first, last]`.
+    /// The runs of mapped chunks, as `[first, last]`, in address order.
     fn mapped_runs(&self) -> Vec<(usize, usize)> {
-        let mut runs = Vec::new();
-        let mut c = 0;
-        while c < self.mapped.len() {
-            if !self.mapped[c] {
-                c += 1;
-                continue;
-            }
-            let start = c;
-            while c < self.mapped.len() && self.mapped[c] {
-                c += 1;
-            }
-            runs.push((start, c - 1));
-        }
-        runs
+        self.runs.iter().map(|(&a, &b)| (a, b)).collect()
     }
 }
 
