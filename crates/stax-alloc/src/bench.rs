@@ -1,7 +1,7 @@
 //! Strategies measured on traces: what `cargo run --release --example alloc_bench` prints, one
 //! [`BenchResult`] per trace and strategy.
 //!
-//! [`bench`] replays a [`Trace`] (as [`crate::replay`] does: every alloc event allocates, every
+//! [`bench()`] replays a [`Trace`] (as [`crate::replay`] does: every alloc event allocates, every
 //! free event drops, what is left live is freed at the end) `replays` times on one allocator,
 //! timing each allocation alone, and reads: the peak of live (requested) bytes, the peak of
 //! reserved bytes, the largest free block when live bytes peaked, the backend (driver) calls,
@@ -92,7 +92,7 @@ impl BenchResult {
 }
 
 /// The median cost, in ns, of reading the clock around nothing (`samples` times); what
-/// [`bench`] subtracts from every timed allocation.
+/// [`bench()`] subtracts from every timed allocation.
 pub fn timer_overhead_ns(samples: usize) -> u64 {
     let mut v: Vec<u64> = (0..samples.max(1))
         .map(|_| {

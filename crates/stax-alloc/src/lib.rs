@@ -8,7 +8,7 @@
 //! tested on random and [`adversarial`] traces ([`Strategy`]). Every allocation carries a
 //! [`Category`]; [`Stats`] are exact counters (requested, allocated, reserved, cached, peaks,
 //! per category), [`Snapshot`] lists every segment and block, and out of memory is a typed
-//! [`AllocError::OutOfMemory`] whose [`OomReport`] reads as a diagnosis. [`bench`] measures
+//! [`AllocError::OutOfMemory`] whose [`OomReport`] reads as a diagnosis. [`mod@bench`] measures
 //! strategies on traces (what the `alloc_bench` example prints).
 //!
 //! # Trace format

@@ -51,6 +51,11 @@ fn growth_maps_only_the_pages_live_blocks_touch() {
     alloc.empty_cache().unwrap();
     let s = alloc.stats();
     assert_eq!((s.reserved, s.segments, s.backend_unmaps), (0, 0, 1));
+    assert_eq!(
+        (sim.map_calls(), sim.unmap_calls()),
+        (2, 1),
+        "the driver saw the same"
+    );
     assert_eq!(sim.mapped(), 0);
     assert_eq!(sim.used(), 0);
     drop(alloc);

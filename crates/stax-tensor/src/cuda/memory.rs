@@ -94,17 +94,19 @@ impl DeviceMemory {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, DriverError> {
         let ctx = stream.context().clone();
         let total = ctx.total_mem()? as u64;
+        // Without virtual memory management (or when the driver cannot say) the device still
+        // serves every strategy but `expandable`.
         let vmm = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED;
-        let page = match ctx.attribute(vmm)? {
-            0 => None,
-            _ => {
+        let page = match ctx.attribute(vmm) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
                 let mut page = 0usize;
                 let prop = allocation_prop(ctx.cu_device());
                 let min = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
                 // SAFETY: `prop` is a valid pinned-device allocation description and `page` a
                 // valid out-pointer.
-                unsafe { sys::cuMemGetAllocationGranularity(&mut page, &prop, min) }.result()?;
-                Some(page.max(DEVICE_ALIGNMENT))
+                let r = unsafe { sys::cuMemGetAllocationGranularity(&mut page, &prop, min) };
+                (r.result().is_ok() && page > 0).then(|| page.max(DEVICE_ALIGNMENT))
             }
         };
         Ok(DeviceMemory {
@@ -120,7 +122,7 @@ impl DeviceMemory {
         self.pages.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Unmaps and releases the pages `[addr, addr + n * page)` whose handles are given.
+    /// Unmaps and releases the given pages (one page each, with the handle mapped there).
     fn drop_pages(
         &self,
         mapped: &[(u64, sys::CUmemGenericAllocationHandle)],
