@@ -6,25 +6,25 @@
 //!   through 32 sizes so that exact-size reuse of parked blocks never hits and every pair
 //!   goes through the ordered best-fit index, split and coalesce;
 //! - `tail`: per-pair latency percentiles (p50/p99/p99.9), printed;
-//! - `step/*`: replay of one real training step of the seed model at full scale (batch 100,
-//!   200x200x3; recorded from the trainer's step code through the memory planner)
-//!   (virtual addresses, so 1.31 GB is just a number), printing reserved / peak requested and
-//!   backend calls per replayed step; the issue's targets are reserved <= 1.05 x peak requested
-//!   for `caching` and zero backend calls from the third step on.
+//! - `step/*`: replay of the seed model's training at full scale (batch 100, 200x200x3: the
+//!   trainer's set-up and two steps, recorded from its code through the memory planner,
+//!   `stax_train::seed::seed_step_trace`; virtual addresses, so 1.31 GB is just a number),
+//!   printing reserved / peak requested and backend calls per replay; the issue's targets are
+//!   reserved <= 1.05 x peak requested for `caching` and zero backend calls from the third
+//!   replay on.
 //!
-//! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 2`
+//! Run: `cargo bench --bench alloc -- --warm-up-time 1 --measurement-time 2`. For whole-trace
+//! comparisons (adversarial traces, your own) see `examples/alloc_bench.rs`.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use stax::train::MemoryPlan;
-use stax::{Adam, BackendOptions, Conv, Dense, Device, Flatten, Relu, Shape, serial};
-use stax_alloc::{
-    Allocation, Allocator, Category, SimMemory, Strategy, Trace, TraceBuilder, TraceOp,
-    human_bytes, replay,
-};
+use stax::train::seed::seed_step_trace;
+use stax::{BackendOptions, Device};
+use stax_alloc::bench::{percentile, timer_overhead_ns};
+use stax_alloc::{Allocation, Allocator, Category, SimMemory, Strategy, human_bytes, replay};
 
 /// A virtual H200: 143,771 MiB, 2 MiB granularity.
 fn h200() -> Arc<SimMemory> {
@@ -34,6 +34,7 @@ fn h200() -> Arc<SimMemory> {
 fn strategies() -> Vec<(&'static str, Strategy, Arc<SimMemory>)> {
     vec![
         ("caching", Strategy::Caching, h200()),
+        ("expandable", Strategy::Expandable, h200()),
         ("bfc", Strategy::Bfc { fraction: 0.75 }, h200()),
         ("platform", Strategy::Platform, h200()),
         (
@@ -140,17 +141,7 @@ fn live(c: &mut Criterion) {
 /// Per-pair latency percentiles, timer overhead subtracted; printed, not asserted.
 fn tail(_c: &mut Criterion) {
     const N: usize = 400_000;
-    let overhead = {
-        let mut v: Vec<u64> = (0..N)
-            .map(|_| {
-                let t = Instant::now();
-                black_box(());
-                t.elapsed().as_nanos() as u64
-            })
-            .collect();
-        v.sort_unstable();
-        v[N / 2]
-    };
+    let overhead = timer_overhead_ns(N);
     println!("tail: per-pair latency (ns, timer overhead of {overhead} ns subtracted)");
     let mut cases: Vec<(String, Arc<Allocator>, Vec<Allocation>)> = Vec::new();
     for (name, strategy, sim) in strategies() {
@@ -192,7 +183,7 @@ fn tail(_c: &mut Criterion) {
             })
             .collect();
         v.sort_unstable();
-        let p = |q: f64| v[((N as f64 * q) as usize).min(N - 1)];
+        let p = |q: f64| percentile(&v, q);
         println!(
             "tail: {name:<30} p50 {:>5}  p99 {:>5}  p99.9 {:>6}",
             p(0.5),
@@ -202,111 +193,35 @@ fn tail(_c: &mut Criterion) {
     }
 }
 
-// ---- the seed model's training step -----------------------------------------------------------
+// ---- the seed model's training ----------------------------------------------------------------
 
-/// Parameter shapes of `Conv(64,3x3) Relu Conv(64,3x3) Relu Flatten Dense(128) Relu Dense(2)`
-/// on 200x200x3, in f32 bytes: 1,310,876,424 in all (DESIGN.md).
-const PARAMS: [u64; 8] = [
-    3 * 3 * 3 * 64 * 4,
-    64 * 4,
-    3 * 3 * 64 * 64 * 4,
-    64 * 4,
-    2_560_000 * 128 * 4,
-    128 * 4,
-    128 * 2 * 4,
-    2 * 4,
-];
-
-/// One real training step of the seed model at batch 100, 200x200x3: the batch is placed, then
-/// every allocation and free of `Trainer::step` in order, then the batch is dropped.
-///
-/// The events are recorded from the trainer's own step code: [`MemoryPlan`] runs it on a
-/// planning backend (simulated memory, no arithmetic) with the CPU backend's workspace sizes,
-/// so the trace is the step's exact allocation sequence at full scale without 8 GB of RAM.
-fn step_trace() -> Trace {
+fn step(c: &mut Criterion) {
     let cpu = Device::Cpu
         .open(&BackendOptions::default())
         .expect("cpu backend");
-    let model = serial![
-        Conv::same(64, (3, 3)),
-        Relu,
-        Conv::same(64, (3, 3)),
-        Relu,
-        Flatten,
-        Dense(128),
-        Relu,
-        Dense(2)
-    ];
-    let input = Shape::new([100, 200, 200, 3]);
-    let plan = MemoryPlan::new(&model, &input, &Adam::new(1e-3), &cpu).expect("seed plan");
-    let mut t = TraceBuilder::new();
-    let x = t.alloc(100 * 200 * 200 * 3 * 4, Category::Input);
-    let y = t.alloc(100 * 2 * 4, Category::Input);
-    let mut ids = std::collections::HashMap::new();
-    for e in &plan.timeline.events {
-        match e.op {
-            TraceOp::Alloc => {
-                ids.insert(e.id, t.alloc(e.bytes, e.category));
-            }
-            TraceOp::Free => {
-                if let Some(id) = ids.remove(&e.id) {
-                    t.free(id);
-                }
-            }
-        }
-    }
-    assert!(
-        ids.is_empty(),
-        "the step left {} buffers allocated",
-        ids.len()
-    );
-    t.free(x);
-    t.free(y);
-    t.finish()
-}
-
-/// Parameters and Adam's m and v: live across steps, allocated once before the replays.
-fn persistent(alloc: &Arc<Allocator>) -> Vec<Allocation> {
-    let mut v = Vec::new();
-    for cat in [
-        Category::Parameter,
-        Category::OptimizerState,
-        Category::OptimizerState,
-    ] {
-        for bytes in PARAMS {
-            v.push(
-                alloc
-                    .allocate(bytes as usize, cat)
-                    .expect("persistent state"),
-            );
-        }
-    }
-    v
-}
-
-fn step(c: &mut Criterion) {
-    let trace = step_trace();
+    let trace = seed_step_trace(&cpu, 100, (200, 200, 3)).expect("seed plan");
     println!(
-        "step: {} events, peak requested in the step {} (persistent state {})",
+        "step: {} events (set-up and two steps), peak requested {}",
         trace.events.len(),
         human_bytes(trace.peak_requested()),
-        human_bytes(3 * PARAMS.iter().sum::<u64>())
     );
     let mut g = c.benchmark_group("step");
     for (name, strategy, sim) in strategies() {
         let alloc = Allocator::new(sim, strategy).expect("allocator");
-        let _state = persistent(&alloc);
         for i in 1..=5 {
             let r = replay(&trace, &alloc).expect("replay");
             println!(
-                "step: {name:<8} replay {i}: reserved/peak requested {:.4} (peak reserved {}, \
-                 peak requested {}), backend calls {} ({} reserves, {} releases)",
+                "step: {name:<10} replay {i}: reserved/peak requested {:.4} (peak reserved {}, \
+                 peak requested {}), backend calls {} ({} reserves, {} releases, {} maps, {} \
+                 unmaps)",
                 r.overhead(),
                 human_bytes(r.peak_reserved),
                 human_bytes(r.peak_requested),
                 r.backend_calls(),
                 r.backend_reserves,
-                r.backend_releases
+                r.backend_releases,
+                r.backend_maps,
+                r.backend_unmaps
             );
         }
         g.bench_function(name, |b| {

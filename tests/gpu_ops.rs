@@ -695,6 +695,7 @@ fn every_strategy_opens_and_computes() {
     let cpu = cpu();
     let strategies = [
         Strategy::Bfc { fraction: 0.25 },
+        Strategy::Expandable,
         Strategy::Platform,
         Strategy::Async {
             release_threshold: 1 << 30,

@@ -58,19 +58,19 @@ fn plan_matches(be: &Arc<dyn Backend>, model: fn() -> Serial, input: Shape) {
 }
 
 /// A `bfc` backend whose arena is exactly `arena` bytes (a multiple of 2 MiB): the arena is a
-/// fraction of what the driver says is free when the allocator is made, so aim, look, retry.
+/// fraction of the device's total memory, so aim, look, retry (once suffices).
 fn bfc_backend(arena: u64, workspace_limit: Option<usize>) -> Arc<dyn Backend> {
     let g = 2u64 << 20;
-    let mut free_guess = None;
+    let mut total_guess = None;
     for _ in 0..4 {
-        let free = match free_guess {
+        let total = match total_guess {
             Some(f) => f,
             None => {
                 let probe = CudaBackend::new(0, &BackendOptions::default()).unwrap();
-                probe.driver_memory().unwrap().unwrap().0
+                probe.driver_memory().unwrap().unwrap().1
             }
         };
-        let fraction = ((arena + g / 2) as f64 / free as f64).min(1.0);
+        let fraction = ((arena + g / 2) as f64 / total as f64).min(1.0);
         let options = BackendOptions {
             strategy: Strategy::Bfc { fraction },
             workspace_limit,
@@ -81,8 +81,8 @@ fn bfc_backend(arena: u64, workspace_limit: Option<usize>) -> Arc<dyn Backend> {
         if got == arena {
             return be;
         }
-        // got = floor(fraction * free / g) * g: free lies in [got, got + g) / fraction
-        free_guess = Some(((got as f64 + g as f64 / 2.0) / fraction) as u64);
+        // got = floor(fraction * total / g) * g: total lies in [got, got + g) / fraction
+        total_guess = Some(((got as f64 + g as f64 / 2.0) / fraction) as u64);
     }
     panic!("could not make a bfc arena of {arena} bytes");
 }

@@ -64,9 +64,10 @@ impl Allocator {
     /// An allocator serving `strategy` from `backend`. `bfc` reserves its arena here.
     ///
     /// # Errors
-    /// [`AllocError::Unsupported`] for `async` on a backend that is not stream-ordered, or
-    /// `bfc` on a backend with neither free-bytes nor capacity figures; the backend's error
-    /// when the `bfc` arena cannot be reserved.
+    /// [`AllocError::Unsupported`] for `async` on a backend that is not stream-ordered,
+    /// `expandable` on one without virtual memory, or `bfc` on a backend with neither
+    /// free-bytes nor capacity figures; [`AllocError::ArenaUnavailable`] when `bfc`'s fraction
+    /// of the total is not free; the backend's error when the `bfc` arena cannot be reserved.
     pub fn new(
         backend: Arc<dyn RawMemory>,
         strategy: Strategy,
@@ -318,8 +319,9 @@ impl Allocator {
     }
 
     /// Returns cached memory to the backend: `caching` releases every segment that is one free
-    /// block; `async` trims the backend pool; `bfc` keeps its arena but coalesces every freed
-    /// block (a fully free arena is one block again); `platform` caches nothing.
+    /// block; `expandable` unmaps every page no live block touches; `async` trims the backend
+    /// pool; `bfc` keeps its arena but coalesces every freed block (a fully free arena is one
+    /// block again); `platform` caches nothing.
     ///
     /// # Errors
     /// The first backend error; the other segments are still released.

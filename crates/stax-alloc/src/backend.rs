@@ -3,8 +3,13 @@
 //!
 //! Implementations here: [`HostMemory`] (pageable host memory) and [`SimMemory`] (a simulated
 //! device with fixed capacity, used by tests and benches). The CUDA device implementation
-//! (`cuMemAlloc`/`cuMemFree`, and the stream-ordered `cuMemAllocAsync` pool) lives in
-//! `stax-tensor`, so that this crate has no CUDA types.
+//! (`cuMemAlloc`/`cuMemFree`, the stream-ordered `cuMemAllocAsync` pool, and CUDA's virtual
+//! memory management) lives in `stax-tensor`, so that this crate has no CUDA types.
+//!
+//! Two optional capabilities: [`RawMemory::virtual_memory`] (address ranges reserved once and
+//! physical pages mapped into them on demand, CUDA's `cuMemAddressReserve`/`cuMemCreate`/
+//! `cuMemMap`; what the `expandable` strategy runs on) and [`RawMemory::pool_usage`] (a
+//! stream-ordered pool's own reserved and used bytes, for reports).
 //!
 //! ```
 //! use stax_alloc::{RawMemory, SimMemory};
@@ -135,4 +140,83 @@ pub trait RawMemory: Send + Sync + Debug + 'static {
     fn trim(&self) -> Result<(), AllocError> {
         Ok(())
     }
+
+    /// A stream-ordered pool's own figures: what it holds from the device and what of that
+    /// live allocations use (`cuMemPoolGetAttribute` with `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`
+    /// and `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`), so a report can show the pool's cache instead
+    /// of counting it as memory outside the allocator. Default: `Ok(None)` (not a pool).
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when the driver refuses the query.
+    fn pool_usage(&self) -> Result<Option<PoolUsage>, AllocError> {
+        Ok(None)
+    }
+
+    /// The virtual-memory capability, when the backend has one (CUDA devices with virtual
+    /// memory management; [`SimMemory`] models it): the `expandable` strategy reserves one
+    /// address range and maps physical pages into it as it grows. Default: None.
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        None
+    }
+}
+
+/// A stream-ordered pool's own usage figures, in bytes ([`RawMemory::pool_usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolUsage {
+    /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// Bytes of it backing live allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub used: u64,
+}
+
+impl PoolUsage {
+    /// `reserved - used`: what the pool keeps cached for later allocations.
+    pub fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.used)
+    }
+}
+
+/// Virtual memory management (CUDA's VMM driver API): address ranges that hold no memory until
+/// physical pages are mapped into them, and pages that can be unmapped again one by one.
+///
+/// Addresses and sizes are multiples of [`page_size`](VirtualMemory::page_size). Each page
+/// mapped is its own physical allocation (one `cuMemCreate` handle), so any page can later be
+/// unmapped and its memory returned to the device while its neighbours stay mapped.
+pub trait VirtualMemory: Send + Sync + Debug {
+    /// The size in bytes of one physical page, the unit of mapping
+    /// (`cuMemGetAllocationGranularity`, minimum granularity: 2 MiB on current NVIDIA GPUs).
+    fn page_size(&self) -> usize;
+
+    /// Reserves `bytes` (a multiple of the page size) of address space, holding no memory
+    /// (`cuMemAddressReserve`), aligned to the page size.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when the driver has no such range to give.
+    fn reserve_range(&self, bytes: usize) -> Result<Segment, AllocError>;
+
+    /// Returns a range from [`reserve_range`](VirtualMemory::reserve_range), exactly as
+    /// returned; nothing may be mapped in it any more (`cuMemAddressFree`).
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] for an unknown range, one with pages still mapped, or a driver
+    /// failure.
+    fn release_range(&self, range: Segment) -> Result<(), AllocError>;
+
+    /// Backs `pages` (page-aligned, inside a reserved range, nothing mapped there yet) with
+    /// fresh physical memory, one page at a time (`cuMemCreate` + `cuMemMap`), readable and
+    /// writable by the device (`cuMemSetAccess`). All or nothing: on failure nothing stays
+    /// mapped.
+    ///
+    /// # Errors
+    /// [`AllocError::BackendOutOfMemory`] when the device memory is exhausted (the strategy
+    /// may unmap cached pages and retry); [`AllocError::Backend`] for anything else.
+    fn map(&self, pages: Segment) -> Result<(), AllocError>;
+
+    /// Unmaps every page of `pages` (each mapped by [`map`](VirtualMemory::map)) and returns
+    /// its memory to the device (`cuMemUnmap` + `cuMemRelease`), after the work already queued
+    /// that may use it.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] when a page is not mapped or the driver fails.
+    fn unmap(&self, pages: Segment) -> Result<(), AllocError>;
 }

@@ -95,6 +95,8 @@ pub(crate) struct Arena {
     reserved: u64,
     min_split: usize,
     kind: PoolKind,
+    /// Coalesce every parked block before a best-fit lookup (see [`Arena::coalescing_first`]).
+    coalesce_first: bool,
 }
 
 impl Arena {
@@ -112,11 +114,19 @@ impl Arena {
             reserved: 0,
             min_split: min_split.max(1),
             kind,
+            coalesce_first: false,
         }
     }
 
+    /// The arena with parked blocks coalesced before every best-fit lookup (exact-size reuse
+    /// stays): best-fit then sees every free block, which `expandable` wants so that a freed,
+    /// still mapped block is found before unmapped addresses are.
+    pub fn coalescing_first(mut self) -> Self {
+        self.coalesce_first = true;
+        self
+    }
+
     /// Bytes of all segments.
-    #[cfg(test)]
     pub fn reserved(&self) -> u64 {
         self.reserved
     }
@@ -210,21 +220,28 @@ impl Arena {
         true
     }
 
-    /// A block of at least `size` bytes, marked used with `tag`: a parked block of exactly
-    /// `size` bytes if there is one (the most recently freed), else best-fit; when best-fit
-    /// misses, the parked blocks are coalesced and best-fit tried again.
-    pub fn alloc(&mut self, size: usize, tag: Tag) -> Option<Taken> {
+    /// A block of at least `size` bytes in a segment of at most `max_segment` bytes, marked
+    /// used with `tag`: a parked block of exactly `size` bytes if there is one (the most
+    /// recently freed), else best-fit; when best-fit misses, the parked blocks are coalesced and
+    /// best-fit tried again. `usize::MAX` puts no limit on the segment.
+    ///
+    /// A parked block is taken back without checking `max_segment`: callers whose limit grows
+    /// with the request size (the `caching` strategy) placed it for a request no larger.
+    pub fn alloc(&mut self, size: usize, max_segment: usize, tag: Tag) -> Option<Taken> {
         if let Some(t) = self.unpark(size, tag) {
             return Some(t);
         }
-        if let Some(t) = self.best_fit(size, tag) {
+        if self.coalesce_first {
+            self.settle();
+        }
+        if let Some(t) = self.best_fit(size, max_segment, tag) {
             return Some(t);
         }
         if self.parked_len == 0 {
             return None;
         }
         self.settle();
-        self.best_fit(size, tag)
+        self.best_fit(size, max_segment, tag)
     }
 
     fn unpark(&mut self, size: usize, tag: Tag) -> Option<Taken> {
@@ -250,10 +267,28 @@ impl Arena {
         }
     }
 
-    /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties),
-    /// split if the remainder is at least `min_split`.
-    fn best_fit(&mut self, size: usize, tag: Tag) -> Option<Taken> {
-        let (&k, &id) = self.free.range(key(size, 0)..).next()?;
+    /// Best-fit: the smallest free block of at least `size` bytes (lowest address on ties) in
+    /// a segment of at most `max_segment` bytes, split if the remainder is at least
+    /// `min_split`. With a limit, only blocks of at most `max_segment` bytes can qualify, so the
+    /// lookup is one range of the index, skipping only blocks of segments that are too large.
+    fn best_fit(&mut self, size: usize, max_segment: usize, tag: Tag) -> Option<Taken> {
+        let (k, id) = if max_segment == usize::MAX {
+            let (&k, &id) = self.free.range(key(size, 0)..).next()?;
+            (k, id)
+        } else {
+            let fits = |id: u32| {
+                let seg = self.nodes[id as usize].segment;
+                self.segments
+                    .get(&seg)
+                    .is_some_and(|s| s.bytes <= max_segment)
+            };
+            let upper = key(max_segment.saturating_add(1), 0);
+            let (&k, &id) = self
+                .free
+                .range(key(size, 0)..upper)
+                .find(|&(_, &id)| fits(id))?;
+            (k, id)
+        };
         self.free.remove(&k);
         let (bsize, baddr) = ((k >> 64) as usize, k as u64);
         self.free_bytes -= bsize as u64;
@@ -285,6 +320,12 @@ impl Arena {
             }
         }
         Some(self.mark_used(id, tag))
+    }
+
+    /// The address and size of the used block `id`, or None when `id` is not a used block.
+    pub fn used_block(&self, id: u32) -> Option<(u64, usize)> {
+        let n = self.nodes.get(id as usize)?;
+        n.tag.map(|_| (n.addr, n.size))
     }
 
     /// Frees the used block `id`: it is parked for exact-size reuse (the oldest parked block
@@ -372,28 +413,44 @@ impl Arena {
     /// the caller to release to the backend.
     pub fn take_free_segments(&mut self) -> Vec<Segment> {
         self.settle();
-        let idle: Vec<(u64, SegRec)> = self
-            .segments
-            .iter()
-            .filter(|(_, s)| {
-                let n = &self.nodes[s.first as usize];
-                n.is_free() && n.next == NIL
-            })
-            .map(|(&a, &s)| (a, s))
-            .collect();
-        let mut out = Vec::with_capacity(idle.len());
-        for (addr, s) in idle {
-            self.free.remove(&key(s.bytes, addr));
-            self.free_bytes -= s.bytes as u64;
-            self.reserved -= s.bytes as u64;
-            self.segments.remove(&addr);
-            self.vacate(s.first);
-            out.push(Segment {
-                addr,
-                bytes: s.bytes,
-            });
-        }
-        out
+        let idle: Vec<u64> = self.idle_segments().map(|(a, _)| a).collect();
+        idle.into_iter()
+            .filter_map(|a| self.remove_segment(a))
+            .collect()
+    }
+
+    /// Removes the largest segment that is one free block (the lowest address among equals)
+    /// and returns it, for the caller to release; None when every segment holds a used block.
+    pub fn take_largest_free_segment(&mut self) -> Option<Segment> {
+        self.settle();
+        let (addr, _) = self
+            .idle_segments()
+            .fold(None, |best: Option<(u64, usize)>, (a, b)| match best {
+                Some((_, bb)) if bb >= b => best,
+                _ => Some((a, b)),
+            })?;
+        self.remove_segment(addr)
+    }
+
+    /// Segments that are one free block (indexed, not parked): `(addr, bytes)`.
+    fn idle_segments(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.segments.iter().filter_map(|(&a, s)| {
+            let n = &self.nodes[s.first as usize];
+            (n.is_free() && n.next == NIL).then_some((a, s.bytes))
+        })
+    }
+
+    /// Removes idle segment `addr` (one free block) from the arena.
+    fn remove_segment(&mut self, addr: u64) -> Option<Segment> {
+        let s = self.segments.remove(&addr)?;
+        self.free.remove(&key(s.bytes, addr));
+        self.free_bytes -= s.bytes as u64;
+        self.reserved -= s.bytes as u64;
+        self.vacate(s.first);
+        Some(Segment {
+            addr,
+            bytes: s.bytes,
+        })
     }
 
     /// Removes and returns every segment, used or not (for dropping the allocator, when no
@@ -407,7 +464,9 @@ impl Arena {
                 bytes: s.bytes,
             })
             .collect();
+        let coalesce_first = self.coalesce_first;
         *self = Arena::new(self.min_split, self.kind);
+        self.coalesce_first = coalesce_first;
         out
     }
 
@@ -461,96 +520,4 @@ impl Arena {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tag(requested: u64) -> Tag {
-        Tag {
-            category: Category::Other,
-            requested,
-        }
-    }
-
-    #[test]
-    fn split_coalesce_and_best_fit() {
-        let mut a = Arena::new(256, PoolKind::Large);
-        assert!(a.add_segment(Segment {
-            addr: 4096,
-            bytes: 4096
-        }));
-        let x = a.alloc(1024, tag(1000)).unwrap();
-        let y = a.alloc(1024, tag(1024)).unwrap();
-        let z = a.alloc(1024, tag(1)).unwrap();
-        assert_eq!((x.addr, y.addr, z.addr), (4096, 5120, 6144));
-        assert_eq!(a.free_bytes(), 1024);
-        // Free the middle: two free blocks of 1024; best fit of 512 takes the lowest address.
-        a.free(y.id).unwrap();
-        a.settle();
-        let w = a.alloc(512, tag(512)).unwrap();
-        assert_eq!(w.addr, 5120);
-        a.free(w.id).unwrap();
-        a.free(x.id).unwrap();
-        a.free(z.id).unwrap();
-        a.settle();
-        assert_eq!(a.largest_free(), 4096);
-        assert_eq!(a.free(z.id), None, "double free is refused");
-        let segs = a.take_free_segments();
-        assert_eq!(
-            segs,
-            vec![Segment {
-                addr: 4096,
-                bytes: 4096
-            }]
-        );
-        assert_eq!((a.reserved(), a.free_bytes(), a.segment_count()), (0, 0, 0));
-    }
-
-    #[test]
-    fn small_remainder_is_not_split() {
-        let mut a = Arena::new(1024, PoolKind::Large);
-        a.add_segment(Segment {
-            addr: 0,
-            bytes: 4096,
-        });
-        let t = a.alloc(3584, tag(3584)).unwrap();
-        assert_eq!(t.size, 4096);
-        assert_eq!(a.free_bytes(), 0);
-        assert_eq!(a.free(t.id).map(|f| f.0), Some(4096));
-    }
-
-    #[test]
-    fn parked_blocks_are_reused_exactly_and_coalesced_on_demand() {
-        let mut a = Arena::new(256, PoolKind::Small);
-        a.add_segment(Segment {
-            addr: 0,
-            bytes: 1 << 20,
-        });
-        let x = a.alloc(4096, tag(4000)).unwrap();
-        a.free(x.id).unwrap();
-        assert_eq!(a.free_bytes(), 1 << 20, "parked bytes count as free");
-        let y = a.alloc(4096, tag(4096)).unwrap();
-        assert_eq!(
-            (y.id, y.addr),
-            (x.id, x.addr),
-            "the parked block is taken back"
-        );
-        a.free(y.id).unwrap();
-        // A request no parked block fits exactly and best-fit cannot serve: settle, retry.
-        let big = a.alloc(1 << 20, tag(1 << 20)).unwrap();
-        assert_eq!((big.addr, big.size), (0, 1 << 20));
-        a.free(big.id).unwrap();
-        // More frees than slots: the oldest are coalesced as they leave the quick list.
-        let blocks: Vec<_> = (0..40).map(|_| a.alloc(512, tag(512)).unwrap()).collect();
-        for b in &blocks {
-            a.free(b.id).unwrap();
-        }
-        assert_eq!(a.parked_len, PARK_SLOTS);
-        a.settle();
-        assert_eq!(
-            (a.parked_len, a.largest_free(), a.free_bytes()),
-            (0, 1 << 20, 1 << 20)
-        );
-        assert_eq!(a.snapshot()[0].blocks.len(), 1);
-        assert_eq!(a.take_free_segments().len(), 1);
-    }
-}
+mod tests;

@@ -62,6 +62,29 @@ pub enum AllocError {
         /// Why, in words.
         reason: String,
     },
+    /// `bfc` sizes its arena as a fraction of the device's *total* memory (as JAX's
+    /// `XLA_PYTHON_CLIENT_MEM_FRACTION`), and less than that is free now (another process, or
+    /// this one, holds the rest). Refused at start-up instead of silently reserving less.
+    #[error(
+        "allocator: {strategy} wants an arena of {} ({fraction} of the {} total) but {backend} \
+         has only {} free: lower the fraction or free the memory held elsewhere (another \
+         process on the same device?)",
+        human_bytes(*.requested), human_bytes(*.total), human_bytes(*.free)
+    )]
+    ArenaUnavailable {
+        /// The strategy, as displayed (`"bfc:fraction=0.75"`).
+        strategy: String,
+        /// Backend name.
+        backend: String,
+        /// The fraction of the total asked for.
+        fraction: f64,
+        /// Bytes the arena needs: `fraction x total`, rounded down to the granularity.
+        requested: u64,
+        /// Bytes the backend says are free.
+        free: u64,
+        /// The backend's total bytes ([`RawMemory::capacity`](crate::RawMemory::capacity)).
+        total: u64,
+    },
     // ---- configuration and input -----------------------------------------------------------
     /// A strategy string (from code, a command line or `STAX_ALLOCATOR`) did not parse.
     #[error("{origin}={value:?}: {reason}")]

@@ -1,11 +1,40 @@
 //! `stax-alloc`: a device memory allocator with exact per-category accounting, usable on its
-//! own. Strategies after PyTorch's CUDACachingAllocator (`caching`, the default) and XLA's BFC
-//! allocator (`bfc`), plus `platform` (no caching) and `async` (stream-ordered pool), all
-//! generic over a [`RawMemory`] backend, so the core has no CUDA types: the CUDA backend lives
-//! in `stax-tensor`, and [`SimMemory`] simulates a device for tests and benches. Every
-//! allocation carries a [`Category`]; [`Stats`] are exact counters (requested, allocated,
-//! reserved, cached, peaks, per category), [`Snapshot`] lists every segment and block, and out
-//! of memory is a typed [`AllocError::OutOfMemory`] whose [`OomReport`] reads as a diagnosis.
+//! own. Strategies after PyTorch's CUDACachingAllocator (`caching`, the default), PyTorch's
+//! `expandable_segments` (`expandable`, on virtual memory) and XLA's BFC allocator (`bfc`),
+//! plus `platform` (no caching) and `async` (stream-ordered pool), all generic over a
+//! [`RawMemory`] backend, so the core has no CUDA types: the CUDA backend lives in
+//! `stax-tensor`, and [`SimMemory`] simulates a device (virtual memory and stream-ordered pool
+//! included) for tests and benches. Every strategy states a bound on the memory it reserves,
+//! tested on random and [`adversarial`] traces ([`Strategy`]). Every allocation carries a
+//! [`Category`]; [`Stats`] are exact counters (requested, allocated, reserved, cached, peaks,
+//! per category), [`Snapshot`] lists every segment and block, and out of memory is a typed
+//! [`AllocError::OutOfMemory`] whose [`OomReport`] reads as a diagnosis. [`mod@bench`] measures
+//! strategies on traces (what the `alloc_bench` example prints).
+//!
+//! # Trace format
+//!
+//! A [`Trace`] is written and read as JSON lines ([`Trace::write_jsonl`],
+//! [`Trace::read_jsonl`]): one object per event, in the order the events happened, blank lines
+//! ignored. Fields:
+//!
+//! | field | type | meaning |
+//! | --- | --- | --- |
+//! | `op` | `"alloc"` or `"free"` | the event |
+//! | `id` | integer | the allocation's id, unique among live allocations; a free names the id of its allocation |
+//! | `bytes` | integer | requested bytes (on a free: the allocation's) |
+//! | `category` | `"parameter"`, `"optimizer_state"`, `"gradient"`, `"activation"`, `"input"`, `"workspace"` or `"other"` | what the memory holds |
+//! | `t_ns` | integer | nanoseconds since the trace started |
+//! | `stream` | integer | the stream it was allocated on (recorded; placement does not depend on it) |
+//! | `addr` | integer, optional | the address the recorded run handed out (0 or absent in synthetic traces) |
+//!
+//! ```text
+//! {"op":"alloc","id":0,"bytes":1310720000,"category":"parameter","t_ns":0,"stream":0}
+//! {"op":"alloc","id":1,"bytes":4194304,"category":"workspace","t_ns":1000,"stream":0}
+//! {"op":"free","id":1,"bytes":4194304,"category":"workspace","t_ns":2000,"stream":0}
+//! ```
+//!
+//! A replay frees what a trace leaves live. `scripts/torch_snapshot_to_trace.py` converts a
+//! PyTorch memory snapshot (`torch.cuda.memory._snapshot()`) into this format.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -29,8 +58,10 @@
 //! # Ok::<(), stax_alloc::AllocError>(())
 //! ```
 
+pub mod adversarial;
 mod allocator;
 mod backend;
+pub mod bench;
 mod block;
 mod category;
 mod error;
@@ -40,7 +71,9 @@ mod strategy;
 mod trace;
 
 pub use allocator::{Allocation, Allocator, ScopeGuard};
-pub use backend::{HostAccess, HostMemory, RawMemory, Segment, SimMemory};
+pub use backend::{
+    HostAccess, HostMemory, PoolUsage, RawMemory, Segment, SimMemory, VirtualMemory,
+};
 pub use category::Category;
 pub use error::{AllocError, OomReport};
 pub use name::{Name, Tag};

@@ -67,6 +67,10 @@ pub struct Stats {
     pub backend_reserves: u64,
     /// Number of backend `release` calls (successful or not).
     pub backend_releases: u64,
+    /// Number of virtual-memory `map` calls (`expandable`; each maps a run of pages).
+    pub backend_maps: u64,
+    /// Number of virtual-memory `unmap` calls (`expandable`; each unmaps a run of pages).
+    pub backend_unmaps: u64,
     /// Number of failed backend calls whose error could not be returned (a release on drop).
     pub backend_errors: u64,
     /// The largest free block inside reserved segments.
@@ -79,6 +83,11 @@ impl Stats {
     /// Live allocations: `allocs - frees`.
     pub fn live_allocations(&self) -> u64 {
         self.allocs.saturating_sub(self.frees)
+    }
+
+    /// Every backend call counted: reserves, releases, maps and unmaps.
+    pub fn backend_calls(&self) -> u64 {
+        self.backend_reserves + self.backend_releases + self.backend_maps + self.backend_unmaps
     }
 }
 
@@ -94,6 +103,8 @@ pub enum PoolKind {
     Arena,
     /// `platform` and `async`: one segment per allocation.
     Direct,
+    /// `expandable`: a run of mapped pages of the one virtual address range.
+    Mapped,
 }
 
 /// Whether a block is in use.
@@ -214,6 +225,8 @@ pub(crate) struct BackendBook {
     pub segments: u64,
     pub reserves: u64,
     pub releases: u64,
+    pub maps: u64,
+    pub unmaps: u64,
     pub errors: u64,
 }
 
@@ -234,6 +247,8 @@ pub(crate) fn assemble(c: &Counters, b: &BackendBook, largest_free: u64, free: u
         segments: b.segments,
         backend_reserves: b.reserves,
         backend_releases: b.releases,
+        backend_maps: b.maps,
+        backend_unmaps: b.unmaps,
         backend_errors: b.errors,
         largest_free_block: largest_free,
         fragmentation: if free == 0 {

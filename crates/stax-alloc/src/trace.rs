@@ -313,14 +313,18 @@ pub struct ReplayReport {
     pub backend_reserves: u64,
     /// Backend release calls during the replay.
     pub backend_releases: u64,
+    /// Virtual-memory map calls during the replay (`expandable`).
+    pub backend_maps: u64,
+    /// Virtual-memory unmap calls during the replay (`expandable`).
+    pub backend_unmaps: u64,
     /// Allocations the trace never freed (freed by the replay at its end).
     pub live_at_end: u64,
 }
 
 impl ReplayReport {
-    /// Backend calls (reserves + releases) during the replay.
+    /// Backend calls (reserves + releases + maps + unmaps) during the replay.
     pub fn backend_calls(&self) -> u64 {
-        self.backend_reserves + self.backend_releases
+        self.backend_reserves + self.backend_releases + self.backend_maps + self.backend_unmaps
     }
 
     /// `peak_reserved / peak_requested` (1.0 is perfect; 0 for an empty trace).
@@ -389,6 +393,8 @@ pub fn replay(trace: &Trace, allocator: &Arc<Allocator>) -> Result<ReplayReport,
         reserved_at_end: after.reserved,
         backend_reserves: after.backend_reserves - before.backend_reserves,
         backend_releases: after.backend_releases - before.backend_releases,
+        backend_maps: after.backend_maps - before.backend_maps,
+        backend_unmaps: after.backend_unmaps - before.backend_unmaps,
         live_at_end,
     })
 }

@@ -97,36 +97,37 @@ fn caching_fits_after_dropping_its_cache() {
 
 #[test]
 fn fragmentation_names_the_largest_free_block() {
-    let sim = Arc::new(SimMemory::new(16 << 20, 2 << 20));
+    // Two 10 MiB segments, each pinned by a 5 MiB block with a 5 MiB hole beside it: 10 MiB
+    // cached, but no hole holds 8 MiB, and the 4 MiB left on the device cannot either.
+    let sim = Arc::new(SimMemory::new(24 << 20, 2 << 20));
     let alloc = Allocator::new(sim.clone(), Strategy::Caching).unwrap();
-    drop(alloc.allocate(12 * MIB, Category::Activation).unwrap()); // one 12 MiB segment, cached
-    let mut blocks: Vec<_> = (0..6)
-        .map(|_| alloc.allocate(2 * MIB, Category::Activation).unwrap())
-        .collect();
-    assert!(
-        blocks
-            .iter()
-            .all(|b| b.addr() >= blocks[0].addr() && b.offset() < 12 << 20)
-    );
-    // Free every other block: 6 MiB free, in three 2 MiB holes.
-    let mut keep = Vec::new();
-    for (i, b) in blocks.drain(..).enumerate() {
-        if i % 2 == 1 {
-            keep.push(b);
-        }
+    let (mut pins, mut rests) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        drop(alloc.allocate(10 * MIB, Category::Activation).unwrap()); // a fresh 10 MiB segment
+        let pin = alloc.allocate(5 * MIB, Category::Activation).unwrap();
+        let rest = alloc.allocate(5 * MIB, Category::Activation).unwrap();
+        assert_eq!(
+            (pin.offset(), rest.offset()),
+            (0, 5 << 20),
+            "both halves of one segment"
+        );
+        pins.push(pin);
+        rests.push(rest);
     }
+    drop(rests);
     let s = alloc.stats();
-    assert_eq!((s.cached, s.largest_free_block), (6 << 20, 2 << 20));
-    assert!((s.fragmentation - (1.0 - 2.0 / 6.0)).abs() < 1e-12);
-    let r = oom(alloc.allocate(5 * MIB, Category::Workspace));
+    assert_eq!((s.reserved, s.segments), (20 << 20, 2));
+    assert_eq!((s.cached, s.largest_free_block), (10 << 20, 5 << 20));
+    assert!((s.fragmentation - 0.5).abs() < 1e-12);
+    let r = oom(alloc.allocate(8 * MIB, Category::Workspace));
     assert!(!r.can_never_fit);
-    assert_eq!(r.largest_free_block, 2 << 20);
-    assert_eq!(r.cached, 6 << 20);
+    assert_eq!(r.largest_free_block, 5 << 20);
+    assert_eq!(r.cached, 10 << 20);
     assert_eq!(r.driver_free, Some(4 << 20));
     let msg = r.to_string();
     assert!(msg.contains("does not fit now: fragmentation"), "{msg}");
     assert!(
-        msg.contains(&format!("largest free block is {}", human_bytes(2 << 20))),
+        msg.contains(&format!("largest free block is {}", human_bytes(5 << 20))),
         "{msg}"
     );
     assert!(
@@ -135,9 +136,9 @@ fn fragmentation_names_the_largest_free_block() {
     );
     // Still usable: a hole-sized request is served from the cache.
     let calls = alloc.stats().backend_reserves;
-    let a = alloc.allocate(2 * MIB, Category::Workspace).unwrap();
+    let a = alloc.allocate(5 * MIB, Category::Workspace).unwrap();
     assert_eq!(alloc.stats().backend_reserves, calls);
-    drop((a, keep));
+    drop((a, pins));
 }
 
 #[test]

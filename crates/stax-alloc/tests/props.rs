@@ -1,13 +1,17 @@
 //! Property tests: random allocation/free sequences for every strategy on the simulated
-//! backend. After every step: no two live blocks overlap, every block is aligned and inside
-//! its segment, the snapshot's blocks tile each segment, and the counters equal the sums
-//! recomputed from the snapshot. Per strategy: `caching` leaves each segment one free block
-//! once everything is freed, `bfc` never calls the backend after start-up, `platform` makes
-//! exactly one backend call per allocation and per free.
+//! backend. After every step (`common::Checker`): live bytes are exact, no two live blocks
+//! overlap, every block is aligned and inside its segment, the snapshot's blocks tile each
+//! segment, the counters equal the sums recomputed from the snapshot, and `reserved` stays
+//! within the bound the strategy states (see `stax_alloc::Strategy`). Per strategy, after
+//! everything is freed: `caching` leaves each segment one free block, `expandable` unmaps
+//! everything on `empty_cache`, `bfc` never calls the backend after start-up, `platform`
+//! makes exactly one backend call per allocation and per free.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 
+use common::Checker;
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use stax_alloc::{
@@ -41,157 +45,36 @@ fn ops() -> impl proptest::strategy::Strategy<Value = Vec<Op>> {
     proptest::collection::vec(op, 1..80)
 }
 
-/// Checks every invariant that holds for all strategies.
-fn check(alloc: &Arc<Allocator>, sim: &SimMemory, live: &[Allocation]) {
-    let snap = alloc.snapshot();
-    let s = &snap.stats;
-    let align = alloc.alignment() as u64;
-
-    // Blocks tile their segments; recompute the counters.
-    let (mut reserved, mut allocated, mut requested, mut free_bytes, mut largest) = (0, 0, 0, 0, 0);
-    let mut cat_live = [0u64; 7];
-    let mut cat_alloc = [0u64; 7];
-    let mut used_addrs = Vec::new();
-    for seg in &snap.segments {
-        reserved += seg.bytes;
-        let mut offset = 0;
-        for b in &seg.blocks {
-            assert_eq!(b.offset, offset, "blocks must tile segment {:#x}", seg.addr);
-            assert_eq!((seg.addr + b.offset) % align, 0, "block not aligned");
-            offset += b.bytes;
-            match b.state {
-                BlockState::Used => {
-                    let c = b.category.expect("used block has a category").index();
-                    allocated += b.bytes;
-                    requested += b.requested;
-                    cat_live[c] += b.requested;
-                    cat_alloc[c] += b.bytes;
-                    assert!(b.requested <= b.bytes);
-                    used_addrs.push((seg.addr + b.offset, b.bytes, seg.addr, seg.bytes));
-                }
-                BlockState::Free => {
-                    free_bytes += b.bytes;
-                    largest = largest.max(b.bytes);
-                }
-            }
-        }
-        assert_eq!(
-            offset, seg.bytes,
-            "blocks must cover segment {:#x}",
-            seg.addr
-        );
-    }
-    assert_eq!(s.reserved, reserved);
-    assert_eq!(s.allocated, allocated);
-    assert_eq!(s.requested, requested);
-    assert_eq!(s.cached, reserved - allocated);
-    assert_eq!(s.largest_free_block, largest);
-    assert_eq!(s.segments, snap.segments.len() as u64);
-    let frag = if free_bytes == 0 {
-        0.0
-    } else {
-        1.0 - largest as f64 / free_bytes as f64
-    };
-    assert!((s.fragmentation - frag).abs() < 1e-12);
-    for c in Category::ALL {
-        assert_eq!(
-            s.by_category[c.index()].live,
-            cat_live[c.index()],
-            "{c} live"
-        );
-        assert_eq!(
-            s.by_category[c.index()].allocated,
-            cat_alloc[c.index()],
-            "{c} allocated"
-        );
-        assert!(s.by_category[c.index()].peak >= cat_live[c.index()]);
-    }
-    assert!(s.peak_requested >= s.requested && s.peak_reserved >= s.reserved);
-    assert_eq!(s.live_allocations(), live.len() as u64);
-    assert_eq!(
-        sim.used(),
-        reserved,
-        "the backend holds exactly the reserved segments"
-    );
-
-    // Live allocations: aligned, inside their block and segment, disjoint, one per used block.
-    let mut by_addr: BTreeMap<u64, &Allocation> = BTreeMap::new();
-    for a in live.iter().filter(|a| a.bytes() > 0) {
-        assert_eq!(a.addr() % align, 0);
-        assert!(
-            by_addr.insert(a.addr(), a).is_none(),
-            "two live allocations at one address"
-        );
-    }
-    assert_eq!(
-        by_addr.len(),
-        used_addrs.len(),
-        "one used block per live allocation"
-    );
-    used_addrs.sort();
-    let mut prev_end = 0;
-    for (addr, bytes, seg_addr, seg_bytes) in used_addrs {
-        let a = by_addr
-            .get(&addr)
-            .expect("used block belongs to a live allocation");
-        assert_eq!(a.allocated_bytes() as u64, bytes);
-        assert!(a.bytes() as u64 <= bytes);
-        assert!(
-            addr >= seg_addr && addr + bytes <= seg_addr + seg_bytes,
-            "inside segment"
-        );
-        assert_eq!(a.offset(), addr - seg_addr);
-        assert!(addr >= prev_end, "live blocks overlap");
-        prev_end = addr + bytes;
-    }
-}
-
-/// Runs `ops`, checking after every step; returns the counts of backend calls expected for
-/// `platform` (reserve attempts for non-zero requests, frees of non-zero allocations).
-fn run(strategy: Strategy, sim: Arc<SimMemory>, ops: &[Op]) -> (Arc<Allocator>, u64, u64) {
-    let alloc = Allocator::new(sim.clone(), strategy.clone()).expect("allocator");
-    let mut live: Vec<Allocation> = Vec::new();
+/// Runs `ops`, checking after every step, then frees what is left; returns the checker and
+/// the counts of backend calls expected for `platform` (reserve attempts for non-zero
+/// requests, frees of non-zero allocations).
+fn run(strategy: Strategy, sim: Arc<SimMemory>, ops: &[Op]) -> (Checker, u64, u64) {
+    let mut c = Checker::new(strategy, sim).expect("allocator");
     let (mut attempts, mut nonzero_frees) = (0, 0);
     for op in ops {
         match *op {
             Op::Alloc { bytes, category } => {
                 attempts += u64::from(bytes > 0);
-                match alloc.allocate(bytes, Category::ALL[category]) {
-                    Ok(a) => {
-                        assert_eq!(a.bytes(), bytes);
-                        live.push(a);
-                    }
-                    Err(AllocError::OutOfMemory(r)) => {
-                        assert_eq!(r.requested, bytes as u64);
-                        assert!(!r.to_string().is_empty());
-                    }
-                    Err(e) => panic!("{strategy}: unexpected error {e}"),
-                }
+                c.alloc(bytes, Category::ALL[category]);
             }
             Op::Free { pick } => {
-                if !live.is_empty() {
-                    let a = live.swap_remove(pick % live.len());
-                    nonzero_frees += u64::from(a.bytes() > 0);
+                if !c.live.is_empty() {
+                    nonzero_frees += u64::from(c.live[pick % c.live.len()].bytes() > 0);
                 }
+                c.free(pick);
             }
         }
-        // Reading stats or a snapshot changes nothing, so the checks run after every step
-        // while freed blocks stay parked and exact-size reuse is exercised.
-        check(&alloc, &sim, &live);
     }
-    check(&alloc, &sim, &live);
-    for a in live.drain(..) {
-        nonzero_frees += u64::from(a.bytes() > 0);
-    }
-    check(&alloc, &sim, &live);
-    (alloc, attempts, nonzero_frees)
+    nonzero_frees += c.live.iter().filter(|a| a.bytes() > 0).count() as u64;
+    c.free_all();
+    (c, attempts, nonzero_frees)
 }
 
 fn sim() -> Arc<SimMemory> {
     Arc::new(SimMemory::new(CAPACITY, GRANULARITY))
 }
 
-/// The offset of every allocation of `ops` under `strategy` (None where it failed), reading
+/// The address of every allocation of `ops` under `strategy` (None where it failed), reading
 /// the statistics and a snapshot after every op when `observe` is set.
 fn placements(strategy: &Strategy, ops: &[Op], observe: bool) -> Vec<Option<u64>> {
     let alloc = Allocator::new(sim(), strategy.clone()).unwrap();
@@ -214,53 +97,80 @@ fn placements(strategy: &Strategy, ops: &[Op], observe: bool) -> Vec<Option<u64>
     out
 }
 
+fn strategy(i: usize) -> Strategy {
+    [
+        Strategy::Caching,
+        Strategy::Expandable,
+        Strategy::Bfc { fraction: 0.5 },
+    ][i % 3]
+        .clone()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Placement depends only on the allocations and frees, never on reading figures (so a
     /// replay places as the recorded run did, whatever that run read meanwhile).
     #[test]
-    fn reading_figures_never_changes_placement(ops in ops(), bfc in any::<bool>()) {
-        let strategy = if bfc { Strategy::Bfc { fraction: 0.5 } } else { Strategy::Caching };
+    fn reading_figures_never_changes_placement(ops in ops(), which in 0usize..3) {
+        let strategy = strategy(which);
         prop_assert_eq!(placements(&strategy, &ops, true), placements(&strategy, &ops, false));
     }
 
     #[test]
     fn caching_invariants(ops in ops()) {
         let sim = sim();
-        let (alloc, _, _) = run(Strategy::Caching, sim.clone(), &ops);
-        let snap = alloc.snapshot();
+        let (c, _, _) = run(Strategy::Caching, sim.clone(), &ops);
+        let snap = c.alloc.snapshot();
         for seg in &snap.segments {
             prop_assert_eq!(seg.blocks.len(), 1, "segment {:#x} not coalesced", seg.addr);
             prop_assert_eq!(seg.blocks[0].state, BlockState::Free);
         }
         prop_assert_eq!(snap.stats.cached, snap.stats.reserved);
-        alloc.empty_cache().unwrap();
-        prop_assert_eq!(alloc.stats().reserved, 0);
+        c.alloc.empty_cache().unwrap();
+        prop_assert_eq!(c.alloc.stats().reserved, 0);
         prop_assert!(sim.outstanding().is_empty());
+    }
+
+    #[test]
+    fn expandable_invariants(ops in ops()) {
+        let sim = sim();
+        let (c, _, _) = run(Strategy::Expandable, sim.clone(), &ops);
+        let s = c.alloc.stats();
+        prop_assert_eq!(s.cached, s.reserved);
+        prop_assert!(s.reserved <= c.bound());
+        c.alloc.empty_cache().unwrap();
+        let s = c.alloc.stats();
+        prop_assert_eq!((s.reserved, s.segments), (0, 0));
+        prop_assert_eq!(sim.mapped(), 0);
+        prop_assert_eq!(sim.ranges().len(), 1, "the address range stays reserved");
+        prop_assert_eq!(sim.ranges()[0].bytes as u64, 2 * CAPACITY);
+        prop_assert!(sim.outstanding().is_empty(), "expandable reserves no plain segment");
+        drop(c);
+        prop_assert!(sim.ranges().is_empty(), "dropping the allocator frees the range");
     }
 
     #[test]
     fn bfc_invariants(ops in ops(), fraction in 0.3f64..=1.0) {
         let sim = sim();
-        let (alloc, _, _) = run(Strategy::Bfc { fraction }, sim.clone(), &ops);
-        let s = alloc.stats();
+        let (c, _, _) = run(Strategy::Bfc { fraction }, sim.clone(), &ops);
+        let s = c.alloc.stats();
         prop_assert_eq!(s.backend_reserves, 1);
         prop_assert_eq!(s.backend_releases, 0);
         prop_assert_eq!(sim.reserve_calls(), 1);
         prop_assert_eq!(s.segments, 1);
         let expect = (CAPACITY as f64 * fraction) as u64 / GRANULARITY as u64 * GRANULARITY as u64;
         prop_assert_eq!(s.reserved, expect);
-        prop_assert_eq!(alloc.snapshot().segments[0].blocks.len(), 1);
-        drop(alloc);
+        prop_assert_eq!(c.alloc.snapshot().segments[0].blocks.len(), 1);
+        drop(c);
         prop_assert!(sim.outstanding().is_empty(), "dropping the allocator releases the arena");
     }
 
     #[test]
     fn platform_invariants(ops in ops()) {
         let sim = sim();
-        let (alloc, attempts, frees) = run(Strategy::Platform, sim.clone(), &ops);
-        let s = alloc.stats();
+        let (c, attempts, frees) = run(Strategy::Platform, sim.clone(), &ops);
+        let s = c.alloc.stats();
         prop_assert_eq!(s.backend_reserves, attempts);
         prop_assert_eq!(s.backend_releases, frees);
         prop_assert_eq!(sim.reserve_calls(), attempts);
@@ -272,11 +182,15 @@ proptest! {
     #[test]
     fn async_invariants(ops in ops()) {
         let sim = Arc::new(SimMemory::new(CAPACITY, GRANULARITY).with_stream_ordered(true));
-        let (alloc, attempts, frees) = run(Strategy::Async { release_threshold: 1 << 30 }, sim.clone(), &ops);
+        let (c, attempts, frees) = run(Strategy::Async { release_threshold: 1 << 30 }, sim.clone(), &ops);
         prop_assert_eq!(sim.release_threshold(), Some(1 << 30));
-        prop_assert_eq!(alloc.stats().backend_reserves, attempts);
-        prop_assert_eq!(alloc.stats().backend_releases, frees);
+        prop_assert_eq!(c.alloc.stats().backend_reserves, attempts);
+        prop_assert_eq!(c.alloc.stats().backend_releases, frees);
         prop_assert!(sim.outstanding().is_empty());
+        let pool = sim.pool_usage().unwrap().unwrap();
+        prop_assert_eq!((pool.used, pool.reserved), (0, sim.used()));
+        c.alloc.empty_cache().unwrap();
+        prop_assert_eq!(sim.used(), 0, "empty_cache trims the pool");
     }
 }
 
@@ -292,4 +206,46 @@ fn dropping_the_allocator_releases_every_segment() {
     assert!(sim.outstanding().is_empty());
     assert_eq!(sim.used(), 0);
     assert_eq!(sim.capacity(), Some(CAPACITY));
+}
+
+#[test]
+fn expandable_needs_virtual_memory() {
+    let sim = Arc::new(SimMemory::new(CAPACITY, GRANULARITY).with_virtual_memory(false));
+    match Allocator::new(sim, Strategy::Expandable) {
+        Err(AllocError::Unsupported {
+            strategy, reason, ..
+        }) => {
+            assert_eq!(strategy, "expandable");
+            assert!(reason.contains("virtual memory"), "{reason}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+/// `caching` never places a large request in a segment over twice its size (when the segment
+/// is larger than the request's own fresh one), not even right after reserving a segment for
+/// it, when best-fit would prefer a smaller hole of the large segment.
+#[test]
+fn caching_never_cuts_a_request_from_a_segment_over_twice_its_size() {
+    let mib = 1usize << 20;
+    let mut c = Checker::new(Strategy::Caching, sim()).unwrap();
+    c.alloc(40 * mib, Category::Activation); // a 40 MiB segment...
+    c.free(0); // ...cached whole
+    let b = c.alloc(36 * mib + mib / 2, Category::Activation).unwrap(); // 36.5 <= 40 <= 73
+    assert_eq!(
+        b.offset(),
+        0,
+        "cut from the cached segment, 3.5 MiB left free after it"
+    );
+    // 3 MiB + 256 fits that 3.5 MiB hole, but its segment is over 2 x 3 MiB: a fresh 4 MiB
+    // segment serves it, and nothing lands in the hole.
+    let s = c.alloc(3 * mib + 256, Category::Workspace).unwrap();
+    assert_eq!(
+        s.offset(),
+        0,
+        "the fresh segment's start, not the 40 MiB segment's hole"
+    );
+    let st = c.alloc.stats();
+    assert_eq!((st.segments, st.reserved), (2, 44 << 20));
+    c.free_all();
 }

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use stax_alloc::{
-    AllocError, Allocator, Category, HostMemory, SimMemory, Strategy, format_size, parse_size,
+    AllocError, Allocator, Category, HostMemory, RawMemory, SimMemory, Strategy, format_size,
+    parse_size,
 };
 
 #[test]
@@ -15,6 +16,14 @@ fn accepted_forms_parse() {
         ("bfc:fraction=0.5", Strategy::Bfc { fraction: 0.5 }),
         ("BFC: fraction = 1", Strategy::Bfc { fraction: 1.0 }),
         ("platform", Strategy::Platform),
+        ("expandable", Strategy::Expandable),
+        (" Expandable", Strategy::Expandable),
+        (
+            "async:release_threshold=unlimited",
+            Strategy::Async {
+                release_threshold: u64::MAX,
+            },
+        ),
         (
             "async",
             Strategy::Async {
@@ -78,6 +87,27 @@ fn accepted_forms_parse() {
         "async"
     );
     assert_eq!(Strategy::Platform.to_string(), "platform");
+    // What reports print: every parameter in effect, defaults spelled out; it parses back.
+    for (s, shown) in [
+        (Strategy::Caching, "caching"),
+        (Strategy::Expandable, "expandable"),
+        (Strategy::Bfc { fraction: 0.75 }, "bfc:fraction=0.75"),
+        (
+            Strategy::Async {
+                release_threshold: u64::MAX,
+            },
+            "async:release_threshold=unlimited",
+        ),
+        (
+            Strategy::Async {
+                release_threshold: 1 << 30,
+            },
+            "async:release_threshold=1GiB",
+        ),
+    ] {
+        assert_eq!(s.in_effect(), shown);
+        assert_eq!(shown.parse::<Strategy>().unwrap(), s);
+    }
 }
 
 #[test]
@@ -101,6 +131,8 @@ fn bad_values_name_the_accepted_forms() {
         "async:release_threshold=GiB",
         "async:release_threshold=99999999999999999999",
         "async:fraction=0.5",
+        "expandable:fraction=0.5",
+        "expandables",
     ] {
         match bad.parse::<Strategy>() {
             Err(AllocError::InvalidStrategy {
@@ -110,7 +142,7 @@ fn bad_values_name_the_accepted_forms() {
             }) => {
                 assert_eq!(value, bad);
                 assert!(
-                    reason.contains("accepted forms: caching | bfc"),
+                    reason.contains("accepted forms: caching | expandable | bfc"),
                     "{bad:?}: {reason}"
                 );
                 let msg = AllocError::InvalidStrategy {
@@ -207,6 +239,57 @@ fn async_needs_a_stream_ordered_backend() {
     assert_eq!(pool.release_calls(), 1);
     alloc.empty_cache().unwrap();
     assert_eq!(pool.trim_calls(), 1);
+}
+
+/// `bfc:fraction=F` is F x the device's *total* memory, as JAX's
+/// `XLA_PYTHON_CLIENT_MEM_FRACTION`; when that much is not free (a second process holds
+/// memory) the allocator refuses to start, naming both figures, instead of reserving less.
+#[test]
+fn bfc_fraction_is_of_the_total_and_refuses_what_is_not_free() {
+    let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20));
+    // Another process holds 400 MiB of the 1 GiB device.
+    let other = sim.reserve(400 << 20).unwrap();
+    let alloc = Allocator::new(sim.clone(), Strategy::Bfc { fraction: 0.5 }).unwrap();
+    assert_eq!(
+        alloc.stats().reserved,
+        512 << 20,
+        "0.5 of the total, not of the free 624 MiB"
+    );
+    drop(alloc);
+    let e = Allocator::new(sim.clone(), Strategy::Bfc { fraction: 0.75 }).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "allocator: bfc:fraction=0.75 wants an arena of 805.31 MB (805,306,368 bytes) (0.75 \
+         of the 1.07 GB (1,073,741,824 bytes) total) but sim has only 654.31 MB (654,311,424 \
+         bytes) free: lower the fraction or free the memory held elsewhere (another process \
+         on the same device?)"
+    );
+    match e {
+        AllocError::ArenaUnavailable {
+            strategy,
+            backend,
+            fraction,
+            requested,
+            free,
+            total,
+        } => {
+            assert_eq!(
+                (strategy.as_str(), backend.as_str()),
+                ("bfc:fraction=0.75", "sim")
+            );
+            assert_eq!(fraction, 0.75);
+            assert_eq!((requested, free, total), (768 << 20, 624 << 20, 1 << 30));
+        }
+        other => panic!("expected ArenaUnavailable, got {other:?}"),
+    }
+    assert_eq!(
+        sim.outstanding(),
+        vec![other],
+        "nothing was reserved by the failed start"
+    );
+    sim.release(other).unwrap();
+    let alloc = Allocator::new(sim, Strategy::Bfc { fraction: 0.75 }).unwrap();
+    assert_eq!(alloc.stats().reserved, 768 << 20);
 }
 
 #[test]

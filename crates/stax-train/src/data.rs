@@ -1,9 +1,14 @@
 //! Host data sets and loaders.
 //!
 //! A [`Dataset`] holds images on the host, compactly, in NHWC order (`[n, h, w, c]`) as `u8`
-//! or `f32` ([`Pixels`]), with one class label per image. Pixel convention: a `u8` value `x`
-//! means `x / 255` (so images lie in `[0, 1]`); an `f32` value is used as is. Every
-//! constructor validates its input and returns a typed [`TrainError`] instead of panicking.
+//! or `f32` ([`Pixels`]), with one class label per image. How stored values become the `f32`
+//! a model sees is explicit, [`PixelScaling`]: by default a `u8` value `x` becomes `x / 255`
+//! (images in `[0, 1]`, as torchvision's `ToTensor`) and an `f32` value is used as stored;
+//! [`Dataset::with_scaling`] chooses, [`Dataset::scaling`] says which applies. Every
+//! constructor validates its input and returns a typed [`TrainError`] instead of panicking;
+//! an error about data read from a file names the file (inside an `.npz`: the array,
+//! `archive.npz/x.npy`) and the first bad element, so a bad test file does not read like a bad
+//! training file.
 //!
 //! Sources: IDX files such as MNIST's ([`idx`], gzipped or not), NumPy `.npy`/`.npz` ([`npy`]),
 //! and the embedded two-class Fashion-MNIST set ([`embedded::fashion_mnist_2class`]).
@@ -36,17 +41,70 @@ pub mod resize;
 pub use embedded::fashion_mnist_2class;
 pub use loader::Loader;
 
+use std::fmt;
+use std::path::{Path, PathBuf};
+
 use crate::error::{NonFiniteKind, TrainError};
 
-/// Image storage, NHWC (`[n, h, w, c]`, channels fastest).
-///
-/// `U8(x)` means the value `x / 255`; `F32(x)` is used as is (and must be finite).
+/// Image storage, NHWC (`[n, h, w, c]`, channels fastest). `F32` values must be finite. How
+/// either becomes what a model sees is the data set's [`PixelScaling`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Pixels {
-    /// One byte per value, scaled by `1 / 255` when read.
+    /// One byte per value (by default read as `x / 255`).
     U8(Vec<u8>),
-    /// One `f32` per value, used as is.
+    /// One `f32` per value (by default read as stored).
     F32(Vec<f32>),
+}
+
+/// How stored pixel values become the `f32` values a model sees ([`Dataset::with_scaling`],
+/// [`Dataset::scaling`]). The default follows the storage: `u8` images are 8-bit intensities
+/// and become [`PixelScaling::Divide255`] (`[0, 1]`, as torchvision's `ToTensor` and Keras's
+/// `Rescaling(1 / 255)`); `f32` images are taken as already scaled, [`PixelScaling::AsStored`].
+///
+/// ```
+/// use stax_train::data::{Dataset, PixelScaling, Pixels};
+/// let ds = Dataset::new(Pixels::U8(vec![51, 102]), 1, 1, 2, 1, vec![0], 1)?;
+/// assert_eq!(ds.scaling(), PixelScaling::Divide255);
+/// assert_eq!(ds.scaling().to_string(), "x / 255 (to [0, 1])");
+/// let raw = ds.with_scaling(PixelScaling::AsStored);
+/// let mut x = [0.0f32; 2];
+/// raw.image_f32(0, &mut x)?;
+/// assert_eq!(x, [51.0, 102.0]);
+/// # Ok::<(), stax_train::TrainError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PixelScaling {
+    /// `x / 255`: 8-bit intensities to `[0, 1]`. The default for `u8` pixels.
+    Divide255,
+    /// The stored value, unchanged. The default for `f32` pixels.
+    AsStored,
+}
+
+impl PixelScaling {
+    /// The default for `pixels`: [`PixelScaling::Divide255`] for `u8`,
+    /// [`PixelScaling::AsStored`] for `f32`.
+    pub fn default_for(pixels: &Pixels) -> PixelScaling {
+        match pixels {
+            Pixels::U8(_) => PixelScaling::Divide255,
+            Pixels::F32(_) => PixelScaling::AsStored,
+        }
+    }
+}
+
+impl fmt::Display for PixelScaling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PixelScaling::Divide255 => "x / 255 (to [0, 1])",
+            PixelScaling::AsStored => "as stored",
+        })
+    }
+}
+
+/// The files a data set was read from (errors name them).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Source {
+    pub images: PathBuf,
+    pub labels: PathBuf,
 }
 
 impl Pixels {
@@ -63,17 +121,26 @@ impl Pixels {
         self.len() == 0
     }
 
-    /// Writes values `start..start + out.len()` as `f32` into `out`, applying the `u8`
-    /// scale `x / 255`.
-    fn read_f32(&self, start: usize, out: &mut [f32]) {
-        match self {
-            Pixels::U8(v) => {
-                let end = start + out.len();
+    /// Writes values `start..start + out.len()` as `f32` into `out`, scaled by `scaling`.
+    fn read_f32(&self, start: usize, out: &mut [f32], scaling: PixelScaling) {
+        let end = start + out.len();
+        match (self, scaling) {
+            (Pixels::U8(v), PixelScaling::Divide255) => {
                 for (o, &b) in out.iter_mut().zip(&v[start..end]) {
                     *o = f32::from(b) / 255.0;
                 }
             }
-            Pixels::F32(v) => out.copy_from_slice(&v[start..start + out.len()]),
+            (Pixels::U8(v), PixelScaling::AsStored) => {
+                for (o, &b) in out.iter_mut().zip(&v[start..end]) {
+                    *o = f32::from(b);
+                }
+            }
+            (Pixels::F32(v), PixelScaling::Divide255) => {
+                for (o, &x) in out.iter_mut().zip(&v[start..end]) {
+                    *o = x / 255.0;
+                }
+            }
+            (Pixels::F32(v), PixelScaling::AsStored) => out.copy_from_slice(&v[start..end]),
         }
     }
 }
@@ -86,6 +153,8 @@ impl Pixels {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dataset {
     pixels: Pixels,
+    scaling: PixelScaling,
+    source: Option<Source>,
     n: usize,
     height: usize,
     width: usize,
@@ -115,22 +184,40 @@ impl Dataset {
         labels: Vec<u32>,
         num_classes: usize,
     ) -> Result<Self, TrainError> {
-        const OP: &str = "dataset";
+        let dims = [n, height, width, channels];
+        Self::build("dataset", pixels, dims, labels, num_classes, None)
+    }
+
+    /// As [`Dataset::new`] for data read from `source`'s files by `op`: errors name the file
+    /// and the first bad element.
+    pub(crate) fn build(
+        op: &'static str,
+        pixels: Pixels,
+        [n, height, width, channels]: [usize; 4],
+        labels: Vec<u32>,
+        num_classes: usize,
+        source: Option<Source>,
+    ) -> Result<Self, TrainError> {
+        let images_path = source.as_ref().map(|s| s.images.as_path());
+        let labels_path = source.as_ref().map(|s| s.labels.as_path());
         if n == 0 {
-            return Err(TrainError::EmptyDataset { op: OP });
+            return Err(TrainError::EmptyDataset {
+                op,
+                path: images_path.map(Path::to_path_buf),
+            });
         }
         let shape = [n, height, width, channels];
         let total = checked_volume(&shape)
             .filter(|_| height > 0 && width > 0 && channels > 0)
             .ok_or_else(|| TrainError::BadShape {
-                op: OP,
+                op,
                 what: "images".into(),
                 shape: shape.iter().map(|&d| d as u64).collect(),
                 expected: "h, w and c must be at least 1 and n * h * w * c must fit in usize",
             })?;
         if pixels.len() != total {
             return Err(TrainError::ShapeMismatch {
-                op: OP,
+                op,
                 what: "pixels",
                 expected: vec![total],
                 found: vec![pixels.len()],
@@ -138,18 +225,20 @@ impl Dataset {
         }
         if labels.len() != n {
             return Err(TrainError::ShapeMismatch {
-                op: OP,
+                op,
                 what: "labels",
                 expected: vec![n],
                 found: vec![labels.len()],
             });
         }
-        check_labels(OP, &labels, num_classes)?;
+        check_labels(op, labels_path, &labels, num_classes)?;
         if let Pixels::F32(values) = &pixels {
-            check_finite(OP, values, height * width * channels)?;
+            check_finite(op, images_path, values, height * width * channels)?;
         }
         Ok(Self {
+            scaling: PixelScaling::default_for(&pixels),
             pixels,
+            source,
             n,
             height,
             width,
@@ -158,6 +247,29 @@ impl Dataset {
             num_classes,
             class_names: None,
         })
+    }
+
+    /// The data set with `scaling` applied to every pixel read (the default is
+    /// [`PixelScaling::default_for`] the pixels' type).
+    pub fn with_scaling(mut self, scaling: PixelScaling) -> Self {
+        self.scaling = scaling;
+        self
+    }
+
+    /// The scaling applied to every pixel read ([`Dataset::image_f32`], the loaders).
+    pub fn scaling(&self) -> PixelScaling {
+        self.scaling
+    }
+
+    /// The images' file the data set was read from (inside an `.npz`: `archive.npz/key.npy`;
+    /// `embedded:/..` for the embedded set), None for data made in memory.
+    pub fn images_path(&self) -> Option<&Path> {
+        self.source.as_ref().map(|s| s.images.as_path())
+    }
+
+    /// The labels' file the data set was read from, None for data made in memory.
+    pub fn labels_path(&self) -> Option<&Path> {
+        self.source.as_ref().map(|s| s.labels.as_path())
     }
 
     /// Attaches one name per class (e.g. `["T-shirt/top", "Trouser"]`).
@@ -186,7 +298,7 @@ impl Dataset {
     /// [`TrainError::BadShape`] when `num_classes == 0`.
     pub fn with_num_classes(mut self, num_classes: usize) -> Result<Self, TrainError> {
         const OP: &str = "with_num_classes";
-        check_labels(OP, &self.labels, num_classes)?;
+        check_labels(OP, self.labels_path(), &self.labels, num_classes)?;
         if self
             .class_names
             .as_ref()
@@ -247,7 +359,7 @@ impl Dataset {
         counts
     }
 
-    /// Writes image `index` as `f32` (`u8` scaled by `1 / 255`), HWC, into `out`
+    /// Writes image `index` as `f32`, scaled by [`Dataset::scaling`], HWC, into `out`
     /// (`out.len() == image_len()`).
     ///
     /// # Errors
@@ -264,7 +376,8 @@ impl Dataset {
                 found: vec![out.len()],
             });
         }
-        self.pixels.read_f32(index * self.image_len(), out);
+        self.pixels
+            .read_f32(index * self.image_len(), out, self.scaling);
         Ok(())
     }
 
@@ -276,7 +389,7 @@ impl Dataset {
     pub fn subset(&self, indices: &[usize]) -> Result<Self, TrainError> {
         const OP: &str = "subset";
         if indices.is_empty() {
-            return Err(TrainError::EmptyDataset { op: OP });
+            return Err(TrainError::EmptyDataset { op: OP, path: None });
         }
         let per = self.image_len();
         for &i in indices {
@@ -288,6 +401,8 @@ impl Dataset {
         };
         Ok(Self {
             pixels,
+            scaling: self.scaling,
+            source: self.source.clone(),
             n: indices.len(),
             height: self.height,
             width: self.width,
@@ -304,7 +419,10 @@ impl Dataset {
     /// [`TrainError::EmptyDataset`] when either part would be empty (`k == 0` or `k >= len()`).
     pub fn split_at(&self, k: usize) -> Result<(Self, Self), TrainError> {
         if k == 0 || k >= self.n {
-            return Err(TrainError::EmptyDataset { op: "split_at" });
+            return Err(TrainError::EmptyDataset {
+                op: "split_at",
+                path: None,
+            });
         }
         let head: Vec<usize> = (0..k).collect();
         let tail: Vec<usize> = (k..self.n).collect();
@@ -336,8 +454,13 @@ fn gather<T: Copy>(values: &[T], indices: &[usize], per: usize) -> Vec<T> {
     out
 }
 
-/// Checks `num_classes >= 1` and every label `< num_classes`.
-fn check_labels(op: &'static str, labels: &[u32], num_classes: usize) -> Result<(), TrainError> {
+/// Checks `num_classes >= 1` and every label `< num_classes` (labels read from `path`).
+fn check_labels(
+    op: &'static str,
+    path: Option<&Path>,
+    labels: &[u32],
+    num_classes: usize,
+) -> Result<(), TrainError> {
     if num_classes == 0 {
         return Err(TrainError::BadShape {
             op,
@@ -349,6 +472,7 @@ fn check_labels(op: &'static str, labels: &[u32], num_classes: usize) -> Result<
     match labels.iter().position(|&l| l as usize >= num_classes) {
         Some(index) => Err(TrainError::LabelOutOfRange {
             op,
+            path: path.map(Path::to_path_buf),
             index,
             label: i64::from(labels[index]),
             num_classes,
@@ -357,10 +481,17 @@ fn check_labels(op: &'static str, labels: &[u32], num_classes: usize) -> Result<
     }
 }
 
-fn check_finite(op: &'static str, values: &[f32], per_image: usize) -> Result<(), TrainError> {
+/// Checks every pixel (read from `path`) is finite.
+fn check_finite(
+    op: &'static str,
+    path: Option<&Path>,
+    values: &[f32],
+    per_image: usize,
+) -> Result<(), TrainError> {
     match values.iter().position(|x| !x.is_finite()) {
         Some(pos) => Err(TrainError::NonFinite {
             op,
+            path: path.map(Path::to_path_buf),
             index: pos / per_image,
             element: pos % per_image,
             value_kind: NonFiniteKind::of(values[pos]).unwrap_or(NonFiniteKind::NaN),
@@ -370,157 +501,4 @@ fn check_finite(op: &'static str, values: &[f32], per_image: usize) -> Result<()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tiny() -> Dataset {
-        // Three 2x2x1 images with values i*10 + pixel.
-        let px: Vec<u8> = (0..3)
-            .flat_map(|i| (0..4).map(move |p| i * 10 + p))
-            .collect();
-        Dataset::new(Pixels::U8(px), 3, 2, 2, 1, vec![0, 1, 1], 2).unwrap()
-    }
-
-    #[test]
-    fn new_accepts_valid_and_reports_shape() {
-        let ds = tiny();
-        assert_eq!(ds.len(), 3);
-        assert!(!ds.is_empty());
-        assert_eq!(ds.image_shape(), (2, 2, 1));
-        assert_eq!(ds.class_counts(), vec![1, 2]);
-    }
-
-    #[test]
-    fn empty_dataset_is_an_error() {
-        let e = Dataset::new(Pixels::U8(vec![]), 0, 2, 2, 1, vec![], 2).unwrap_err();
-        assert!(matches!(e, TrainError::EmptyDataset { .. }), "{e}");
-        assert_eq!(e.to_string(), "dataset: the data set is empty");
-    }
-
-    #[test]
-    fn pixel_and_label_count_mismatches() {
-        let e = Dataset::new(Pixels::U8(vec![0; 7]), 2, 2, 2, 1, vec![0, 1], 2).unwrap_err();
-        assert!(
-            matches!(e, TrainError::ShapeMismatch { what: "pixels", .. }),
-            "{e}"
-        );
-        let e = Dataset::new(Pixels::U8(vec![0; 8]), 2, 2, 2, 1, vec![0], 2).unwrap_err();
-        assert!(
-            matches!(e, TrainError::ShapeMismatch { what: "labels", .. }),
-            "{e}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "dataset: labels has shape [1] but [2] is required"
-        );
-        let e = Dataset::new(Pixels::U8(vec![]), 2, 0, 2, 1, vec![0, 1], 2).unwrap_err();
-        assert!(matches!(e, TrainError::BadShape { .. }), "{e}");
-        let e = Dataset::new(Pixels::U8(vec![0; 8]), 2, 2, 2, 1, vec![0, 0], 0).unwrap_err();
-        assert!(matches!(e, TrainError::BadShape { .. }), "{e}");
-    }
-
-    #[test]
-    fn label_out_of_range() {
-        let e = Dataset::new(Pixels::U8(vec![0; 8]), 2, 2, 2, 1, vec![0, 2], 2).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                TrainError::LabelOutOfRange {
-                    index: 1,
-                    label: 2,
-                    num_classes: 2,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "dataset: label 2 of example 1 is out of range for 2 classes"
-        );
-    }
-
-    #[test]
-    fn nan_and_inf_in_f32_images_are_reported() {
-        let cases = [
-            (6, f32::NAN, NonFiniteKind::NaN),
-            (0, f32::NEG_INFINITY, NonFiniteKind::NegInf),
-            (5, f32::INFINITY, NonFiniteKind::PosInf),
-        ];
-        for (at, value, kind) in cases {
-            let mut px = vec![0.5f32; 8];
-            px[at] = value;
-            match Dataset::new(Pixels::F32(px), 2, 2, 2, 1, vec![0, 1], 2) {
-                Err(TrainError::NonFinite {
-                    index,
-                    element,
-                    value_kind,
-                    ..
-                }) => {
-                    assert_eq!((index, element, value_kind), (at / 4, at % 4, kind));
-                }
-                other => panic!("{value}: expected NonFinite, got {other:?}"),
-            }
-        }
-        let mut px = vec![0.5f32; 8];
-        px[6] = f32::NAN;
-        let e = Dataset::new(Pixels::F32(px), 2, 2, 2, 1, vec![0, 1], 2).unwrap_err();
-        let want = "dataset: image 1 holds NaN at element 2 (h, w, c flattened)";
-        assert_eq!(e.to_string(), want);
-    }
-
-    #[test]
-    fn subset_and_split_keep_images_with_labels() {
-        let ds = tiny()
-            .with_class_names(vec!["a".into(), "b".into()])
-            .unwrap();
-        let s = ds.subset(&[2, 0]).unwrap();
-        assert_eq!(s.labels(), &[1, 0]);
-        assert_eq!(s.pixels(), &Pixels::U8(vec![20, 21, 22, 23, 0, 1, 2, 3]));
-        assert_eq!(s.class_names().unwrap(), ["a", "b"]);
-        let (a, b) = ds.split_at(1).unwrap();
-        assert_eq!((a.len(), b.len()), (1, 2));
-        assert_eq!(b.labels(), &[1, 1]);
-        assert!(matches!(
-            ds.split_at(3),
-            Err(TrainError::EmptyDataset { .. })
-        ));
-        assert!(matches!(
-            ds.subset(&[]),
-            Err(TrainError::EmptyDataset { .. })
-        ));
-        assert!(matches!(
-            ds.subset(&[3]),
-            Err(TrainError::IndexOutOfRange {
-                index: 3,
-                len: 3,
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn image_f32_scales_u8() {
-        let ds = tiny();
-        let mut out = [0.0f32; 4];
-        ds.image_f32(2, &mut out).unwrap();
-        assert_eq!(
-            out,
-            [20.0 / 255.0, 21.0 / 255.0, 22.0 / 255.0, 23.0 / 255.0]
-        );
-        assert!(ds.image_f32(3, &mut out).is_err());
-        assert!(ds.image_f32(0, &mut [0.0; 3]).is_err());
-    }
-
-    #[test]
-    fn class_names_and_num_classes() {
-        let ds = tiny();
-        assert!(ds.clone().with_class_names(vec!["a".into()]).is_err());
-        let ds = ds.with_num_classes(5).unwrap();
-        assert_eq!(ds.class_counts(), vec![1, 2, 0, 0, 0]);
-        assert!(matches!(
-            ds.with_num_classes(1),
-            Err(TrainError::LabelOutOfRange { .. })
-        ));
-    }
-}
+mod tests;

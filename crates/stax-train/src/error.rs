@@ -103,11 +103,17 @@ pub enum TrainError {
     },
 
     /// A label is negative or not below the number of classes.
-    #[error("{op}: label {label} of example {index} is out of range for {num_classes} classes")]
+    #[error(
+        "{op}: {}label {label} of example {index} is out of range for {num_classes} classes",
+        in_file(.path)
+    )]
     LabelOutOfRange {
         /// The operation, e.g. `"dataset"`.
         op: &'static str,
-        /// The example's index.
+        /// The labels' file (inside an `.npz`: `archive.npz/key.npy`), None for data made in
+        /// memory.
+        path: Option<PathBuf>,
+        /// The example's index (the first bad one).
         index: usize,
         /// The label found (signed: `.npy` labels may be negative).
         label: i64,
@@ -116,27 +122,40 @@ pub enum TrainError {
     },
 
     /// A row of one-hot labels is not one-hot (exactly one 1, zeros elsewhere).
-    #[error("{op}: label row {index} is not one-hot (it needs exactly one 1 and zeros elsewhere)")]
+    #[error(
+        "{op}: {}label row {index} is not one-hot (it needs exactly one 1 and zeros elsewhere)",
+        in_file(.path)
+    )]
     NotOneHot {
         /// The operation, e.g. `"load_npy"`.
         op: &'static str,
-        /// The row's index.
+        /// The labels' file (inside an `.npz`: `archive.npz/key.npy`).
+        path: Option<PathBuf>,
+        /// The row's index (the first bad one).
         index: usize,
     },
 
     /// A data set (or a subset of one) has no examples.
-    #[error("{op}: the data set is empty")]
+    #[error("{op}: {}the data set is empty", in_file(.path))]
     EmptyDataset {
         /// The operation, e.g. `"dataset"` or `"subset"`.
         op: &'static str,
+        /// The images' file it was read from, None for data made in memory.
+        path: Option<PathBuf>,
     },
 
     /// A NaN or infinity in the images: reported, never trained on silently.
-    #[error("{op}: image {index} holds {value_kind} at element {element} (h, w, c flattened)")]
+    #[error(
+        "{op}: {}image {index} holds {value_kind} at element {element} (h, w, c flattened)",
+        in_file(.path)
+    )]
     NonFinite {
         /// The operation, e.g. `"dataset"`.
         op: &'static str,
-        /// The image's index in the data set.
+        /// The images' file (inside an `.npz`: `archive.npz/key.npy`), None for data made in
+        /// memory.
+        path: Option<PathBuf>,
+        /// The image's index in the data set (the first bad one).
         index: usize,
         /// The offset of the first bad value inside that image, `(y * w + x) * c + ch`.
         element: usize,
@@ -290,6 +309,12 @@ pub enum Corruption {
         /// `npyz`'s (zip's) error.
         source: std::io::Error,
     },
+}
+
+/// `"path: "` for an error about a file, `""` for data made in memory.
+fn in_file(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map_or(String::new(), |p| format!("{}: ", p.display()))
 }
 
 /// The kind of a non-finite value (see [`TrainError::NonFinite`]).

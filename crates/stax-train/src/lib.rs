@@ -7,6 +7,7 @@ pub mod export;
 pub mod plan;
 pub mod prefetch;
 pub mod report;
+pub mod seed;
 pub mod staging;
 pub mod step;
 pub mod trainer;

@@ -1,14 +1,16 @@
 //! Per-step memory and timing reports.
 //!
-//! [`MemoryReport`] is the per-step breakdown: device bytes by category (live and at the
-//! step's peak), the allocator's cache, what lives outside the allocator (driver-used minus
-//! reserved), and host memory (pageable staging and, on CUDA, pinned staging) in the same
-//! report. Its `Display` is the short per-step line; [`MemoryReport::breakdown`] is the full
-//! table; the JSON (serde) has everything. [`StepOom`] is a step's out-of-memory diagnosis.
+//! [`MemoryReport`] is the per-step breakdown: the allocator strategy in effect, device bytes
+//! by category (live and at the step's peak), the allocator's cache, a stream-ordered pool's
+//! own cache (`async`: what the pool holds beyond the live allocations), what lives outside the
+//! allocator (driver-used minus reserved minus the pool's cache), and host memory (pageable
+//! staging and, on CUDA, pinned staging) in the same report. Its `Display` is the short
+//! per-step line; [`MemoryReport::breakdown`] is the full table; the JSON (serde) has
+//! everything. [`StepOom`] is a step's out-of-memory diagnosis.
 
 use serde::Serialize;
 pub(crate) use stax_alloc::group_digits as group;
-use stax_alloc::{Allocator, Category, OomReport, Stats, human_bytes};
+use stax_alloc::{Allocator, Category, OomReport, PoolUsage, Stats, human_bytes};
 use stax_tensor::{Backend, TensorError};
 use std::fmt::{self, Write as _};
 
@@ -28,6 +30,10 @@ pub struct CategoryBytes {
 pub struct MemoryReport {
     /// The backend's device (`cpu`, `cuda:0`).
     pub device: String,
+    /// The allocator strategy with every parameter in effect
+    /// ([`stax_alloc::Strategy::in_effect`]: `caching`, `bfc:fraction=0.75`,
+    /// `async:release_threshold=unlimited`).
+    pub allocator: String,
     /// Requested bytes live after the step: parameters, optimizer state, and what the caller
     /// placed on the device (the batch).
     pub live: u64,
@@ -41,8 +47,15 @@ pub struct MemoryReport {
     pub cached: u64,
     /// Bytes in use on the device as the driver reports them (total - free); `None` on the host.
     pub driver_used: Option<u64>,
-    /// Driver-used minus reserved: context, loaded modules, library handles, anything allocated
-    /// outside our allocator; `None` on the host.
+    /// A stream-ordered pool's own figures (`async`: `cuMemPoolGetAttribute`'s reserved and
+    /// used bytes); `None` for the other strategies.
+    pub pool: Option<PoolUsage>,
+    /// What a stream-ordered pool holds beyond the live allocations (`pool.reserved -
+    /// reserved`: the pool's cache, `pool.reserved - pool.used`, and its rounding of live
+    /// allocations); `None` without a pool.
+    pub pool_cache: Option<u64>,
+    /// Driver-used minus reserved minus the pool's cache: context, loaded modules, library
+    /// handles, anything allocated outside our allocator; `None` on the host.
     pub outside_allocator: Option<u64>,
     /// Per-category breakdown.
     pub by_category: Vec<CategoryBytes>,
@@ -110,30 +123,53 @@ pub(crate) fn short(b: u64) -> String {
 }
 
 impl MemoryReport {
-    /// Reads the allocator's counters, the driver's figure and the backend's pinned staging
-    /// now (host pageable staging is added by [`MemoryReport::with_host`]).
+    /// Reads the allocator's counters, the driver's figure, a stream-ordered pool's own
+    /// figures and the backend's pinned staging now (host pageable staging is added by
+    /// [`MemoryReport::with_host`]).
     ///
     /// # Errors
-    /// Driver errors from [`Backend::driver_memory`].
+    /// Driver errors from [`Backend::driver_memory`] and the pool query.
     pub fn read(backend: &dyn Backend) -> Result<MemoryReport, TensorError> {
-        let s: Stats = backend.allocator().stats();
-        let driver_used = backend
-            .driver_memory()?
-            .map(|(free, total)| total.saturating_sub(free));
+        let device = backend.device().to_string();
+        let driver = backend.driver_memory()?;
+        Self::from_parts(
+            device,
+            backend.allocator(),
+            driver,
+            backend.staging_allocator(),
+        )
+    }
+
+    /// The report of `allocator` on `device`, with the driver's `(free, total)` figure and the
+    /// pinned staging allocator when there are.
+    fn from_parts(
+        device: String,
+        allocator: &Allocator,
+        driver: Option<(u64, u64)>,
+        pinned: Option<&std::sync::Arc<Allocator>>,
+    ) -> Result<MemoryReport, TensorError> {
+        let s: Stats = allocator.stats();
+        let pool = allocator.backend().pool_usage()?;
+        let pool_cache = pool.map(|p| p.reserved.saturating_sub(s.reserved));
+        let driver_used = driver.map(|(free, total)| total.saturating_sub(free));
+        let held = s.reserved + pool_cache.unwrap_or(0);
         let by_category = categories(&s);
         let host = HostReport {
             pageable: PoolReport::default(),
-            pinned: backend.staging_allocator().map(|a| PoolReport::read(a)),
+            pinned: pinned.map(|a| PoolReport::read(a)),
         };
         Ok(MemoryReport {
-            device: backend.device().to_string(),
+            device,
+            allocator: allocator.strategy().in_effect(),
             live: s.requested,
             peak: s.peak_requested,
             workspace_peak: s.by_category[Category::Workspace.index()].peak,
             reserved: s.reserved,
             cached: s.cached,
             driver_used,
-            outside_allocator: driver_used.map(|u| u.saturating_sub(s.reserved)),
+            pool,
+            pool_cache,
+            outside_allocator: driver_used.map(|u| u.saturating_sub(held)),
             by_category,
             host,
         })
@@ -153,11 +189,12 @@ impl MemoryReport {
             .map_or(0, |c| c.at_peak)
     }
 
-    /// The full breakdown, one line per figure: device bytes by category (live after the step
-    /// and at its peak), the allocator's cache, what lives outside the allocator, and host
-    /// memory (pageable and pinned).
+    /// The full breakdown, one line per figure: the allocator strategy, device bytes by
+    /// category (live after the step and at its peak), the allocator's cache, a stream-ordered
+    /// pool's cache, what lives outside the allocator, and host memory (pageable and pinned).
     pub fn breakdown(&self) -> String {
         let mut out = String::new();
+        let _ = writeln!(out, "  allocator {} on {}", self.allocator, self.device);
         let row = |o: &mut String, what: &str, live: u64, at_peak: Option<u64>| {
             let peak = at_peak.map_or(String::new(), |p| format!("{:>28}", group(p)));
             let _ = writeln!(o, "  {what:<24}{:>28}{peak}", group(live));
@@ -170,6 +207,16 @@ impl MemoryReport {
         row(&mut out, "total requested", self.live, Some(self.peak));
         row(&mut out, "allocator cache", self.cached, None);
         row(&mut out, "reserved", self.reserved, None);
+        if let (Some(cache), Some(p)) = (self.pool_cache, self.pool) {
+            row(&mut out, "pool cache", cache, None);
+            let _ = writeln!(
+                out,
+                "  {:<24}{:>28}   (used {})",
+                "pool reserved",
+                group(p.reserved),
+                group(p.used)
+            );
+        }
         match (self.driver_used, self.outside_allocator) {
             (Some(u), Some(o)) => {
                 row(&mut out, "outside the allocator", o, None);
@@ -214,11 +261,14 @@ impl fmt::Display for MemoryReport {
             short(self.workspace_peak),
             short(self.reserved)
         )?;
+        if let Some(c) = self.pool_cache {
+            write!(f, " | pool cache {}", short(c))?;
+        }
         if let Some(u) = self.driver_used {
             write!(f, " | driver used {}", short(u))?;
         }
         let host = self.host.pageable.peak + self.host.pinned.as_ref().map_or(0, |p| p.peak);
-        write!(f, " | host {}", short(host))
+        write!(f, " | host {} | allocator {}", short(host), self.allocator)
     }
 }
 
@@ -312,4 +362,91 @@ pub struct EvalReport {
     pub accuracy: f32,
     /// Number of examples evaluated.
     pub examples: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stax_alloc::{RawMemory, SimMemory, Strategy};
+
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The report of `alloc` on `sim`, with the driver's figures as the sim has them plus
+    /// `context` bytes the driver uses itself (context, modules, handles).
+    fn report(alloc: &Allocator, sim: &SimMemory, context: u64) -> MemoryReport {
+        let driver = Some((sim.free_bytes().unwrap() - context, sim.capacity().unwrap()));
+        MemoryReport::from_parts("sim".into(), alloc, driver, None).unwrap()
+    }
+
+    /// Under `async` the pool keeps what is freed: that is the pool's cache in the report, not
+    /// memory outside the allocator.
+    #[test]
+    fn the_pools_cache_is_not_outside_the_allocator() {
+        let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20).with_stream_ordered(true));
+        let strategy = Strategy::Async {
+            release_threshold: 1 << 30,
+        };
+        let alloc = Allocator::new(sim.clone(), strategy).unwrap();
+        let mut blocks: Vec<_> = (0..3)
+            .map(|_| {
+                alloc
+                    .allocate((100 * MIB) as usize, Category::Activation)
+                    .unwrap()
+            })
+            .collect();
+        blocks.truncate(1); // two freed: the pool keeps them
+        let r = report(&alloc, &sim, 50 * MIB);
+        assert_eq!(r.reserved, 100 * MIB);
+        assert_eq!(r.driver_used, Some(350 * MIB));
+        assert_eq!(
+            r.pool,
+            Some(PoolUsage {
+                reserved: 300 * MIB,
+                used: 100 * MIB
+            })
+        );
+        assert_eq!(r.pool_cache, Some(200 * MIB));
+        assert_eq!(
+            r.outside_allocator,
+            Some(50 * MIB),
+            "the driver's own 50 MiB only"
+        );
+        assert_eq!(r.allocator, "async:release_threshold=1GiB");
+        assert!(r.to_string().contains(" | pool cache 209.72 MB | "), "{r}");
+        let b = r.breakdown();
+        assert!(b.contains("pool cache") && b.contains("209,715,200"), "{b}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["pool_cache"], 200 * MIB);
+        assert_eq!(json["outside_allocator"], 50 * MIB);
+        drop(blocks);
+    }
+
+    /// Every report names the strategy and its parameters in effect: the line, the breakdown
+    /// and the JSON.
+    #[test]
+    fn every_report_names_the_strategy_in_effect() {
+        for (strategy, shown) in [
+            (Strategy::Caching, "caching"),
+            (Strategy::Expandable, "expandable"),
+            (Strategy::Bfc { fraction: 0.5 }, "bfc:fraction=0.5"),
+            (Strategy::Platform, "platform"),
+        ] {
+            let sim = Arc::new(SimMemory::new(1 << 30, 2 << 20));
+            let alloc = Allocator::new(sim.clone(), strategy).unwrap();
+            let r = report(&alloc, &sim, 0);
+            assert_eq!(r.allocator, shown);
+            assert_eq!((r.pool, r.pool_cache), (None, None));
+            assert!(
+                r.to_string().ends_with(&format!(" | allocator {shown}")),
+                "{r}"
+            );
+            assert!(
+                r.breakdown()
+                    .starts_with(&format!("  allocator {shown} on sim\n"))
+            );
+            assert_eq!(serde_json::to_value(&r).unwrap()["allocator"], shown);
+        }
+    }
 }

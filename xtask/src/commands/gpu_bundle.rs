@@ -214,6 +214,9 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
             if root.join("examples/step_profile.rs").exists() {
                 cmd.extend(["--example", "step_profile"]);
             }
+            if root.join("examples/alloc_bench.rs").exists() {
+                cmd.extend(["--example", "alloc_bench"]);
+            }
             others.extend(build(&root, &cmd, "examples", Some("example"))?);
         } else {
             eprintln!("gpu-bundle: examples/stax_cnn.rs does not exist yet; no example bundled");

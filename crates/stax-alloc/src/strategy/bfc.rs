@@ -1,10 +1,17 @@
 //! The `bfc` strategy, after XLA's BFC ("best-fit with coalescing") allocator.
 //!
-//! One arena of `fraction` x the device's free memory (or x its capacity when the driver gives
-//! no free figure), rounded down to the granularity, is reserved when the allocator is built;
-//! the backend is never called again until the allocator drops. Blocks are cut from it by
-//! best-fit (an exact ordered index instead of XLA's power-of-two bins), split at any aligned
-//! remainder, and coalesced on free. A request larger than the arena can never fit.
+//! One arena of `fraction` x the device's *total* memory (as JAX's
+//! `XLA_PYTHON_CLIENT_MEM_FRACTION`: 0.75 of a 141 GB H200 is 106 GB whatever else runs),
+//! rounded down to the granularity, is reserved when the allocator is built; when that much is
+//! not free (a second process holds memory), construction fails with
+//! [`AllocError::ArenaUnavailable`] naming the requested and the free bytes, instead of
+//! silently reserving less. A backend with no total figure (a host without capacity) sizes the
+//! arena from its free figure. The backend is never called again until the allocator drops.
+//! Blocks are cut from the arena by best-fit (an exact ordered index instead of XLA's
+//! power-of-two bins), split at any aligned remainder, and coalesced on free. A request larger
+//! than the arena can never fit.
+//!
+//! Bound: `reserved` is the arena, always (it never grows or shrinks with the live bytes).
 
 use crate::AllocError;
 use crate::block::{Arena, Tag};
@@ -32,8 +39,9 @@ impl Bfc {
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(unsupported(format!("fraction {fraction} is not in (0, 1]")));
         }
-        let base = raw.free_bytes().or(raw.capacity()).ok_or_else(|| {
-            unsupported("the backend reports neither free bytes nor capacity".into())
+        let free = raw.free_bytes();
+        let base = raw.capacity().or(free).ok_or_else(|| {
+            unsupported("the backend reports neither capacity nor free bytes".into())
         })?;
         let align = raw.alignment().max(1) as u64;
         let gran = (raw.granularity() as u64).max(align);
@@ -45,6 +53,16 @@ impl Bfc {
             return Err(unsupported(format!(
                 "{fraction} of {base} bytes is less than one {gran}-byte granule"
             )));
+        }
+        if let Some(free) = free.filter(|&f| f < bytes as u64) {
+            return Err(AllocError::ArenaUnavailable {
+                strategy: strategy.to_string(),
+                backend: raw.name(),
+                fraction,
+                requested: bytes as u64,
+                free,
+                total: base,
+            });
         }
         let seg = mem.reserve(bytes)?;
         let mut arena = Arena::new(align as usize, PoolKind::Arena);
@@ -63,7 +81,7 @@ impl Bfc {
 
 impl Pool for Bfc {
     fn alloc(&mut self, _mem: &mut Metered<'_>, size: usize, tag: Tag) -> Result<Grant, Refusal> {
-        match self.arena.alloc(size, tag) {
+        match self.arena.alloc(size, usize::MAX, tag) {
             Some(t) => Ok(Grant {
                 addr: t.addr,
                 handle: t.id as u64,

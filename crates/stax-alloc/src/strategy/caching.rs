@@ -1,16 +1,33 @@
-//! The `caching` strategy, after PyTorch's CUDACachingAllocator.
+//! The `caching` strategy, after PyTorch's CUDACachingAllocator, with two rules that keep it
+//! from fragmenting and growing without bound.
 //!
 //! Two arenas: requests of at most 1 MiB (`kSmallSize`) come from 2 MiB segments
 //! (`kSmallBuffer`) so that they never fragment large segments; larger requests get segments
-//! rounded up to the backend granularity. Both use best-fit with splitting (small blocks split
-//! at any aligned remainder, large ones only when more than 1 MiB would remain, as PyTorch's
-//! `should_split`) and coalesce on free. Freed blocks stay cached until `empty_cache`, or until
-//! a backend reservation fails: then every fully free segment is released and the reservation
-//! retried once (PyTorch's `release_cached_blocks` retry). The last 16 freed blocks are parked
-//! for exact-size reuse before they are coalesced (see `block.rs`), which makes the common
-//! "same sizes every step" pattern a pair of O(1) operations.
+//! of their size rounded up to the backend granularity (sized to fit). Both use best-fit with
+//! splitting (small blocks split at any aligned remainder, large ones only when more than 1 MiB
+//! would remain, as PyTorch's `should_split`) and coalesce on free. The last 16 freed blocks
+//! are parked for exact-size reuse before they are coalesced (see `block.rs`), which makes the
+//! common "same sizes every step" pattern a pair of O(1) operations.
+//!
+//! The rules (the pytorch#35901 and rmm#35 sequences; PyTorch's `max_split_size` made
+//! relative):
+//!
+//! - Every live block has a *weight*: the most a segment serving it may hold, `max(2 x
+//!   block, fresh segment)`, where the fresh segment is what a reservation for that block
+//!   would get (2 MiB for a small block, the block rounded up to the granularity for a large
+//!   one). A large request is never cut out of a segment heavier than its weight, so ten
+//!   20 MiB blocks cannot pin a cached 1.2 GiB segment: they get segments of their own and the
+//!   1.2 GiB one stays whole for the next 1.2 GiB request.
+//! - Before a new segment is reserved, if `reserved` plus the new segment would pass the
+//!   highest total weight of live blocks so far (this request included), wholly free segments
+//!   are released, largest first, until it does not. Releasing all of them always suffices:
+//!   every remaining segment then holds a live block it is no heavier than, and distinct
+//!   segments hold distinct blocks. Hence the bound stated in the strategy docs:
+//!   `reserved <= max over time of the live blocks' total weight`.
+//! - When a reservation fails, every wholly free segment is released and the reservation
+//!   retried once (PyTorch's `release_cached_blocks` retry).
 
-use crate::block::{Arena, Tag};
+use crate::block::{Arena, Tag, Taken};
 use crate::stats::{PoolKind, SegmentSnapshot};
 use crate::strategy::{Grant, Metered, Pool, Refusal};
 use crate::{AllocError, RawMemory, round_up};
@@ -30,6 +47,10 @@ pub(crate) struct Caching {
     small_segment: usize,
     granularity: usize,
     capacity: Option<u64>,
+    /// Total weight of the live blocks, bytes.
+    weight: u64,
+    /// Highest `weight` so far: the bound `reserved` stays under.
+    weight_peak: u64,
 }
 
 impl Caching {
@@ -45,6 +66,8 @@ impl Caching {
             small_segment: round_up(SMALL_SEGMENT, granularity).unwrap_or(SMALL_SEGMENT),
             granularity,
             capacity: raw.capacity(),
+            weight: 0,
+            weight_peak: 0,
         }
     }
 
@@ -56,7 +79,29 @@ impl Caching {
         }
     }
 
-    fn grant(pool: u64, t: crate::block::Taken) -> Grant {
+    /// The segment a reservation for a block of `size` bytes gets (None on overflow).
+    fn fresh(&self, size: usize) -> Option<usize> {
+        if size <= SMALL_LIMIT {
+            Some(self.small_segment)
+        } else {
+            round_up(size, self.granularity)
+        }
+    }
+
+    /// The most a segment serving a block of `size` bytes may hold (see the module docs).
+    fn weight_of(&self, size: usize) -> usize {
+        self.fresh(size)
+            .unwrap_or(usize::MAX)
+            .max(size.saturating_mul(2))
+    }
+
+    fn reserved(&self) -> u64 {
+        self.small.reserved() + self.large.reserved()
+    }
+
+    fn grant(&mut self, pool: u64, t: Taken) -> Grant {
+        self.weight += self.weight_of(t.size) as u64;
+        self.weight_peak = self.weight_peak.max(self.weight);
         Grant {
             addr: t.addr,
             handle: (pool << 32) | t.id as u64,
@@ -78,29 +123,50 @@ impl Caching {
         }
         first_err.map_or(Ok(()), Err)
     }
+
+    /// Releases wholly free segments, largest first, until `reserved + adding <= budget` or
+    /// none is left. A failed release is counted in `backend_errors` (the segment is gone
+    /// from the books either way).
+    fn trim_to(&mut self, mem: &mut Metered<'_>, budget: u64, adding: u64) {
+        while self.reserved() + adding > budget {
+            let seg = match self.large.take_largest_free_segment() {
+                Some(seg) => seg,
+                None => match self.small.take_largest_free_segment() {
+                    Some(seg) => seg,
+                    None => return,
+                },
+            };
+            let _ = mem.release(seg);
+        }
+    }
 }
 
 impl Pool for Caching {
     fn alloc(&mut self, mem: &mut Metered<'_>, size: usize, tag: Tag) -> Result<Grant, Refusal> {
         let pool = if size <= SMALL_LIMIT { SMALL } else { LARGE };
-        if let Some(t) = self.arena(pool).alloc(size, tag) {
-            return Ok(Self::grant(pool, t));
+        let max_segment = if pool == SMALL {
+            usize::MAX
+        } else {
+            self.weight_of(size)
+        };
+        if let Some(t) = self.arena(pool).alloc(size, max_segment, tag) {
+            return Ok(self.grant(pool, t));
         }
         let never = Refusal::NoFit {
             can_never_fit: true,
             cause: None,
         };
-        let seg_bytes = if pool == SMALL {
-            self.small_segment
-        } else {
-            round_up(size, self.granularity).ok_or(never)?
-        };
+        let seg_bytes = self.fresh(size).ok_or(never)?;
         if self.capacity.is_some_and(|cap| seg_bytes as u64 > cap) {
             return Err(Refusal::NoFit {
                 can_never_fit: true,
                 cause: None,
             });
         }
+        let budget = self
+            .weight_peak
+            .max(self.weight + self.weight_of(size) as u64);
+        self.trim_to(mem, budget, seg_bytes as u64);
         let seg = match mem.reserve(seg_bytes) {
             Ok(seg) => seg,
             Err(_) => {
@@ -127,8 +193,9 @@ impl Pool for Caching {
                 message: format!("segment {seg:?} could not be added to the pool"),
             }));
         }
-        match arena.alloc(size, tag) {
-            Some(t) => Ok(Self::grant(pool, t)),
+        // The new segment is within the limit; so is whatever best-fit takes instead.
+        match arena.alloc(size, max_segment, tag) {
+            Some(t) => Ok(self.grant(pool, t)),
             None => Err(Refusal::NoFit {
                 can_never_fit: false,
                 cause: None,
@@ -141,7 +208,9 @@ impl Pool for Caching {
         if pool > LARGE {
             return None;
         }
-        self.arena(pool).free(handle as u32)
+        let freed = self.arena(pool).free(handle as u32)?;
+        self.weight -= self.weight_of(freed.0) as u64;
+        Some(freed)
     }
 
     fn release_cached(&mut self, mem: &mut Metered<'_>) -> Result<(), AllocError> {

@@ -1,13 +1,17 @@
-//! Raw memory for the allocator: device memory (`cuMemAlloc`/`cuMemFree`), a stream-ordered
-//! pool (`cuMemAllocAsync`/`cuMemFreeAsync`) and pinned host memory (`cuMemHostAlloc`).
+//! Raw memory for the allocator: device memory (`cuMemAlloc`/`cuMemFree`, and virtual memory
+//! management for the `expandable` strategy: `cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`), a stream-ordered pool
+//! (`cuMemAllocAsync`/`cuMemFreeAsync`, whose own figures `cuMemPoolGetAttribute` reads) and
+//! pinned host memory (`cuMemHostAlloc`).
 //!
 //! These are the bottom layer of [`stax_alloc`]: whole segments handed out as raw addresses
 //! (`CUdeviceptr`, or a host pointer for pinned memory). No `CudaSlice` owns any of this memory,
 //! so nothing frees it behind the allocator's back.
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
-use stax_alloc::{AllocError, HostAccess, RawMemory, Segment};
-use std::sync::Arc;
+use stax_alloc::{AllocError, HostAccess, PoolUsage, RawMemory, Segment, VirtualMemory};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// Alignment of device segments and allocations, in bytes (what cuBLAS and cuDNN want).
 pub const DEVICE_ALIGNMENT: usize = 256;
@@ -67,12 +71,19 @@ pub(crate) fn mem_info(ctx: &CudaContext) -> Result<(usize, usize), DriverError>
     result::mem_get_info()
 }
 
-/// Device memory from `cuMemAlloc`, freed with `cuMemFree` after the compute stream drained.
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` after the compute stream drained;
+/// on devices with virtual memory management also address ranges and pages
+/// ([`RawMemory::virtual_memory`]), unmapped after the compute stream drained.
 #[derive(Debug)]
 pub struct DeviceMemory {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     total: u64,
+    /// Page size of virtual memory (`cuMemGetAllocationGranularity`, minimum), None when the
+    /// device has no virtual memory management.
+    page: Option<usize>,
+    /// The physical allocation behind every mapped page: page address -> handle.
+    pages: Mutex<BTreeMap<u64, sys::CUmemGenericAllocationHandle>>,
 }
 
 impl DeviceMemory {
@@ -83,7 +94,70 @@ impl DeviceMemory {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, DriverError> {
         let ctx = stream.context().clone();
         let total = ctx.total_mem()? as u64;
-        Ok(DeviceMemory { ctx, stream, total })
+        // Without virtual memory management (or when the driver cannot say) the device still
+        // serves every strategy but `expandable`.
+        let vmm = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED;
+        let page = match ctx.attribute(vmm) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                let mut page = 0usize;
+                let prop = allocation_prop(ctx.cu_device());
+                let min = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+                // SAFETY: `prop` is a valid pinned-device allocation description and `page` a
+                // valid out-pointer.
+                let r = unsafe { sys::cuMemGetAllocationGranularity(&mut page, &prop, min) };
+                (r.result().is_ok() && page > 0).then(|| page.max(DEVICE_ALIGNMENT))
+            }
+        };
+        Ok(DeviceMemory {
+            ctx,
+            stream,
+            total,
+            page,
+            pages: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn pages(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, sys::CUmemGenericAllocationHandle>> {
+        self.pages.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unmaps and releases the given pages (one page each, with the handle mapped there).
+    fn drop_pages(
+        &self,
+        mapped: &[(u64, sys::CUmemGenericAllocationHandle)],
+        page: usize,
+    ) -> Result<(), DriverError> {
+        let mut first = Ok(());
+        for &(addr, handle) in mapped {
+            // SAFETY: `addr` was mapped with `handle` by `map`, over one page, and is unmapped
+            // once; releasing the handle afterwards frees its physical memory.
+            let r = unsafe { sys::cuMemUnmap(addr, page).result() }
+                .and_then(|()| unsafe { sys::cuMemRelease(handle).result() });
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// The allocation properties of pinned device memory on `device`, no shareable handle.
+fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
     }
 }
 
@@ -132,6 +206,126 @@ impl RawMemory for DeviceMemory {
 
     fn free_bytes(&self) -> Option<u64> {
         mem_info(&self.ctx).ok().map(|(free, _)| free as u64)
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        self.page.map(|_| self as &dyn VirtualMemory)
+    }
+}
+
+impl VirtualMemory for DeviceMemory {
+    fn page_size(&self) -> usize {
+        self.page.unwrap_or(DEVICE_GRANULARITY)
+    }
+
+    fn reserve_range(&self, bytes: usize) -> Result<Segment, AllocError> {
+        let page = self.page_size();
+        let addr = call(
+            &self.ctx,
+            || self.name(),
+            "cuMemAddressReserve",
+            None,
+            || {
+                let mut addr: sys::CUdeviceptr = 0;
+                // SAFETY: a plain reservation of address space at no fixed address, aligned to
+                // the page size; `addr` is a valid out-pointer.
+                unsafe { sys::cuMemAddressReserve(&mut addr, bytes, page, 0, 0) }.result()?;
+                Ok(addr)
+            },
+        )?;
+        Ok(Segment { addr, bytes })
+    }
+
+    fn release_range(&self, range: Segment) -> Result<(), AllocError> {
+        // SAFETY: the range came from `reserve_range` and the allocator unmapped every page in
+        // it first; it is freed once.
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemAddressFree",
+            None,
+            || unsafe { sys::cuMemAddressFree(range.addr, range.bytes).result() },
+        )
+    }
+
+    fn map(&self, pages: Segment) -> Result<(), AllocError> {
+        let page = self.page_size();
+        let prop = allocation_prop(self.ctx.cu_device());
+        let access = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        type Mapped = Vec<(u64, sys::CUmemGenericAllocationHandle)>;
+        let map_all = |mapped: &mut Mapped| -> Result<(), DriverError> {
+            for addr in (pages.addr..pages.end()).step_by(page) {
+                let mut handle: sys::CUmemGenericAllocationHandle = 0;
+                // SAFETY: `prop` describes pinned memory on this device; one page, a multiple
+                // of the granularity; `handle` is a valid out-pointer.
+                unsafe { sys::cuMemCreate(&mut handle, page, &prop, 0) }.result()?;
+                // SAFETY: `addr` is a page of a range reserved by `reserve_range` with nothing
+                // mapped there (the allocator maps each page once); the whole handle is mapped.
+                if let Err(e) = unsafe { sys::cuMemMap(addr, page, 0, handle, 0) }.result() {
+                    // SAFETY: the handle was just created and is mapped nowhere.
+                    let _ = unsafe { sys::cuMemRelease(handle) };
+                    return Err(e);
+                }
+                mapped.push((addr, handle));
+            }
+            // SAFETY: every page of `pages` is mapped now; read-write for this device only.
+            unsafe { sys::cuMemSetAccess(pages.addr, pages.bytes, &access, 1) }.result()
+        };
+        let mut mapped = Mapped::new();
+        let run = || {
+            map_all(&mut mapped).inspect_err(|_| {
+                // All or nothing: undo the pages mapped before the failure.
+                let _ = self.drop_pages(&mapped, page);
+            })
+        };
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemMap",
+            Some(pages.bytes),
+            run,
+        )?;
+        self.pages().extend(mapped);
+        Ok(())
+    }
+
+    fn unmap(&self, pages: Segment) -> Result<(), AllocError> {
+        let page = self.page_size();
+        let handles: Option<Vec<(u64, sys::CUmemGenericAllocationHandle)>> = {
+            let mut book = self.pages();
+            let addrs: Vec<u64> = (pages.addr..pages.end()).step_by(page).collect();
+            if addrs.iter().all(|a| book.contains_key(a)) {
+                Some(
+                    addrs
+                        .into_iter()
+                        .filter_map(|a| book.remove(&a).map(|h| (a, h)))
+                        .collect(),
+                )
+            } else {
+                None
+            }
+        };
+        let Some(handles) = handles else {
+            return Err(AllocError::Backend {
+                backend: self.name(),
+                op: "cuMemUnmap",
+                message: format!("{pages:?} is not mapped in full"),
+            });
+        };
+        call(
+            &self.ctx,
+            || self.name(),
+            "cuMemUnmap",
+            None,
+            || {
+                // Work queued on the stream may still read or write the pages.
+                self.stream.synchronize()?;
+                self.drop_pages(&handles, page)
+            },
+        )
     }
 }
 
@@ -243,6 +437,41 @@ impl RawMemory for AsyncPoolMemory {
                 )
             },
         )
+    }
+
+    fn pool_usage(&self) -> Result<Option<PoolUsage>, AllocError> {
+        let read = |attr: sys::CUmemPool_attribute, op: &'static str| {
+            let mut value: u64 = 0;
+            // SAFETY: the pool is the device's default pool; RESERVED_MEM_CURRENT and
+            // USED_MEM_CURRENT are cuuint64_t, which `value` is.
+            call(
+                &self.ctx,
+                || self.name(),
+                op,
+                None,
+                || unsafe {
+                    result::mem_pool::get_attribute(
+                        self.pool.0,
+                        attr,
+                        (&mut value as *mut u64).cast(),
+                    )
+                },
+            )
+            .map(|()| value)
+        };
+        use sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        };
+        Ok(Some(PoolUsage {
+            reserved: read(
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT)",
+            )?,
+            used: read(
+                CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                "cuMemPoolGetAttribute(USED_MEM_CURRENT)",
+            )?,
+        }))
     }
 
     fn trim(&self) -> Result<(), AllocError> {

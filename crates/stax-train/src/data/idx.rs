@@ -25,8 +25,7 @@ use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 
-use super::Dataset;
-use super::Pixels;
+use super::{Dataset, Pixels, Source};
 use crate::error::{Corruption, TrainError};
 
 const OP: &str = "load_idx";
@@ -269,7 +268,12 @@ impl Dataset {
         }
         let labels: Vec<u32> = labels.data.iter().map(|&l| u32::from(l)).collect();
         let num_classes = labels.iter().max().map_or(1, |&m| m as usize + 1);
-        Dataset::new(Pixels::U8(images.data), n, h, w, c, labels, num_classes)
+        let source = Source {
+            images: images_path.to_path_buf(),
+            labels: labels_path.to_path_buf(),
+        };
+        let pixels = Pixels::U8(images.data);
+        Dataset::build(OP, pixels, [n, h, w, c], labels, num_classes, Some(source))
     }
 }
 
@@ -508,5 +512,34 @@ mod tests {
         })
         .unwrap_err();
         assert!(matches!(e, TrainError::BadShape { .. }), "{e}");
+    }
+
+    #[test]
+    fn dataset_errors_name_the_idx_files() {
+        let (ip, lp) = (Path::new("t10k-images.idx"), Path::new("t10k-labels.idx"));
+        let labels = IdxArray {
+            dims: vec![3],
+            data: vec![0, 1, 2],
+        };
+        let ds = Dataset::from_idx_arrays(images(), labels, ip, lp).unwrap();
+        assert_eq!((ds.images_path(), ds.labels_path()), (Some(ip), Some(lp)));
+        let e = ds.with_num_classes(2).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "with_num_classes: t10k-labels.idx: label 2 of example 2 is out of range for 2 classes"
+        );
+        let empty = IdxArray {
+            dims: vec![0, 2, 2],
+            data: vec![],
+        };
+        let none = IdxArray {
+            dims: vec![0],
+            data: vec![],
+        };
+        let e = Dataset::from_idx_arrays(empty, none, ip, lp).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "load_idx: t10k-images.idx: the data set is empty"
+        );
     }
 }

@@ -53,7 +53,10 @@ impl Loader {
     /// [`TrainError::BatchTooLarge`] when `batch_size > len` (an epoch would be empty).
     pub fn new(len: usize, batch_size: usize, seed: u64) -> Result<Self, TrainError> {
         if len == 0 {
-            return Err(TrainError::EmptyDataset { op: "loader" });
+            return Err(TrainError::EmptyDataset {
+                op: "loader",
+                path: None,
+            });
         }
         if batch_size == 0 {
             return Err(TrainError::ZeroBatchSize { op: "loader" });
@@ -187,7 +190,7 @@ fn below(rng: &mut impl Rng, bound: u64) -> u64 {
 /// Fills `images` and `labels_onehot` with the examples `indices` of `dataset`.
 ///
 /// - `out_hwc = (oh, ow, oc)` is the model's input shape; images are converted to `f32`
-///   (`u8` scaled by `1 / 255`), resized by [`resize_bilinear`] when `(oh, ow)` differs from
+///   (scaled as [`Dataset::scaling`] says), resized by [`resize_bilinear`] when `(oh, ow)` differs from
 ///   the stored `(h, w)`, and gray replicated when `oc > 1 = c`.
 /// - `images`: NHWC `[indices.len(), oh, ow, oc]`, fully overwritten.
 /// - `labels_onehot`: `[indices.len(), num_classes]`, row `b` all zeros but a 1 at the label of

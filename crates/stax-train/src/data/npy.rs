@@ -1,8 +1,8 @@
 //! NumPy `.npy` and `.npz` data sets, read through `npyz`.
 //!
 //! - Images: `[n, h, w, c]` (NHWC) or `[n, h, w]` (gray, `c = 1`), dtype `u8` (`|u1`, read
-//!   as `x / 255`) or `f32` (`<f4`/`>f4`, used as is, must be finite). Anything else is
-//!   [`TrainError::BadDtype`].
+//!   as `x / 255` by default) or `f32` (`<f4`/`>f4`, used as stored by default, must be
+//!   finite); see [`super::PixelScaling`]. Anything else is [`TrainError::BadDtype`].
 //! - Labels: 1-D `[n]` class indices of any integer dtype (`i1`..`i8`, `u1`..`u8`, either
 //!   byte order), or 2-D `[n, k]` one-hot rows (float or integer: exactly one 1, zeros
 //!   elsewhere). The number of classes is `max label + 1` for indices and `k` for one-hot
@@ -10,6 +10,7 @@
 //! - Fortran-ordered arrays are transposed to C order on load.
 //! - `.npz` archives, as `np.savez(f, x=images, y=labels)` writes them: with no key given,
 //!   images are looked up as [`NPZ_IMAGE_KEYS`] and labels as [`NPZ_LABEL_KEYS`], in order.
+//!   Errors about an array name it as the archive's member, `archive.npz/x.npy`.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -21,11 +22,11 @@
 //! ```
 
 use std::io::{Cursor, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use npyz::{DType, NpyFile, Order, TypeChar};
 
-use super::{Dataset, Pixels};
+use super::{Dataset, Pixels, Source};
 use crate::error::{Corruption, TrainError};
 
 /// Image array names tried, in order, when [`Dataset::from_npz`] gets no images key.
@@ -65,13 +66,16 @@ impl Dataset {
         let bytes = read_file(OP, path)?;
         let mut archive = npyz::npz::NpzArchive::new(Cursor::new(bytes))
             .map_err(|source| corrupt(OP, path, Corruption::Zip { source }))?;
+        let member = |key: &str| path.join(npyz::npz::file_name_from_array_name(key));
         let images = {
             let key = find_key(path, &archive, &keys(images_key, &NPZ_IMAGE_KEYS))?;
-            read_images(OP, path, &read_entry(OP, path, &mut archive, &key)?)?
+            let bytes = read_entry(OP, path, &mut archive, &key)?;
+            read_images(OP, &member(&key), &bytes)?
         };
         let labels = {
             let key = find_key(path, &archive, &keys(labels_key, &NPZ_LABEL_KEYS))?;
-            read_labels(OP, path, &read_entry(OP, path, &mut archive, &key)?)?
+            let bytes = read_entry(OP, path, &mut archive, &key)?;
+            read_labels(OP, &member(&key), &bytes)?
         };
         assemble(OP, images, labels)
     }
@@ -180,20 +184,22 @@ fn npy_err<'a>(op: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> T
     move |source| corrupt(op, path, Corruption::Npy { source })
 }
 
-/// Images as read: pixels and `[n, h, w, c]`.
+/// Images as read: pixels, `[n, h, w, c]` and the file.
 struct Images {
     pixels: Pixels,
     shape: [usize; 4],
+    path: PathBuf,
 }
 
-/// Labels as read: one class per example, and the number of classes.
+/// Labels as read: one class per example, the number of classes and the file.
 struct Labels {
     classes: Vec<u32>,
     num_classes: usize,
+    path: PathBuf,
 }
 
 fn assemble(op: &'static str, images: Images, labels: Labels) -> Result<Dataset, TrainError> {
-    let [n, h, w, c] = images.shape;
+    let n = images.shape[0];
     if labels.classes.len() != n {
         return Err(TrainError::ShapeMismatch {
             op,
@@ -202,15 +208,12 @@ fn assemble(op: &'static str, images: Images, labels: Labels) -> Result<Dataset,
             found: vec![labels.classes.len()],
         });
     }
-    Dataset::new(
-        images.pixels,
-        n,
-        h,
-        w,
-        c,
-        labels.classes,
-        labels.num_classes,
-    )
+    let source = Source {
+        images: images.path,
+        labels: labels.path,
+    };
+    let (classes, k) = (labels.classes, labels.num_classes);
+    Dataset::build(op, images.pixels, images.shape, classes, k, Some(source))
 }
 
 /// The element type as `(kind, bytes)`, or `BadDtype` for structured or array dtypes.
@@ -321,7 +324,11 @@ fn read_images(op: &'static str, path: &Path, bytes: &[u8]) -> Result<Images, Tr
         (TypeChar::Float, 4) => Pixels::F32(elements(op, path, npy, &dims)?),
         _ => return Err(bad_dtype(op, path, &dtype, ACCEPTED)),
     };
-    Ok(Images { pixels, shape })
+    Ok(Images {
+        pixels,
+        shape,
+        path: path.to_path_buf(),
+    })
 }
 
 /// Reads every element of an integer or float array as `f64` (integers for indices are read
@@ -382,11 +389,11 @@ fn read_labels(op: &'static str, path: &Path, bytes: &[u8]) -> Result<Labels, Tr
     match dims[..] {
         [_] => {
             let accepted = "integer dtypes for [n] class indices (or [n, k] one-hot rows)";
-            index_labels(op, read_ints(op, path, npy, &dims, accepted)?)
+            index_labels(op, path, read_ints(op, path, npy, &dims, accepted)?)
         }
         [_, k] if k > 0 => {
             let accepted = "integer and float dtypes for [n, k] one-hot rows";
-            one_hot_labels(op, &read_numbers(op, path, npy, &dims, accepted)?, k)
+            one_hot_labels(op, path, &read_numbers(op, path, npy, &dims, accepted)?, k)
         }
         _ => Err(TrainError::BadShape {
             op,
@@ -397,7 +404,7 @@ fn read_labels(op: &'static str, path: &Path, bytes: &[u8]) -> Result<Labels, Tr
     }
 }
 
-fn index_labels(op: &'static str, raw: Vec<i64>) -> Result<Labels, TrainError> {
+fn index_labels(op: &'static str, path: &Path, raw: Vec<i64>) -> Result<Labels, TrainError> {
     let max = raw.iter().copied().max().unwrap_or(0);
     let num_classes = match usize::try_from(max) {
         Ok(m) if m < MAX_CLASSES => m + 1,
@@ -410,6 +417,7 @@ fn index_labels(op: &'static str, raw: Vec<i64>) -> Result<Labels, TrainError> {
     if let Some(index) = bad {
         return Err(TrainError::LabelOutOfRange {
             op,
+            path: Some(path.to_path_buf()),
             index,
             label: raw[index],
             num_classes,
@@ -419,13 +427,20 @@ fn index_labels(op: &'static str, raw: Vec<i64>) -> Result<Labels, TrainError> {
     Ok(Labels {
         classes,
         num_classes,
+        path: path.to_path_buf(),
     })
 }
 
-fn one_hot_labels(op: &'static str, rows: &[f64], k: usize) -> Result<Labels, TrainError> {
+fn one_hot_labels(
+    op: &'static str,
+    path: &Path,
+    rows: &[f64],
+    k: usize,
+) -> Result<Labels, TrainError> {
     if k > MAX_CLASSES {
         return Err(TrainError::LabelOutOfRange {
             op,
+            path: Some(path.to_path_buf()),
             index: 0,
             label: k as i64 - 1,
             num_classes: MAX_CLASSES,
@@ -437,12 +452,16 @@ fn one_hot_labels(op: &'static str, rows: &[f64], k: usize) -> Result<Labels, Tr
         let zeros = row.iter().filter(|&&v| v == 0.0).count();
         match ones[..] {
             [hot] if zeros == k - 1 => classes.push(hot as u32),
-            _ => return Err(TrainError::NotOneHot { op, index }),
+            _ => {
+                let path = Some(path.to_path_buf());
+                return Err(TrainError::NotOneHot { op, path, index });
+            }
         }
     }
     Ok(Labels {
         classes,
         num_classes: k,
+        path: path.to_path_buf(),
     })
 }
 

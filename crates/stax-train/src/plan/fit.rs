@@ -49,10 +49,10 @@ impl AllocatorModel {
     /// A fresh allocator like the target's over `budget` bytes, or None when the strategy
     /// cannot even start in that budget (a `bfc` arena smaller than one granule).
     fn allocator(&self, budget: u64) -> Result<Option<Arc<Allocator>>, TrainError> {
-        // `caching` and `bfc` reserve whole granules; `platform` and `async` reserve each
-        // request as it is (rounded to the alignment by the allocator).
+        // `caching`, `expandable` and `bfc` reserve whole granules; `platform` and `async`
+        // reserve each request as it is (rounded to the alignment by the allocator).
         let granularity = match self.strategy {
-            Strategy::Caching | Strategy::Bfc { .. } => self.granularity,
+            Strategy::Caching | Strategy::Expandable | Strategy::Bfc { .. } => self.granularity,
             Strategy::Platform | Strategy::Async { .. } => self.alignment,
         };
         let sim = SimMemory::new(budget, granularity)

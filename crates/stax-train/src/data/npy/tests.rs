@@ -371,3 +371,100 @@ fn npz_corrupt_and_bad_dtype() {
         "{e}"
     );
 }
+
+/// Every data error names its file and the first bad element, so that a bad test file does
+/// not read like a bad training file.
+#[test]
+fn errors_name_the_file_and_the_first_bad_element() {
+    let labels = npy(&[3], &[0i64, 1, 0], None);
+    let mut px = vec![0.25f32; 12];
+    px[9] = f32::NAN;
+    px[11] = f32::INFINITY;
+    let e = load("test-nan", &npy(&[3, 2, 2, 1], &px, None), &labels).unwrap_err();
+    let images = tmp("test-nan-images.npy");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "load_npy: {}: image 2 holds NaN at element 1 (h, w, c flattened)",
+            images.display()
+        )
+    );
+    assert!(matches!(&e, TrainError::NonFinite { path: Some(p), .. } if *p == images));
+
+    let e = load("test-neg", &u8_images(), &npy(&[3], &[0i64, -1, -2], None)).unwrap_err();
+    let labels_path = tmp("test-neg-labels.npy");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "load_npy: {}: label -1 of example 1 is out of range for 1 classes",
+            labels_path.display()
+        )
+    );
+    let soft = npy(&[3, 2], &[1f32, 0., 0.5, 0.5, 1., 0.], None);
+    let e = load("test-soft", &u8_images(), &soft).unwrap_err();
+    let want = format!(
+        "{}: label row 1 is not one-hot",
+        tmp("test-soft-labels.npy").display()
+    );
+    assert!(e.to_string().contains(&want), "{e}");
+
+    let empty = npy::<u8>(&[0, 2, 2, 1], &[], None);
+    let e = load("test-empty", &empty, &npy::<i64>(&[0], &[], None)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "load_npy: {}: the data set is empty",
+            tmp("test-empty-images.npy").display()
+        )
+    );
+
+    // A class count shared with another split names the labels' file too.
+    let ds = load("test-3", &u8_images(), &npy(&[3], &[0i64, 1, 2], None)).unwrap();
+    let e = ds.with_num_classes(2).unwrap_err();
+    let want = format!(
+        "with_num_classes: {}: label 2 of example 2 is out of range for 2 classes",
+        tmp("test-3-labels.npy").display()
+    );
+    assert_eq!(e.to_string(), want);
+}
+
+/// Inside an `.npz` the error names the archive's member: which array of which archive.
+#[test]
+fn npz_errors_name_the_array() {
+    let px: Vec<u8> = (0..12).collect();
+    let path = npz(
+        "test-split.npz",
+        &[("x", &px, &[3, 2, 2, 1]), ("y", &[0, 1, 7], &[3])],
+    );
+    let ds = Dataset::from_npz(&path, None, None).unwrap();
+    assert_eq!(ds.images_path(), Some(path.join("x.npy").as_path()));
+    assert_eq!(ds.labels_path(), Some(path.join("y.npy").as_path()));
+    let e = ds.with_num_classes(2).unwrap_err();
+    let want = format!("{}: label 7 of example 2", path.join("y.npy").display());
+    assert!(e.to_string().contains(&want), "{e}");
+
+    let wide = tmp("test-wide.npz");
+    {
+        let mut w = NpzWriter::create(&wide).unwrap();
+        let a = w.array::<u8>("x", Default::default()).unwrap();
+        let mut a = a.default_dtype().shape(&[1, 1, 1, 1]).begin_nd().unwrap();
+        a.push(&1).unwrap();
+        a.finish().unwrap();
+        let a = w.array::<f32>("y", Default::default()).unwrap();
+        let mut a = a.default_dtype().shape(&[1]).begin_nd().unwrap();
+        a.push(&0.0).unwrap();
+        a.finish().unwrap();
+    }
+    let e = Dataset::from_npz(&wide, None, None).unwrap_err();
+    assert!(
+        matches!(&e, TrainError::BadDtype { path, .. } if *path == wide.join("y.npy")),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with(&format!(
+            "load_npz: {} has dtype <f4",
+            wide.join("y.npy").display()
+        )),
+        "{e}"
+    );
+}
