@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::models::seed_cnn;
 use stax::tensor::cpu::CpuBackend;
-use stax::train::data::{Dataset, Loader, fashion_mnist_2class};
+use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
 use stax::train::{StepReport, TrainError, Trainer};
@@ -104,6 +104,10 @@ struct Args {
     /// overlapping the current step): one batch fewer on the device, less overlap.
     #[arg(long)]
     no_prefetch: bool,
+    /// How stored pixels become the model's inputs: `unit` divides 8-bit pixels by 255 (to
+    /// [0, 1]), `raw` feeds them as stored. Default: `unit` for 8-bit data, `raw` for f32.
+    #[arg(long)]
+    pixel_scale: Option<String>,
 }
 
 impl Args {
@@ -162,7 +166,25 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     }
 }
 
+/// `--pixel-scale`, parsed (None: each data set's default).
+fn pixel_scale(args: &Args) -> Result<Option<PixelScaling>, Error> {
+    match args.pixel_scale.as_deref() {
+        None => Ok(None),
+        Some("unit") => Ok(Some(PixelScaling::Divide255)),
+        Some("raw") => Ok(Some(PixelScaling::AsStored)),
+        Some(other) => Err(format!("--pixel-scale {other:?}: expected unit or raw").into()),
+    }
+}
+
 fn load(args: &Args) -> Result<(Dataset, Dataset), Error> {
+    let (train, test) = load_sets(args)?;
+    Ok(match pixel_scale(args)? {
+        Some(s) => (train.with_scaling(s), test.with_scaling(s)),
+        None => (train, test),
+    })
+}
+
+fn load_sets(args: &Args) -> Result<(Dataset, Dataset), Error> {
     match (&args.data, &args.test_data) {
         (None, None) => Ok(fashion_mnist_2class()?),
         (Some(train), Some(test)) => {
@@ -326,22 +348,34 @@ fn run(args: Args) -> Result<(), Error> {
     let input = Shape::new([args.batch, img, img, channels]);
     let adam = Adam::new(args.lr);
     let model = seed_cnn(train.num_classes());
-    let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
     if args.plan {
+        let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
+        if !plan.exact {
+            // the explicit step that allocates: cuDNN's algorithm search for each conv pass
+            println!("calibrating the step's ops (cuDNN's algorithm search; scratch released)");
+            plan.calibrate(&backend)?;
+        }
+        let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
         return show_plan(&args, &plan, &backend);
     }
-    // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
-    let last_peak = match args.feed() {
-        Feed::Prefetched => MemoryPlan::new(&model, &input, &adam, &backend)?.peak.bytes,
-        Feed::Placed => plan.peak.bytes,
-    };
+    let loader = Loader::new(train.len(), args.batch, args.seed)?;
+    let total = loader.steps(args.epochs, args.max_steps)?;
     let tracing = args.trace.is_some() || args.plot.is_some();
     if tracing {
         backend.allocator().start_trace();
     }
-    let mut trainer = Trainer::new(model, input, adam, &backend, args.seed)?;
-    let loader = Loader::new(train.len(), args.batch, args.seed)?;
-    let total = (loader.num_batches() as u64 * args.epochs).min(args.max_steps.unwrap_or(u64::MAX));
+    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
+    let mut trainer = Trainer::new(model, input.clone(), adam, &backend, args.seed)?;
+    let plan = MemoryPlan::with_feed(trainer.model(), &input, &adam, &backend, args.feed())?;
+    // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
+    let last_peak = match args.feed() {
+        Feed::Prefetched => {
+            MemoryPlan::new(trainer.model(), &input, &adam, &backend)?
+                .peak
+                .bytes
+        }
+        Feed::Placed => plan.peak.bytes,
+    };
     println!(
         "stax_cnn: {} train / {} test images at {img}x{img}x{channels}, batch {}, {} step(s) on {} ({}, allocator {})",
         train.len(),
@@ -353,7 +387,12 @@ fn run(args: Args) -> Result<(), Error> {
             Device::Cpu => "f32".to_string(),
             _ => format!("{:?}", backend.precision()),
         },
-        backend.allocator().strategy()
+        backend.allocator().strategy().in_effect()
+    );
+    println!(
+        "pixels: training {}, test {} (--pixel-scale unit|raw)",
+        train.scaling(),
+        test.scaling()
     );
     println!(
         "parameters: {} ({} bytes)",
@@ -376,13 +415,9 @@ fn run(args: Args) -> Result<(), Error> {
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
-    // Each step's peak against its plan: from step 1 on the CPU, from step 2 on CUDA (step 1
-    // also holds cuDNN's algorithm search). The count compared and the first that differs.
-    let first_compared = if backend.device() == Device::Cpu {
-        1
-    } else {
-        2
-    };
+    // Each step's peak against its plan, from step 1 on (the trainer calibrated at set-up):
+    // the count compared and the first that differs.
+    let first_compared = 1;
     let planned = |step: u64| {
         if step < total {
             plan.peak.bytes

@@ -182,6 +182,15 @@ pub enum TrainError {
         op: &'static str,
     },
 
+    /// A step count (epochs times steps per epoch) that overflows.
+    #[error("loader: {epochs} epochs of {per_epoch} steps each overflow a 64-bit step count")]
+    TooManySteps {
+        /// The epochs asked for.
+        epochs: u64,
+        /// Steps per epoch.
+        per_epoch: u64,
+    },
+
     /// A batch size larger than the data set, so an epoch would hold no full batch.
     #[error("loader: batch size {batch} is larger than the data set ({len} examples)")]
     BatchTooLarge {

@@ -94,6 +94,22 @@ impl Loader {
         self.len / self.batch_size
     }
 
+    /// Steps of `epochs` passes: `epochs * num_batches()`, capped at `max_steps`.
+    ///
+    /// # Errors
+    /// [`TrainError::TooManySteps`] when the product overflows `u64` (it never wraps to a
+    /// smaller count).
+    pub fn steps(&self, epochs: u64, max_steps: Option<u64>) -> Result<u64, TrainError> {
+        let steps =
+            (self.num_batches() as u64)
+                .checked_mul(epochs)
+                .ok_or(TrainError::TooManySteps {
+                    epochs,
+                    per_epoch: self.num_batches() as u64,
+                })?;
+        Ok(steps.min(max_steps.unwrap_or(u64::MAX)))
+    }
+
     /// The epoch's order of all `len` examples: a permutation of `0..len` (algorithm in the
     /// module doc), the same for the same `(seed, epoch)`.
     pub fn permutation(&self, epoch: u64) -> Vec<usize> {
@@ -275,6 +291,18 @@ pub fn fill_batch(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn step_counts_that_overflow_are_errors_not_zero() {
+        let loader = super::Loader::new(2000, 100, 0).unwrap();
+        assert_eq!(loader.steps(2, None).unwrap(), 40);
+        assert_eq!(loader.steps(2, Some(7)).unwrap(), 7);
+        let e = loader.steps(9_223_372_036_854_775_808, None).unwrap_err();
+        assert!(
+            matches!(e, crate::TrainError::TooManySteps { per_epoch: 20, .. }),
+            "{e}"
+        );
+    }
     use super::*;
     use crate::data::Pixels;
 
