@@ -11,6 +11,14 @@ use stax_tensor::{Backend, BackendOptions, Category, DType, Strategy, Tensor, op
 
 const MIB: u64 = 1 << 20;
 
+/// The tests here read the driver's device-wide usage: they run one at a time, so that one's
+/// context, handles and pool do not show up in the other's figures.
+static DRIVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    DRIVER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Bytes the driver says are used on the device.
 fn driver_used(gpu: &dyn Backend) -> u64 {
     let (free, total) = gpu
@@ -22,6 +30,7 @@ fn driver_used(gpu: &dyn Backend) -> u64 {
 
 #[test]
 fn expandable_grows_and_shrinks_on_the_device() {
+    let _serial = one_at_a_time();
     let options = BackendOptions {
         strategy: Strategy::Expandable,
         ..BackendOptions::default()
@@ -40,6 +49,14 @@ fn expandable_grows_and_shrinks_on_the_device() {
         0,
         "nothing is mapped before the first tensor"
     );
+    // Warm up the copy paths (modules load lazily, on the device), then unmap: the start.
+    let warm = Tensor::from_slice(&gpu, &[1.0, 2.0, 3.0], [3], Category::Activation).unwrap();
+    let mut copied = Tensor::empty(&gpu, [3], DType::F32, Category::Activation).unwrap();
+    ops::copy(&warm, &mut copied).unwrap();
+    assert_eq!(copied.to_vec().unwrap(), [1.0, 2.0, 3.0]);
+    drop((warm, copied));
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().reserved, 0, "the warm-up's page is unmapped");
     let used0 = driver_used(&*gpu);
 
     // Grow: 100 MB of values, then a small tensor in the same run of pages.
@@ -98,6 +115,7 @@ fn expandable_grows_and_shrinks_on_the_device() {
 
 #[test]
 fn the_async_pools_cache_is_reported_as_its_own() {
+    let _serial = one_at_a_time();
     let options = BackendOptions {
         strategy: Strategy::Async {
             release_threshold: u64::MAX,

@@ -554,8 +554,8 @@ fn cpu_tensor_into_cuda_op_is_device_mismatch() {
             e,
             TensorError::DeviceMismatch {
                 op: "conv2d",
-                lhs: Device::Cuda(0),
-                rhs: Device::Cpu
+                lhs: Device::Cpu,
+                rhs: Device::Cuda(0)
             }
         ),
         "{e}"
