@@ -91,6 +91,28 @@ impl CudaBackend {
         self.dnn.run(pass, conv, self.precision, ops, workspace)
     }
 
+    /// The extended input of an asymmetrically padded conv (`ext`), the schedule's next
+    /// allocation, with `pad_from` (the input, if given) padded into it; `None` without one.
+    fn extended_input(
+        &self,
+        ws: &mut Scratch,
+        g: &Conv2dGeometry,
+        ext: Option<Extended>,
+        pad_from: Option<u64>,
+    ) -> Result<Option<usize>, TensorError> {
+        let Some(e) = ext else {
+            return Ok(None);
+        };
+        let i = ws.alloc()?;
+        if let Some(x) = pad_from {
+            let dims = [g.n, g.h, g.w, g.c_in];
+            let big = ws.addr(i);
+            self.kernels
+                .pad_or_crop(true, x, big, dims, [e.h, e.w], [e.top, e.left])?;
+        }
+        Ok(Some(i))
+    }
+
     /// The filter buffer, then the extended input (pad x into it when given), then cuDNN's
     /// workspace: the schedule's allocations, in order.
     fn pass_buffers(
@@ -102,24 +124,7 @@ impl CudaBackend {
         pass: ConvPass,
     ) -> Result<PassBuffers, TensorError> {
         let filter = ws.alloc()?;
-        let ext_i = match ext {
-            Some(e) => {
-                let i = ws.alloc()?;
-                if let Some(x) = pad_from {
-                    let dims = [g.n, g.h, g.w, g.c_in];
-                    self.kernels.pad_or_crop(
-                        true,
-                        x,
-                        ws.addr(i),
-                        dims,
-                        [e.h, e.w],
-                        [e.top, e.left],
-                    )?;
-                }
-                Some(i)
-            }
-            None => None,
-        };
+        let ext_i = self.extended_input(ws, g, ext, pad_from)?;
         let cudnn = match self.cudnn_workspace(g, pass)? {
             0 => None,
             _ => Some(ws.alloc()?),
@@ -267,22 +272,7 @@ impl CudaBackend {
             .bias_grad(f32, d, mask, p, db.addr(), rows, co)?;
         ws.free(partial)?;
         let (conv, ext) = layout(&g);
-        let ext_i = match ext {
-            Some(e) => {
-                let i = ws.alloc()?;
-                let dims = [g.n, g.h, g.w, g.c_in];
-                self.kernels.pad_or_crop(
-                    true,
-                    x.addr(),
-                    ws.addr(i),
-                    dims,
-                    [e.h, e.w],
-                    [e.top, e.left],
-                )?;
-                Some(i)
-            }
-            None => None,
-        };
+        let ext_i = self.extended_input(&mut ws, &g, ext, Some(x.addr()))?;
         let filter = ws.alloc()?;
         let cudnn = match self.cudnn_workspace(&g, pass)? {
             0 => None,

@@ -15,6 +15,17 @@ use crate::{AdamHyper, DType, TensorError};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
 };
+/// `stream.launch_builder(f)`, each argument pushed in order, then `.launch(cfg)`: the
+/// driver's result. Unsafe as cudarc's `launch` is: use it inside an `unsafe` block whose
+/// SAFETY comment states the kernel's signature and the sizes of the buffers passed.
+macro_rules! launch {
+    ($stream:expr, $f:expr, $cfg:expr; $($arg:expr),+ $(,)?) => {{
+        let mut builder = $stream.launch_builder($f);
+        $(builder.arg($arg);)+
+        builder.launch($cfg)
+    }};
+}
+
 mod launch;
 mod source;
 mod spatial;

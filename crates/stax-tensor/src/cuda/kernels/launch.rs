@@ -13,16 +13,8 @@ impl Kernels {
         }
         let sym = "fill_u32";
         // SAFETY: `fill_u32(u32 *p, u32 value, size_t n)`; p holds n words.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(sym)?)
-                .arg(&p)
-                .arg(&value)
-                .arg(&n)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, self.function(sym)?, self.grid(n); &p, &value, &n).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// `p[i] = value` for `n` 16-bit words at `p` (a bf16 or f16 bit pattern).
@@ -33,16 +25,8 @@ impl Kernels {
         let sym = "fill_u16";
         // SAFETY: `fill_u16(unsigned short *p, unsigned short value, size_t n)`; p holds n
         // 16-bit words.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(sym)?)
-                .arg(&p)
-                .arg(&value)
-                .arg(&n)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, self.function(sym)?, self.grid(n); &p, &value, &n).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (f32: 16 bytes per
@@ -64,31 +48,15 @@ impl Kernels {
             // SAFETY: `bias_add_vec_f32(float *y, const float *b, size_t n4, size_t c4)`; y
             // holds 4 n4 floats and b 4 c4 >= 4, both 16-byte aligned.
             return unsafe {
-                self.stream
-                    .launch_builder(self.function(sym)?)
-                    .arg(&y)
-                    .arg(&b)
-                    .arg(&n4)
-                    .arg(&c4)
-                    .launch(self.grid(n4))
+                launch!(self.stream, self.function(sym)?, self.grid(n4); &y, &b, &n4, &c4).map(drop)
             }
-            .map(drop)
             .map_err(driver(sym));
         }
         let (f, sym) = (self.typed("bias_add", dtype)?, "bias_add");
         // SAFETY: `bias_add_<dtype>(T *y, const T *b, size_t n, size_t c)`; y holds n
         // elements of `dtype`, b holds c >= 1.
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(&y)
-                .arg(&b)
-                .arg(&n)
-                .arg(&c)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, f, self.grid(n); &y, &b, &n, &c).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// How many row splits `bias_grad` uses for `rows` rows: the size, in `c` doubles each, of
@@ -137,14 +105,7 @@ impl Kernels {
             // holds ceil(rows*c / 32) words, partial splits*c doubles; blocks of 256 threads
             // and c divides 1024 (bias_grad_vectorizes), as the kernel needs.
             unsafe {
-                self.stream
-                    .launch_builder(self.function(sym)?)
-                    .arg(&dy)
-                    .arg(&mask)
-                    .arg(&partial)
-                    .arg(&n4)
-                    .arg(&c)
-                    .launch(cfg)
+                launch!(self.stream, self.function(sym)?, cfg; &dy, &mask, &partial, &n4, &c)
             }
             .map_err(driver(sym))?;
         } else {
@@ -162,32 +123,14 @@ impl Kernels {
             // size_t c, size_t rows_per_split)`; dy holds rows*c elements of `dtype`, partial
             // splits*c doubles, and the grid has exactly `splits` rows of blocks of 32x8
             // threads.
-            unsafe {
-                self.stream
-                    .launch_builder(f)
-                    .arg(&dy)
-                    .arg(&partial)
-                    .arg(&rows)
-                    .arg(&c)
-                    .arg(&rows_per_split)
-                    .launch(cfg)
-            }
-            .map_err(driver(sym))?;
+            unsafe { launch!(self.stream, f, cfg; &dy, &partial, &rows, &c, &rows_per_split) }
+                .map_err(driver(sym))?;
         }
         let (f, sym) = (self.typed("bias_grad_finish", dtype)?, "bias_grad_finish");
         // SAFETY: `bias_grad_finish_<dtype>(const double *partial, T *db, size_t splits,
         // size_t c)`; partial holds splits*c doubles, db holds c elements of `dtype`.
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(&partial)
-                .arg(&db)
-                .arg(&splits)
-                .arg(&c)
-                .launch(self.grid(c))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, f, self.grid(c); &partial, &db, &splits, &c).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// In-place ReLU on `n` f32 at `x`; `mask` (0 for none) receives `ceil(n/32)` words.
@@ -204,15 +147,7 @@ impl Kernels {
             // SAFETY: `relu_vec_f32(float *x, u32 *mask, size_t chunks, int apply)`; x holds
             // at least 128 chunks floats, 16-byte aligned; mask is null or holds at least
             // 4 chunks words; blocks are whole warps (256 threads), as the shuffles need.
-            unsafe {
-                self.stream
-                    .launch_builder(self.function(sym)?)
-                    .arg(&x)
-                    .arg(&mask)
-                    .arg(&chunks)
-                    .arg(&apply)
-                    .launch(self.grid(chunks * 32))
-            }
+            unsafe { launch!(self.stream, self.function(sym)?, self.grid(chunks * 32); &x, &mask, &chunks, &apply) }
             .map_err(driver(sym))?;
         }
         let done = chunks * 128;
@@ -230,15 +165,9 @@ impl Kernels {
         // element `done` (a multiple of 32) holds nt floats, the mask from word done/32 holds
         // ceil(nt/32) words or is null. Blocks are whole warps (256 threads), as the ballot needs.
         unsafe {
-            self.stream
-                .launch_builder(self.function(sym)?)
-                .arg(&xt)
-                .arg(&mt)
-                .arg(&nt)
-                .arg(&apply)
-                .launch(self.grid(nt))
+            launch!(self.stream, self.function(sym)?, self.grid(nt); &xt, &mt, &nt, &apply)
+                .map(drop)
         }
-        .map(drop)
         .map_err(driver(sym))
     }
 
@@ -253,15 +182,8 @@ impl Kernels {
             let sym = "relu_bwd_vec_f32";
             // SAFETY: `relu_bwd_vec_f32(float *dy, const u32 *mask, size_t n4)`; dy holds at
             // least 4 n4 floats, 16-byte aligned; mask at least n4/8 words.
-            unsafe {
-                self.stream
-                    .launch_builder(self.function(sym)?)
-                    .arg(&dy)
-                    .arg(&mask)
-                    .arg(&n4)
-                    .launch(self.grid(n4))
-            }
-            .map_err(driver(sym))?;
+            unsafe { launch!(self.stream, self.function(sym)?, self.grid(n4); &dy, &mask, &n4) }
+                .map_err(driver(sym))?;
         }
         let done = n4 * 4;
         if done == n {
@@ -290,18 +212,8 @@ impl Kernels {
         // SAFETY: `unary_<dtype>(T *y, u32 *mask, size_t n, int op, float alpha)`; y holds n
         // elements of `dtype`; mask is null or holds ceil(n/32) words; blocks are whole warps
         // (256 threads), as the ballot needs.
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(&y)
-                .arg(&mask)
-                .arg(&n)
-                .arg(&op)
-                .arg(&alpha)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, f, self.grid(n); &y, &mask, &n, &op, &alpha).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// In place `dy = dy · act'` on `n` elements of `dtype`, from `mask` (ReLU; `saved` 0) or
@@ -325,17 +237,8 @@ impl Kernels {
         // float alpha)`; dy holds n elements of `dtype`; exactly one of saved (n elements) and
         // mask (ceil(n/32) words) is non-null.
         unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(&dy)
-                .arg(&saved)
-                .arg(&mask)
-                .arg(&n)
-                .arg(&op)
-                .arg(&alpha)
-                .launch(self.grid(n))
+            launch!(self.stream, f, self.grid(n); &dy, &saved, &mask, &n, &op, &alpha).map(drop)
         }
-        .map(drop)
         .map_err(driver(sym))
     }
 
@@ -354,16 +257,7 @@ impl Kernels {
         let (f, sym) = (self.typed("binary", dtype)?, "binary");
         // SAFETY: `binary_<dtype>(T *a, const T *b, size_t n, int op)`; a and b hold n
         // elements of `dtype` each.
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(&a)
-                .arg(&b)
-                .arg(&n)
-                .arg(&op)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, f, self.grid(n); &a, &b, &n, &op).map(drop) }
+            .map_err(driver(sym))
     }
 }

@@ -65,17 +65,7 @@ impl Kernels {
         // SAFETY: `softmax_xent_f32(const float *logits, const float *labels, float *dlogits,
         // double *row_loss, size_t n, size_t k)`; the three matrices hold n*k floats,
         // row_loss n doubles; blocks are whole warps.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(kern)?)
-                .arg(&logits)
-                .arg(&labels)
-                .arg(&dlogits)
-                .arg(&row_loss)
-                .arg(&n)
-                .arg(&k)
-                .launch(self.grid(n.saturating_mul(32)))
-        }
+        unsafe { launch!(self.stream, self.function(kern)?, self.grid(n.saturating_mul(32)); &logits, &labels, &dlogits, &row_loss, &n, &k) }
         .map_err(driver(kern))?;
         let kern = "mean_f64_to_f32";
         let cfg = LaunchConfig {
@@ -85,16 +75,8 @@ impl Kernels {
         };
         // SAFETY: `mean_f64_to_f32(const double *v, float *out, size_t n)`; v holds n doubles,
         // out one float; one block of 256 threads (8 warps, the size of its shared array).
-        unsafe {
-            self.stream
-                .launch_builder(self.function(kern)?)
-                .arg(&row_loss)
-                .arg(&loss)
-                .arg(&n)
-                .launch(cfg)
-        }
-        .map(drop)
-        .map_err(driver(kern))
+        unsafe { launch!(self.stream, self.function(kern)?, cfg; &row_loss, &loss, &n).map(drop) }
+            .map_err(driver(kern))
     }
 
     /// One Adam step over `n` elements of p, g, m, v.
@@ -121,17 +103,9 @@ impl Kernels {
         // kernel, whose grid has at least n % 4 threads in block 0 for the tail); AdamHyper's
         // layout matches (see the DeviceRepr impl above).
         unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&p)
-                .arg(&g)
-                .arg(&m)
-                .arg(&v)
-                .arg(h)
-                .arg(&n)
-                .launch(self.grid(threads))
+            launch!(self.stream, self.function(k)?, self.grid(threads); &p, &g, &m, &v, h, &n)
+                .map(drop)
         }
-        .map(drop)
         .map_err(driver(k))
     }
 
@@ -158,16 +132,9 @@ impl Kernels {
         // SAFETY: `hwio_to_ohwi_f32` / `ohwi_to_hwio_f32(const float *src, float *dst,
         // size_t hw, size_t ci, size_t co)`; src and dst hold hw*ci*co floats, distinct buffers.
         unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&src)
-                .arg(&dst)
-                .arg(&hw)
-                .arg(&ci)
-                .arg(&co)
-                .launch(self.grid(n))
+            launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &hw, &ci, &co)
+                .map(drop)
         }
-        .map(drop)
         .map_err(driver(k))
     }
 
@@ -197,22 +164,7 @@ impl Kernels {
         // size_t hs, size_t ws, size_t c, size_t hd, size_t wd, size_t top, size_t left)`;
         // src holds nb*hs*ws*c floats and dst nb*hd*wd*c; the caller ensures
         // big_h >= top + h and big_w >= left + w.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&src)
-                .arg(&dst)
-                .arg(&nb)
-                .arg(&hs)
-                .arg(&ws)
-                .arg(&c)
-                .arg(&hd)
-                .arg(&wd)
-                .arg(&top)
-                .arg(&left)
-                .launch(self.grid(n))
-        }
-        .map(drop)
+        unsafe { launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &nb, &hs, &ws, &c, &hd, &wd, &top, &left).map(drop) }
         .map_err(driver(k))
     }
 
@@ -239,20 +191,7 @@ impl Kernels {
         // src_pitch, size_t src_off, size_t dst_pitch, size_t dst_off)` with T the dtype's
         // word; src holds rows x src_pitch words with src_off + width <= src_pitch, dst rows x
         // dst_pitch with dst_off + width <= dst_pitch (the caller's block geometry).
-        unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&src)
-                .arg(&dst)
-                .arg(&rows)
-                .arg(&width)
-                .arg(&sp)
-                .arg(&so)
-                .arg(&dp)
-                .arg(&doff)
-                .launch(self.grid(n))
-        }
-        .map(drop)
+        unsafe { launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &rows, &width, &sp, &so, &dp, &doff).map(drop) }
         .map_err(driver(k))
     }
 
@@ -265,16 +204,8 @@ impl Kernels {
         let (k, pg) = ("max_pool_f32", PoolGeometry::of(g));
         // SAFETY: `max_pool_f32(const float *x, float *y, PoolGeometry g)`; x holds
         // g.input_shape() floats, y g.output_shape() floats; PoolGeometry's layout matches.
-        unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&x)
-                .arg(&y)
-                .arg(&pg)
-                .launch(self.grid(n))
-        }
-        .map(drop)
-        .map_err(driver(k))
+        unsafe { launch!(self.stream, self.function(k)?, self.grid(n); &x, &y, &pg).map(drop) }
+            .map_err(driver(k))
     }
 
     /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling, from the
@@ -294,15 +225,8 @@ impl Kernels {
         // SAFETY: `max_pool_bwd_f32(const float *x, const float *dy, float *dx, PoolGeometry
         // g)`; x and dx hold g.input_shape() floats, dy g.output_shape(); distinct buffers.
         unsafe {
-            self.stream
-                .launch_builder(self.function(k)?)
-                .arg(&x)
-                .arg(&dy)
-                .arg(&dx)
-                .arg(&pg)
-                .launch(self.grid(n))
+            launch!(self.stream, self.function(k)?, self.grid(n); &x, &dy, &dx, &pg).map(drop)
         }
-        .map(drop)
         .map_err(driver(k))
     }
 }
