@@ -96,6 +96,11 @@ struct Args {
     /// plan's step; otherwise the last step run).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Record every allocation and free (the set-up and every step; with --plan: the planned
+    /// set-up and step) as JSON lines to this file, the trace format `alloc_bench --trace`
+    /// replays (stax-alloc's crate docs).
+    #[arg(long)]
+    record_trace: Option<PathBuf>,
     /// Print the full memory breakdown (by category, cache, outside the allocator, host) after
     /// every step.
     #[arg(long)]
@@ -108,6 +113,11 @@ struct Args {
     /// [0, 1]), `raw` feeds them as stored. Default: `unit` for 8-bit data, `raw` for f32.
     #[arg(long)]
     pixel_scale: Option<String>,
+    /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/KB/MB/GB):
+    /// on CUDA what cuDNN's search may pick algorithms within (default 256 MiB), on the CPU the
+    /// im2col column chunk (default 4 MiB).
+    #[arg(long)]
+    workspace_limit: Option<String>,
 }
 
 impl Args {
@@ -123,13 +133,18 @@ impl Args {
 
 type Error = Box<dyn std::error::Error>;
 
-fn budget(args: &Args) -> Result<Option<u64>, Error> {
-    match args.budget.as_deref() {
+/// A size flag's value in bytes, `None` when not given.
+fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
+    match value {
         Some(b) => Ok(Some(parse_size(b).ok_or(format!(
-            "--budget {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
+            "{flag} {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
         ))?)),
         None => Ok(None),
     }
+}
+
+fn budget(args: &Args) -> Result<Option<u64>, Error> {
+    size_flag("--budget", args.budget.as_deref())
 }
 
 /// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
@@ -151,6 +166,10 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
         None => BackendOptions::from_env()?,
     };
     options.precision = args.precision.parse::<Precision>()?;
+    let limit = size_flag("--workspace-limit", args.workspace_limit.as_deref())?;
+    options.workspace_limit = limit
+        .map(|b| usize::try_from(b).map_err(|_| format!("--workspace-limit {b}: too large")))
+        .transpose()?;
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
             Device::Cpu => open_cpu(args, &options),
@@ -253,6 +272,7 @@ fn show_plan(
         plan.batch(),
         plan.input
     );
+    record(args, plan.trace())?;
     let t = &plan.timeline;
     export(args, (t, &[]), (t, XAxis::Events), &title)
 }
@@ -271,6 +291,20 @@ fn export(
     if let Some(path) = &args.plot {
         write_svg(&stacked_series(step, axis), title, path)?;
         println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Writes `--record-trace`: `trace` as JSON lines.
+fn record(args: &Args, trace: &stax::alloc::Trace) -> Result<(), Error> {
+    if let Some(path) = &args.record_trace {
+        let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        trace.write_jsonl(std::io::BufWriter::new(file))?;
+        println!(
+            "allocation trace: {} ({} events; replay it with alloc_bench --trace)",
+            path.display(),
+            trace.events.len()
+        );
     }
     Ok(())
 }
@@ -342,6 +376,7 @@ fn run(args: Args) -> Result<(), Error> {
         ("--json", &args.json),
         ("--trace", &args.trace),
         ("--plot", &args.plot),
+        ("--record-trace", &args.record_trace),
     ] {
         check_path(flag, p)?;
     }
@@ -360,7 +395,7 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let loader = Loader::new(train.len(), args.batch, args.seed)?;
     let total = loader.steps(args.epochs, args.max_steps)?;
-    let tracing = args.trace.is_some() || args.plot.is_some();
+    let tracing = args.trace.is_some() || args.plot.is_some() || args.record_trace.is_some();
     if tracing {
         backend.allocator().start_trace();
     }
@@ -485,7 +520,9 @@ fn run(args: Args) -> Result<(), Error> {
         ),
     }
     if tracing {
-        let named = NamedTrace::of(&backend.allocator().stop_trace());
+        let recorded = backend.allocator().stop_trace();
+        record(&args, &recorded)?;
+        let named = NamedTrace::of(&recorded);
         let title = format!(
             "stax_cnn on {}, batch {}: step {}",
             backend.device(),

@@ -39,6 +39,9 @@ struct Args {
     /// Precision: tf32 or highest.
     #[arg(long, default_value = "tf32")]
     precision: Precision,
+    /// The most workspace one cuDNN pass may use, in MiB (default: the backend's, 256).
+    #[arg(long)]
+    workspace_mib: Option<usize>,
 }
 
 /// One row of the table.
@@ -552,6 +555,7 @@ fn main() {
     let args = Args::parse();
     let options = BackendOptions {
         precision: args.precision,
+        workspace_limit: args.workspace_mib.map(|m| m << 20),
         ..BackendOptions::default()
     };
     let gpu = match CudaBackend::new(0, &options) {
@@ -585,6 +589,14 @@ fn main() {
             plan.workspace_bytes,
             plan.epilogue
         );
+        for c in &plan.candidates {
+            let t = c.time_ms.map_or("untimed".into(), |t| format!("{t:.3} ms"));
+            let (a, m) = (&c.algorithm, &c.math);
+            println!(
+                "    {a} {m}: workspace {} B, {t}, {}",
+                c.workspace_bytes, c.status
+            );
+        }
     }
     gpu.allocator().empty_cache().ok();
     if args.steps > 0 {

@@ -7,7 +7,8 @@
 //! `env.sh` (puts the CUDA 13 libraries on the loader path), `packages` (each test binary's
 //! package folder, where cargo would run it) and `run.sh`, which unpacks the binaries, runs
 //! every test binary with `STAX_REQUIRE_GPU=1` from its package folder, logs everything to one
-//! file and ends with `N passed, N failed`. The bundle must stay under [`CARRY_LIMIT`], what
+//! file, runs the backend life-cycle test again under `compute-sanitizer --tool memcheck
+//! --leak-check full` where the sanitizer exists, and ends with `N passed, N failed`. The bundle must stay under [`CARRY_LIMIT`], what
 //! the device tool carries beside the working tree; the command fails loudly otherwise.
 
 use clap::Args;
@@ -183,6 +184,22 @@ while read -r name dir; do
   fi
   printf '%-4s %-48s %6d ms\n' "$status" "$name" $(( ($(date +%s%N) - start) / 1000000 ))
 done <"$BUNDLE/packages"
+# The backend life-cycle test once more under compute-sanitizer's memcheck with a full leak
+# check: every device allocation of every backend it opens must be freed by the time it ends.
+if command -v compute-sanitizer >/dev/null && [ -z "${STAX_BUNDLE_ONLY:-}" ]; then
+  for exe in "$BUNDLE"/tests/gpu_lifecycle-*; do
+    name="memcheck:$(basename "$exe")"
+    echo "==== $name (in .)" >>"$LOG"
+    start=$(date +%s%N)
+    if (cd "$ROOT" && compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+        "$exe" --nocapture) >>"$LOG" 2>&1; then
+      passed=$((passed + 1)); status=ok
+    else
+      failed=$((failed + 1)); status=FAIL; failures="$failures $name"
+    fi
+    printf '%-4s %-48s %6d ms\n' "$status" "$name" $(( ($(date +%s%N) - start) / 1000000 ))
+  done
+fi
 for name in $failures; do
   echo "---- tail of $name"
   awk -v n="==== $name " 'index($0, n) == 1 {p = 1; next} /^==== / {p = 0} p' "$LOG" | tail -n 60

@@ -489,6 +489,15 @@ impl RawMemory for AsyncPoolMemory {
     }
 }
 
+impl Drop for AsyncPoolMemory {
+    /// The default pool is the device's, shared by the process: give back what this backend's
+    /// allocations left cached in it and restore the driver's default release threshold (0).
+    fn drop(&mut self) {
+        let _ = self.set_release_threshold(0);
+        let _ = self.trim();
+    }
+}
+
 /// Page-locked host memory from `cuMemHostAlloc` (portable), for fast host-device copies.
 #[derive(Debug)]
 pub struct PinnedMemory {
