@@ -95,11 +95,15 @@ fn seed_model_plan_is_exact_at_two_batch_sizes() {
             "0.conv/output",
             "1.relu/mask",
             "2.conv/workspace",
-            "5.dense/dw",
+            "5.dense/workspace",
             "loss/dlogits",
         ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
+        // Adam updates the dense weights in their backward passes: no whole weight gradient,
+        // one chunk of it as workspace; the biases' gradients are collected as before
+        assert!(!names.contains(&"5.dense/dw"), "{names:?}");
+        assert!(names.contains(&"5.dense/db"), "{names:?}");
         // ReLU runs in place and the gradient of conv2's input is written over it
         let conv1 = plan
             .buffers

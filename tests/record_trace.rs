@@ -33,7 +33,7 @@ fn a_recorded_run_replays_to_its_measured_peak() {
         "5.dense/w/mu",
         "0.conv/output",
         "1.relu/mask",
-        "5.dense/dw",
+        "5.dense/db",
     ] {
         assert!(names.contains(&name), "{name} missing from {names:?}");
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use stax_tensor::{Backend, DType, Grads, Key, Path};
 
-use crate::{GradSink, LayerError, Rng};
+use crate::{GradSink, InBackward, LayerError, Rng, Updates};
 
 /// Training or evaluation (stax's Dropout `mode`; BatchNorm ignores it, as stax's does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,6 +51,7 @@ pub struct Cx<'a> {
     policy: Policy,
     path: Path,
     sink: Option<&'a mut dyn GradSink>,
+    updates: Option<&'a mut Updates>,
 }
 
 impl std::fmt::Debug for Cx<'_> {
@@ -73,6 +74,7 @@ impl<'a> Cx<'a> {
             policy: Policy::default(),
             path: Path::root(),
             sink: Some(sink),
+            updates: None,
         }
     }
 
@@ -85,12 +87,19 @@ impl<'a> Cx<'a> {
             policy: Policy::default(),
             path: Path::root(),
             sink: None,
+            updates: None,
         }
     }
 
     /// This context with the RNG key `rng` (stax's `apply_fun(params, inputs, rng=rng)`).
     pub fn with_rng(mut self, rng: Rng) -> Cx<'a> {
         self.rng = Some(rng);
+        self
+    }
+
+    /// This context with parameters to update in the backward pass ([`Cx::take_update`]).
+    pub fn with_updates(mut self, updates: &'a mut Updates) -> Cx<'a> {
+        self.updates = Some(updates);
         self
     }
 
@@ -151,6 +160,29 @@ impl<'a> Cx<'a> {
         self.path = parent;
         self.rng = saved_rng;
         out
+    }
+
+    /// The in-backward update of the running layer's parameter `field` (at `position` in its
+    /// parameter node), taken: the parameter is then not in the layer's `params`, and the layer
+    /// must update it and hand it back with [`Cx::give_back`], on success and on error alike.
+    pub fn take_update(&mut self, field: &'static str, position: usize) -> Option<InBackward> {
+        let path = self.path.child(Key::Field(field), position);
+        self.updates.as_deref_mut()?.remove(&path)
+    }
+
+    /// Gives back a slot of [`Cx::take_update`], `applied` when the update ran.
+    pub fn give_back(
+        &mut self,
+        field: &'static str,
+        position: usize,
+        mut slot: InBackward,
+        applied: bool,
+    ) {
+        slot.applied = applied;
+        let path = self.path.child(Key::Field(field), position);
+        if let Some(u) = self.updates.as_deref_mut() {
+            u.insert(path, slot);
+        }
     }
 
     /// Hands the gradients of the layer running now (a tree like its parameters) to the sink.

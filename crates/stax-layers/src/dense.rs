@@ -1,10 +1,11 @@
 //! `Dense`: fully connected layer (stax's `Dense`).
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, DType, Key, Params, Shape, Tensor, Tree, ops};
+use stax_tensor::backend::DenseDx;
+use stax_tensor::{Category, DType, Key, Params, Path, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
-use crate::{Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
+use crate::{Cx, InBackward, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
 /// stax's `Dense(out_dim)`: `y = x · w + b` over the last axis.
 ///
@@ -49,13 +50,76 @@ impl Dense {
         Tree::node([
             (
                 Key::Field("w"),
-                Tree::leaf(ParamSpec::f32([input.last(), self.0], glorot)),
+                Tree::leaf(ParamSpec::f32([input.last(), self.0], glorot).updated_in_backward()),
             ),
             (
                 Key::Field("b"),
                 Tree::leaf(ParamSpec::f32([self.0], Init::Normal(1e-2))),
             ),
         ])
+    }
+}
+
+impl Dense {
+    /// The backward pass with Adam applied to `w` as its gradient is made (the step took `w`
+    /// out of `params`, which hold only `b` here): `db = Σ dy` to the sink, then
+    /// [`ops::dense_adam`] writes `dx` (over `x` when nothing else holds it) and updates `w`
+    /// and its moments chunk by chunk. The slot goes back to `cx` in every case.
+    fn vjp_updating(
+        &self,
+        params: &Params,
+        (x2, dy2, in_shape): (Tensor, Tensor, Shape),
+        mut slot: InBackward,
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let run = |slot: &mut InBackward| -> Result<(Option<Value>, Tensor), LayerError> {
+            let mut specs = self.specs(x2.shape());
+            let w = specs.remove(&Path::root().child(Key::Field("w"), 0));
+            if let Some(w) = w
+                .as_ref()
+                .and_then(Tree::as_leaf)
+                .filter(|w| slot.p.shape() != &w.shape)
+            {
+                let reason = format!("w is {}, expected {}", slot.p.shape(), w.shape);
+                return Err(self.mismatch("parameters", reason));
+            }
+            expect_params(params, self, &specs)?;
+            let be = dy2.backend().clone();
+            let grad = |role| Tag::new(Category::Gradient, role);
+            let mut db = Tensor::empty(&be, [self.0], DType::F32, grad("db"))?;
+            ops::bias_grad(&dy2, &mut db)?;
+            let (mut x2, mut dx) = (x2, None);
+            let mode = match (need_dx, x2.is_unique()) {
+                (false, _) => DenseDx::Skip,
+                (true, true) => {
+                    x2.note_role("dx");
+                    DenseDx::InPlace
+                }
+                (true, false) => {
+                    let t = dx.insert(Tensor::empty(
+                        &be,
+                        x2.shape().clone(),
+                        DType::F32,
+                        grad("dx"),
+                    )?);
+                    DenseDx::Into(t)
+                }
+            };
+            let InBackward { p, mu, nu, h, .. } = slot;
+            ops::dense_adam(&mut x2, &dy2, p, mu, nu, mode, h)?;
+            let dx = match (need_dx, dx) {
+                (false, _) => None,
+                (true, Some(d)) => Some(Tree::leaf(d.reshape(in_shape.clone())?)),
+                (true, None) => Some(Tree::leaf(x2.reshape(in_shape.clone())?)),
+            };
+            Ok((dx, db))
+        };
+        let out = run(&mut slot);
+        cx.give_back("w", 0, slot, out.is_ok());
+        let (dx, db) = out?;
+        cx.gradients(Tree::fields([("b", db)]))?;
+        Ok(dx)
     }
 }
 
@@ -113,11 +177,14 @@ impl Layer for Dense {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         let x2 = saved_tensor(self, &mut residuals, "x")?;
-        let wb = expect_params(params, self, &self.specs(x2.shape()))?;
         let dy = one_tensor(self, dy)?;
         let in_shape = with_last(dy.shape(), x2.shape().last());
         let dy2 = dy.reshape([x2.dims()[0], self.0])?;
         drop(dy);
+        if let Some(slot) = cx.take_update("w", 0) {
+            return self.vjp_updating(params, (x2, dy2, in_shape), slot, cx, need_dx);
+        }
+        let wb = expect_params(params, self, &self.specs(x2.shape()))?;
         let be = dy2.backend().clone();
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, wb[0].shape().clone(), DType::F32, grad("dw"))?;

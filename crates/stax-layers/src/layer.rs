@@ -56,6 +56,10 @@ pub struct ParamSpec {
     pub dtype: DType,
     /// Initializer.
     pub init: Init,
+    /// Whether the layer can apply the optimizer to this parameter in its own backward pass,
+    /// from the factors of its gradient, so the gradient never exists whole (Dense's `w`:
+    /// [`stax_tensor::ops::dense_adam`]; see [`crate::Cx::take_update`]).
+    pub update_in_backward: bool,
 }
 
 impl ParamSpec {
@@ -65,6 +69,15 @@ impl ParamSpec {
             shape: shape.into(),
             dtype: DType::F32,
             init,
+            update_in_backward: false,
+        }
+    }
+
+    /// This spec, marked as updated in the backward pass (see the field).
+    pub fn updated_in_backward(self) -> ParamSpec {
+        ParamSpec {
+            update_in_backward: true,
+            ..self
         }
     }
 }

@@ -50,5 +50,5 @@ pub use parallel::{Identity, Parallel};
 pub use params::{ParamSource, init_params};
 pub use pool::MaxPool;
 pub use serial::Serial;
-pub use sink::{Collect, GradSink};
+pub use sink::{Collect, GradSink, InBackward, Updates};
 pub use stax_tensor::{Grads, Padding, Params};

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use stax_tensor::{Grads, Params, Path, Tensor};
+use stax_tensor::{AdamHyper, Grads, Params, Path, Tensor};
 
 use crate::LayerError;
 
@@ -68,3 +68,26 @@ impl GradSink for Collect {
         Ok(())
     }
 }
+
+/// A parameter Adam updates in the backward pass of the layer that owns it, with its moments
+/// and this step's hyper-parameters (optax's `adam` at step `t`, [`AdamHyper`]). The step
+/// takes the parameter and its state out of their trees before the backward pass, the layer
+/// takes the slot ([`crate::Cx::take_update`]), updates all three in place
+/// ([`stax_tensor::ops::dense_adam`]) and gives it back ([`crate::Cx::give_back`]), and the
+/// step puts them back into the trees.
+#[derive(Debug)]
+pub struct InBackward {
+    /// The parameter.
+    pub p: Tensor,
+    /// Adam's first moment of it.
+    pub mu: Tensor,
+    /// Adam's second moment of it.
+    pub nu: Tensor,
+    /// This step's hyper-parameters.
+    pub h: AdamHyper,
+    /// Whether the update was applied (set by [`crate::Cx::give_back`]).
+    pub applied: bool,
+}
+
+/// The parameters updated in the backward pass, by path (`5.dense/w`).
+pub type Updates = HashMap<Path, InBackward>;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use stax_tensor::{Category, Grads, Params, Path, Tag, Tensor, TensorError, Tree};
+use stax_tensor::{AdamHyper, Category, Grads, Params, Path, Tag, Tensor, TensorError, Tree};
 
 use crate::OptimError;
 
@@ -70,6 +70,14 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         g: &Tensor,
         state: &mut [&mut Tensor],
     ) -> Result<(), OptimError>;
+
+    /// The Adam hyper-parameters of step `t` when this optimizer is Adam applied during the
+    /// backward pass to the parameters whose layers can take it (those whose `ParamSpec` in
+    /// stax-layers says `update_in_backward`; `stax_tensor::ops::dense_adam`). `None` (the
+    /// default): every gradient is collected for one update after the pass.
+    fn in_backward(&self, _t: u32) -> Option<AdamHyper> {
+        None
+    }
 
     /// The state for `params`: count 0 and zero state tensors on each parameter's backend.
     /// They are allocated field by field (every parameter's `mu`, then every `nu`), as optax

@@ -15,8 +15,8 @@ mod scratch;
 
 pub use call::{
     Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
-    CopyIn, CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
-    UnaryBwd,
+    CopyIn, CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent,
+    Split, Unary, UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps};
 pub use scratch::Scratch;

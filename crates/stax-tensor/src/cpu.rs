@@ -25,6 +25,7 @@
 
 mod adam;
 mod conv;
+mod dense_adam;
 mod elementwise;
 mod host;
 mod layout;
@@ -36,7 +37,7 @@ mod testing;
 
 use crate::backend::{
     Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::{
     Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
@@ -135,6 +136,7 @@ impl Backend for CpuBackend {
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         Ok(WorkspaceStep::single(match op {
             OpDesc::Conv { geometry, pass, .. } => conv::workspace_bytes(self, geometry, *pass)?,
+            OpDesc::DenseAdam { n, k, .. } => dense_adam::chunk_rows(self, *k, *n) * n * 4,
             _ => 0,
         }))
     }
@@ -232,6 +234,10 @@ impl LossOps for CpuBackend {
 impl OptimOps for CpuBackend {
     fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError> {
         adam::adam_update(c.into_inner())
+    }
+
+    fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {
+        dense_adam::dense_adam(self, c.into_inner())
     }
 }
 

@@ -27,6 +27,7 @@
 mod conv;
 pub mod cublas;
 pub mod cudnn;
+mod dense_adam;
 pub mod kernels;
 pub mod memory;
 mod ops;

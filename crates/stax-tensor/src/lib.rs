@@ -38,7 +38,9 @@ pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
-pub use op::{Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep};
+pub use op::{
+    Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep, dense_chunk_rows,
+};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;

@@ -218,8 +218,31 @@ pub enum OpDesc {
         /// Elements.
         n: usize,
     },
+    /// A dense layer's weight gradient `xᵀ · dy` (`[k, n]` from `[m, k]` and `[m, n]`) consumed
+    /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one chunk of
+    /// the gradient ([`dense_chunk_rows`]).
+    DenseAdam {
+        /// Batch rows.
+        m: usize,
+        /// Output features.
+        n: usize,
+        /// Input features (rows of the weight).
+        k: usize,
+    },
     /// A host/device copy, a fill or a device copy: no workspace.
     Memory,
+}
+
+/// Rows of the weight [`OpDesc::DenseAdam`] processes at a time, `n` columns wide, within
+/// `bytes` of f32 gradient: a multiple of 64 rows when 64 fit (16-byte aligned chunks for any
+/// `n`), else as many as fit, at least 1 and at most `k`; 0 for an empty weight.
+pub fn dense_chunk_rows(k: usize, n: usize, bytes: usize) -> usize {
+    if k == 0 || n == 0 {
+        return 0;
+    }
+    let fit = bytes / (4 * n);
+    let rows = if fit >= 64 { fit / 64 * 64 } else { fit.max(1) };
+    rows.min(k)
 }
 
 /// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),

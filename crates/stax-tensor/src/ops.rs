@@ -26,7 +26,7 @@ pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };
-pub use update::{adam, softmax_xent};
+pub use update::{adam, dense_adam, softmax_xent};
 
 use crate::{Backend, DType, Shape, Tensor, TensorError};
 use std::sync::Arc;

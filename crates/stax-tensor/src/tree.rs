@@ -192,6 +192,56 @@ impl<T> Tree<T> {
             .map(|(_, t)| t)
     }
 
+    /// Removes and returns the subtree at `path` (found by its keys); `None` when there is
+    /// none. [`Tree::insert`] with the same path puts it back where it was.
+    pub fn remove(&mut self, path: &Path) -> Option<Tree<T>> {
+        let (last, parent) = path.0.split_last()?;
+        let mut node = self;
+        for (k, _) in parent {
+            node = node.child_mut(*k)?;
+        }
+        match node {
+            Tree::Node(children) => {
+                let i = children.iter().position(|(k, _)| *k == last.0)?;
+                Some(children.remove(i).1)
+            }
+            Tree::Leaf(_) => None,
+        }
+    }
+
+    /// Inserts `sub` at `path`: under the node its keys lead to, as the child at the position
+    /// the path records (the end if there are fewer children), under its last key.
+    ///
+    /// # Errors
+    /// [`StructureError`] when `path` is the root, its parent is missing or a leaf, or the
+    /// key is taken.
+    pub fn insert(&mut self, path: &Path, sub: Tree<T>) -> Result<(), StructureError> {
+        let err = |reason: &str| StructureError {
+            path: path.to_string(),
+            reason: reason.into(),
+        };
+        let ((key, position), parent) = path.0.split_last().ok_or_else(|| err("the root"))?;
+        let mut node = self;
+        for (k, _) in parent {
+            node = node.child_mut(*k).ok_or_else(|| err("no such parent"))?;
+        }
+        let Tree::Node(children) = node else {
+            return Err(err("the parent is a leaf"));
+        };
+        if children.iter().any(|(k, _)| k == key) {
+            return Err(err("the key is taken"));
+        }
+        children.insert((*position).min(children.len()), (*key, sub));
+        Ok(())
+    }
+
+    fn child_mut(&mut self, key: Key) -> Option<&mut Tree<T>> {
+        match self {
+            Tree::Node(children) => children.iter_mut().find(|(k, _)| *k == key).map(|(_, t)| t),
+            Tree::Leaf(_) => None,
+        }
+    }
+
     /// The leaf at `path`, if there is one.
     pub fn get(&self, path: &Path) -> Option<&T> {
         path.keys()
@@ -398,6 +448,26 @@ impl<T> Tree<Tree<T>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn remove_then_insert_restores_the_tree() {
+        let mut t = Tree::node([(Key::Layer(0, "dense"), Tree::fields([("w", 1), ("b", 2)]))]);
+        let before = t.clone();
+        let w = t.paths()[0].0.clone();
+        assert_eq!(w.to_string(), "0.dense/w");
+        let sub = t.remove(&w).unwrap();
+        assert_eq!(t.leaves(), [&2]);
+        assert_eq!(
+            t.paths()[0].0.jax_keystr(),
+            "[0][0]",
+            "b moves up while w is out"
+        );
+        assert!(t.remove(&w).is_none());
+        t.insert(&w, sub).unwrap();
+        assert_eq!(t, before);
+        assert!(t.insert(&w, Tree::leaf(9)).is_err(), "the key is taken");
+        assert!(t.insert(&Path::root(), Tree::leaf(9)).is_err());
+    }
+
     use super::*;
 
     fn model() -> Tree<u32> {

@@ -248,6 +248,17 @@ pub enum TrainError {
         /// The device planned for.
         device: stax_tensor::Device,
     },
+    /// A step failed after Adam had already updated some parameters in the backward pass
+    /// (the one exception to "a failed step changes nothing", which the trainer's set-up
+    /// rules out for running out of memory: [`crate::plan::MemoryPlan::rehearse`]). The
+    /// updated parameters are named; everything else is as the last finished step left it.
+    #[error("{source}\n(the step had already updated {} in its backward pass)", applied.join(", "))]
+    UpdatedBeforeFailure {
+        /// Paths of the parameters (and their moments) already updated.
+        applied: Vec<String>,
+        /// What failed.
+        source: Box<TrainError>,
+    },
     /// A layer failed (shapes, parameters, tensor ops).
     #[error(transparent)]
     Layer(#[from] stax_layers::LayerError),
@@ -369,6 +380,7 @@ impl TrainError {
             TrainError::Tensor(t) => t.oom(),
             TrainError::Layer(l) => l.tensor()?.oom(),
             TrainError::Optim(o) => o.tensor()?.oom(),
+            TrainError::UpdatedBeforeFailure { source, .. } => source.oom(),
             _ => None,
         }
     }

@@ -140,6 +140,9 @@ pub struct MemoryPlan {
     /// twice (the second is the one planned).
     #[serde(skip)]
     pub(crate) trace: Trace,
+    /// The first event of the trace after the trainer's set-up (the first placement).
+    #[serde(skip)]
+    pub(crate) loop_start: usize,
     #[serde(skip)]
     pub(crate) allocator: AllocatorModel,
 }
@@ -218,6 +221,7 @@ impl MemoryPlan {
         };
         // The loop as the trainer runs it. Placed: [place k, step k] per iteration. Prefetched:
         // place 1 once (part of the set-up), then [place k + 1, step k].
+        let loop_start = pb.events();
         let (x, y) = place()?;
         let mut next = match feed {
             Feed::Prefetched => Some(place()?),
@@ -249,6 +253,7 @@ impl MemoryPlan {
             shapes: (input.clone(), labels),
             phases,
             steps: step_start..step_end,
+            loop_start,
             ops,
         };
         Ok(planned.assemble(trace))
@@ -328,6 +333,8 @@ struct Planned<'a> {
     phases: Vec<(Phase, usize)>,
     /// The planned step's events in the trace.
     steps: std::ops::Range<usize>,
+    /// The first event after the set-up (the first placement).
+    loop_start: usize,
     /// Every op of the dry run.
     ops: Vec<OpDesc>,
 }
@@ -421,6 +428,7 @@ impl Planned<'_> {
             ops: self.ops,
             timeline,
             trace,
+            loop_start: self.loop_start,
         }
     }
 }

@@ -4,13 +4,21 @@
 //! The step is `value_and_grad` of the loss of `apply(params, x)` followed by the optimizer's
 //! update: forward (residuals kept), loss and its gradient, backward (each layer's gradients
 //! handed to a [`Collect`] sink as they exist), then the update, only if all of that worked
-//! and the loss is finite. So a step that fails (out of memory, a non-finite loss) leaves
-//! parameters and optimizer state as the last finished step left them. Every temporary is
-//! freed at its last use.
+//! and the loss is finite. Every temporary is freed at its last use.
+//!
+//! When the optimizer is applied in the backward pass ([`Optimizer::in_backward`]: Adam's
+//! default), the parameters whose layers can take it (a dense weight) and their moments are
+//! moved out of the trees before the backward pass, updated by their layers as the gradient
+//! is made ([`stax_tensor::ops::dense_adam`]), and put back after it; the rest is collected
+//! and updated after the pass. A failed step still changes nothing: the loss is checked
+//! finite before the backward pass, the fused op takes its workspace before writing, and the
+//! trainer's set-up reserved the loop's memory ([`crate::plan::MemoryPlan::rehearse`]), so no
+//! allocation after an update can run out. Should anything still fail after one, the error
+//! is [`TrainError::UpdatedBeforeFailure`], naming what was updated.
 
-use stax_layers::{Collect, Cx, Layer, LayerError, Loss};
+use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Updates};
 use stax_optim::{OptState, Optimizer};
-use stax_tensor::{Params, Shape, Tensor, Tree};
+use stax_tensor::{Key, Params, Path, Shape, Tensor, Tree};
 
 use crate::TrainError;
 
@@ -51,8 +59,9 @@ pub(crate) struct Parts<'a> {
 /// as each [`Phase`] starts. Returns the loss.
 ///
 /// # Errors
-/// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors. On any
-/// error `params` and `state` are unchanged.
+/// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors, after
+/// which `params` and `state` are unchanged; [`TrainError::UpdatedBeforeFailure`] (see the
+/// module docs).
 pub(crate) fn run_step(
     parts: Parts<'_>,
     params: &mut Params,
@@ -65,30 +74,137 @@ pub(crate) fn run_step(
     be.allocator().mark_step(step);
     on_phase(Phase::Forward);
     let mut sink = Collect::new();
-    let loss = {
+    let (loss, residuals, dlogits) = {
         let mut cx = Cx::train(&be, &mut sink);
         let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
         on_phase(Phase::Loss);
         let logits = one_output(parts.model, logits)?;
-        let (loss, dlogits) = {
-            let _scope = be.allocator().scope("loss");
-            parts.loss.value_and_grad(&logits, y)?
-        };
-        drop(logits);
-        on_phase(Phase::Backward);
-        parts
-            .model
-            .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
-        loss
+        let _scope = be.allocator().scope("loss");
+        let (loss, dlogits) = parts.loss.value_and_grad(&logits, y)?;
+        (loss, residuals, dlogits)
     };
-    let grads = sink.finish(params)?;
+    // Known before anything is updated, in the backward pass or after it.
     if !loss.is_finite() {
         return Err(TrainError::NonFiniteLoss { step, loss });
     }
-    on_phase(Phase::Update);
-    parts.opt.update(state, &grads, params)?;
-    drop(grads);
-    Ok(loss)
+    on_phase(Phase::Backward);
+    let mut updates = take_in_backward(parts, params, state, x.shape())?;
+    let run = (|| {
+        let mut cx = Cx::train(&be, &mut sink).with_updates(&mut updates);
+        parts
+            .model
+            .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
+        drop(cx);
+        let grads = sink.finish(params)?;
+        on_phase(Phase::Update);
+        parts.opt.update(state, &grads, params)?;
+        Ok::<_, TrainError>(())
+    })();
+    let applied = restore(params, state, updates, run.is_ok())?;
+    match run {
+        Err(e) if !applied.is_empty() => Err(TrainError::UpdatedBeforeFailure {
+            applied,
+            source: Box::new(e),
+        }),
+        other => other.map(|()| loss),
+    }
+}
+
+/// Moves the parameters Adam updates in their layers' backward passes (and their moments) out
+/// of `params` and `state` into slots for the layers ([`Cx::take_update`]); none when the
+/// optimizer is not applied in the backward pass.
+fn take_in_backward(
+    parts: Parts<'_>,
+    params: &mut Params,
+    state: &mut OptState,
+    input: &Shape,
+) -> Result<Updates, TrainError> {
+    let mut updates = Updates::new();
+    let t = state.count.saturating_add(1);
+    let Some(h) = parts.opt.in_backward(t) else {
+        return Ok(updates);
+    };
+    let specs = parts.model.param_specs(&Tree::leaf(input.clone()))?;
+    let paths: Vec<Path> = specs
+        .paths()
+        .into_iter()
+        .filter(|(_, s)| s.update_in_backward)
+        .map(|(p, _)| p)
+        .collect();
+    // Everything is checked before anything is moved.
+    let field = |path: &Path, f: &'static str, i| path.child(Key::Field(f), i);
+    for path in &paths {
+        let present = params.get(path).is_some()
+            && state.tree.get(&field(path, "mu", 0)).is_some()
+            && state.tree.get(&field(path, "nu", 1)).is_some();
+        if !present {
+            return Err(TrainError::Layer(LayerError::Gradients {
+                path: path.to_string(),
+                reason: "updated in the backward pass, it needs itself and Adam's mu and nu".into(),
+            }));
+        }
+    }
+    for path in paths {
+        let take = |tree: &mut Tree<Tensor>, p: &Path| tree.remove(p).and_then(Tree::into_leaf);
+        // the moments' node, relative to the parameter: mu, nu
+        let mut node = state.tree.remove(&path).unwrap_or_default();
+        let root = Path::root();
+        let mu = take(&mut node, &field(&root, "mu", 0));
+        let nu = take(&mut node, &field(&root, "nu", 1));
+        if let (Some(p), Some(mu), Some(nu)) = (take(params, &path), mu, nu) {
+            let applied = false;
+            updates.insert(
+                path,
+                InBackward {
+                    p,
+                    mu,
+                    nu,
+                    h,
+                    applied,
+                },
+            );
+        }
+    }
+    Ok(updates)
+}
+
+/// Puts the slots of [`take_in_backward`] back into `params` and `state`, where they were,
+/// and returns the paths of those whose update was applied. After a backward pass that
+/// succeeded (`ran`), every slot must have been applied.
+fn restore(
+    params: &mut Params,
+    state: &mut OptState,
+    updates: Updates,
+    ran: bool,
+) -> Result<Vec<String>, TrainError> {
+    let mut slots: Vec<_> = updates.into_iter().collect();
+    slots.sort_by(|a, b| a.0.cmp(&b.0));
+    let (mut missed, mut applied) = (None, Vec::new());
+    for (path, slot) in slots {
+        match (slot.applied, ran) {
+            (true, _) => applied.push(path.to_string()),
+            (false, true) => {
+                missed.get_or_insert_with(|| path.to_string());
+            }
+            (false, false) => {}
+        }
+        let moments = Tree::fields([("mu", slot.mu), ("nu", slot.nu)]);
+        let put = params
+            .insert(&path, Tree::leaf(slot.p))
+            .and_then(|()| state.tree.insert(&path, moments));
+        put.map_err(|e| LayerError::Gradients {
+            path: path.to_string(),
+            reason: format!("could not be put back: {e}"),
+        })?;
+    }
+    match missed {
+        Some(path) => Err(TrainError::Layer(LayerError::Gradients {
+            path,
+            reason: "marked for an update in the backward pass, which its layer did not apply"
+                .into(),
+        })),
+        None => Ok(applied),
+    }
 }
 
 /// The model's output as one tensor (the logits a loss reads).

@@ -35,6 +35,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     steps: u64,
     staging: HostStaging,
     feed: Feed,
+    /// The feed whose loop memory the allocator holds ([`MemoryPlan::rehearse`]).
+    rehearsed: Option<Feed>,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -85,6 +87,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             .map_err(|e| explain(e.into()))?;
         let state = opt.init(&params).map_err(|e| explain(e.into()))?;
         let trainer = Trainer {
+            rehearsed: None,
             model,
             params,
             opt,
@@ -96,8 +99,24 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             staging: HostStaging::new()?,
             feed: Feed::Placed,
         };
+        let mut trainer = trainer;
         trainer.calibrate(trainer.input.dims()[0])?;
+        trainer.rehearse()?;
         Ok(trainer)
+    }
+
+    /// With an optimizer applied in the backward pass, reserves the loop's memory for the
+    /// current feed before its first step ([`MemoryPlan::rehearse`]), so that no step can run
+    /// out of memory after a parameter was updated: the one way a failed step could otherwise
+    /// leave state changed.
+    fn rehearse(&mut self) -> Result<(), TrainError> {
+        if self.opt.in_backward(1).is_none() || self.rehearsed == Some(self.feed) {
+            return Ok(());
+        }
+        self.plan(self.input.dims()[0])?
+            .rehearse(self.backend.allocator())?;
+        self.rehearsed = Some(self.feed);
+        Ok(())
     }
 
     /// Makes the ops of a step with batch size `batch` exact on this trainer's backend
@@ -202,6 +221,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         meanwhile: &mut dyn FnMut(),
     ) -> Result<StepReport, TrainError> {
         self.check_batch(x, y)?;
+        self.rehearse()?;
         let allocator = self.backend.allocator().clone();
         allocator.reset_peak();
         let start = Instant::now();
@@ -267,6 +287,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Turns an out-of-memory inside step `self.steps + 1` into [`TrainError::OutOfMemory`]
     /// (the failed request names its buffer itself); other errors pass through.
     fn explain(&self, e: TrainError, batch: usize) -> TrainError {
+        if let TrainError::UpdatedBeforeFailure { applied, source } = e {
+            let source = Box::new(self.explain(*source, batch));
+            return TrainError::UpdatedBeforeFailure { applied, source };
+        }
         let Some(request) = e.oom().cloned() else {
             return e;
         };

@@ -314,6 +314,37 @@ pub struct Adam<'a> {
     pub h: AdamHyper,
 }
 
+/// Where [`DenseAdam`] writes the input gradient `dx = dy · wᵀ` `[m, k]`.
+#[derive(Debug)]
+pub enum DenseDx<'a> {
+    /// Not computed (the model's input).
+    Skip,
+    /// Over `x`, chunk by chunk after each chunk's `dw` has been read from it.
+    InPlace,
+    /// Into this tensor.
+    Into(&'a mut Tensor),
+}
+
+/// A dense layer's weight gradient consumed by Adam as it is made (see
+/// [`crate::ops::dense_adam`]): x `[m, k]`, dy `[m, n]`, w, mu and nu `[k, n]`, all f32.
+#[derive(Debug)]
+pub struct DenseAdam<'a> {
+    /// The layer's input (it holds `dx` afterwards with [`DenseDx::InPlace`]).
+    pub x: &'a mut Tensor,
+    /// Output gradient.
+    pub dy: &'a Tensor,
+    /// The weight, updated in place.
+    pub w: &'a mut Tensor,
+    /// Adam's first moment of `w`, updated in place.
+    pub mu: &'a mut Tensor,
+    /// Adam's second moment of `w`, updated in place.
+    pub nu: &'a mut Tensor,
+    /// Where the input gradient goes.
+    pub dx: DenseDx<'a>,
+    /// Hyper-parameters of this step.
+    pub h: AdamHyper,
+}
+
 impl Call for Conv2d<'_> {
     fn desc(&self) -> OpDesc {
         conv(self.g, crate::ConvPass::Forward, self.x.dtype())
@@ -430,5 +461,16 @@ impl Call for SoftmaxXent<'_> {
 impl Call for Adam<'_> {
     fn desc(&self) -> OpDesc {
         OpDesc::Adam { n: self.p.numel() }
+    }
+}
+
+impl Call for DenseAdam<'_> {
+    fn desc(&self) -> OpDesc {
+        let (m, k) = (self.x.dims()[0], self.x.dims()[1]);
+        OpDesc::DenseAdam {
+            m,
+            n: self.dy.dims()[1],
+            k,
+        }
     }
 }

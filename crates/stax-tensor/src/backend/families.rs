@@ -7,7 +7,8 @@ use crate::{Checked, TensorError};
 
 use super::call::{
     Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    CopyInAsync, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
+    UnaryBwd,
 };
 
 /// Copies between host and device, device copies and fills.
@@ -159,4 +160,11 @@ pub trait OptimOps {
     /// # Errors
     /// Kernel errors.
     fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError>;
+
+    /// A dense layer's backward pass with Adam applied to its weight as the gradient is made,
+    /// chunk by chunk, so the whole gradient never exists (see [`crate::ops::dense_adam`]).
+    ///
+    /// # Errors
+    /// Workspace allocation (before anything is written) and kernel errors.
+    fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError>;
 }

@@ -8,8 +8,8 @@
 //! bias corrections in [`AdamHyper`].
 
 use super::{data, data_mut};
-use crate::TensorError;
 use crate::backend::Adam;
+use crate::{AdamHyper, TensorError};
 
 const OP: &str = "adam_update";
 
@@ -26,15 +26,20 @@ pub(crate) fn adam_update(c: Adam<'_>) -> Result<(), TensorError> {
     let Adam { p, g, m, v, h } = c;
     let g = data(OP, g)?;
     let (p, m, v) = (data_mut(OP, p)?, data_mut(OP, m)?, data_mut(OP, v)?);
-    let step = -h.lr;
+    step(p, g, m, v, &h);
+    Ok(())
+}
+
+/// The Adam step of the module doc over equal-length slices.
+pub(crate) fn step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: &AdamHyper) {
+    let lr = -h.lr;
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         *m = (1.0 - h.b1) * g + h.b1 * *m;
         *v = (1.0 - h.b2) * (g * g) + h.b2 * *v;
         let m_hat = *m / h.bias_correction1;
         let v_hat = *v / h.bias_correction2;
-        *p += step * (m_hat / ((v_hat + h.eps_root).sqrt() + h.eps));
+        *p += lr * (m_hat / ((v_hat + h.eps_root).sqrt() + h.eps));
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -174,11 +174,11 @@ fn columns(
     Ok((ws, i))
 }
 
-/// The f32 view of column buffer `i`.
-fn floats(ws: &mut Scratch, i: usize) -> Result<&mut [f32], TensorError> {
+/// The f32 view of workspace buffer `i`.
+pub(super) fn floats(ws: &mut Scratch, i: usize) -> Result<&mut [f32], TensorError> {
     bytemuck::try_cast_slice_mut(ws.host_mut(i)?).map_err(|e| TensorError::InvalidArgument {
         op: "workspace",
-        reason: format!("the column buffer is not an f32 array: {e}"),
+        reason: format!("workspace buffer {i} is not an f32 array: {e}"),
     })
 }
 

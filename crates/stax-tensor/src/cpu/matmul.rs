@@ -31,6 +31,18 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// `data` as a `[rows, cols]` matrix whose rows start `rs` elements apart (`rs >= cols`):
+    /// a block of columns of a wider row-major matrix.
+    pub(crate) fn strided(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            rs,
+            cs: 1,
+        }
+    }
+
     /// The transpose, `[cols, rows]`, sharing the data.
     pub(crate) fn t(self) -> Self {
         MatRef {
@@ -43,18 +55,35 @@ impl<'a> MatRef<'a> {
     }
 }
 
-/// A mutable row-major `[rows, cols]` matrix view.
+/// A mutable `[rows, cols]` matrix view with unit column stride, rows `rs >= cols` apart.
 #[derive(Debug)]
 pub(crate) struct MatMut<'a> {
     data: &'a mut [f32],
     rows: usize,
     cols: usize,
+    rs: usize,
 }
 
 impl<'a> MatMut<'a> {
     /// `data` as a row-major `[rows, cols]` matrix.
     pub(crate) fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
-        MatMut { data, rows, cols }
+        MatMut {
+            data,
+            rows,
+            cols,
+            rs: cols,
+        }
+    }
+
+    /// As [`MatRef::strided`], writable; `rs` is raised to `cols` if smaller, so rows never
+    /// overlap.
+    pub(crate) fn strided(data: &'a mut [f32], rows: usize, cols: usize, rs: usize) -> Self {
+        MatMut {
+            data,
+            rows,
+            cols,
+            rs: rs.max(cols),
+        }
     }
 }
 
@@ -89,7 +118,7 @@ pub(crate) fn gemm(
     c: MatMut<'_>,
 ) -> Result<(), TensorError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let strides = [a.rs, a.cs, b.rs, b.cs, c.cols].map(stride);
+    let strides = [a.rs, a.cs, b.rs, b.cs, c.rs].map(stride);
     let [Some(rsa), Some(csa), Some(rsb), Some(csb), Some(rsc)] = strides else {
         return Err(gemm_error(op, m, k, n));
     };
@@ -98,13 +127,13 @@ pub(crate) fn gemm(
         && c.cols == n
         && in_bounds(a.data.len(), m, k, a.rs, a.cs)
         && in_bounds(b.data.len(), k, n, b.rs, b.cs)
-        && in_bounds(c.data.len(), m, n, n, 1);
+        && in_bounds(c.data.len(), m, n, c.rs, 1);
     if !fits {
         return Err(gemm_error(op, m, k, n));
     }
     // SAFETY: every element of the three views lies inside its slice (checked above, strides
-    // non-negative); `c` is row-major with `rsc = n >= 1 = csc` whenever it has two or more
-    // columns, so no two elements of C alias; `c` is a `&mut` slice, so it overlaps neither
+    // non-negative); `c` has unit column stride and rows `rsc >= n` apart, so no two elements
+    // of C alias; `c` is a `&mut` slice, so it overlaps neither
     // `a` nor `b`. `matrixmultiply` does not read C when beta is 0.
     unsafe {
         matrixmultiply::sgemm(

@@ -55,6 +55,25 @@ pub(crate) struct Gemm {
     pub transpose_a: bool,
     /// `b` is stored `[n, k]`.
     pub transpose_b: bool,
+    /// Elements between rows of the stored `a`, `b` and `c` (at least their widths): a block
+    /// of columns of a wider matrix has its matrix's row length here.
+    pub row_strides: [usize; 3],
+}
+
+impl Gemm {
+    /// Contiguous row-major operands.
+    pub(crate) fn new(m: usize, n: usize, k: usize, transpose_a: bool, transpose_b: bool) -> Gemm {
+        let a = if transpose_a { m } else { k };
+        let b = if transpose_b { k } else { n };
+        Gemm {
+            m,
+            n,
+            k,
+            transpose_a,
+            transpose_b,
+            row_strides: [a, b, n],
+        }
+    }
 }
 
 impl Blas {
@@ -118,12 +137,14 @@ impl Blas {
                 sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        // cuBLAS's A' is our b: column-major [n, k] when b is [k, n] row-major (ld n), or the
-        // transpose of column-major [k, n] when b is stored [n, k] (ld k).
-        let ldb = if g.transpose_b { k } else { n };
-        // cuBLAS's B' is our a: column-major [k, m] when a is [m, k] (ld k), or the transpose
-        // of column-major [m, k] when a is stored [k, m] (ld m).
-        let lda = if g.transpose_a { m } else { k };
+        // cuBLAS's A' is our b: column-major [n, k] when b is [k, n] row-major, or the transpose
+        // of column-major [k, n] when b is stored [n, k]; its leading dimension is b's row
+        // stride. Likewise cuBLAS's B' is our a, and C' is our c.
+        let [lda, ldb, ldc] = [
+            int(g.row_strides[0])?,
+            int(g.row_strides[1])?,
+            int(g.row_strides[2])?,
+        ];
         let (alpha, beta) = (1.0f32, 0.0f32);
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
@@ -131,9 +152,9 @@ impl Blas {
         unsafe { sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes) }
             .result()
             .map_err(cublas("cublasSetWorkspace"))?;
-        // SAFETY: a, b, c are device buffers of [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 (checked
-        // by the caller); alpha and beta are host scalars (the default pointer mode); the
-        // leading dimensions follow the row-major-as-transposed mapping above.
+        // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 at
+        // their row strides (checked by the caller); alpha and beta are host scalars (the
+        // default pointer mode); the leading dimensions follow the mapping above.
         unsafe {
             result::sgemm(
                 handle.0,
@@ -149,7 +170,7 @@ impl Blas {
                 lda,
                 &beta,
                 c as *mut f32,
-                n,
+                ldc,
             )
         }
         .map_err(cublas("cublasSgemm"))

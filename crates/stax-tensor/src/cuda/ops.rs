@@ -5,8 +5,8 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Matmul,
-    Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
+    Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::dtype::{bf16, f16};
 use crate::{
@@ -122,13 +122,7 @@ impl MatmulOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let bytes = self.matmul_bytes(m, n, k);
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
-        let gemm = cublas::Gemm {
-            m,
-            n,
-            k,
-            transpose_a,
-            transpose_b,
-        };
+        let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
         let ws_addr = i.map_or(0, |i| ws.addr(i));
         self.blas
             .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, bytes)?;
@@ -221,5 +215,9 @@ impl OptimOps for CudaBackend {
         self.bind()?;
         self.kernels
             .adam(p.addr(), g.addr(), m.addr(), v.addr(), &h, p.numel())
+    }
+
+    fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {
+        self.dense_adam_chunks(c.into_inner())
     }
 }

@@ -1,7 +1,7 @@
 //! The loss and the optimizer's update.
 
-use crate::backend::{Adam, SoftmaxXent};
-use crate::{AdamHyper, Checked, Tensor, TensorError, softmax_xent_dims};
+use crate::backend::{Adam, DenseAdam, DenseDx, SoftmaxXent};
+use crate::{AdamHyper, Checked, DType, Shape, Tensor, TensorError, softmax_xent_dims};
 
 use super::{F32, backend_of, input, output, supports};
 
@@ -88,4 +88,62 @@ pub fn adam(
     output(OP, &be, m, p.dtype(), Some(&shape))?;
     output(OP, &be, v, p.dtype(), Some(&shape))?;
     be.adam(Checked::new(Adam { p, g, m, v, h: *h }))
+}
+
+/// A dense layer's backward pass with Adam applied to its weight as the weight gradient is
+/// made, so that the gradient `dw = xᵀ · dy` never exists whole: for each chunk of the
+/// weight's rows ([`crate::dense_chunk_rows`]), `dw_chunk = x[:, chunk]ᵀ · dy`, then (from the
+/// old weight) `dx[:, chunk] = dy · w_chunkᵀ`, then the Adam step of [`adam`] on `w_chunk`,
+/// `mu_chunk`, `nu_chunk`. Per element this is exactly `matmul` then `adam`; the one workspace
+/// block (a chunk of `dw`) is taken before anything is written, so an error leaves every
+/// operand as it was. x `[m, k]`, dy `[m, n]`, w, mu, nu `[k, n]`, dx `[m, k]`, all f32.
+/// With [`DenseDx::InPlace`], `x` holds `dx` on return.
+///
+/// # Errors
+/// [`TensorError::Shape`] for operands of other shapes (x and dy must be matrices with the
+/// same rows); as [`adam`] for the hyper-parameters; dtype, device and alias errors (w, mu,
+/// nu, an in-place x and dx must be solely owned).
+#[allow(clippy::too_many_arguments)]
+pub fn dense_adam(
+    x: &mut Tensor,
+    dy: &Tensor,
+    w: &mut Tensor,
+    mu: &mut Tensor,
+    nu: &mut Tensor,
+    dx: DenseDx<'_>,
+    h: &AdamHyper,
+) -> Result<(), TensorError> {
+    const OP: &str = "dense_adam";
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    validate(h)?;
+    let matrix = |t: &Tensor| match t.dims() {
+        &[r, c] => Ok((r, c)),
+        _ => Err(TensorError::Shape {
+            op: OP,
+            reason: "x and dy must be matrices [rows, features]".into(),
+            got: t.shape().clone(),
+        }),
+    };
+    let ((m, k), (_, n)) = (matrix(x)?, matrix(dy)?);
+    input(OP, &be, dy, DType::F32, Some(&Shape::new([m, n])))?;
+    let weight = Shape::new([k, n]);
+    for t in [&*w, &*mu, &*nu] {
+        output(OP, &be, t, DType::F32, Some(&weight))?;
+    }
+    match &dx {
+        DenseDx::InPlace => output(OP, &be, x, DType::F32, None)?,
+        DenseDx::Into(d) => output(OP, &be, d, DType::F32, Some(&Shape::new([m, k])))?,
+        DenseDx::Skip => input(OP, &be, x, DType::F32, None)?,
+    }
+    let call = DenseAdam {
+        x,
+        dy,
+        w,
+        mu,
+        nu,
+        dx,
+        h: *h,
+    };
+    be.dense_adam(Checked::new(call))
 }

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
     Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
-    CopyIn, CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    CopyIn, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
+    UnaryBwd,
 };
 use stax_tensor::{
     Backend, BackendId, Checked, ConvOps, Device, ElementwiseOps, LossOps, MatmulOps, MemoryOps,
@@ -140,7 +141,7 @@ replay_ops! {
         bias_add(BiasAdd),
         bias_grad(BiasGrad)
     }
-    OptimOps { adam(Adam) }
+    OptimOps { adam(Adam), dense_adam(DenseAdam) }
 }
 
 impl MemoryOps for PlanBackend {

@@ -211,3 +211,24 @@ pub(crate) fn largest_batch(
     }
     Ok(lo)
 }
+
+impl MemoryPlan {
+    /// Reserves on `allocator` the memory the planned loop needs: its placements and steps
+    /// (the trace after the set-up) allocated and freed in order, nothing computed. The
+    /// allocator then holds, cached, every segment the loop's allocations are served from, so
+    /// a step of this plan asks the backend for no memory and cannot run out of it. The
+    /// trainer does this at set-up when its optimizer updates parameters in the backward pass
+    /// (see [`crate::Trainer::with_loss`]).
+    ///
+    /// # Errors
+    /// The allocator's out-of-memory error when the loop does not fit, before any step ran.
+    pub fn rehearse(&self, allocator: &Arc<Allocator>) -> Result<(), TrainError> {
+        let events = self.trace.events[self.loop_start.min(self.trace.events.len())..].to_vec();
+        let trace = stax_alloc::Trace {
+            events,
+            marks: Vec::new(),
+        };
+        replay(&trace, allocator).map_err(TensorError::from)?;
+        Ok(())
+    }
+}
