@@ -118,9 +118,25 @@ struct Args {
     /// im2col column chunk (default 4 MiB).
     #[arg(long)]
     workspace_limit: Option<String>,
+    /// Collect the dense weights' gradients for the one update after the backward pass (as
+    /// JAX and PyTorch do) instead of applying Adam to them in their backward pass: more
+    /// memory (the seed's 1.31 GB weight gradient), for comparison.
+    #[arg(long)]
+    collect_grads: bool,
 }
 
 impl Args {
+    /// Adam with `--lr`, updating dense weights in their backward pass unless
+    /// `--collect-grads`.
+    fn adam(&self) -> Adam {
+        let adam = Adam::new(self.lr);
+        if self.collect_grads {
+            adam.collecting()
+        } else {
+            adam
+        }
+    }
+
     /// How the loop feeds batches.
     fn feed(&self) -> Feed {
         if self.no_prefetch {
@@ -250,7 +266,7 @@ fn show_plan(
     );
     let budget = budget(args)?;
     let model = seed_cnn(plan.labels.dims()[1]);
-    let adam = Adam::new(args.lr);
+    let adam = args.adam();
     match max_batch_that_fits(&model, &plan.input, &adam, backend, args.feed(), budget) {
         Ok(n) => println!(
             "largest batch that fits {}: {n} (allocator {})",
@@ -381,7 +397,7 @@ fn run(args: Args) -> Result<(), Error> {
         check_path(flag, p)?;
     }
     let input = Shape::new([args.batch, img, img, channels]);
-    let adam = Adam::new(args.lr);
+    let adam = args.adam();
     let model = seed_cnn(train.num_classes());
     if args.plan {
         let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
