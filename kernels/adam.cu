@@ -68,3 +68,75 @@ extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__re
         p[j] = pj;
     }
 }
+
+// A dense layer's backward pass with Adam on its weight, for small batches (ops::dense_adam
+// when mb * n <= DENSE_DY_MAX, mb <= DENSE_M_MAX and n <= 128): dw never leaves registers.
+// x [mb, k], dy [mb, n], w, m, v [k, n], dx [mb, k] (may be x itself, or null to skip), f32.
+// A block stages dy in shared memory once and walks groups of DENSE_ROWS weight rows, one row
+// per warp, each lane owning columns lane + 32 t (t < 4): dw[row, j] = sum_b x[b, row] dy[b, j]
+// and dx[b, row] = sum_j dy[b, j] w[row, j] (a warp sum, from the old weight), then Adam on
+// the row. The group's x values are staged in shared memory before any dx of the group is
+// written, and no other block reads those columns of x, so dx may overwrite x.
+#define DENSE_ROWS 8
+#define DENSE_DY_MAX 8192
+#define DENSE_M_MAX 256
+
+__device__ __forceinline__ float warp_allsum_f32(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, offset);
+    }
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    dense_adam_rows_f32(const float *x, const float *__restrict__ dy, float *__restrict__ w,
+                        float *__restrict__ m, float *__restrict__ v, float *dx, AdamHyper h,
+                        size_t mb, size_t n, size_t k) {
+    __shared__ float dys[DENSE_DY_MAX];
+    __shared__ float xs[DENSE_ROWS * DENSE_M_MAX];
+    for (size_t i = threadIdx.x; i < mb * n; i += blockDim.x) dys[i] = dy[i];
+    const size_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t step = (size_t)gridDim.x * DENSE_ROWS;
+    for (size_t k0 = (size_t)blockIdx.x * DENSE_ROWS; k0 < k; k0 += step) {
+        __syncthreads(); // dy staged; the previous group's xs no longer read
+        for (size_t i = threadIdx.x; i < mb * DENSE_ROWS; i += blockDim.x) {
+            size_t b = i / DENSE_ROWS, r = i % DENSE_ROWS;
+            xs[r * DENSE_M_MAX + b] = k0 + r < k ? x[b * k + k0 + r] : 0.0f;
+        }
+        __syncthreads();
+        const size_t row = k0 + warp;
+        if (row >= k) continue; // warp-uniform
+        float wr[4], g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            size_t j = lane + 32 * t;
+            wr[t] = j < n ? w[row * n + j] : 0.0f;
+        }
+        for (size_t b = 0; b < mb; ++b) {
+            float xb = xs[warp * DENSE_M_MAX + b], acc = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                size_t j = lane + 32 * t;
+                float d = j < n ? dys[b * n + j] : 0.0f;
+                g[t] = fmaf(xb, d, g[t]);
+                acc = fmaf(d, wr[t], acc);
+            }
+            if (dx != 0) {
+                acc = warp_allsum_f32(acc);
+                if (lane == 0) dx[b * k + row] = acc;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            size_t j = lane + 32 * t;
+            if (j < n) {
+                size_t e = row * n + j;
+                float pe = wr[t], me = m[e], ve = v[e];
+                adam_one(pe, g[t], me, ve, h);
+                m[e] = me;
+                v[e] = ve;
+                w[e] = pe;
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The dense layer's weight gradient consumed by Adam as it is made (`ops::dense_adam`): the
-//! GPU's chunked pass equals the CPU's on fresh random inputs, over several chunks and a
-//! partial one, for every way of writing the input gradient.
+//! GPU equals the CPU on fresh random inputs, in both of its ways (by chunks, over several and
+//! a partial one; one kernel for small batches), for every way of writing the input gradient;
+//! training with it equals training with every gradient collected, on the CPU.
 
 mod common;
 
@@ -30,12 +31,17 @@ fn gpu_dense_adam_matches_cpu() {
         return;
     };
     let cpu = cpu();
-    // (m, n, k): 70,000 rows of 128 are two 16 MiB chunks and a partial one on the GPU
-    for ((m, n, k), mode) in [
-        ((100, 128, 70_000), 0),
+    // (m, n, k): m * n > 8192 or m > 256 run by chunks of 64 MiB of gradient through cuBLAS
+    // (70,000 rows of 300 are two, the second partial); the others as the one in-register
+    // kernel (64 x 128 at its shared-memory bound)
+    let cases = [
+        ((100, 300, 70_000), 0),
+        ((257, 3, 100), 1),
         ((3, 5, 77), 1),
         ((10, 128, 40_000), 2),
-    ] {
+        ((64, 128, 5_000), 0),
+    ];
+    for ((m, n, k), mode) in cases {
         let mut rng = Rng::new(seed_for("dense_adam", &[m, n, k]));
         let mut both = |rows, cols, positive: bool| {
             let mut v = rng.vec(rows * cols, -1.0, 1.0);

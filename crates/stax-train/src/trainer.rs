@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use stax_layers::{Cx, Layer, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params};
 use stax_optim::{Adam, OptState, Optimizer};
-use stax_tensor::{Backend, Params, Shape, Tensor, Tree};
+use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, Tree};
 
 use crate::TrainError;
 use crate::plan::{self, Feed, MemoryPlan};
@@ -110,7 +110,9 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// out of memory after a parameter was updated: the one way a failed step could otherwise
     /// leave state changed.
     fn rehearse(&mut self) -> Result<(), TrainError> {
-        if self.opt.in_backward(1).is_none() || self.rehearsed == Some(self.feed) {
+        // `bfc` holds its whole arena from the start: nothing to reserve
+        let arena = matches!(self.backend.allocator().strategy(), Strategy::Bfc { .. });
+        if arena || self.opt.in_backward(1).is_none() || self.rehearsed == Some(self.feed) {
             return Ok(());
         }
         self.plan(self.input.dims()[0])?
