@@ -1,7 +1,6 @@
-//! A dense layer's backward pass with Adam on its weight, on the device (see
-//! [`crate::ops::dense_adam`]). A small batch runs as one kernel with each row's gradient in
-//! registers ([`in_registers`]: no workspace, one pass over the weight and its moments).
-//! Otherwise, per chunk of the weight's rows, two cuBLAS GEMMs on strided views (`dw_chunk = x[:, chunk]ᵀ · dy` into the workspace, `dx[:, chunk] = dy · w_chunkᵀ`)
+//! A dense layer's backward pass with Adam on its weight, chunk by chunk, on the device (see
+//! [`crate::ops::dense_adam`]): per chunk of the weight's rows two cuBLAS GEMMs on strided
+//! views (`dw_chunk = x[:, chunk]ᵀ · dy` into the workspace, `dx[:, chunk] = dy · w_chunkᵀ`)
 //! and the Adam kernel on the chunk. A chunk holds a quarter of the workspace limit of
 //! gradient (64 MiB by default).
 
@@ -10,13 +9,6 @@ use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
 use crate::{Backend, OpDesc, TensorError, dense_chunk_rows};
 
 const OP: &str = "dense_adam";
-
-/// Whether a dense backward pass of batch `m` and `n` outputs runs as one kernel with the
-/// gradient in registers (`dense_adam_rows_f32`: the batch's dy fits its shared memory),
-/// needing no workspace; otherwise by chunks through cuBLAS.
-pub(super) fn in_registers(m: usize, n: usize) -> bool {
-    n <= 128 && m <= 256 && m * n <= 8192
-}
 
 impl CudaBackend {
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
@@ -43,20 +35,6 @@ impl CudaBackend {
             if let Some(d) = dx.filter(|_| m * k > 0) {
                 self.kernels.fill_u32(d, 0, m * k)?;
             }
-            return ws.finish();
-        }
-        if in_registers(m, n) {
-            let ptrs = [
-                c.x.addr(),
-                c.dy.addr(),
-                c.w.addr(),
-                c.mu.addr(),
-                c.nu.addr(),
-            ];
-            let [x, dy, w, mu, nu] = ptrs;
-            let dx = dx.unwrap_or(0);
-            self.kernels
-                .dense_adam_rows([x, dy, w, mu, nu, dx], &c.h, m, n, k)?;
             return ws.finish();
         }
         let g = ws.alloc()?;

@@ -88,7 +88,6 @@ impl CudaBackend {
             }
             OpDesc::DenseAdam { m, n, k } => match k * n {
                 0 => Vec::new(),
-                _ if super::dense_adam::in_registers(m, n) => Vec::new(),
                 _ => {
                     let chunk = self.dense_chunk_rows(k, n) * n * 4;
                     match self.matmul_bytes(m.max(1), n, k) {

@@ -65,7 +65,7 @@ impl KernelModule {
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32"],
-            KernelModule::Adam => &["adam_f32", "adam_vec_f32", "dense_adam_rows_f32"],
+            KernelModule::Adam => &["adam_f32", "adam_vec_f32"],
             KernelModule::Layout => &[
                 "hwio_to_ohwi_f32",
                 "ohwi_to_hwio_f32",

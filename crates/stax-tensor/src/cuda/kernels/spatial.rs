@@ -109,35 +109,6 @@ impl Kernels {
         .map_err(driver(k))
     }
 
-    /// A dense layer's backward pass with Adam for a small batch, in one kernel
-    /// (`dense_adam_rows_f32`, kernels/adam.cu): x `[mb, k]`, dy `[mb, n]`, w, m, v `[k, n]`,
-    /// dx `[mb, k]` (0 to skip; may be x). The caller keeps `n <= 128`, `mb <= 256` and
-    /// `mb * n <= 8192` (the kernel's shared memory).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn dense_adam_rows(
-        &self,
-        [x, dy, w, m, v, dx]: [u64; 6],
-        h: &AdamHyper,
-        mb: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), TensorError> {
-        if k == 0 {
-            return Ok(());
-        }
-        let sym = "dense_adam_rows_f32";
-        // SAFETY: `dense_adam_rows_f32(const float *x, const float *dy, float *w, float *m,
-        // float *v, float *dx, AdamHyper h, size_t mb, size_t n, size_t k)`; x and dx (null or
-        // x or distinct) hold mb*k floats, dy mb*n, w, m, v k*n, distinct; mb, n within the
-        // kernel's shared arrays (checked by the caller); blocks of 256 threads, 8 warps.
-        unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(k.saturating_mul(32));
-                &x, &dy, &w, &m, &v, &dx, h, &mb, &n, &k)
-            .map(drop)
-        }
-        .map_err(driver(sym))
-    }
-
     /// Filter transpose between HWIO `[kh, kw, ci, co]` and OHWI `[co, kh, kw, ci]`
     /// (`to_ohwi` picks the direction); `hw = kh * kw`.
     pub(crate) fn transpose_filter(
