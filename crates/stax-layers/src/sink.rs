@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use stax_tensor::{AdamHyper, Grads, Params, Path, Tensor};
+use stax_tensor::{AdamHyper, BinaryOp, Grads, Params, Path, Tensor, ops};
 
 use crate::LayerError;
 
@@ -18,16 +18,28 @@ pub trait GradSink {
     fn accept(&mut self, path: &Path, grads: Grads) -> Result<(), LayerError>;
 }
 
-/// Collects every gradient of a backward pass, for one update after it.
+/// Collects every gradient of a backward pass, for one update after it; or, summing, the
+/// gradients of several backward passes (gradient accumulation over micro-batches, optax's
+/// `MultiSteps`): the first pass's gradient tensors become the sums and each later one is
+/// added into them in place (`ops::binary(Add)`) and freed at once.
 #[derive(Debug, Default)]
 pub struct Collect {
     by_path: HashMap<Path, Tensor>,
+    summing: bool,
 }
 
 impl Collect {
-    /// An empty collection.
+    /// An empty collection; a gradient given twice is an error.
     pub fn new() -> Collect {
         Collect::default()
+    }
+
+    /// An empty sum over backward passes.
+    pub fn summing() -> Collect {
+        Collect {
+            summing: true,
+            ..Collect::default()
+        }
     }
 
     /// The collected gradients as a tree like `params`.
@@ -58,11 +70,19 @@ impl GradSink for Collect {
     fn accept(&mut self, path: &Path, grads: Grads) -> Result<(), LayerError> {
         for (rest, t) in grads.paths() {
             let full = path.join(&rest);
-            if self.by_path.insert(full.clone(), t.clone()).is_some() {
-                return Err(LayerError::Gradients {
-                    path: full.to_string(),
-                    reason: "given twice".into(),
-                });
+            match self.by_path.get_mut(&full) {
+                Some(sum) if self.summing => {
+                    ops::binary(BinaryOp::Add, sum, t).map_err(LayerError::from)?;
+                }
+                Some(_) => {
+                    return Err(LayerError::Gradients {
+                        path: full.to_string(),
+                        reason: "given twice".into(),
+                    });
+                }
+                None => {
+                    self.by_path.insert(full, t.clone());
+                }
             }
         }
         Ok(())

@@ -228,7 +228,7 @@ impl MemoryPlan {
             Feed::Placed => None,
         };
         let no_hook = &mut |_: Phase| {};
-        run_step(parts, &mut params, &mut state, (&x, &y), 1, no_hook)?;
+        run_step(parts, &mut params, &mut state, &[(&x, &y)], 1, no_hook)?;
         drop((x, y));
         let (x, y) = match next.take() {
             Some(batch) => {
@@ -240,7 +240,7 @@ impl MemoryPlan {
         let step_start = pb.events();
         let mut phases = Vec::new();
         let hook = &mut |p: Phase| phases.push((p, pb.events() - step_start));
-        run_step(parts, &mut params, &mut state, (&x, &y), 2, hook)?;
+        run_step(parts, &mut params, &mut state, &[(&x, &y)], 2, hook)?;
         let step_end = pb.events();
         let (mut trace, ops) = pb.finish();
         drop((x, y, next, params, state, be));

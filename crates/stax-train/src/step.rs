@@ -18,7 +18,7 @@
 
 use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Updates};
 use stax_optim::{OptState, Optimizer};
-use stax_tensor::{Key, Params, Path, Shape, Tensor, Tree};
+use stax_tensor::{BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
 
 use crate::TrainError;
 
@@ -55,8 +55,11 @@ pub(crate) struct Parts<'a> {
     pub opt: &'a dyn Optimizer,
 }
 
-/// One training step on a placed batch `(x, y)` (see the module docs); `on_phase` is called
-/// as each [`Phase`] starts. Returns the loss.
+/// One training step on placed batches (see the module docs): one `(x, y)`, or several
+/// micro-batches whose gradients are summed in place ([`Collect::summing`]; each
+/// micro-batch's loss gradient scaled by `1 / batches.len()`, so the sum is the mean, as
+/// optax's `MultiSteps` averages) before one update. `on_phase` is called as each [`Phase`]
+/// starts (for every micro-batch). Returns the loss, the mean over micro-batches.
 ///
 /// # Errors
 /// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors, after
@@ -66,23 +69,20 @@ pub(crate) fn run_step(
     parts: Parts<'_>,
     params: &mut Params,
     state: &mut OptState,
-    (x, y): (&Tensor, &Tensor),
+    batches: &[(&Tensor, &Tensor)],
     step: u64,
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<f32, TrainError> {
+    let Some(&(x, _)) = batches.first() else {
+        return Err(TrainError::ZeroBatchSize { op: "step" });
+    };
     let be = x.backend().clone();
     be.allocator().mark_step(step);
-    on_phase(Phase::Forward);
+    if batches.len() > 1 {
+        return accumulate(parts, (params, state), batches, step, on_phase);
+    }
     let mut sink = Collect::new();
-    let (loss, residuals, dlogits) = {
-        let mut cx = Cx::train(&be, &mut sink);
-        let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
-        on_phase(Phase::Loss);
-        let logits = one_output(parts.model, logits)?;
-        let _scope = be.allocator().scope("loss");
-        let (loss, dlogits) = parts.loss.value_and_grad(&logits, y)?;
-        (loss, residuals, dlogits)
-    };
+    let (loss, residuals, dlogits) = forward(parts, params, batches[0], 1, on_phase)?;
     // Known before anything is updated, in the backward pass or after it.
     if !loss.is_finite() {
         return Err(TrainError::NonFiniteLoss { step, loss });
@@ -108,6 +108,65 @@ pub(crate) fn run_step(
         }),
         other => other.map(|()| loss),
     }
+}
+
+/// The forward pass and the loss of one (micro-)batch: the loss, the residuals and the loss
+/// gradient, scaled by `1 / parts` when the batch is one of `parts` micro-batches.
+fn forward(
+    parts: Parts<'_>,
+    params: &Params,
+    (x, y): (&Tensor, &Tensor),
+    of: usize,
+    on_phase: &mut dyn FnMut(Phase),
+) -> Result<(f32, stax_layers::Residuals, Tensor), TrainError> {
+    let be = x.backend().clone();
+    on_phase(Phase::Forward);
+    let mut unused = Collect::new();
+    let mut cx = Cx::train(&be, &mut unused);
+    let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
+    on_phase(Phase::Loss);
+    let logits = one_output(parts.model, logits)?;
+    let _scope = be.allocator().scope("loss");
+    let (loss, mut dlogits) = parts.loss.value_and_grad(&logits, y)?;
+    drop(logits);
+    if of > 1 {
+        let tag = stax_alloc::Tag::new(stax_alloc::Category::Gradient, "scale");
+        let mut scale = Tensor::empty(&be, dlogits.shape().clone(), dlogits.dtype(), tag)?;
+        ops::fill(&mut scale, 1.0 / of as f32)?;
+        ops::binary(BinaryOp::Mul, &mut dlogits, &scale)?;
+    }
+    Ok((loss, residuals, dlogits))
+}
+
+/// [`run_step`] over several micro-batches: each one's forward and backward pass in turn, its
+/// gradients summed into the first one's, then one update. Nothing is updated in the backward
+/// pass (the sums must be whole first), so nothing changes unless every micro-batch worked.
+fn accumulate(
+    parts: Parts<'_>,
+    (params, state): (&mut Params, &mut OptState),
+    batches: &[(&Tensor, &Tensor)],
+    step: u64,
+    on_phase: &mut dyn FnMut(Phase),
+) -> Result<f32, TrainError> {
+    let mut sink = Collect::summing();
+    let mut total = 0.0f32;
+    for &batch in batches {
+        let (loss, residuals, dlogits) = forward(parts, params, batch, batches.len(), on_phase)?;
+        if !loss.is_finite() {
+            return Err(TrainError::NonFiniteLoss { step, loss });
+        }
+        total += loss;
+        on_phase(Phase::Backward);
+        let be = batch.0.backend().clone();
+        let mut cx = Cx::train(&be, &mut sink);
+        parts
+            .model
+            .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
+    }
+    let grads = sink.finish(params)?;
+    on_phase(Phase::Update);
+    parts.opt.update(state, &grads, params)?;
+    Ok(total / batches.len() as f32)
 }
 
 /// Moves the parameters Adam updates in their layers' backward passes (and their moments) out

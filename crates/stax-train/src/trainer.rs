@@ -237,7 +237,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             parts,
             &mut self.params,
             &mut self.state,
-            (x, y),
+            &[(x, y)],
             step,
             &mut |_| {},
         );
