@@ -1,9 +1,13 @@
 //! Losses: a [`Loss`] turns logits and labels into the mean loss and its gradient.
+//!
+//! With one-hot labels `[n, k]` f32: [`SoftmaxCrossEntropy`]. With class indices `[n]` u32:
+//! [`SoftmaxCrossEntropyWithIntegerLabels`] (optax's) and [`NegLogLikelihood`] (stax's
+//! examples' loss after a `LogSoftmax`).
 
 use std::fmt;
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, DType, Shape, Tensor, ops};
+use stax_tensor::{Category, DType, IndexLoss, Shape, Tensor, ops};
 
 use crate::LayerError;
 
@@ -15,6 +19,12 @@ pub trait Loss: fmt::Debug + Send + Sync {
 
     /// The labels' shape for model outputs of shape `logits`.
     fn labels_shape(&self, logits: &Shape) -> Shape;
+
+    /// The labels' dtype: F32 (one-hot or probability rows, the default) or U32 (class
+    /// indices).
+    fn labels_dtype(&self) -> DType {
+        DType::F32
+    }
 
     /// The mean loss and `dlogits`, its gradient (tagged [`Category::Gradient`], role
     /// `dlogits`).
@@ -50,5 +60,80 @@ impl Loss for SoftmaxCrossEntropy {
         let mut d = Tensor::empty(logits.backend(), logits.shape().clone(), DType::F32, tag)?;
         let loss = ops::softmax_xent(logits, labels, &mut d)?;
         Ok((loss, d))
+    }
+}
+
+/// The labels `[n]` of model outputs `[n, ...]`.
+fn index_labels(logits: &Shape) -> Shape {
+    Shape::new([logits.dims().first().copied().unwrap_or(0)])
+}
+
+/// `dlogits` of `logits`' shape for the loss `loss` against class indices, and the mean loss.
+fn index_value_and_grad(
+    loss: IndexLoss,
+    logits: &Tensor,
+    labels: &Tensor,
+) -> Result<(f32, Tensor), LayerError> {
+    let tag = Tag::new(Category::Gradient, "dlogits");
+    let mut d = Tensor::empty(logits.backend(), logits.shape().clone(), DType::F32, tag)?;
+    let value = ops::index_loss(loss, logits, labels, &mut d)?;
+    Ok((value, d))
+}
+
+/// `jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))`: logits
+/// `[n, k]` f32, labels `[n]` u32 class indices; per row `logsumexp(logits) - logits[label]`,
+/// the gradient `(softmax(logits) - one_hot(labels)) / n`. A label `>= k` is an error (optax
+/// gives NaN for it, silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SoftmaxCrossEntropyWithIntegerLabels;
+
+impl Loss for SoftmaxCrossEntropyWithIntegerLabels {
+    fn name(&self) -> &'static str {
+        "softmax_cross_entropy_with_integer_labels"
+    }
+
+    fn labels_shape(&self, logits: &Shape) -> Shape {
+        index_labels(logits)
+    }
+
+    fn labels_dtype(&self) -> DType {
+        DType::U32
+    }
+
+    fn value_and_grad(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+    ) -> Result<(f32, Tensor), LayerError> {
+        index_value_and_grad(IndexLoss::SoftmaxCrossEntropy, logits, labels)
+    }
+}
+
+/// The negative log-likelihood of a `LogSoftmax` output, how stax's examples end
+/// (`mnist_classifier.py`: `-jnp.mean(jnp.sum(preds * targets, axis=1))` with one-hot
+/// targets): log-probabilities `[n, k]` f32, labels `[n]` u32 class indices (the one-hot
+/// targets' positions); per row `-logp[label]`, the gradient `-one_hot(labels) / n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NegLogLikelihood;
+
+impl Loss for NegLogLikelihood {
+    fn name(&self) -> &'static str {
+        "negative_log_likelihood"
+    }
+
+    fn labels_shape(&self, logits: &Shape) -> Shape {
+        index_labels(logits)
+    }
+
+    fn labels_dtype(&self) -> DType {
+        DType::U32
+    }
+
+    fn value_and_grad(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+    ) -> Result<(f32, Tensor), LayerError> {
+        index_value_and_grad(IndexLoss::NegLogLikelihood, logits, labels)
     }
 }

@@ -24,6 +24,7 @@ pub mod error;
 pub mod geometry;
 pub mod op;
 pub mod ops;
+pub mod scalar;
 pub mod shape;
 pub mod tensor;
 pub mod tree;
@@ -31,7 +32,7 @@ pub mod upload;
 
 pub use backend::{
     AdamHyper, Backend, BackendId, BackendOptions, ConvOps, ElementwiseOps, LossOps, MatmulOps,
-    MemoryOps, OptimOps, Precision, matmul_dims, softmax_xent_dims,
+    MemoryOps, OptimOps, Precision, class_dims, matmul_dims, softmax_xent_dims,
 };
 pub use checked::Checked;
 pub use device::Device;
@@ -39,6 +40,7 @@ pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
 pub use op::{Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep};
+pub use op::{Alpha, IndexLoss, SoftmaxKind};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;

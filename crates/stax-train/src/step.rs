@@ -8,7 +8,7 @@
 //! parameters and optimizer state as the last finished step left them. Every temporary is
 //! freed at its last use.
 
-use stax_layers::{Collect, Cx, Layer, LayerError, Loss};
+use stax_layers::{Collect, Cx, Layer, LayerError, Loss, Rng};
 use stax_optim::{OptState, Optimizer};
 use stax_tensor::{Params, Shape, Tensor, Tree};
 
@@ -48,7 +48,8 @@ pub(crate) struct Parts<'a> {
 }
 
 /// One training step on a placed batch `(x, y)` (see the module docs); `on_phase` is called
-/// as each [`Phase`] starts. Returns the loss.
+/// as each [`Phase`] starts. Returns the loss. The step's RNG key (what `Dropout` draws from)
+/// is [`Rng::fold_in`]`(seed, step)`, split per layer by the combinators.
 ///
 /// # Errors
 /// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors. On any
@@ -58,7 +59,7 @@ pub(crate) fn run_step(
     params: &mut Params,
     state: &mut OptState,
     (x, y): (&Tensor, &Tensor),
-    step: u64,
+    (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<f32, TrainError> {
     let be = x.backend().clone();
@@ -66,7 +67,7 @@ pub(crate) fn run_step(
     on_phase(Phase::Forward);
     let mut sink = Collect::new();
     let loss = {
-        let mut cx = Cx::train(&be, &mut sink);
+        let mut cx = Cx::train(&be, &mut sink).with_rng(Rng::fold_in(seed, step));
         let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
         on_phase(Phase::Loss);
         let logits = one_output(parts.model, logits)?;

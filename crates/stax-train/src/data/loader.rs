@@ -228,38 +228,100 @@ pub fn fill_batch(
     labels_onehot: &mut [f32],
 ) -> Result<(), TrainError> {
     const OP: &str = "fill_batch";
-    let (oh, ow, oc) = out_hwc;
-    let (h, w, c) = dataset.image_shape();
-    let k = dataset.num_classes();
-    let b = indices.len();
-    if b == 0 {
+    let (k, b) = (dataset.num_classes(), indices.len());
+    check_labels(OP, labels_onehot.len(), vec![b, k])?;
+    fill_images_as(OP, dataset, indices, out_hwc, images)?;
+    labels_onehot.fill(0.0);
+    for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
+        row[dataset.labels()[i] as usize] = 1.0;
+    }
+    Ok(())
+}
+
+/// Fills `labels` (`[indices.len()]`) with the class indices of the examples `indices` of
+/// `dataset`: the labels of the losses with integer labels. Nothing is written on error.
+///
+/// # Errors
+/// [`TrainError::ZeroBatchSize`] for no indices; [`TrainError::ShapeMismatch`] for a buffer of
+/// the wrong length; [`TrainError::IndexOutOfRange`] for an index `>= dataset.len()`.
+pub fn fill_label_indices(
+    dataset: &Dataset,
+    indices: &[usize],
+    labels: &mut [u32],
+) -> Result<(), TrainError> {
+    const OP: &str = "fill_label_indices";
+    if indices.is_empty() {
         return Err(TrainError::ZeroBatchSize { op: OP });
     }
-    check_resizable(OP, (h, w, c), out_hwc)?;
+    check_labels(OP, labels.len(), vec![indices.len()])?;
+    check_indices(OP, dataset, indices)?;
+    for (&i, l) in indices.iter().zip(labels.iter_mut()) {
+        *l = dataset.labels()[i];
+    }
+    Ok(())
+}
+
+fn check_labels(op: &'static str, len: usize, expected: Vec<usize>) -> Result<(), TrainError> {
+    if len == expected.iter().product::<usize>() {
+        return Ok(());
+    }
+    Err(TrainError::ShapeMismatch {
+        op,
+        what: "labels buffer",
+        expected,
+        found: vec![len],
+    })
+}
+
+fn check_indices(op: &'static str, dataset: &Dataset, indices: &[usize]) -> Result<(), TrainError> {
+    match indices.iter().find(|&&i| i >= dataset.len()) {
+        Some(&index) => Err(TrainError::IndexOutOfRange {
+            op,
+            index,
+            len: dataset.len(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Fills `images` with the examples `indices` of `dataset`, as [`fill_batch`] does (without
+/// labels).
+///
+/// # Errors
+/// As [`fill_batch`].
+pub fn fill_images(
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    images: &mut [f32],
+) -> Result<(), TrainError> {
+    fill_images_as("fill_images", dataset, indices, out_hwc, images)
+}
+
+fn fill_images_as(
+    op: &'static str,
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    images: &mut [f32],
+) -> Result<(), TrainError> {
+    let (oh, ow, oc) = out_hwc;
+    let (h, w, c) = dataset.image_shape();
+    let b = indices.len();
+    if b == 0 {
+        return Err(TrainError::ZeroBatchSize { op });
+    }
+    check_resizable(op, (h, w, c), out_hwc)?;
     let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
     if super::checked_volume(&[b, per_out]) != Some(images.len()) {
         return Err(TrainError::ShapeMismatch {
-            op: OP,
+            op,
             what: "images buffer",
             expected: vec![b, oh, ow, oc],
             found: vec![images.len()],
         });
     }
-    if labels_onehot.len() != b * k {
-        return Err(TrainError::ShapeMismatch {
-            op: OP,
-            what: "labels buffer",
-            expected: vec![b, k],
-            found: vec![labels_onehot.len()],
-        });
-    }
-    if let Some(&index) = indices.iter().find(|&&i| i >= dataset.len()) {
-        return Err(TrainError::IndexOutOfRange {
-            op: OP,
-            index,
-            len: dataset.len(),
-        });
-    }
+    check_indices(op, dataset, indices)?;
 
     // One image per task, in parallel (rayon): resizing a batch of 100 to 200x200 takes
     // ~20 ms on one core, longer than the seed's step on an H200.
@@ -281,12 +343,7 @@ pub fn fill_batch(
                 dataset.image_f32(i, scratch)?;
                 resize_bilinear(scratch, (h, w, c), out, out_hwc)
             }
-        })?;
-    labels_onehot.fill(0.0);
-    for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
-        row[dataset.labels()[i] as usize] = 1.0;
-    }
-    Ok(())
+        })
 }
 
 #[cfg(test)]
