@@ -64,9 +64,7 @@ __device__ __forceinline__ size_t row_start(size_t r, size_t len, size_t inner) 
 template <typename T>
 __device__ void softmax_impl(T *y, size_t rows, size_t len, size_t inner, int kind) {
     size_t lane = threadIdx.x & 31;
-    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
-    for (size_t r = warp; r < rows; r += warps) {
+    WARP_STRIDE(r, rows) {
         T *row = y + row_start(r, len, inner);
         float mf = __int_as_float(0xff800000); // -inf
         for (size_t j = lane; j < len; j += 32) mf = fmaxf(mf, to_f32(row[j * inner]));
@@ -88,9 +86,7 @@ template <typename T>
 __device__ void softmax_bwd_impl(const T *y, T *dy, size_t rows, size_t len, size_t inner,
                                  int kind) {
     size_t lane = threadIdx.x & 31;
-    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
-    for (size_t r = warp; r < rows; r += warps) {
+    WARP_STRIDE(r, rows) {
         size_t start = row_start(r, len, inner);
         const T *yr = y + start;
         T *g = dy + start;
@@ -131,10 +127,8 @@ extern "C" __global__ void index_loss_f32(const float *logits, const u32 *labels
                                           float *dlogits, double *row_loss, u64 *bad, size_t n,
                                           size_t k, int loss) {
     size_t lane = threadIdx.x & 31;
-    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
     double inv_n = 1.0 / (double)n;
-    for (size_t i = warp; i < n; i += warps) {
+    WARP_STRIDE(i, n) {
         const float *z = logits + i * k;
         float *dz = dlogits + i * k;
         size_t label = (size_t)labels[i];

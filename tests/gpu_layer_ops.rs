@@ -31,18 +31,30 @@ fn typed(be: &Arc<dyn Backend>, data: &[f32], shape: impl Into<Shape>, dtype: DT
     }
 }
 
-/// `(rtol, atol)` for results computed in f32 (or f64) and rounded once to `dtype`: one unit
-/// in the last place of the dtype (the two backends' f32 may round to either neighbour).
-fn tol(dtype: DType) -> (f64, f64) {
-    match dtype {
+/// `data` rounded to `dtype` on both backends: `(on_gpu, on_cpu)`.
+fn pair(
+    gpu: &Arc<dyn Backend>,
+    cpu: &Arc<dyn Backend>,
+    data: &[f32],
+    shape: &[usize],
+    dtype: DType,
+) -> (Tensor, Tensor) {
+    (
+        typed(gpu, data, shape, dtype),
+        typed(cpu, data, shape, dtype),
+    )
+}
+
+/// GPU = CPU within `ulps` units in the last place of the dtype, for results computed in f32
+/// (or f64) and rounded once (the two backends' f32 may round to either neighbour).
+fn agree(g: &Tensor, c: &Tensor, ulps: f64, what: &str) {
+    let (rtol, atol) = match c.dtype() {
         DType::BF16 => (8e-3, 1e-6),
         DType::F16 => (1e-3, 1e-6),
         _ => (2e-6, 1e-7),
-    }
-}
-
-fn vals(t: &Tensor) -> Vec<f32> {
-    t.to_vec().unwrap()
+    };
+    let (g, c) = (g.to_vec().unwrap(), c.to_vec().unwrap());
+    assert_close(&g, &c, ulps * rtol, ulps * atol, what);
 }
 
 const ACTIVATIONS: [Activation; 10] = [
@@ -71,8 +83,8 @@ fn activations_forward_mask_and_backward_match_cpu() {
                 let mut rng = Rng::new(seed_for(&what, &[n]));
                 let mut x = rng.vec(n, -4.0, 4.0);
                 x[0] = 0.0; // the leaky ReLU's mask bit at 0
-                let (mut yg, mut yc) = (typed(&gpu, &x, [n], dtype), typed(&cpu, &x, [n], dtype));
-                let (xg, xc) = (typed(&gpu, &x, [n], dtype), typed(&cpu, &x, [n], dtype));
+                let (mut yg, mut yc) = pair(&gpu, &cpu, &x, &[n], dtype);
+                let (xg, xc) = pair(&gpu, &cpu, &x, &[n], dtype);
                 let words = n.div_ceil(32);
                 let mask = act.saves() == Saves::Mask;
                 let (mut mg, mut mc) = (
@@ -81,8 +93,7 @@ fn activations_forward_mask_and_backward_match_cpu() {
                 );
                 ops::unary(act, &mut yg, mask.then_some(&mut mg)).unwrap();
                 ops::unary(act, &mut yc, mask.then_some(&mut mc)).unwrap();
-                let (rt, at) = tol(dtype);
-                assert_close(&vals(&yg), &vals(&yc), rt, at, &what);
+                agree(&yg, &yc, 1.0, &what);
                 if mask {
                     assert_eq!(
                         mg.to_vec_u32().unwrap(),
@@ -97,17 +108,10 @@ fn activations_forward_mask_and_backward_match_cpu() {
                     Saves::Output => (yc.to(&gpu).unwrap(), yc),
                     Saves::Input => (xg, xc),
                 };
-                let dy = rng.vec(n, -1.0, 1.0);
-                let (mut dg, mut dc) = (typed(&gpu, &dy, [n], dtype), typed(&cpu, &dy, [n], dtype));
+                let (mut dg, mut dc) = pair(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), &[n], dtype);
                 ops::unary_bwd(act, &sg, &mut dg).unwrap();
                 ops::unary_bwd(act, &sc, &mut dc).unwrap();
-                assert_close(
-                    &vals(&dg),
-                    &vals(&dc),
-                    4.0 * rt,
-                    4.0 * at,
-                    &format!("{what} bwd"),
-                );
+                agree(&dg, &dc, 4.0, &format!("{what} bwd"));
             }
         }
     }
@@ -134,27 +138,14 @@ fn softmax_and_log_softmax_over_an_axis_match_cpu() {
                 let what = format!("{} {dtype} {shape:?} axis {axis}", kind.name());
                 let n: usize = shape.iter().product();
                 let mut rng = Rng::new(seed_for(&what, shape));
-                let x = rng.vec(n, -6.0, 6.0);
-                let (mut yg, mut yc) =
-                    (typed(&gpu, &x, shape, dtype), typed(&cpu, &x, shape, dtype));
+                let (mut yg, mut yc) = pair(&gpu, &cpu, &rng.vec(n, -6.0, 6.0), shape, dtype);
                 ops::softmax(kind, axis, &mut yg).unwrap();
                 ops::softmax(kind, axis, &mut yc).unwrap();
-                let (rt, at) = tol(dtype);
-                assert_close(&vals(&yg), &vals(&yc), rt, at, &what);
-                let dy = rng.vec(n, -1.0, 1.0);
-                let (mut dg, mut dc) = (
-                    typed(&gpu, &dy, shape, dtype),
-                    typed(&cpu, &dy, shape, dtype),
-                );
+                agree(&yg, &yc, 1.0, &what);
+                let (mut dg, mut dc) = pair(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), shape, dtype);
                 ops::softmax_bwd(kind, axis, &yc.to(&gpu).unwrap(), &mut dg).unwrap();
                 ops::softmax_bwd(kind, axis, &yc, &mut dc).unwrap();
-                assert_close(
-                    &vals(&dg),
-                    &vals(&dc),
-                    4.0 * rt,
-                    4.0 * at,
-                    &format!("{what} bwd"),
-                );
+                agree(&dg, &dc, 4.0, &format!("{what} bwd"));
             }
         }
     }
@@ -172,8 +163,7 @@ fn dropout_matches_cpu_bit_for_bit() {
                 let what = format!("dropout({rate}) {dtype} [{n}]");
                 let mut rng = Rng::new(seed_for(&what, &[n]));
                 let key = rng.next_u64();
-                let x = rng.vec(n, -1.0, 1.0);
-                let (mut yg, mut yc) = (typed(&gpu, &x, [n], dtype), typed(&cpu, &x, [n], dtype));
+                let (mut yg, mut yc) = pair(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), &[n], dtype);
                 let words = n.div_ceil(32);
                 let mut mg = poisoned(&gpu, [words], DType::U32);
                 let mut mc = poisoned(&cpu, [words], DType::U32);
@@ -184,12 +174,11 @@ fn dropout_matches_cpu_bit_for_bit() {
                     mc.to_vec_u32().unwrap(),
                     "{what} mask"
                 );
-                assert_close(&vals(&yg), &vals(&yc), 0.0, 0.0, &what);
-                let dy = rng.vec(n, -1.0, 1.0);
-                let (mut dg, mut dc) = (typed(&gpu, &dy, [n], dtype), typed(&cpu, &dy, [n], dtype));
+                agree(&yg, &yc, 0.0, &what);
+                let (mut dg, mut dc) = pair(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), &[n], dtype);
                 ops::dropout_bwd(rate, &mg, &mut dg).unwrap();
                 ops::dropout_bwd(rate, &mc, &mut dc).unwrap();
-                assert_close(&vals(&dg), &vals(&dc), 0.0, 0.0, &format!("{what} bwd"));
+                agree(&dg, &dc, 0.0, &format!("{what} bwd"));
             }
         }
     }
@@ -221,13 +210,7 @@ fn index_losses_match_cpu() {
             let lg = ops::index_loss(loss, &zg, &yg, &mut dg).unwrap();
             let lc = ops::index_loss(loss, &zc, &yc, &mut dc).unwrap();
             assert_close(&[lg], &[lc], 1e-6, 1e-7, &format!("{what} loss"));
-            assert_close(
-                &vals(&dg),
-                &vals(&dc),
-                1e-6,
-                1e-8,
-                &format!("{what} dlogits"),
-            );
+            agree(&dg, &dc, 1.0, &format!("{what} dlogits"));
             // a label out of range: the same typed error on both, naming row and label
             let mut bad = y.clone();
             bad[n - 1] = k as u32 + 2;

@@ -58,6 +58,6 @@ pub use stax_tensor::{Grads, Padding, Params};
 
 pub use activation::{Alpha, Elu, Exp, Gelu, LeakyRelu, Selu, Sigmoid, Softplus};
 pub use dropout::Dropout;
-pub use loss::{NegLogLikelihood, SoftmaxCrossEntropyWithIntegerLabels};
+pub use loss::{IntegerLabels, NegLogLikelihood, SoftmaxCrossEntropyWithIntegerLabels};
 pub use shape_dependent::ShapeDependent;
 pub use softmax::{AxisSoftmax, LogSoftmax, Softmax, SoftmaxKind};

@@ -35,6 +35,18 @@ pub trait Loss: fmt::Debug + Send + Sync {
     -> Result<(f32, Tensor), LayerError>;
 }
 
+/// The gradient buffer of a loss of `logits` (f32, their shape, tagged [`Category::Gradient`],
+/// role `dlogits`).
+fn dlogits_for(logits: &Tensor) -> Result<Tensor, LayerError> {
+    let tag = Tag::new(Category::Gradient, "dlogits");
+    Ok(Tensor::empty(
+        logits.backend(),
+        logits.shape().clone(),
+        DType::F32,
+        tag,
+    )?)
+}
+
 /// `jnp.mean(optax.softmax_cross_entropy(logits, labels))`: logits `[n, k]`, labels `[n, k]`
 /// (probabilities, e.g. one-hot), f32 on one device; the gradient
 /// `dlogits = (softmax(logits) - labels) / n` is computed stably, with the row maximum
@@ -56,73 +68,42 @@ impl Loss for SoftmaxCrossEntropy {
         logits: &Tensor,
         labels: &Tensor,
     ) -> Result<(f32, Tensor), LayerError> {
-        let tag = Tag::new(Category::Gradient, "dlogits");
-        let mut d = Tensor::empty(logits.backend(), logits.shape().clone(), DType::F32, tag)?;
+        let mut d = dlogits_for(logits)?;
         let loss = ops::softmax_xent(logits, labels, &mut d)?;
         Ok((loss, d))
     }
 }
 
-/// The labels `[n]` of model outputs `[n, ...]`.
-fn index_labels(logits: &Shape) -> Shape {
-    Shape::new([logits.dims().first().copied().unwrap_or(0)])
-}
+/// A loss with integer labels: model outputs `[n, k]` f32, labels `[n]` u32 class indices,
+/// the mean of [`IndexLoss`]'s per-row loss ([`SoftmaxCrossEntropyWithIntegerLabels`],
+/// [`NegLogLikelihood`]). A label `>= k` is an error (optax gives NaN for it, silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntegerLabels(pub IndexLoss);
 
-/// `dlogits` of `logits`' shape for the loss `loss` against class indices, and the mean loss.
-fn index_value_and_grad(
-    loss: IndexLoss,
-    logits: &Tensor,
-    labels: &Tensor,
-) -> Result<(f32, Tensor), LayerError> {
-    let tag = Tag::new(Category::Gradient, "dlogits");
-    let mut d = Tensor::empty(logits.backend(), logits.shape().clone(), DType::F32, tag)?;
-    let value = ops::index_loss(loss, logits, labels, &mut d)?;
-    Ok((value, d))
-}
-
-/// `jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))`: logits
-/// `[n, k]` f32, labels `[n]` u32 class indices; per row `logsumexp(logits) - logits[label]`,
-/// the gradient `(softmax(logits) - one_hot(labels)) / n`. A label `>= k` is an error (optax
-/// gives NaN for it, silently).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SoftmaxCrossEntropyWithIntegerLabels;
-
-impl Loss for SoftmaxCrossEntropyWithIntegerLabels {
-    fn name(&self) -> &'static str {
-        "softmax_cross_entropy_with_integer_labels"
-    }
-
-    fn labels_shape(&self, logits: &Shape) -> Shape {
-        index_labels(logits)
-    }
-
-    fn labels_dtype(&self) -> DType {
-        DType::U32
-    }
-
-    fn value_and_grad(
-        &self,
-        logits: &Tensor,
-        labels: &Tensor,
-    ) -> Result<(f32, Tensor), LayerError> {
-        index_value_and_grad(IndexLoss::SoftmaxCrossEntropy, logits, labels)
-    }
-}
+/// `jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))`: per row
+/// `logsumexp(logits) - logits[label]`, the gradient `(softmax(logits) - one_hot(labels)) / n`.
+#[allow(non_upper_case_globals)]
+pub const SoftmaxCrossEntropyWithIntegerLabels: IntegerLabels =
+    IntegerLabels(IndexLoss::SoftmaxCrossEntropy);
 
 /// The negative log-likelihood of a `LogSoftmax` output, how stax's examples end
-/// (`mnist_classifier.py`: `-jnp.mean(jnp.sum(preds * targets, axis=1))` with one-hot
-/// targets): log-probabilities `[n, k]` f32, labels `[n]` u32 class indices (the one-hot
-/// targets' positions); per row `-logp[label]`, the gradient `-one_hot(labels) / n`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NegLogLikelihood;
+/// (`mnist_classifier.py`: `-jnp.mean(jnp.sum(preds * targets, axis=1))` with one-hot targets,
+/// here given as their class indices): per row `-logp[label]`, the gradient
+/// `-one_hot(labels) / n`.
+#[allow(non_upper_case_globals)]
+pub const NegLogLikelihood: IntegerLabels = IntegerLabels(IndexLoss::NegLogLikelihood);
 
-impl Loss for NegLogLikelihood {
+impl Loss for IntegerLabels {
     fn name(&self) -> &'static str {
-        "negative_log_likelihood"
+        match self.0 {
+            IndexLoss::SoftmaxCrossEntropy => "softmax_cross_entropy_with_integer_labels",
+            IndexLoss::NegLogLikelihood => "negative_log_likelihood",
+        }
     }
 
+    /// `[n]` for outputs `[n, ...]`.
     fn labels_shape(&self, logits: &Shape) -> Shape {
-        index_labels(logits)
+        Shape::new([logits.dims().first().copied().unwrap_or(0)])
     }
 
     fn labels_dtype(&self) -> DType {
@@ -134,6 +115,8 @@ impl Loss for NegLogLikelihood {
         logits: &Tensor,
         labels: &Tensor,
     ) -> Result<(f32, Tensor), LayerError> {
-        index_value_and_grad(IndexLoss::NegLogLikelihood, logits, labels)
+        let mut d = dlogits_for(logits)?;
+        let value = ops::index_loss(self.0, logits, labels, &mut d)?;
+        Ok((value, d))
     }
 }

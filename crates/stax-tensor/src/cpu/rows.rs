@@ -235,29 +235,43 @@ mod tests {
         }
     }
 
+    /// Softmax cross-entropy with integer labels equals the one-hot op's on the same rows;
+    /// the NLL is `-mean(z[label])` with gradient `-one_hot / n`.
     #[test]
     fn index_losses_match_their_formulas() {
         let be = backend();
-        let z = tensor(&be, &[1.0, 2.0, 3.0, 5.0, 5.0, 5.0], [2, 3]);
-        let y = labels(&be, &[2, 0]);
-        let mut d = tensor(&be, &[f32::NAN; 6], [2, 3]);
-        let loss = ops::index_loss(IndexLoss::SoftmaxCrossEntropy, &z, &y, &mut d).unwrap();
-        // the one-hot softmax cross-entropy's values (cpu/softmax.rs) for the same labels
-        let want = (0.407_605_96 + 3f64.ln()) / 2.0;
-        assert!((f64::from(loss) - want).abs() < 1e-6, "{loss}");
-        let third = 1.0 / 6.0;
-        let want_d = [
-            0.045_015_29,
-            0.122_364_24,
-            -0.167_379_52,
-            third - 0.5,
-            third,
-            third,
-        ];
-        assert_close(&d.to_vec().unwrap(), &want_d, 1e-6, 1e-6, "dlogits");
-        let loss = ops::index_loss(IndexLoss::NegLogLikelihood, &z, &y, &mut d).unwrap();
-        assert_eq!(loss, -4.0);
-        assert_eq!(d.to_vec().unwrap(), [0.0, 0.0, -0.5, -0.5, 0.0, 0.0]);
+        let (n, k) = (4, 5);
+        let z = random_vec(&mut rng(11), n * k);
+        let y = [3u32, 0, 4, 0];
+        let mut hot = vec![0f32; n * k];
+        y.iter()
+            .enumerate()
+            .for_each(|(i, &c)| hot[i * k + c as usize] = 1.0);
+        let (zt, yt) = (tensor(&be, &z, [n, k]), labels(&be, &y));
+        let mut d = tensor(&be, &vec![f32::NAN; n * k], [n, k]);
+        let loss = ops::index_loss(IndexLoss::SoftmaxCrossEntropy, &zt, &yt, &mut d).unwrap();
+        let mut d1 = tensor(&be, &vec![f32::NAN; n * k], [n, k]);
+        let one_hot = ops::softmax_xent(&zt, &tensor(&be, &hot, [n, k]), &mut d1).unwrap();
+        assert!(
+            (loss - one_hot).abs() <= 1e-6 * one_hot.abs(),
+            "{loss} vs {one_hot}"
+        );
+        assert_close(
+            &d.to_vec().unwrap(),
+            &d1.to_vec().unwrap(),
+            1e-6,
+            1e-8,
+            "dlogits",
+        );
+        let loss = ops::index_loss(IndexLoss::NegLogLikelihood, &zt, &yt, &mut d).unwrap();
+        let picked: f32 = y
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| z[i * k + c as usize])
+            .sum();
+        assert!((loss + picked / n as f32).abs() < 1e-6, "{loss}");
+        let want: Vec<f32> = hot.iter().map(|h| -h / n as f32).collect();
+        assert_eq!(d.to_vec().unwrap(), want);
     }
 
     #[test]

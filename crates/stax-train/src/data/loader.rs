@@ -229,8 +229,10 @@ pub fn fill_batch(
 ) -> Result<(), TrainError> {
     const OP: &str = "fill_batch";
     let (k, b) = (dataset.num_classes(), indices.len());
+    check_images(OP, dataset, indices, out_hwc, images.len())?;
     check_labels(OP, labels_onehot.len(), vec![b, k])?;
-    fill_images_as(OP, dataset, indices, out_hwc, images)?;
+    check_indices(OP, dataset, indices)?;
+    write_images(dataset, indices, out_hwc, images)?;
     labels_onehot.fill(0.0);
     for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
         row[dataset.labels()[i] as usize] = 1.0;
@@ -295,11 +297,40 @@ pub fn fill_images(
     out_hwc: (usize, usize, usize),
     images: &mut [f32],
 ) -> Result<(), TrainError> {
-    fill_images_as("fill_images", dataset, indices, out_hwc, images)
+    const OP: &str = "fill_images";
+    check_images(OP, dataset, indices, out_hwc, images.len())?;
+    check_indices(OP, dataset, indices)?;
+    write_images(dataset, indices, out_hwc, images)
 }
 
-fn fill_images_as(
+/// Checks a batch of `indices` for an images buffer of `len` f32 of shape `out_hwc`.
+fn check_images(
     op: &'static str,
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    len: usize,
+) -> Result<(), TrainError> {
+    let (oh, ow, oc) = out_hwc;
+    let b = indices.len();
+    if b == 0 {
+        return Err(TrainError::ZeroBatchSize { op });
+    }
+    check_resizable(op, dataset.image_shape(), out_hwc)?;
+    let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
+    if super::checked_volume(&[b, per_out]) != Some(len) {
+        return Err(TrainError::ShapeMismatch {
+            op,
+            what: "images buffer",
+            expected: vec![b, oh, ow, oc],
+            found: vec![len],
+        });
+    }
+    Ok(())
+}
+
+/// Writes the checked batch's images.
+fn write_images(
     dataset: &Dataset,
     indices: &[usize],
     out_hwc: (usize, usize, usize),
@@ -307,21 +338,7 @@ fn fill_images_as(
 ) -> Result<(), TrainError> {
     let (oh, ow, oc) = out_hwc;
     let (h, w, c) = dataset.image_shape();
-    let b = indices.len();
-    if b == 0 {
-        return Err(TrainError::ZeroBatchSize { op });
-    }
-    check_resizable(op, (h, w, c), out_hwc)?;
-    let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
-    if super::checked_volume(&[b, per_out]) != Some(images.len()) {
-        return Err(TrainError::ShapeMismatch {
-            op,
-            what: "images buffer",
-            expected: vec![b, oh, ow, oc],
-            found: vec![images.len()],
-        });
-    }
-    check_indices(op, dataset, indices)?;
+    let per_out = oh * ow * oc;
 
     // One image per task, in parallel (rayon): resizing a batch of 100 to 200x200 takes
     // ~20 ms on one core, longer than the seed's step on an H200.
@@ -477,6 +494,25 @@ mod tests {
         let mut x = vec![0.0; 200 * 200 * 3];
         fill_batch(&ds, &[1], (200, 200, 3), &mut x, &mut y).unwrap();
         assert!(x.iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn label_indices_and_images_alone() {
+        let ds = gray();
+        let mut y = [7u32; 3];
+        fill_label_indices(&ds, &[1, 0, 0], &mut y).unwrap();
+        assert_eq!(y, [0, 2, 2]);
+        let e = fill_label_indices(&ds, &[0, 2], &mut y[..2]).unwrap_err();
+        assert!(
+            matches!(e, TrainError::IndexOutOfRange { index: 2, .. }),
+            "{e}"
+        );
+        let e = fill_label_indices(&ds, &[0], &mut y).unwrap_err();
+        assert!(matches!(e, TrainError::ShapeMismatch { .. }), "{e}");
+        assert_eq!(y, [0, 2, 2], "written before failing");
+        let mut x = vec![f32::NAN; 4];
+        fill_images(&ds, &[0], (2, 2, 1), &mut x).unwrap();
+        assert_eq!(x, [0.0, 0.2, 0.4, 1.0]);
     }
 
     #[test]
