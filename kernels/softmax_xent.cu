@@ -48,7 +48,7 @@ extern "C" __global__ void mean_f64_to_f32(const double *v, float *out, size_t n
     }
 }
 
-// Softmax codes: must match `SoftmaxKind::code` in crates/stax-tensor/src/op.rs.
+// Softmax codes: must match `SoftmaxKind::code` in crates/stax-tensor/src/codes.rs.
 #define SOFTMAX 0
 #define LOG_SOFTMAX 1
 
@@ -115,7 +115,7 @@ __device__ void softmax_bwd_impl(const T *y, T *dy, size_t rows, size_t len, siz
 
 FOR_FLOATS(INSTANTIATE_SOFTMAX)
 
-// Index-loss codes: must match `IndexLoss::code` in crates/stax-tensor/src/op.rs.
+// Index-loss codes: must match `IndexLoss::code` in crates/stax-tensor/src/codes.rs.
 #define LOSS_SOFTMAX_XENT 0
 #define LOSS_NLL 1
 

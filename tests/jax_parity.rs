@@ -149,8 +149,10 @@ const LOSSES: &[&str] = &[
     "loss_softmax_xent_one_hot",
 ];
 
+/// The fixtures, relative to the package root: where cargo runs the test, and where the GPU
+/// bundle's `run.sh` runs it (the build machine's absolute path does not exist there).
 fn fixtures_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jax")
+    std::path::PathBuf::from("tests/fixtures/jax")
 }
 
 fn fixture(name: &str) -> Json {
@@ -403,7 +405,7 @@ fn fixtures_are_what_the_script_writes() {
         return skip("python3 with jax and optax is not available".into());
     }
     let out = std::env::temp_dir().join(format!("stax_fixtures_{}", std::process::id()));
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/jax_fixtures.py");
+    let script = std::path::Path::new("scripts/jax_fixtures.py");
     let run = Command::new("python3")
         .arg(&script)
         .env("STAX_FIXTURES_OUT", &out)

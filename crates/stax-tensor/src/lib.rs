@@ -16,6 +16,7 @@
 
 pub mod backend;
 mod checked;
+pub mod codes;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -35,12 +36,13 @@ pub use backend::{
     MemoryOps, OptimOps, Precision, class_dims, matmul_dims, softmax_xent_dims,
 };
 pub use checked::Checked;
+pub use codes::{IndexLoss, SoftmaxKind};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
+pub use op::Alpha;
 pub use op::{Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep};
-pub use op::{Alpha, IndexLoss, SoftmaxKind};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;

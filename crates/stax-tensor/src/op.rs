@@ -5,7 +5,7 @@
 //! schedule, and the op itself allocates by it ([`crate::backend::Scratch`]). The enums here
 //! ([`Activation`], [`BinaryOp`]) are the op codes the elementwise kernels switch on.
 
-use crate::{Conv2dGeometry, DType, scalar};
+use crate::{Conv2dGeometry, DType, IndexLoss, SoftmaxKind, scalar};
 
 /// An elementwise activation function (stax's `elementwise(fun)` layers).
 ///
@@ -369,57 +369,6 @@ pub enum OpDesc {
     },
 }
 
-/// A normalization over one axis (stax's `Softmax` and `LogSoftmax` layers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SoftmaxKind {
-    /// `jax.nn.softmax`: `exp(x - m) / sum(exp(x - m))`, `m` the axis' maximum; gradient
-    /// `y (dy - sum(y dy))` from the output, as JAX's custom JVP.
-    Softmax,
-    /// `jax.nn.log_softmax`: `x - m - log(sum(exp(x - m)))`; gradient
-    /// `dy - exp(y) sum(dy)` from the output.
-    LogSoftmax,
-}
-
-impl SoftmaxKind {
-    /// stax's name of the layer (`softmax`, `log_softmax`).
-    pub fn name(self) -> &'static str {
-        match self {
-            SoftmaxKind::Softmax => "softmax",
-            SoftmaxKind::LogSoftmax => "log_softmax",
-        }
-    }
-
-    /// The op code the softmax kernels switch on.
-    pub fn code(self) -> i32 {
-        match self {
-            SoftmaxKind::Softmax => 0,
-            SoftmaxKind::LogSoftmax => 1,
-        }
-    }
-}
-
-/// A loss with integer labels (class indices), the mean over the batch of a per-example loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IndexLoss {
-    /// `optax.softmax_cross_entropy_with_integer_labels`: `logsumexp(z) - z[label]` per row;
-    /// gradient of the mean `(softmax(z) - one_hot(label)) / n`.
-    SoftmaxCrossEntropy,
-    /// The negative log-likelihood of log-probabilities `z` (a `LogSoftmax` output):
-    /// `-z[label]` per row, stax's examples' `-mean(sum(z * one_hot))`; gradient
-    /// `-one_hot(label) / n`.
-    NegLogLikelihood,
-}
-
-impl IndexLoss {
-    /// The op code the loss kernel switches on.
-    pub fn code(self) -> i32 {
-        match self {
-            IndexLoss::SoftmaxCrossEntropy => 0,
-            IndexLoss::NegLogLikelihood => 1,
-        }
-    }
-}
-
 /// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),
 /// in the order the op makes them ([`crate::Backend::workspace_schedule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -481,45 +430,5 @@ mod tests {
         assert!((y - 0.462_117_16).abs() < 1e-7);
         assert!((Activation::Tanh.grad(y, 2.0) - 2.0 * (1.0 - y * y)).abs() < 1e-7);
         assert_eq!(BinaryOp::Add.apply(1.5, 2.0), 3.5);
-    }
-
-    /// Every activation's `grad`, from what it saves, is the derivative of its `apply`
-    /// (central differences in f64 of the f32 formula, away from kinks).
-    #[test]
-    fn every_gradient_is_the_derivative() {
-        let all = [
-            Activation::Relu,
-            Activation::Tanh,
-            Activation::Exp,
-            Activation::Softplus,
-            Activation::Sigmoid,
-            Activation::Elu(Alpha::new(0.7)),
-            Activation::LeakyRelu(Alpha::new(0.01)),
-            Activation::Selu,
-            Activation::Gelu,
-        ];
-        for act in all {
-            for x in [-3.1f32, -1.3, -0.4, 0.3, 0.9, 2.7] {
-                let saved = match act.saves() {
-                    Saves::Mask => f32::from(u8::from(act.mask_bit(x))),
-                    Saves::Output => act.apply(x),
-                    Saves::Input => x,
-                };
-                let h = 1e-3f32;
-                let fd = (f64::from(act.apply(x + h)) - f64::from(act.apply(x - h))) / 2e-3;
-                let g = f64::from(act.grad(saved, 1.5));
-                assert!(
-                    (g - 1.5 * fd).abs() <= 2e-3 * (1.0 + fd.abs()),
-                    "{act:?} at {x}: {g} vs {fd}"
-                );
-            }
-        }
-        // the leaky ReLU's gradient at 0 is 1 (jnp.where(x >= 0, ..)); the ReLU's is 0
-        let leaky = Activation::LeakyRelu(Alpha::new(0.01));
-        assert!(leaky.mask_bit(0.0) && !Activation::Relu.mask_bit(0.0));
-        assert!(Activation::Elu(Alpha::new(-1.0)).check().is_err());
-        assert!(
-            leaky.check().is_ok() && Activation::LeakyRelu(Alpha::new(f32::NAN)).check().is_err()
-        );
     }
 }

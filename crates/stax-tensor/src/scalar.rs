@@ -63,6 +63,7 @@ pub fn gelu_grad(x: f32, dy: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Activation, Alpha, Saves};
 
     /// Values from JAX 0.10.2 (CPU, f32): `jax.nn.gelu(1.0)`, `softplus(-3.0)`, `elu(-1.0)`,
     /// `selu(-1.0)`, `sigmoid(-20.0)`, and `jax.grad(jax.nn.gelu)(1.0)`.
@@ -81,5 +82,45 @@ mod tests {
         );
         assert!(softplus(f32::NAN).is_nan() && softplus(f32::INFINITY) == f32::INFINITY);
         assert_eq!(softplus(f32::NEG_INFINITY), 0.0);
+    }
+
+    /// Every activation's `grad`, from what it saves, is the derivative of its `apply`
+    /// (central differences in f64 of the f32 formula, away from kinks).
+    #[test]
+    fn every_gradient_is_the_derivative() {
+        let all = [
+            Activation::Relu,
+            Activation::Tanh,
+            Activation::Exp,
+            Activation::Softplus,
+            Activation::Sigmoid,
+            Activation::Elu(Alpha::new(0.7)),
+            Activation::LeakyRelu(Alpha::new(0.01)),
+            Activation::Selu,
+            Activation::Gelu,
+        ];
+        for act in all {
+            for x in [-3.1f32, -1.3, -0.4, 0.3, 0.9, 2.7] {
+                let saved = match act.saves() {
+                    Saves::Mask => f32::from(u8::from(act.mask_bit(x))),
+                    Saves::Output => act.apply(x),
+                    Saves::Input => x,
+                };
+                let h = 1e-3f32;
+                let fd = (f64::from(act.apply(x + h)) - f64::from(act.apply(x - h))) / 2e-3;
+                let g = f64::from(act.grad(saved, 1.5));
+                assert!(
+                    (g - 1.5 * fd).abs() <= 2e-3 * (1.0 + fd.abs()),
+                    "{act:?} at {x}: {g} vs {fd}"
+                );
+            }
+        }
+        // the leaky ReLU's gradient at 0 is 1 (jnp.where(x >= 0, ..)); the ReLU's is 0
+        let leaky = Activation::LeakyRelu(Alpha::new(0.01));
+        assert!(leaky.mask_bit(0.0) && !Activation::Relu.mask_bit(0.0));
+        assert!(Activation::Elu(Alpha::new(-1.0)).check().is_err());
+        assert!(
+            leaky.check().is_ok() && Activation::LeakyRelu(Alpha::new(f32::NAN)).check().is_err()
+        );
     }
 }
