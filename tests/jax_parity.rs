@@ -407,7 +407,7 @@ fn fixtures_are_what_the_script_writes() {
     let out = std::env::temp_dir().join(format!("stax_fixtures_{}", std::process::id()));
     let script = std::path::Path::new("scripts/jax_fixtures.py");
     let run = Command::new("python3")
-        .arg(&script)
+        .arg(script)
         .env("STAX_FIXTURES_OUT", &out)
         .output()
         .unwrap();
