@@ -15,6 +15,12 @@ typedef unsigned long long u64;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                   \
          i += (size_t)blockDim.x * gridDim.x)
 
+// Warp-stride loop over [0, n): one warp per item, every lane of a warp taking the same trips
+// (as warp shuffles need); blocks must be whole warps.
+#define WARP_STRIDE(i, n)                                                                      \
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < (n);            \
+         i += ((size_t)blockDim.x * gridDim.x) >> 5)
+
 __device__ __forceinline__ double warp_sum_f64(double v) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         v += __shfl_down_sync(FULL_MASK, v, offset);

@@ -19,6 +19,10 @@ pub use stax_layers::{
     Identity, Layer, MaxPool, Padding, Parallel, ParamSource, Params, Relu, Rng, Serial,
     SoftmaxCrossEntropy, Tanh, init_params, parallel, serial,
 };
+pub use stax_layers::{
+    AxisSoftmax, Dropout, Elu, Exp, Gelu, LeakyRelu, LogSoftmax, Mode, NegLogLikelihood, Selu,
+    ShapeDependent, Sigmoid, Softmax, SoftmaxCrossEntropyWithIntegerLabels, Softplus,
+};
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{
     Backend, BackendOptions, Category, DType, Device, Grads, Precision, Shape, Strategy, Tensor,

@@ -16,6 +16,10 @@ use stax::{
     Identity, Layer, MaxPool, Padding, Precision, Relu, Serial, Shape, Tanh, Tensor, Tree,
     parallel, serial,
 };
+use stax::{
+    Dropout, Elementwise, Elu, Exp, Gelu, LeakyRelu, LogSoftmax, Mode, Selu, ShapeDependent,
+    Sigmoid, Softmax, Softplus,
+};
 
 /// One line of the list: a name, the layer, an input shape.
 struct Case {
@@ -106,6 +110,72 @@ const LAYERS: &[Case] = &[
         [2, 5, 5, 2]
     ),
     case!("fan out, sum", serial![FanOut(3), FanInSum], [2, 4]),
+    case!("exp", Exp, [2, 3, 5]),
+    case!("softplus", Softplus, [1, 7]),
+    case!("sigmoid", Sigmoid, [3, 2, 2, 1]),
+    case!("elu", Elu, [2, 5, 3]),
+    case!("elu alpha 0.5, batch 1", Elementwise::elu(0.5), [1, 9]),
+    case!("leaky_relu", LeakyRelu, [2, 3, 3, 2]),
+    case!(
+        "leaky_relu slope 0.3",
+        Elementwise::leaky_relu(0.3),
+        [1, 33]
+    ),
+    case!("selu", Selu, [2, 7]),
+    case!("gelu", Gelu, [2, 3, 5]),
+    case!("log_softmax", LogSoftmax, [3, 5]),
+    case!("softmax, batch 1", Softmax, [1, 7]),
+    case!("softmax over axis 1", Softmax.over(1), [2, 3, 4]),
+    case!("log_softmax over axis 0", LogSoftmax.over(0), [3, 2, 5]),
+    case!("dropout 0.8", Dropout::new(0.8), [2, 5, 3]),
+    case!("dropout 0.5, batch 1", Dropout::new(0.5), [1, 37]),
+    case!("dropout keep all", Dropout::new(1.0), [2, 3]),
+    case!(
+        "dropout in test mode",
+        Dropout::new(0.5).with_mode(Mode::Eval),
+        [2, 3]
+    ),
+    case!(
+        "conv + elu (fused)",
+        serial![Conv::same(3, (3, 3)), Elu],
+        [2, 5, 5, 2]
+    ),
+    case!(
+        "conv + leaky_relu (fused, mask)",
+        serial![Conv::same(3, (3, 3)), LeakyRelu],
+        [1, 5, 4, 2]
+    ),
+    case!(
+        "conv + gelu (not fused)",
+        serial![Conv::same(2, (3, 3)), Gelu],
+        [2, 4, 4, 3]
+    ),
+    case!(
+        "mlp with dropout and log_softmax",
+        serial![Dense(6), Relu, Dropout::new(0.7), Dense(3), LogSoftmax],
+        [3, 5]
+    ),
+    case!(
+        "shape_dependent dense as wide as its input",
+        ShapeDependent::new(|s| Box::new(Dense(s.as_leaf().map_or(1, |s| s.last())))),
+        [2, 3, 4]
+    ),
+    case!(
+        "residual block with shape_dependent",
+        serial![
+            FanOut(2),
+            parallel![
+                ShapeDependent::new(|s| {
+                    let c = s.as_leaf().map_or(1, |s| s.last());
+                    Box::new(serial![Conv::same(2, (1, 1)), Relu, Conv::same(c, (1, 1))])
+                }),
+                Identity
+            ],
+            FanInSum,
+            Relu
+        ],
+        [2, 3, 3, 3]
+    ),
 ];
 
 fn shape(case: &Case) -> Shape {
@@ -123,7 +193,7 @@ fn shapes_agree_in_both_modes() {
             let x = Tensor::from_slice(&be, &data, shape(case), Category::Input).unwrap();
             let mut sink = Collect::new();
             let mut cx = if train {
-                Cx::train(&be, &mut sink)
+                Cx::train(&be, &mut sink).with_rng(stax::Rng::new(i as u64))
             } else {
                 Cx::eval(&be)
             };

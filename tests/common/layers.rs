@@ -32,7 +32,8 @@ fn rebuild(be: &Arc<dyn Backend>, like: &Params, values: &[Vec<f32>]) -> Params 
     .unwrap()
 }
 
-/// `sum(apply(params, x) * r)`, in f64.
+/// `sum(apply(params, x) * r)` in training mode (the mask of a dropout the one `vjp` sees), in
+/// f64.
 fn loss(
     layer: &dyn Layer,
     be: &Arc<dyn Backend>,
@@ -42,7 +43,7 @@ fn loss(
     r: &[f32],
 ) -> f64 {
     let xt = Tensor::from_slice(be, x, xs.clone(), Category::Input).unwrap();
-    let y = super::apply(layer, p, Tree::leaf(xt));
+    let y = super::apply_train(layer, p, Tree::leaf(xt));
     let y: Vec<f32> = y
         .leaves()
         .iter()

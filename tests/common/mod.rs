@@ -10,9 +10,9 @@
 //! - [`small_model`], [`strided_model`], [`deep_model`], [`batch`]: models for whole training
 //!   steps (the seed's is `stax::models::seed_cnn`) and deterministic batches for them;
 //!   [`host_values`], tensors as one host vector.
-//! - [`init`], [`apply`], [`vjp`]: one layer's parameters, forward pass and backward pass
-//!   (gradients collected into a tree like the parameters); [`layers`]: finite differences
-//!   and GPU-vs-CPU for one layer.
+//! - [`init`], [`apply`], [`apply_train`], [`vjp`]: one layer's parameters, forward pass
+//!   (evaluation or training mode) and backward pass (gradients collected into a tree like the
+//!   parameters); [`layers`]: finite differences and GPU-vs-CPU for one layer.
 #![allow(dead_code)]
 
 pub mod layers;
@@ -342,9 +342,26 @@ pub fn apply(
     layer.apply(params, x, &mut cx).expect("apply").0
 }
 
-/// `layer`'s forward pass on `x` in training mode, then its backward pass with the output
-/// gradient `dy(y)`: the output, the input gradient and the parameter gradients (a tree like
-/// `params`).
+/// The RNG key [`vjp`] and [`apply_train`] give the layer (what `Dropout` draws its mask from),
+/// so that both see the same mask.
+pub const STEP_KEY: u64 = 0x5eed;
+
+/// `layer`'s forward pass on `x` in training mode, with the RNG key [`STEP_KEY`] (the
+/// residuals dropped).
+pub fn apply_train(
+    layer: &dyn stax::Layer,
+    params: &stax::Params,
+    x: stax::layers::Value,
+) -> stax::layers::Value {
+    let be = x.leaves()[0].backend().clone();
+    let mut sink = stax::Collect::new();
+    let mut cx = stax::Cx::train(&be, &mut sink).with_rng(stax::Rng::new(STEP_KEY));
+    layer.apply(params, x, &mut cx).expect("apply").0
+}
+
+/// `layer`'s forward pass on `x` in training mode (RNG key [`STEP_KEY`]), then its backward
+/// pass with the output gradient `dy(y)`: the output, the input gradient and the parameter
+/// gradients (a tree like `params`).
 pub fn vjp(
     layer: &dyn stax::Layer,
     params: &stax::Params,
@@ -353,7 +370,7 @@ pub fn vjp(
 ) -> (stax::layers::Value, stax::layers::Value, stax::Params) {
     let be = x.leaves()[0].backend().clone();
     let mut sink = stax::Collect::new();
-    let mut cx = stax::Cx::train(&be, &mut sink);
+    let mut cx = stax::Cx::train(&be, &mut sink).with_rng(stax::Rng::new(STEP_KEY));
     let (y, residuals) = layer.apply(params, x, &mut cx).expect("apply");
     let dy = dy(&y);
     let dx = layer

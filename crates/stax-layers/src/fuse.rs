@@ -1,14 +1,15 @@
 //! Epilogue fusion, as the combinators apply it: when layer `i + 1` is an activation
 //! ([`Layer::as_activation`]) without parameters and layer `i` runs it as an epilogue of its
 //! own op ([`Layer::fuses`]), a training step runs the two as one ([`Layer::apply_fused`],
-//! [`Layer::vjp_fused`]). Everything keeps the name it has unfused: the activation's saved
+//! [`Layer::vjp_fused`]). An activation that keeps its input ([`Saves::Input`]: GELU) never
+//! fuses: an epilogue overwrites that input. Everything keeps the name it has unfused: the activation's saved
 //! buffer is made in the activation's scope, and the fused output and gradient take the
 //! activation's roles there.
 
 use stax_tensor::{Key, Params, Tree};
 
 use crate::layer::shapes_of;
-use crate::{Activation, Cx, Layer, LayerError, Residuals, Value};
+use crate::{Activation, Cx, Layer, LayerError, Residuals, Saves, Value};
 
 /// The activation layer `i + 1` hands to layer `i`, if the pair fuses.
 pub(crate) fn fused_at(
@@ -18,7 +19,8 @@ pub(crate) fn fused_at(
 ) -> Option<Activation> {
     let act = layers.get(i + 1)?.as_activation()?;
     let empty = matches!(params.get(i + 1), Some(Tree::Node(c)) if c.is_empty());
-    (empty && layers[i].fuses(act)).then_some(act)
+    let in_place = act.saves() != Saves::Input;
+    (empty && in_place && layers[i].fuses(act)).then_some(act)
 }
 
 /// The forward pass of layers `i` and `i + 1` fused (see the module docs): the output and the

@@ -31,6 +31,20 @@ impl Rng {
         (0..n).map(|_| Rng::new(self.0.random())).collect()
     }
 
+    /// The key of step `step` of a training run seeded with `seed`, independent of
+    /// `Rng::new(seed)`'s own stream (JAX's `random.fold_in(key, step)`): the seed and the
+    /// step are mixed by SplitMix64's output function ([`stax_tensor::ops::mix64`]) before
+    /// seeding.
+    pub fn fold_in(seed: u64, step: u64) -> Rng {
+        use stax_tensor::ops::mix64;
+        Rng::new(mix64(mix64(seed ^ 0x5354_4550_5354_4550) ^ step))
+    }
+
+    /// 64 random bits (a dropout's key, [`stax_tensor::ops::dropout_bits`]).
+    pub fn bits(&mut self) -> u64 {
+        self.0.random()
+    }
+
     /// A standard normal draw.
     pub fn normal(&mut self) -> f64 {
         self.0.sample(StandardNormal)

@@ -22,6 +22,7 @@ pub mod activation;
 pub mod conv;
 pub mod cx;
 pub mod dense;
+pub mod dropout;
 pub mod error;
 pub mod fan;
 pub mod flatten;
@@ -34,7 +35,9 @@ pub mod parallel;
 pub mod params;
 pub mod pool;
 pub mod serial;
+pub mod shape_dependent;
 pub mod sink;
+pub mod softmax;
 
 pub use activation::{Activation, Elementwise, Relu, Saves, Tanh};
 pub use conv::Conv;
@@ -52,3 +55,9 @@ pub use pool::MaxPool;
 pub use serial::Serial;
 pub use sink::{Collect, GradSink, InBackward, Updates};
 pub use stax_tensor::{Grads, Padding, Params};
+
+pub use activation::{Alpha, Elu, Exp, Gelu, LeakyRelu, Selu, Sigmoid, Softplus};
+pub use dropout::Dropout;
+pub use loss::{IntegerLabels, NegLogLikelihood, SoftmaxCrossEntropyWithIntegerLabels};
+pub use shape_dependent::ShapeDependent;
+pub use softmax::{AxisSoftmax, LogSoftmax, Softmax, SoftmaxKind};

@@ -1,7 +1,7 @@
-//! Models defined once, for the examples, benches and tests: the seed's CNN and stax's MNIST
-//! classifier MLP.
+//! Models defined once, for the examples, benches and tests: the seed's CNN, an MLP, and stax's
+//! MNIST classifier ([`mnist_classifier`]).
 
-use crate::{Conv, Dense, Flatten, Relu, Serial, serial};
+use crate::{Conv, Dense, Flatten, LogSoftmax, Relu, Serial, serial};
 
 /// The seed's model (`seeds/000`): `Conv(64, (3, 3), SAME) Relu Conv(64, (3, 3), SAME) Relu
 /// Flatten Dense(128) Relu Dense(classes)`, NHWC input.
@@ -28,4 +28,19 @@ pub fn mlp(hidden: &[usize], classes: usize) -> Serial {
     }
     layers.push(Box::new(Dense(classes)));
     Serial(layers)
+}
+
+/// stax's MNIST classifier (`examples/mnist_classifier.py`): `Dense(1024) Relu Dense(1024) Relu
+/// Dense(classes) LogSoftmax` on `[n, features]` inputs (`(-1, 28 * 28)` there, 10 classes).
+/// It outputs log-probabilities: train it with [`crate::NegLogLikelihood`], the example's
+/// `-mean(sum(preds * targets))`.
+pub fn mnist_classifier(classes: usize) -> Serial {
+    serial![
+        Dense(1024),
+        Relu,
+        Dense(1024),
+        Relu,
+        Dense(classes),
+        LogSoftmax
+    ]
 }

@@ -11,6 +11,7 @@
 
 mod call;
 mod families;
+mod rows;
 mod scratch;
 
 pub use call::{
@@ -19,6 +20,7 @@ pub use call::{
     Split, Unary, UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps};
+pub use rows::{AxisDims, Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 pub use scratch::Scratch;
 
 use crate::{Device, OpDesc, Shape, TensorError, WorkspaceStep};
@@ -238,17 +240,24 @@ pub fn matmul_dims(
 /// [`TensorError::Shape`] unless the logits are 2-D; [`TensorError::InvalidArgument`] if `n`
 /// or `k` is 0 (the mean is undefined).
 pub fn softmax_xent_dims(logits: &Shape) -> Result<(usize, usize), TensorError> {
-    const OP: &str = "softmax_xent";
+    class_dims("softmax_xent", logits)
+}
+
+/// `(n, k)` of a loss' model outputs `[n, k]`, for the loss `op` (see [`softmax_xent_dims`]).
+///
+/// # Errors
+/// As [`softmax_xent_dims`].
+pub fn class_dims(op: &'static str, logits: &Shape) -> Result<(usize, usize), TensorError> {
     let &[n, k] = logits.dims() else {
         return Err(TensorError::Shape {
-            op: OP,
+            op,
             reason: "logits must be [batch, classes]".into(),
             got: logits.clone(),
         });
     };
     if n == 0 || k == 0 {
         return Err(TensorError::InvalidArgument {
-            op: OP,
+            op,
             reason: format!("logits {logits} have no rows or no classes"),
         });
     }

@@ -9,7 +9,8 @@
 //! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
 //! backward filter), `pool.rs` (max pooling), `matmul.rs` (strided GEMM views shared with the
 //! convs), `elementwise.rs` (fill, activations, binary ops, bias; generic over f32, bf16, f16),
-//! `softmax.rs` (softmax cross-entropy), `adam.rs` (the fused optimizer step) and `host.rs`
+//! `softmax.rs` (softmax cross-entropy), `rows.rs` (softmax over an axis, losses with integer
+//! labels, dropout), `adam.rs` (the fused optimizer step) and `host.rs`
 //! (the slice views of tensor buffers: the only place addresses become slices, each view
 //! checked for device, dtype, length and alignment).
 //!
@@ -31,6 +32,7 @@ mod host;
 mod layout;
 mod matmul;
 mod pool;
+mod rows;
 mod softmax;
 #[cfg(test)]
 mod testing;
@@ -39,6 +41,7 @@ use crate::backend::{
     Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
     CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
+use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{
     Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
     MatmulOps, MemoryOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
@@ -223,11 +226,31 @@ impl ElementwiseOps for CpuBackend {
     fn bias_grad(&self, c: Checked<BiasGrad<'_>>) -> Result<(), TensorError> {
         elementwise::bias_grad(c.into_inner())
     }
+
+    fn softmax(&self, c: Checked<Softmax<'_>>) -> Result<(), TensorError> {
+        rows::softmax(c.into_inner())
+    }
+
+    fn softmax_bwd(&self, c: Checked<SoftmaxBwd<'_>>) -> Result<(), TensorError> {
+        rows::softmax_bwd(c.into_inner())
+    }
+
+    fn dropout(&self, c: Checked<Dropout<'_>>) -> Result<(), TensorError> {
+        rows::dropout(c.into_inner())
+    }
+
+    fn dropout_bwd(&self, c: Checked<DropoutBwd<'_>>) -> Result<(), TensorError> {
+        rows::dropout_bwd(c.into_inner())
+    }
 }
 
 impl LossOps for CpuBackend {
     fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError> {
         softmax::softmax_xent(c.into_inner())
+    }
+
+    fn index_loss(&self, c: Checked<IndexLossCall<'_>>) -> Result<f32, TensorError> {
+        rows::index_loss(c.into_inner())
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod backend;
 mod checked;
+pub mod codes;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -24,6 +25,7 @@ pub mod error;
 pub mod geometry;
 pub mod op;
 pub mod ops;
+pub mod scalar;
 pub mod shape;
 pub mod tensor;
 pub mod tree;
@@ -31,13 +33,15 @@ pub mod upload;
 
 pub use backend::{
     AdamHyper, Backend, BackendId, BackendOptions, ConvOps, ElementwiseOps, LossOps, MatmulOps,
-    MemoryOps, OptimOps, Precision, matmul_dims, softmax_xent_dims,
+    MemoryOps, OptimOps, Precision, class_dims, matmul_dims, softmax_xent_dims,
 };
 pub use checked::Checked;
+pub use codes::{IndexLoss, SoftmaxKind};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, Padding};
+pub use op::Alpha;
 pub use op::{
     Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep, dense_chunk_rows,
 };

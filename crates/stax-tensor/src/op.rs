@@ -5,7 +5,7 @@
 //! schedule, and the op itself allocates by it ([`crate::backend::Scratch`]). The enums here
 //! ([`Activation`], [`BinaryOp`]) are the op codes the elementwise kernels switch on.
 
-use crate::{Conv2dGeometry, DType};
+use crate::{Conv2dGeometry, DType, IndexLoss, SoftmaxKind, scalar};
 
 /// An elementwise activation function (stax's `elementwise(fun)` layers).
 ///
@@ -18,6 +18,45 @@ pub enum Activation {
     Relu,
     /// `jnp.tanh`; gradient `g (1 - y²)` from the output `y`.
     Tanh,
+    /// `jnp.exp`; gradient `g y` from the output.
+    Exp,
+    /// `jax.nn.softplus` = `logaddexp(x, 0)`; gradient `g sigmoid(x) = g (1 - exp(-y))` from
+    /// the output.
+    Softplus,
+    /// `jax.nn.sigmoid` (`lax.logistic`); gradient `g y (1 - y)` from the output, as JAX's.
+    Sigmoid,
+    /// `jax.nn.elu(x, alpha)`: `x` if `x > 0` else `alpha · expm1(x)` (stax's `Elu`: alpha 1);
+    /// gradient `g` where `y > 0`, else `g (y + alpha)`, from the output (as PyTorch's in-place
+    /// ELU; alpha must be `>= 0`, so that `y > 0` exactly where `x > 0`).
+    Elu(Alpha),
+    /// `jax.nn.leaky_relu(x, negative_slope)`: `x` if `x >= 0` else `negative_slope · x`
+    /// (stax's `LeakyRelu`: 0.01); gradient `g` or `negative_slope · g` from a bit mask of
+    /// `x >= 0`.
+    LeakyRelu(Alpha),
+    /// `jax.nn.selu`: `scale · elu(x, alpha)` with `scale = 1.0507009873554805`,
+    /// `alpha = 1.6732632423543772`; gradient from the output as for [`Activation::Elu`].
+    Selu,
+    /// `jax.nn.gelu(x, approximate=True)` (stax's `Gelu`): the tanh form
+    /// `x · 0.5 (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))` of Hendrycks & Gimpel 2016, §2;
+    /// its gradient needs the input, which it keeps.
+    Gelu,
+}
+
+/// An activation's parameter (Elu's `alpha`, LeakyRelu's `negative_slope`): an f32 kept as its
+/// bits, so that [`Activation`] (part of the [`OpDesc`] keys) stays `Eq + Hash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Alpha(u32);
+
+impl Alpha {
+    /// The parameter `v`.
+    pub const fn new(v: f32) -> Alpha {
+        Alpha(v.to_bits())
+    }
+
+    /// Its value.
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
 }
 
 /// What an activation's backward pass reads.
@@ -27,22 +66,42 @@ pub enum Saves {
     Mask,
     /// The activation's output.
     Output,
+    /// The activation's input: its output does not determine its gradient (GELU), so in
+    /// training it runs out of place, its input kept.
+    Input,
 }
 
 impl Activation {
-    /// stax's name of the layer (`relu`, `tanh`).
+    /// stax's name of the layer (`relu`, `tanh`, `leaky_relu`).
     pub fn name(self) -> &'static str {
         match self {
             Activation::Relu => "relu",
             Activation::Tanh => "tanh",
+            Activation::Exp => "exp",
+            Activation::Softplus => "softplus",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Elu(_) => "elu",
+            Activation::LeakyRelu(_) => "leaky_relu",
+            Activation::Selu => "selu",
+            Activation::Gelu => "gelu",
         }
     }
 
     /// What its backward pass reads.
     pub fn saves(self) -> Saves {
         match self {
-            Activation::Relu => Saves::Mask,
-            Activation::Tanh => Saves::Output,
+            Activation::Relu | Activation::LeakyRelu(_) => Saves::Mask,
+            Activation::Gelu => Saves::Input,
+            _ => Saves::Output,
+        }
+    }
+
+    /// The bit a mask-saving activation keeps for input `x`: `x >= 0` for the leaky ReLU
+    /// (its gradient at 0 is 1, as `jnp.where(x >= 0, ..)`), `x > 0` otherwise.
+    pub fn mask_bit(self, x: f32) -> bool {
+        match self {
+            Activation::LeakyRelu(_) => x >= 0.0,
+            _ => x > 0.0,
         }
     }
 
@@ -58,6 +117,19 @@ impl Activation {
                 }
             }
             Activation::Tanh => x.tanh(),
+            Activation::Exp => x.exp(),
+            Activation::Softplus => scalar::softplus(x),
+            Activation::Sigmoid => scalar::sigmoid(x),
+            Activation::Elu(a) => scalar::elu(x, a.get()),
+            Activation::LeakyRelu(s) => {
+                if x >= 0.0 {
+                    x
+                } else {
+                    s.get() * x
+                }
+            }
+            Activation::Selu => scalar::SELU_SCALE * scalar::elu(x, scalar::SELU_ALPHA),
+            Activation::Gelu => scalar::gelu(x),
         }
     }
 
@@ -73,6 +145,22 @@ impl Activation {
                 }
             }
             Activation::Tanh => dy * (1.0 - saved * saved),
+            Activation::Exp => dy * saved,
+            Activation::Softplus => dy * -(-saved).exp_m1(),
+            Activation::Sigmoid => dy * saved * (1.0 - saved),
+            Activation::Elu(a) => scalar::elu_grad(saved, dy, 1.0, a.get()),
+            Activation::LeakyRelu(s) => {
+                if saved > 0.0 {
+                    dy
+                } else {
+                    s.get() * dy
+                }
+            }
+            Activation::Selu => {
+                let (scale, alpha) = (scalar::SELU_SCALE, scalar::SELU_ALPHA);
+                scalar::elu_grad(saved, dy, scale, scale * alpha)
+            }
+            Activation::Gelu => scalar::gelu_grad(saved, dy),
         }
     }
 
@@ -81,12 +169,44 @@ impl Activation {
         match self {
             Activation::Relu => 0,
             Activation::Tanh => 1,
+            Activation::Exp => 2,
+            Activation::Softplus => 3,
+            Activation::Sigmoid => 4,
+            Activation::Elu(_) => 5,
+            Activation::LeakyRelu(_) => 6,
+            Activation::Selu => 7,
+            Activation::Gelu => 8,
         }
     }
 
-    /// The op's parameter (`alpha` in the kernels; none of today's activations has one).
+    /// The op's parameter (`alpha` in the kernels): Elu's alpha, LeakyRelu's slope, else 0.
     pub fn alpha(self) -> f32 {
-        0.0
+        match self {
+            Activation::Elu(a) | Activation::LeakyRelu(a) => a.get(),
+            _ => 0.0,
+        }
+    }
+
+    /// Checks the parameter: finite, and for the ELU `>= 0` (its backward reads the output).
+    ///
+    /// # Errors
+    /// [`crate::TensorError::InvalidArgument`] naming the activation.
+    pub fn check(self) -> Result<(), crate::TensorError> {
+        let a = self.alpha();
+        let bad = match self {
+            Activation::Elu(_) => !(a.is_finite() && a >= 0.0),
+            _ => !a.is_finite(),
+        };
+        if bad {
+            return Err(crate::TensorError::InvalidArgument {
+                op: self.name(),
+                reason: format!(
+                    "parameter {a} must be finite (and >= 0 for elu, whose gradient is read \
+                     from its output)"
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -231,6 +351,33 @@ pub enum OpDesc {
     },
     /// A host/device copy, a fill or a device copy: no workspace.
     Memory,
+    /// A softmax or log-softmax over one axis of length `len`, for `rows` rows.
+    Softmax {
+        /// Which function.
+        kind: SoftmaxKind,
+        /// Rows (the elements of every other axis).
+        rows: usize,
+        /// The axis' length.
+        len: usize,
+        /// Whether it is the backward pass.
+        backward: bool,
+    },
+    /// A dropout (forward: its bit mask made) over `n` elements.
+    Dropout {
+        /// Elements.
+        n: usize,
+        /// Whether it is the backward pass.
+        backward: bool,
+    },
+    /// A loss of `[rows, classes]` model outputs against integer labels, with its gradient.
+    IndexLoss {
+        /// Which loss.
+        loss: IndexLoss,
+        /// Batch rows.
+        rows: usize,
+        /// Classes.
+        classes: usize,
+    },
 }
 
 /// Rows of the weight [`OpDesc::DenseAdam`] processes at a time, `n` columns wide, within

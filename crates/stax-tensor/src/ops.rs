@@ -19,12 +19,17 @@
 mod conv;
 mod elementwise;
 mod memory;
+mod rows;
 mod update;
 
 pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd};
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
+};
+pub use rows::{
+    check_keep_rate, dropout, dropout_bits, dropout_bwd, index_loss, keep_threshold,
+    label_out_of_range, mix64, softmax, softmax_bwd,
 };
 pub use update::{adam, dense_adam, softmax_xent};
 

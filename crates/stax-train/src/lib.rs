@@ -18,6 +18,6 @@ pub use prefetch::Prefetcher;
 pub use report::{
     CategoryBytes, EvalReport, HostReport, MemoryReport, PoolReport, StepOom, StepReport,
 };
-pub use staging::{HostBatch, HostStaging, Layout};
+pub use staging::{HostBatch, HostStaging, Labels, Layout};
 pub use step::Phase;
 pub use trainer::{Trainer, place_batch, summarize};

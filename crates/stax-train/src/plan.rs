@@ -117,7 +117,8 @@ pub struct MemoryPlan {
     /// Input batch shape.
     #[serde(serialize_with = "shape")]
     pub input: Shape,
-    /// Labels shape (one-hot `[n, classes]` for softmax cross-entropy).
+    /// Labels shape (one-hot `[n, classes]` for softmax cross-entropy, `[n]` class indices for
+    /// the losses with integer labels).
     #[serde(serialize_with = "shape")]
     pub labels: Shape,
     /// Persistent buffers (in allocation order), then the step's (in allocation order).
@@ -216,8 +217,13 @@ impl MemoryPlan {
         let source = ParamSource::Empty;
         let (_, mut params) = init_params(parts.model, &Tree::leaf(input.clone()), &be, source)?;
         let mut state = parts.opt.init(&params)?;
+        let labels_dtype = parts.loss.labels_dtype();
         let place = || -> Result<(Tensor, Tensor), TrainError> {
-            Ok(input_tensors(&be, input.clone(), labels.clone())?)
+            Ok(input_tensors(
+                &be,
+                input.clone(),
+                (labels.clone(), labels_dtype),
+            )?)
         };
         // The loop as the trainer runs it. Placed: [place k, step k] per iteration. Prefetched:
         // place 1 once (part of the set-up), then [place k + 1, step k].
@@ -228,7 +234,7 @@ impl MemoryPlan {
             Feed::Placed => None,
         };
         let no_hook = &mut |_: Phase| {};
-        run_step(parts, &mut params, &mut state, &[(&x, &y)], 1, no_hook)?;
+        run_step(parts, &mut params, &mut state, &[(&x, &y)], (1, 0), no_hook)?;
         drop((x, y));
         let (x, y) = match next.take() {
             Some(batch) => {
@@ -240,7 +246,7 @@ impl MemoryPlan {
         let step_start = pb.events();
         let mut phases = Vec::new();
         let hook = &mut |p: Phase| phases.push((p, pb.events() - step_start));
-        run_step(parts, &mut params, &mut state, &[(&x, &y)], 2, hook)?;
+        run_step(parts, &mut params, &mut state, &[(&x, &y)], (2, 0), hook)?;
         let step_end = pb.events();
         let (mut trace, ops) = pb.finish();
         drop((x, y, next, params, state, be));

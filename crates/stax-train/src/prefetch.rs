@@ -39,7 +39,7 @@ use stax_tensor::{Backend, Upload};
 use crate::data::Dataset;
 use crate::plan::Feed;
 use crate::report::StepReport;
-use crate::staging::{HostBatch, HostStaging, Layout};
+use crate::staging::{HostBatch, HostStaging, Labels, Layout};
 use crate::{TrainError, Trainer};
 
 /// The batches of a prefetched loop (see the module docs), made by [`Trainer::prefetch`].
@@ -49,6 +49,8 @@ pub struct Prefetcher<'d> {
     staging: HostStaging,
     backend: Arc<dyn Backend>,
     input: stax_tensor::Shape,
+    /// The labels the trainer's loss reads.
+    labels: Labels,
     /// The next batch, placed (its copy may be running).
     placed: Option<(Upload, Upload)>,
     /// The batch after it, gathered on the host (or the error gathering it gave).
@@ -70,7 +72,7 @@ impl Prefetcher<'_> {
     fn gather_next(&mut self) -> Option<Result<HostBatch, TrainError>> {
         let indices = self.batches.next()?;
         let layout = match Layout::for_input(&self.input, self.dataset) {
-            Ok(l) => l,
+            Ok(l) => l.with_labels(self.labels),
             Err(e) => return Some(Err(e)),
         };
         Some(
@@ -108,6 +110,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             staging: self.staging().clone(),
             backend: self.backend().clone(),
             input: self.input_shape().clone(),
+            labels: Labels::for_dtype(self.loss().labels_dtype()),
             placed: None,
             gathered: None,
         }

@@ -37,25 +37,73 @@ pub struct HostStaging {
 
 /// How a model's input takes a data set's images: NHWC `[n, h, w, c]` (resized to `h x w`,
 /// gray replicated to `c` channels), or flattened to `[n, h * w * c]` features (an MLP's
-/// input, stax's `(-1, 28 * 28)`).
+/// input, stax's `(-1, 28 * 28)`); and how its loss takes the labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Image height, width and channels.
     pub hwc: (usize, usize, usize),
     /// Whether each example is flattened to one feature axis.
     pub flat: bool,
+    /// One-hot rows or class indices.
+    pub labels: Labels,
+}
+
+/// How a batch's labels are given: what the loss reads ([`stax_layers::Loss::labels_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Labels {
+    /// `[n, num_classes]` f32 rows, all zeros but a 1 at the label (softmax cross-entropy).
+    #[default]
+    OneHot,
+    /// `[n]` u32 class indices (the losses with integer labels).
+    Index,
+}
+
+impl Labels {
+    /// The labels a loss of labels `dtype` reads: U32 class indices, else one-hot rows.
+    pub fn for_dtype(dtype: DType) -> Labels {
+        match dtype {
+            DType::U32 => Labels::Index,
+            _ => Labels::OneHot,
+        }
+    }
+
+    /// Their dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            Labels::OneHot => DType::F32,
+            Labels::Index => DType::U32,
+        }
+    }
+
+    /// Their shape for `n` examples of `classes` classes.
+    pub fn shape(self, n: usize, classes: usize) -> Shape {
+        match self {
+            Labels::OneHot => Shape::new([n, classes]),
+            Labels::Index => Shape::new([n]),
+        }
+    }
 }
 
 impl From<(usize, usize, usize)> for Layout {
-    /// NHWC images of this size.
+    /// NHWC images of this size, one-hot labels.
     fn from(hwc: (usize, usize, usize)) -> Layout {
-        Layout { hwc, flat: false }
+        Layout {
+            hwc,
+            flat: false,
+            labels: Labels::OneHot,
+        }
     }
 }
 
 impl Layout {
+    /// The same layout with `labels`.
+    pub fn with_labels(self, labels: Labels) -> Layout {
+        Layout { labels, ..self }
+    }
+
     /// The layout of a model input `input` (`[n, h, w, c]`, or `[n, features]` where
-    /// `features` is `h * w * c` for the data set's stored `h x w` and `c` its channels or 3).
+    /// `features` is `h * w * c` for the data set's stored `h x w` and `c` its channels or 3),
+    /// with one-hot labels.
     ///
     /// # Errors
     /// [`TrainError::BatchShape`] for any other input shape.
@@ -67,6 +115,7 @@ impl Layout {
                 Ok(Layout {
                     hwc: (h, w, f / (h * w)),
                     flat: true,
+                    labels: Labels::OneHot,
                 })
             }
             _ => Err(TrainError::BatchShape {
@@ -92,13 +141,14 @@ impl Layout {
     }
 }
 
-/// A batch gathered in host memory (images as its [`Layout`] says, one-hot labels `[n, k]`,
-/// f32), ready to be placed on a device ([`HostBatch::upload`]).
+/// A batch gathered in host memory (f32 images and the labels as its [`Layout`] says), ready
+/// to be placed on a device ([`HostBatch::upload`]).
 #[derive(Debug)]
 pub struct HostBatch {
     images: Allocation,
     labels: Allocation,
     shapes: (Shape, Shape),
+    labels_dtype: DType,
 }
 
 impl HostBatch {
@@ -115,31 +165,32 @@ impl HostBatch {
     /// Allocation and copy errors.
     pub fn upload(self, backend: &Arc<dyn Backend>) -> Result<(Upload, Upload), TrainError> {
         let (xs, ys) = self.shapes;
-        let (x, y) = input_tensors(backend, xs, ys)?;
+        let (x, y) = input_tensors(backend, xs, (ys, self.labels_dtype))?;
         let x = stax_tensor::ops::upload_async(self.images, x)?;
         let y = stax_tensor::ops::upload_async(self.labels, y)?;
         Ok((x, y))
     }
 }
 
-/// The device tensors a batch is placed in: images `xs` and labels `ys`, f32, tagged
-/// [`Category::Input`] and named `input/images` and `input/labels` (contents unspecified).
+/// The device tensors a batch is placed in: f32 images `xs` and labels `ys` of their dtype,
+/// tagged [`Category::Input`] and named `input/images` and `input/labels` (contents
+/// unspecified).
 ///
 /// # Errors
 /// Allocation errors.
 pub(crate) fn input_tensors(
     backend: &Arc<dyn Backend>,
     xs: Shape,
-    ys: Shape,
+    (ys, labels): (Shape, DType),
 ) -> Result<(Tensor, Tensor), TensorError> {
     let _scope = backend.allocator().scope("input");
     let x = Tensor::empty(backend, xs, DType::F32, Tag::new(Category::Input, "images"))?;
-    let y = Tensor::empty(backend, ys, DType::F32, Tag::new(Category::Input, "labels"))?;
+    let y = Tensor::empty(backend, ys, labels, Tag::new(Category::Input, "labels"))?;
     Ok((x, y))
 }
 
-/// A host buffer for `len` f32 from `allocator`.
-fn host_f32(allocator: &Arc<Allocator>, len: usize) -> Result<Allocation, TrainError> {
+/// A host buffer for `len` 4-byte elements (f32 or u32) from `allocator`.
+fn host_words(allocator: &Arc<Allocator>, len: usize) -> Result<Allocation, TrainError> {
     let bytes = len
         .checked_mul(4)
         .ok_or_else(|| TensorError::InvalidArgument {
@@ -151,8 +202,8 @@ fn host_f32(allocator: &Arc<Allocator>, len: usize) -> Result<Allocation, TrainE
         .map_err(TensorError::from)?)
 }
 
-/// The f32 view of a host staging buffer.
-fn as_f32(a: &mut Allocation) -> Result<&mut [f32], TrainError> {
+/// The `T` (f32 or u32) view of a host staging buffer.
+fn as_words<T: bytemuck::Pod>(a: &mut Allocation) -> Result<&mut [T], TrainError> {
     let bytes = a
         .host_bytes_mut()
         .ok_or_else(|| TensorError::InvalidArgument {
@@ -162,7 +213,7 @@ fn as_f32(a: &mut Allocation) -> Result<&mut [f32], TrainError> {
     bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
         TrainError::from(TensorError::InvalidArgument {
             op: "stage",
-            reason: format!("host buffer is not an f32 array: {e}"),
+            reason: format!("host buffer is not an array of 4-byte elements: {e}"),
         })
     })
 }
@@ -184,7 +235,7 @@ impl HostStaging {
     }
 
     /// Gathers the examples `indices` of `dataset` into host buffers (as `layout` says: an
-    /// `(h, w, c)` tuple for NHWC images; labels one-hot) for `backend`: pinned memory from
+    /// `(h, w, c)` tuple for NHWC images and one-hot labels) for `backend`: pinned memory from
     /// [`Backend::staging_allocator`] when it has one, else this staging's pageable allocator.
     ///
     /// # Errors
@@ -204,27 +255,31 @@ impl HostStaging {
             return Err(TrainError::ZeroBatchSize { op: "gather" });
         }
         let allocator = backend.staging_allocator().unwrap_or(&self.allocator);
-        let mut images = host_f32(allocator, n * h * w * c)?;
-        let mut labels = host_f32(allocator, n * k)?;
-        crate::data::loader::fill_batch(
-            dataset,
-            indices,
-            hwc,
-            as_f32(&mut images)?,
-            as_f32(&mut labels)?,
-        )?;
-        let shapes = (layout.shape(n), Shape::new([n, k]));
+        let labels_shape = layout.labels.shape(n, k);
+        let mut images = host_words(allocator, n * h * w * c)?;
+        let mut labels = host_words(allocator, labels_shape.numel())?;
+        let (pixels, ys) = (as_words(&mut images)?, &mut labels);
+        match layout.labels {
+            Labels::OneHot => {
+                crate::data::loader::fill_batch(dataset, indices, hwc, pixels, as_words(ys)?)?
+            }
+            Labels::Index => {
+                crate::data::loader::fill_label_indices(dataset, indices, as_words(ys)?)?;
+                crate::data::loader::fill_images(dataset, indices, hwc, pixels)?;
+            }
+        }
         Ok(HostBatch {
             images,
             labels,
-            shapes,
+            shapes: (layout.shape(n), labels_shape),
+            labels_dtype: layout.labels.dtype(),
         })
     }
 
     /// Gathers the examples `indices` of `dataset` ([`HostStaging::gather`]) and places them
     /// on `backend`, tagged [`Category::Input`]: images as `layout` says (NHWC
-    /// `[len, h, w, c]` for an `(h, w, c)` tuple), labels `[len, num_classes]`. Returns once
-    /// both are on the device.
+    /// `[len, h, w, c]` for an `(h, w, c)` tuple), labels `[len, num_classes]` one-hot or `[len]`
+    /// class indices. Returns once both are on the device.
     ///
     /// # Errors
     /// Data errors from [`crate::data::loader::fill_batch`]; allocation and copy errors.

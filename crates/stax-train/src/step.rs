@@ -16,7 +16,7 @@
 //! allocation after an update can run out. Should anything still fail after one, the error
 //! is [`TrainError::UpdatedBeforeFailure`], naming what was updated.
 
-use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Updates};
+use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Rng, Updates};
 use stax_optim::{OptState, Optimizer};
 use stax_tensor::{BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
 
@@ -60,6 +60,8 @@ pub(crate) struct Parts<'a> {
 /// micro-batch's loss gradient scaled by `1 / batches.len()`, so the sum is the mean, as
 /// optax's `MultiSteps` averages) before one update. `on_phase` is called as each [`Phase`]
 /// starts (for every micro-batch). Returns the loss, the mean over micro-batches.
+/// The RNG key of the step (what `Dropout` draws from) is [`Rng::fold_in`]`(seed, step)`,
+/// split per layer by the combinators; micro-batch `i` of `n` gets `fold_in(seed, step * n + i)`.
 ///
 /// # Errors
 /// [`TrainError::NonFiniteLoss`] (naming `step`); layer, tensor and optimizer errors, after
@@ -70,7 +72,7 @@ pub(crate) fn run_step(
     params: &mut Params,
     state: &mut OptState,
     batches: &[(&Tensor, &Tensor)],
-    step: u64,
+    (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<f32, TrainError> {
     let Some(&(x, _)) = batches.first() else {
@@ -79,10 +81,11 @@ pub(crate) fn run_step(
     let be = x.backend().clone();
     be.allocator().mark_step(step);
     if batches.len() > 1 {
-        return accumulate(parts, (params, state), batches, step, on_phase);
+        return accumulate(parts, (params, state), batches, (step, seed), on_phase);
     }
     let mut sink = Collect::new();
-    let (loss, residuals, dlogits) = forward(parts, params, batches[0], 1, on_phase)?;
+    let key = Rng::fold_in(seed, step);
+    let (loss, residuals, dlogits) = forward(parts, params, batches[0], (1, key), on_phase)?;
     // Known before anything is updated, in the backward pass or after it.
     if !loss.is_finite() {
         return Err(TrainError::NonFiniteLoss { step, loss });
@@ -111,18 +114,19 @@ pub(crate) fn run_step(
 }
 
 /// The forward pass and the loss of one (micro-)batch: the loss, the residuals and the loss
-/// gradient, scaled by `1 / parts` when the batch is one of `parts` micro-batches.
+/// gradient, scaled by `1 / of` when the batch is one of `of` micro-batches; `key` is its RNG
+/// key.
 fn forward(
     parts: Parts<'_>,
     params: &Params,
     (x, y): (&Tensor, &Tensor),
-    of: usize,
+    (of, key): (usize, Rng),
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<(f32, stax_layers::Residuals, Tensor), TrainError> {
     let be = x.backend().clone();
     on_phase(Phase::Forward);
     let mut unused = Collect::new();
-    let mut cx = Cx::train(&be, &mut unused);
+    let mut cx = Cx::train(&be, &mut unused).with_rng(key);
     let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
     on_phase(Phase::Loss);
     let logits = one_output(parts.model, logits)?;
@@ -145,13 +149,14 @@ fn accumulate(
     parts: Parts<'_>,
     (params, state): (&mut Params, &mut OptState),
     batches: &[(&Tensor, &Tensor)],
-    step: u64,
+    (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<f32, TrainError> {
     let mut sink = Collect::summing();
-    let mut total = 0.0f32;
-    for &batch in batches {
-        let (loss, residuals, dlogits) = forward(parts, params, batch, batches.len(), on_phase)?;
+    let (mut total, n) = (0.0f32, batches.len());
+    for (i, &batch) in batches.iter().enumerate() {
+        let key = Rng::fold_in(seed, step.wrapping_mul(n as u64).wrapping_add(i as u64));
+        let (loss, residuals, dlogits) = forward(parts, params, batch, (n, key), on_phase)?;
         if !loss.is_finite() {
             return Err(TrainError::NonFiniteLoss { step, loss });
         }
@@ -166,7 +171,7 @@ fn accumulate(
     let grads = sink.finish(params)?;
     on_phase(Phase::Update);
     parts.opt.update(state, &grads, params)?;
-    Ok(total / batches.len() as f32)
+    Ok(total / n as f32)
 }
 
 /// Moves the parameters Adam updates in their layers' backward passes (and their moments) out

@@ -14,7 +14,7 @@ use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, Tree};
 use crate::TrainError;
 use crate::plan::{self, Feed, MemoryPlan};
 use crate::report::{EvalReport, MemoryReport, StepOom, StepReport};
-use crate::staging::{HostStaging, Layout};
+use crate::staging::{HostStaging, Labels, Layout};
 use crate::step::{Parts, check_input_shape, one_output, output_shape, run_step};
 
 /// A model, its parameters, loss and optimizer state on one backend.
@@ -37,6 +37,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     feed: Feed,
     /// The feed whose loop memory the allocator holds ([`MemoryPlan::rehearse`]).
     rehearsed: Option<Feed>,
+    /// The seed of the parameters and of every step's RNG key.
+    seed: u64,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -57,7 +59,8 @@ impl<L: Layer, O: Optimizer> Trainer<L, O> {
 
 impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Initializes parameters (stax's `init_fun` with `Rng::new(seed)`) for inputs of shape
-    /// `input` (`[batch, ...]`), and the optimizer's state, on `backend`; then calibrates the
+    /// `input` (`[batch, ...]`), and the optimizer's state, on `backend` (step `k`'s RNG key,
+    /// for `Dropout`, is `Rng::fold_in(seed, k)`); then calibrates the
     /// step's ops at that batch size ([`Trainer::calibrate`]), so that plans and steps are
     /// exact from the first step on.
     ///
@@ -98,6 +101,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             steps: 0,
             staging: HostStaging::new()?,
             feed: Feed::Placed,
+            seed,
         };
         let mut trainer = trainer;
         trainer.calibrate(trainer.input.dims()[0])?;
@@ -160,6 +164,11 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         &self.opt
     }
 
+    /// The loss.
+    pub fn loss(&self) -> &F {
+        &self.loss
+    }
+
     /// The backend everything lives on.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
@@ -187,10 +196,11 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let labels = self
             .loss
             .labels_shape(&output_shape(&self.model, x.shape())?);
-        if y.shape() != &labels {
+        let dtype = self.loss.labels_dtype();
+        if y.shape() != &labels || y.dtype() != dtype {
             return Err(TrainError::BatchShape {
                 what: "labels",
-                expected: format!("{labels} for {}", self.loss.name()),
+                expected: format!("{dtype} {labels} for {}", self.loss.name()),
                 got: y.shape().clone(),
             });
         }
@@ -238,7 +248,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             &mut self.params,
             &mut self.state,
             &[(x, y)],
-            step,
+            (step, self.seed),
             &mut |_| {},
         );
         let loss = run.map_err(|e| {
@@ -345,8 +355,9 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         plan::fit::largest_batch(self.parts(), &self.input, &self.backend, self.feed, budget)
     }
 
-    /// Places a batch of `dataset` for this trainer (its input layout), staged through the
-    /// trainer's host allocator so host bytes show in the reports.
+    /// Places a batch of `dataset` for this trainer (its [`Trainer::layout`]: one-hot or index
+    /// labels as its loss reads them), staged through the trainer's host allocator so host
+    /// bytes show in the reports.
     ///
     /// # Errors
     /// As [`HostStaging::place_batch`]; [`TrainError::BatchShape`] when the trainer's input
@@ -356,9 +367,19 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         dataset: &crate::data::Dataset,
         indices: &[usize],
     ) -> Result<(Tensor, Tensor), TrainError> {
-        let layout = Layout::for_input(&self.input, dataset)?;
+        let layout = self.layout(dataset)?;
         self.staging
             .place_batch(&self.backend, dataset, indices, layout)
+    }
+
+    /// How this trainer's batches of `dataset` are laid out: its input's images
+    /// ([`Layout::for_input`]) and the labels its loss reads ([`Labels::for_dtype`]).
+    ///
+    /// # Errors
+    /// As [`Layout::for_input`].
+    pub fn layout(&self, dataset: &crate::data::Dataset) -> Result<Layout, TrainError> {
+        let labels = Labels::for_dtype(self.loss.labels_dtype());
+        Ok(Layout::for_input(&self.input, dataset)?.with_labels(labels))
     }
 
     /// The host staging the trainer places batches through.
@@ -380,7 +401,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     /// Mean loss and accuracy of one placed batch: `(loss, correct)` (a prediction is correct
-    /// when its arg-max is the label row's).
+    /// when its arg-max is the label row's, or the class index for integer labels).
     ///
     /// # Errors
     /// As [`Trainer::step`]'s checks and [`Trainer::predict`].
@@ -389,17 +410,17 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let logits = self.predict(x)?;
         let (loss, _) = self.loss.value_and_grad(&logits, y)?;
         let k = logits.shape().last();
-        let (l, t) = (logits.to_vec()?, y.to_vec()?);
         let argmax = |row: &[f32]| {
             row.iter()
                 .enumerate()
                 .fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
         };
-        let correct = l
-            .chunks_exact(k)
-            .zip(t.chunks_exact(k))
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
+        let predicted: Vec<usize> = logits.to_vec()?.chunks_exact(k).map(argmax).collect();
+        let truth: Vec<usize> = match y.dtype() {
+            stax_tensor::DType::U32 => y.to_vec_u32()?.into_iter().map(|c| c as usize).collect(),
+            _ => y.to_vec()?.chunks_exact(k).map(argmax).collect(),
+        };
+        let correct = predicted.iter().zip(&truth).filter(|(a, b)| a == b).count();
         Ok((loss, correct))
     }
 

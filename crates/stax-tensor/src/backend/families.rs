@@ -10,6 +10,7 @@ use super::call::{
     CopyInAsync, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
     UnaryBwd,
 };
+use super::rows::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 
 /// Copies between host and device, device copies and fills.
 pub trait MemoryOps {
@@ -142,6 +143,30 @@ pub trait ElementwiseOps {
     /// # Errors
     /// Workspace allocation and kernel errors.
     fn bias_grad(&self, c: Checked<BiasGrad<'_>>) -> Result<(), TensorError>;
+
+    /// Softmax or log-softmax along an axis, in place.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn softmax(&self, c: Checked<Softmax<'_>>) -> Result<(), TensorError>;
+
+    /// Its backward pass from the output, in place on the gradient.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn softmax_bwd(&self, c: Checked<SoftmaxBwd<'_>>) -> Result<(), TensorError>;
+
+    /// Dropout in place, its keep bits into a mask.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn dropout(&self, c: Checked<Dropout<'_>>) -> Result<(), TensorError>;
+
+    /// Dropout's backward pass from the mask, in place on the gradient.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn dropout_bwd(&self, c: Checked<DropoutBwd<'_>>) -> Result<(), TensorError>;
 }
 
 /// Losses.
@@ -151,6 +176,13 @@ pub trait LossOps {
     /// # Errors
     /// Workspace allocation and kernel errors.
     fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError>;
+
+    /// A loss with integer labels fused with its gradient; returns the mean loss.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] for a label out of range; workspace allocation and
+    /// kernel errors.
+    fn index_loss(&self, c: Checked<IndexLossCall<'_>>) -> Result<f32, TensorError>;
 }
 
 /// Optimizer updates.

@@ -3,15 +3,16 @@
 //! backward passes, binary ops, bias add and its gradient.
 //!
 //! Masks are packed bits, as the CUDA kernels keep them: a `U32` tensor of `ceil(numel / 32)`
-//! words where bit `i % 32` of word `i / 32` is `x[i] > 0`, and the bits past `numel` in the
-//! last word are zero.
+//! words where bit `i % 32` of word `i / 32` is the activation's bit for `x[i]`
+//! ([`crate::Activation::mask_bit`]: `x[i] > 0` for the ReLU), and the bits past `numel` in
+//! the last word are zero.
 
 use super::host::{view, view_mut, words, words_mut};
 use crate::backend::{BiasAdd, BiasGrad, Binary, Fill, Unary, UnaryBwd};
 use crate::{Float, Saves, TensorError, with_float};
 
 /// The dtype error of an op given U32 where it needs a float (the front end refuses it).
-fn not_float(op: &'static str, dtype: crate::DType) -> TensorError {
+pub(super) fn not_float(op: &'static str, dtype: crate::DType) -> TensorError {
     TensorError::UnsupportedDType {
         op,
         dtype,
@@ -47,7 +48,7 @@ fn unary_t<T: Float>(c: Unary<'_>) -> Result<(), TensorError> {
         let mut w = 0u32;
         for (i, v) in chunk.iter_mut().enumerate() {
             let x = v.to_f32();
-            w |= u32::from(x > 0.0) << i;
+            w |= u32::from(act.mask_bit(x)) << i;
             *v = T::from_f32(act.apply(x));
         }
         *word = w;
@@ -74,7 +75,7 @@ fn unary_bwd_t<T: Float>(c: UnaryBwd<'_>) -> Result<(), TensorError> {
                 }
             }
         }
-        Saves::Output => {
+        Saves::Output | Saves::Input => {
             for (v, &s) in dy.iter_mut().zip(view::<T>(OP, saved)?) {
                 *v = T::from_f32(act.grad(s.to_f32(), v.to_f32()));
             }

@@ -321,7 +321,7 @@ impl CudaBackend {
         let (n, code, alpha) = (dy.numel(), act.code(), act.alpha());
         let (s, m) = match act.saves() {
             Saves::Mask => (0, saved.addr()),
-            Saves::Output => (saved.addr(), 0),
+            Saves::Output | Saves::Input => (saved.addr(), 0),
         };
         if act == Activation::Relu && dy.dtype() == crate::DType::F32 {
             return self.kernels.relu_bwd(dy.addr(), m, n);

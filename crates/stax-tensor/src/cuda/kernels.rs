@@ -6,8 +6,8 @@
 //! architecture, so opening a second backend does not compile again. Symbols are
 //! `{op}_{dtype}`: kernels written once as templates are instantiated per float dtype
 //! (`unary_f32`, `unary_bf16`, `unary_f16`), and the loaded functions are found by that name.
-//! cudarc's `.arg()` is unchecked, so every kernel has exactly one launcher (in `launch.rs`
-//! and `spatial.rs`), which owns the argument order and quotes the C signature in its
+//! cudarc's `.arg()` is unchecked, so every kernel has exactly one launcher (in `launch.rs`,
+//! `rows.rs` and `spatial.rs`), which owns the argument order and quotes the C signature in its
 //! `// SAFETY:` comment. Addresses are raw `CUdeviceptr`s of allocator-owned buffers
 //! ([`crate::Tensor::addr`]).
 
@@ -27,6 +27,7 @@ macro_rules! launch {
 }
 
 mod launch;
+mod rows;
 mod source;
 mod spatial;
 

@@ -8,6 +8,7 @@ use crate::backend::{
     Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
     Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
+use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::dtype::{bf16, f16};
 use crate::{
     Backend, Checked, DType, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps, TensorError,
@@ -180,6 +181,40 @@ impl ElementwiseOps for CudaBackend {
         ws.free(i)?;
         ws.finish()
     }
+
+    fn softmax(&self, c: Checked<Softmax<'_>>) -> Result<(), TensorError> {
+        let Softmax { kind, dims, y } = c.into_inner();
+        self.bind()?;
+        self.kernels.softmax(y.dtype(), y.addr(), &dims, kind)
+    }
+
+    fn softmax_bwd(&self, c: Checked<SoftmaxBwd<'_>>) -> Result<(), TensorError> {
+        let SoftmaxBwd { kind, dims, y, dy } = c.into_inner();
+        self.bind()?;
+        self.kernels
+            .softmax_bwd(dy.dtype(), y.addr(), dy.addr(), &dims, kind)
+    }
+
+    fn dropout(&self, c: Checked<Dropout<'_>>) -> Result<(), TensorError> {
+        let Dropout {
+            rate,
+            threshold,
+            key,
+            y,
+            mask,
+        } = c.into_inner();
+        self.bind()?;
+        let (n, bufs) = (y.numel(), (y.addr(), mask.addr()));
+        self.kernels
+            .dropout(y.dtype(), bufs, n, (key, threshold), rate)
+    }
+
+    fn dropout_bwd(&self, c: Checked<DropoutBwd<'_>>) -> Result<(), TensorError> {
+        let DropoutBwd { rate, mask, dy } = c.into_inner();
+        self.bind()?;
+        self.kernels
+            .dropout_bwd(dy.dtype(), dy.addr(), mask.addr(), dy.numel(), rate)
+    }
 }
 
 impl LossOps for CudaBackend {
@@ -206,6 +241,47 @@ impl LossOps for CudaBackend {
         ws.free(i)?;
         ws.finish()?;
         Ok(f32::from_le_bytes(loss))
+    }
+
+    /// As `softmax_xent`, the workspace's mean followed (8 bytes on) by the first row whose
+    /// label is out of range (`u64::MAX` for none), both read back in one copy.
+    fn index_loss(&self, c: Checked<IndexLossCall<'_>>) -> Result<f32, TensorError> {
+        const OP: &str = "index_loss";
+        let desc = crate::backend::Call::desc(c.get());
+        let IndexLossCall {
+            loss,
+            rows,
+            classes,
+            logits,
+            labels,
+            dlogits,
+        } = c.into_inner();
+        self.bind()?;
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let i = ws.alloc()?;
+        let mean = ws.addr(i) + Self::softmax_loss_offset(rows) as u64;
+        let tensors = (logits.addr(), labels.addr(), dlogits.addr());
+        let outs = (ws.addr(i), mean, mean + 8);
+        self.kernels
+            .index_loss(loss, tensors, outs, rows, classes)?;
+        // [mean f32, 4 bytes of padding] and the bad row, as two little-endian words
+        let mut back = [0u64; 2];
+        self.staging
+            .download(mean, bytemuck::bytes_of_mut(&mut back))?;
+        ws.free(i)?;
+        ws.finish()?;
+        if back[1] != u64::MAX {
+            let mut label = [0u8; 4];
+            self.staging
+                .download(labels.addr() + 4 * back[1], &mut label)?;
+            let label = u32::from_le_bytes(label);
+            return Err(crate::ops::label_out_of_range(
+                back[1] as usize,
+                label,
+                classes,
+            ));
+        }
+        Ok(f32::from_bits(back[0] as u32))
     }
 }
 

@@ -64,8 +64,8 @@ impl CudaBackend {
         (rows * 8).next_multiple_of(256)
     }
 
-    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient and softmax
-    /// cross-entropy allocate one buffer (bias partials even of 0 bytes, as `bias_grad` of no
+    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient and the losses
+    /// allocate one buffer (bias partials even of 0 bytes, as `bias_grad` of no
     /// rows does); the convolutions several; nothing else allocates.
     pub(super) fn op_workspace_schedule(
         &self,
@@ -99,12 +99,24 @@ impl CudaBackend {
                     }
                 }
             },
+            OpDesc::IndexLoss { rows, classes, .. } => {
+                if rows == 0 || classes == 0 {
+                    return Err(TensorError::InvalidArgument {
+                        op: "workspace_schedule",
+                        reason: format!("index_loss of empty logits [{rows}, {classes}]"),
+                    });
+                }
+                // row losses, the mean (padded to 8 bytes) and the first bad row (a u64)
+                one(Self::softmax_loss_offset(rows) + 16)
+            }
             OpDesc::Pool { .. }
             | OpDesc::Unary { .. }
             | OpDesc::Binary { .. }
             | OpDesc::BiasAdd { .. }
             | OpDesc::Adam { .. }
-            | OpDesc::Memory => Vec::new(),
+            | OpDesc::Memory
+            | OpDesc::Softmax { .. }
+            | OpDesc::Dropout { .. } => Vec::new(),
         })
     }
 

@@ -24,9 +24,10 @@ pub(super) fn check_saved(
     like: &Tensor,
 ) -> Result<(), TensorError> {
     let be = backend_of(like);
+    act.check()?;
     match act.saves() {
         Saves::Mask => mask(op, &be, saved, like.numel()),
-        Saves::Output => input(op, &be, saved, like.dtype(), Some(like.shape())),
+        Saves::Output | Saves::Input => input(op, &be, saved, like.dtype(), Some(like.shape())),
     }
 }
 

@@ -12,10 +12,12 @@ use super::{F32, FLOATS, backend_of, input, output, rows_cols, supports};
 ///
 /// # Errors
 /// [`TensorError::UnsupportedDType`] for U32; [`TensorError::InvalidArgument`] for a mask
-/// given to an activation that keeps none; mask shape, device and alias errors.
+/// given to an activation that keeps none, or a bad parameter ([`Activation::check`]); mask
+/// shape, device and alias errors.
 pub fn unary(act: Activation, y: &mut Tensor, aux: Option<&mut Tensor>) -> Result<(), TensorError> {
     const OP: &str = "unary";
     let be = backend_of(y);
+    act.check()?;
     supports(OP, y.dtype(), FLOATS)?;
     output(OP, &be, y, y.dtype(), None)?;
     if let Some(m) = &aux {
@@ -24,8 +26,8 @@ pub fn unary(act: Activation, y: &mut Tensor, aux: Option<&mut Tensor>) -> Resul
     be.unary(Checked::new(Unary { act, y, aux }))
 }
 
-/// In place `dy = dy · act'`, from what `act`'s forward pass saved: its mask (see [`unary`])
-/// or its output (a tensor of `dy`'s shape and dtype).
+/// In place `dy = dy · act'`, from what `act`'s forward pass saved: its mask (see [`unary`]),
+/// its output or its input (a tensor of `dy`'s shape and dtype).
 ///
 /// # Errors
 /// As [`unary`].

@@ -228,38 +228,117 @@ pub fn fill_batch(
     labels_onehot: &mut [f32],
 ) -> Result<(), TrainError> {
     const OP: &str = "fill_batch";
-    let (oh, ow, oc) = out_hwc;
-    let (h, w, c) = dataset.image_shape();
-    let k = dataset.num_classes();
-    let b = indices.len();
-    if b == 0 {
+    let (k, b) = (dataset.num_classes(), indices.len());
+    check_images(OP, dataset, indices, out_hwc, images.len())?;
+    check_labels(OP, labels_onehot.len(), vec![b, k])?;
+    check_indices(OP, dataset, indices)?;
+    write_images(dataset, indices, out_hwc, images)?;
+    labels_onehot.fill(0.0);
+    for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
+        row[dataset.labels()[i] as usize] = 1.0;
+    }
+    Ok(())
+}
+
+/// Fills `labels` (`[indices.len()]`) with the class indices of the examples `indices` of
+/// `dataset`: the labels of the losses with integer labels. Nothing is written on error.
+///
+/// # Errors
+/// [`TrainError::ZeroBatchSize`] for no indices; [`TrainError::ShapeMismatch`] for a buffer of
+/// the wrong length; [`TrainError::IndexOutOfRange`] for an index `>= dataset.len()`.
+pub fn fill_label_indices(
+    dataset: &Dataset,
+    indices: &[usize],
+    labels: &mut [u32],
+) -> Result<(), TrainError> {
+    const OP: &str = "fill_label_indices";
+    if indices.is_empty() {
         return Err(TrainError::ZeroBatchSize { op: OP });
     }
-    check_resizable(OP, (h, w, c), out_hwc)?;
-    let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
-    if super::checked_volume(&[b, per_out]) != Some(images.len()) {
-        return Err(TrainError::ShapeMismatch {
-            op: OP,
-            what: "images buffer",
-            expected: vec![b, oh, ow, oc],
-            found: vec![images.len()],
-        });
+    check_labels(OP, labels.len(), vec![indices.len()])?;
+    check_indices(OP, dataset, indices)?;
+    for (&i, l) in indices.iter().zip(labels.iter_mut()) {
+        *l = dataset.labels()[i];
     }
-    if labels_onehot.len() != b * k {
-        return Err(TrainError::ShapeMismatch {
-            op: OP,
-            what: "labels buffer",
-            expected: vec![b, k],
-            found: vec![labels_onehot.len()],
-        });
+    Ok(())
+}
+
+fn check_labels(op: &'static str, len: usize, expected: Vec<usize>) -> Result<(), TrainError> {
+    if len == expected.iter().product::<usize>() {
+        return Ok(());
     }
-    if let Some(&index) = indices.iter().find(|&&i| i >= dataset.len()) {
-        return Err(TrainError::IndexOutOfRange {
-            op: OP,
+    Err(TrainError::ShapeMismatch {
+        op,
+        what: "labels buffer",
+        expected,
+        found: vec![len],
+    })
+}
+
+fn check_indices(op: &'static str, dataset: &Dataset, indices: &[usize]) -> Result<(), TrainError> {
+    match indices.iter().find(|&&i| i >= dataset.len()) {
+        Some(&index) => Err(TrainError::IndexOutOfRange {
+            op,
             index,
             len: dataset.len(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Fills `images` with the examples `indices` of `dataset`, as [`fill_batch`] does (without
+/// labels).
+///
+/// # Errors
+/// As [`fill_batch`].
+pub fn fill_images(
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    images: &mut [f32],
+) -> Result<(), TrainError> {
+    const OP: &str = "fill_images";
+    check_images(OP, dataset, indices, out_hwc, images.len())?;
+    check_indices(OP, dataset, indices)?;
+    write_images(dataset, indices, out_hwc, images)
+}
+
+/// Checks a batch of `indices` for an images buffer of `len` f32 of shape `out_hwc`.
+fn check_images(
+    op: &'static str,
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    len: usize,
+) -> Result<(), TrainError> {
+    let (oh, ow, oc) = out_hwc;
+    let b = indices.len();
+    if b == 0 {
+        return Err(TrainError::ZeroBatchSize { op });
+    }
+    check_resizable(op, dataset.image_shape(), out_hwc)?;
+    let per_out = super::checked_volume(&[oh, ow, oc]).unwrap_or(usize::MAX);
+    if super::checked_volume(&[b, per_out]) != Some(len) {
+        return Err(TrainError::ShapeMismatch {
+            op,
+            what: "images buffer",
+            expected: vec![b, oh, ow, oc],
+            found: vec![len],
         });
     }
+    Ok(())
+}
+
+/// Writes the checked batch's images.
+fn write_images(
+    dataset: &Dataset,
+    indices: &[usize],
+    out_hwc: (usize, usize, usize),
+    images: &mut [f32],
+) -> Result<(), TrainError> {
+    let (oh, ow, oc) = out_hwc;
+    let (h, w, c) = dataset.image_shape();
+    let per_out = oh * ow * oc;
 
     // One image per task, in parallel (rayon): resizing a batch of 100 to 200x200 takes
     // ~20 ms on one core, longer than the seed's step on an H200.
@@ -281,12 +360,7 @@ pub fn fill_batch(
                 dataset.image_f32(i, scratch)?;
                 resize_bilinear(scratch, (h, w, c), out, out_hwc)
             }
-        })?;
-    labels_onehot.fill(0.0);
-    for (&i, row) in indices.iter().zip(labels_onehot.chunks_exact_mut(k)) {
-        row[dataset.labels()[i] as usize] = 1.0;
-    }
-    Ok(())
+        })
 }
 
 #[cfg(test)]
@@ -420,6 +494,25 @@ mod tests {
         let mut x = vec![0.0; 200 * 200 * 3];
         fill_batch(&ds, &[1], (200, 200, 3), &mut x, &mut y).unwrap();
         assert!(x.iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn label_indices_and_images_alone() {
+        let ds = gray();
+        let mut y = [7u32; 3];
+        fill_label_indices(&ds, &[1, 0, 0], &mut y).unwrap();
+        assert_eq!(y, [0, 2, 2]);
+        let e = fill_label_indices(&ds, &[0, 2], &mut y[..2]).unwrap_err();
+        assert!(
+            matches!(e, TrainError::IndexOutOfRange { index: 2, .. }),
+            "{e}"
+        );
+        let e = fill_label_indices(&ds, &[0], &mut y).unwrap_err();
+        assert!(matches!(e, TrainError::ShapeMismatch { .. }), "{e}");
+        assert_eq!(y, [0, 2, 2], "written before failing");
+        let mut x = vec![f32::NAN; 4];
+        fill_images(&ds, &[0], (2, 2, 1), &mut x).unwrap();
+        assert_eq!(x, [0.0, 0.2, 0.4, 1.0]);
     }
 
     #[test]

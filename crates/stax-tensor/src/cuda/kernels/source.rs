@@ -14,10 +14,11 @@ const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 pub enum KernelModule {
     /// `kernels/elementwise.cu`: fills and the vectorized f32 ReLU and bias paths.
     Elementwise,
-    /// `kernels/activation.cu`: activations, binary ops, bias add and gradient, every float
-    /// dtype.
+    /// `kernels/activation.cu`: activations, binary ops, bias add and gradient, dropout, every
+    /// float dtype.
     Activation,
-    /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, and a mean.
+    /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, a mean, softmax and
+    /// log-softmax over an axis (every float dtype) and the losses with integer labels.
     SoftmaxXent,
     /// `kernels/adam.cu`: the fused Adam step.
     Adam,
@@ -64,7 +65,7 @@ impl KernelModule {
                 "bias_grad_vec_f32",
             ],
             KernelModule::Activation => &[],
-            KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32"],
+            KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
             KernelModule::Adam => &["adam_f32", "adam_vec_f32"],
             KernelModule::Layout => &[
                 "hwio_to_ohwi_f32",
@@ -84,7 +85,10 @@ impl KernelModule {
                 "bias_add",
                 "bias_grad_partial",
                 "bias_grad_finish",
+                "dropout",
+                "dropout_bwd",
             ],
+            KernelModule::SoftmaxXent => &["softmax", "softmax_bwd"],
             _ => &[],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());

@@ -67,6 +67,11 @@ impl Kernels {
         // row_loss n doubles; blocks are whole warps.
         unsafe { launch!(self.stream, self.function(kern)?, self.grid(n.saturating_mul(32)); &logits, &labels, &dlogits, &row_loss, &n, &k) }
         .map_err(driver(kern))?;
+        self.mean_f64(row_loss, loss, n)
+    }
+
+    /// `out[0] = sum(v) / n` as one f32, for `n` doubles at `v` (a loss' row losses).
+    pub(crate) fn mean_f64(&self, v: u64, out: u64, n: usize) -> Result<(), TensorError> {
         let kern = "mean_f64_to_f32";
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -75,7 +80,7 @@ impl Kernels {
         };
         // SAFETY: `mean_f64_to_f32(const double *v, float *out, size_t n)`; v holds n doubles,
         // out one float; one block of 256 threads (8 warps, the size of its shared array).
-        unsafe { launch!(self.stream, self.function(kern)?, cfg; &row_loss, &loss, &n).map(drop) }
+        unsafe { launch!(self.stream, self.function(kern)?, cfg; &v, &out, &n).map(drop) }
             .map_err(driver(kern))
     }
 
