@@ -22,16 +22,29 @@
 //! writes every allocation and free as Chrome trace / Perfetto JSON (open it in
 //! ui.perfetto.dev); `--plot` draws one step's memory stacked by category against its
 //! allocation events (the plan's step with `--plan`, else the last step run).
+//!
+//! Checkpoints (one `.npz`, JAX's names; see the README):
+//! ```text
+//! cargo run --example stax_cnn --release -- --max-steps 50 --save ck.npz --save-every 10
+//! cargo run --example stax_cnn --release -- --resume ck.npz --save ck.npz   # steps 51.. exactly
+//! cargo run --example stax_cnn --release -- --eval-only --resume ck.npz     # test loss, accuracy
+//! cargo run --example stax_cnn --release -- --init-from jax.npz             # JAX's weights, fresh Adam
+//! ```
+//! A resumed run continues the interrupted one to the bit (parameters, Adam's moments, step,
+//! data order); on CUDA add `--deterministic` to both runs (cuDNN algorithms chosen by
+//! heuristics among the deterministic ones, the same in every process).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::models::seed_cnn;
 use stax::tensor::cpu::CpuBackend;
+use stax::tensor::cuda::CudaBackend;
+use stax::train::data::DataPosition;
 use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
-use stax::train::{StepReport, TrainError, Trainer};
+use stax::train::{Checkpoint, StepReport, TrainError, Trainer};
 use stax::{Adam, BackendOptions, Device, Precision, Shape};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -108,6 +121,27 @@ struct Args {
     /// [0, 1]), `raw` feeds them as stored. Default: `unit` for 8-bit data, `raw` for f32.
     #[arg(long)]
     pixel_scale: Option<String>,
+    /// Write a checkpoint (parameters, Adam's state, step, data position: one .npz) to this
+    /// file at the end (atomically: an interrupted save leaves the previous file intact).
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// With --save: also save every N steps.
+    #[arg(long, requires = "save")]
+    save_every: Option<u64>,
+    /// Resume from this checkpoint: parameters, optimizer state, step count and data order
+    /// (its seed overrides --seed; --epochs and --max-steps count the steps before it too).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Start from this checkpoint's parameters (a JAX one too) with a fresh optimizer.
+    #[arg(long, conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
+    /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
+    #[arg(long)]
+    eval_only: bool,
+    /// CUDA: choose cuDNN algorithms deterministically (the first deterministic one in
+    /// cuDNN's heuristic order, untimed), so runs and resumed runs agree to the bit.
+    #[arg(long)]
+    deterministic: bool,
 }
 
 impl Args {
@@ -154,16 +188,77 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
             Device::Cpu => open_cpu(args, &options),
-            d => Ok(d.open(&options)?),
+            Device::Cuda(n) => open_cuda(args, n, &options),
         };
     }
-    match Device::Cuda(0).open(&options) {
+    match open_cuda(args, 0, &options) {
         Ok(b) => Ok(b),
         Err(e) => {
             eprintln!("note: CUDA not usable ({e}); training on the CPU");
             open_cpu(args, &options)
         }
     }
+}
+
+fn open_cuda(
+    args: &Args,
+    ordinal: usize,
+    options: &BackendOptions,
+) -> Result<Arc<dyn stax::Backend>, Error> {
+    let cuda = CudaBackend::new(ordinal, options)?;
+    cuda.set_deterministic(args.deterministic);
+    Ok(cuda)
+}
+
+/// The trainer: resumed (`--resume`), from given parameters (`--init-from`) or fresh; with
+/// the data position a resumed run continues from.
+fn build_trainer(
+    args: &Args,
+    (model, input, adam): (stax::Serial, &Shape, Adam),
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(Trainer<stax::Serial>, Option<DataPosition>), Error> {
+    let input = input.clone();
+    if let Some(path) = &args.resume {
+        let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
+        println!("resumed: {} at step {}", path.display(), trainer.steps());
+        return Ok((trainer, at));
+    }
+    if let Some(path) = &args.init_from {
+        let params = Checkpoint::open(path)?.params(&model, &input, backend)?;
+        println!("parameters: from {}", path.display());
+        return Ok((
+            Trainer::from_params(model, input, adam, backend, params, None)?,
+            None,
+        ));
+    }
+    if args.eval_only {
+        return Err(
+            "--eval-only evaluates a checkpoint: give --resume FILE or --init-from FILE".into(),
+        );
+    }
+    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
+    Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
+}
+
+/// Saves the trainer to `path` at data position `at`.
+fn save(trainer: &Trainer<stax::Serial>, path: &Path, at: DataPosition) -> Result<String, Error> {
+    trainer.save(path, Some(at))?;
+    Ok(format!(
+        "checkpoint: {} (step {})",
+        path.display(),
+        trainer.steps()
+    ))
+}
+
+fn show_eval(trainer: &Trainer<stax::Serial>, test: &Dataset, batch: usize) -> Result<(), Error> {
+    let eval = trainer.evaluate(test, batch)?;
+    println!(
+        "test: loss {:.4}, accuracy {:.2}% ({} images)",
+        eval.loss,
+        eval.accuracy * 100.0,
+        eval.examples
+    );
+    Ok(())
 }
 
 /// `--pixel-scale`, parsed (None: each data set's default).
@@ -228,6 +323,11 @@ fn show_plan(
         "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
         backend.allocator().strategy(),
         human_bytes(plan.min_budget()?)
+    );
+    println!(
+        "checkpoint: saving or loading one stages at most {} of host memory (its largest \
+         array; arrays go one at a time)",
+        human_bytes(plan.checkpoint_host_bytes())
     );
     let budget = budget(args)?;
     let model = seed_cnn(plan.labels.dims()[1]);
@@ -342,6 +442,7 @@ fn run(args: Args) -> Result<(), Error> {
         ("--json", &args.json),
         ("--trace", &args.trace),
         ("--plot", &args.plot),
+        ("--save", &args.save),
     ] {
         check_path(flag, p)?;
     }
@@ -358,14 +459,22 @@ fn run(args: Args) -> Result<(), Error> {
         let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
         return show_plan(&args, &plan, &backend);
     }
-    let loader = Loader::new(train.len(), args.batch, args.seed)?;
-    let total = loader.steps(args.epochs, args.max_steps)?;
     let tracing = args.trace.is_some() || args.plot.is_some();
     if tracing {
         backend.allocator().start_trace();
     }
-    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
-    let mut trainer = Trainer::new(model, input.clone(), adam, &backend, args.seed)?;
+    let (mut trainer, position) = build_trainer(&args, (model, &input, adam), &backend)?;
+    if args.eval_only {
+        return show_eval(&trainer, &test, args.batch);
+    }
+    let loader = Loader::new(
+        train.len(),
+        args.batch,
+        position.map_or(args.seed, |p| p.seed),
+    )?;
+    let start = position.unwrap_or(loader.start());
+    let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
+    let at = |steps: u64| loader.advance(start, steps - first);
     let plan = MemoryPlan::with_feed(trainer.model(), &input, &adam, &backend, args.feed())?;
     // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
     let last_peak = match args.feed() {
@@ -411,7 +520,7 @@ fn run(args: Args) -> Result<(), Error> {
         }
         None => None,
     };
-    let bar = ProgressBar::new(total);
+    let bar = ProgressBar::new(total.saturating_sub(first));
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
@@ -426,9 +535,17 @@ fn run(args: Args) -> Result<(), Error> {
         }
     };
     let mut compared = (0u64, None);
-    let batches = (0..args.epochs)
-        .flat_map(|epoch| loader.batches(epoch))
-        .take(total as usize);
+    let batches = loader
+        .batches_from(start)?
+        .take(total.saturating_sub(first) as usize);
+    let saving = |trainer: &Trainer<stax::Serial>| -> Result<Option<String>, Error> {
+        match (&args.save, args.save_every) {
+            (Some(p), Some(n)) if n > 0 && trainer.steps() % n == 0 => {
+                Ok(Some(save(trainer, p, at(trainer.steps()))?))
+            }
+            _ => Ok(None),
+        }
+    };
     let started = Instant::now();
     let mut show = |report: StepReport| -> Result<(), Error> {
         say(&bar, line(&report, total));
@@ -452,19 +569,25 @@ fn run(args: Args) -> Result<(), Error> {
         for indices in batches {
             let (x, y) = trainer.place_batch(&train, &indices)?;
             show(trainer.step(&x, &y)?)?;
+            if let Some(line) = saving(&trainer)? {
+                say(&bar, line);
+            }
         }
     } else {
         let mut feed = trainer.prefetch(&train, batches);
         while let Some(report) = trainer.step_prefetched(&mut feed)? {
             show(report)?;
+            if let Some(line) = saving(&trainer)? {
+                say(&bar, line);
+            }
         }
     }
     let loop_s = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     println!(
         "loop: {} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
-        trainer.steps(),
-        loop_s * 1e3 / trainer.steps().max(1) as f64,
+        trainer.steps() - first,
+        loop_s * 1e3 / (trainer.steps() - first).max(1) as f64,
         match args.feed() {
             Feed::Prefetched => "next batch prefetched",
             Feed::Placed => "each batch placed before its step",
@@ -496,12 +619,8 @@ fn run(args: Args) -> Result<(), Error> {
         let trace = (&named.timeline, &named.step_starts[..]);
         export(&args, trace, (&step, XAxis::Events), &title)?;
     }
-    let eval = trainer.evaluate(&test, args.batch)?;
-    println!(
-        "test: loss {:.4}, accuracy {:.2}% ({} images)",
-        eval.loss,
-        eval.accuracy * 100.0,
-        eval.examples
-    );
-    Ok(())
+    if let Some(path) = &args.save {
+        println!("{}", save(&trainer, path, at(trainer.steps()))?);
+    }
+    show_eval(&trainer, &test, args.batch)
 }
