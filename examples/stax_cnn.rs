@@ -23,16 +23,10 @@
 //! ui.perfetto.dev); `--plot` draws one step's memory stacked by category against its
 //! allocation events (the plan's step with `--plan`, else the last step run).
 //!
-//! Checkpoints (one `.npz`, JAX's names; see the README):
-//! ```text
-//! cargo run --example stax_cnn --release -- --max-steps 50 --save ck.npz --save-every 10
-//! cargo run --example stax_cnn --release -- --resume ck.npz --save ck.npz   # steps 51.. exactly
-//! cargo run --example stax_cnn --release -- --eval-only --resume ck.npz     # test loss, accuracy
-//! cargo run --example stax_cnn --release -- --init-from jax.npz             # JAX's weights, fresh Adam
-//! ```
-//! A resumed run continues the interrupted one to the bit (parameters, Adam's moments, step,
-//! data order); on CUDA add `--deterministic` to both runs (cuDNN algorithms chosen by
-//! heuristics among the deterministic ones, the same in every process).
+//! Checkpoints (one `.npz` in JAX's names, see the README): `--save ck.npz [--save-every N]`,
+//! `--resume ck.npz` (continues to the bit; on CUDA with `--deterministic` in both runs),
+//! `--eval-only --resume ck.npz` (test loss and accuracy), `--init-from jax.npz` (parameters
+//! only, a fresh Adam).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -53,7 +47,7 @@ use std::time::Instant;
 
 /// Train the seed's stax CNN and report exact memory every step.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, group(clap::ArgGroup::new("from").args(["resume", "init_from"])))]
 struct Args {
     /// auto (CUDA device 0 if usable, else CPU), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
@@ -121,25 +115,23 @@ struct Args {
     /// [0, 1]), `raw` feeds them as stored. Default: `unit` for 8-bit data, `raw` for f32.
     #[arg(long)]
     pixel_scale: Option<String>,
-    /// Write a checkpoint (parameters, Adam's state, step, data position: one .npz) to this
-    /// file at the end (atomically: an interrupted save leaves the previous file intact).
+    /// Write a checkpoint (parameters, Adam's state, step, data position) here at the end.
     #[arg(long)]
     save: Option<PathBuf>,
     /// With --save: also save every N steps.
     #[arg(long, requires = "save")]
     save_every: Option<u64>,
-    /// Resume from this checkpoint: parameters, optimizer state, step count and data order
-    /// (its seed overrides --seed; --epochs and --max-steps count the steps before it too).
+    /// Resume from this checkpoint (its data order's seed overrides --seed; --epochs and
+    /// --max-steps count the steps before it too).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Start from this checkpoint's parameters (a JAX one too) with a fresh optimizer.
     #[arg(long, conflicts_with = "resume")]
     init_from: Option<PathBuf>,
     /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
-    #[arg(long)]
+    #[arg(long, requires = "from")]
     eval_only: bool,
-    /// CUDA: choose cuDNN algorithms deterministically (the first deterministic one in
-    /// cuDNN's heuristic order, untimed), so runs and resumed runs agree to the bit.
+    /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
     #[arg(long)]
     deterministic: bool,
 }
@@ -226,39 +218,11 @@ fn build_trainer(
     if let Some(path) = &args.init_from {
         let params = Checkpoint::open(path)?.params(&model, &input, backend)?;
         println!("parameters: from {}", path.display());
-        return Ok((
-            Trainer::from_params(model, input, adam, backend, params, None)?,
-            None,
-        ));
-    }
-    if args.eval_only {
-        return Err(
-            "--eval-only evaluates a checkpoint: give --resume FILE or --init-from FILE".into(),
-        );
+        let trainer = Trainer::from_params(model, input, adam, backend, params, None)?;
+        return Ok((trainer, None));
     }
     // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
     Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
-}
-
-/// Saves the trainer to `path` at data position `at`.
-fn save(trainer: &Trainer<stax::Serial>, path: &Path, at: DataPosition) -> Result<String, Error> {
-    trainer.save(path, Some(at))?;
-    Ok(format!(
-        "checkpoint: {} (step {})",
-        path.display(),
-        trainer.steps()
-    ))
-}
-
-fn show_eval(trainer: &Trainer<stax::Serial>, test: &Dataset, batch: usize) -> Result<(), Error> {
-    let eval = trainer.evaluate(test, batch)?;
-    println!(
-        "test: loss {:.4}, accuracy {:.2}% ({} images)",
-        eval.loss,
-        eval.accuracy * 100.0,
-        eval.examples
-    );
-    Ok(())
 }
 
 /// `--pixel-scale`, parsed (None: each data set's default).
@@ -465,13 +429,11 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let (mut trainer, position) = build_trainer(&args, (model, &input, adam), &backend)?;
     if args.eval_only {
-        return show_eval(&trainer, &test, args.batch);
+        println!("test: {}", trainer.evaluate(&test, args.batch)?);
+        return Ok(());
     }
-    let loader = Loader::new(
-        train.len(),
-        args.batch,
-        position.map_or(args.seed, |p| p.seed),
-    )?;
+    let seed = position.map_or(args.seed, |p| p.seed);
+    let loader = Loader::new(train.len(), args.batch, seed)?;
     let start = position.unwrap_or(loader.start());
     let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
     let at = |steps: u64| loader.advance(start, steps - first);
@@ -538,13 +500,24 @@ fn run(args: Args) -> Result<(), Error> {
     let batches = loader
         .batches_from(start)?
         .take(total.saturating_sub(first) as usize);
-    let saving = |trainer: &Trainer<stax::Serial>| -> Result<Option<String>, Error> {
-        match (&args.save, args.save_every) {
-            (Some(p), Some(n)) if n > 0 && trainer.steps() % n == 0 => {
-                Ok(Some(save(trainer, p, at(trainer.steps()))?))
-            }
-            _ => Ok(None),
-        }
+    // --save at the end and every --save-every steps (once per step)
+    let saved = std::cell::Cell::new(None);
+    let saving = |t: &Trainer<stax::Serial>, end: bool| -> Result<Option<String>, Error> {
+        let due = end || args.save_every.is_some_and(|n| n > 0 && t.steps() % n == 0);
+        let Some(path) = args
+            .save
+            .as_ref()
+            .filter(|_| due && saved.get() != Some(t.steps()))
+        else {
+            return Ok(None);
+        };
+        t.save(path, Some(at(t.steps())))?;
+        saved.set(Some(t.steps()));
+        Ok(Some(format!(
+            "checkpoint: {} (step {})",
+            path.display(),
+            t.steps()
+        )))
     };
     let started = Instant::now();
     let mut show = |report: StepReport| -> Result<(), Error> {
@@ -569,7 +542,7 @@ fn run(args: Args) -> Result<(), Error> {
         for indices in batches {
             let (x, y) = trainer.place_batch(&train, &indices)?;
             show(trainer.step(&x, &y)?)?;
-            if let Some(line) = saving(&trainer)? {
+            if let Some(line) = saving(&trainer, false)? {
                 say(&bar, line);
             }
         }
@@ -577,7 +550,7 @@ fn run(args: Args) -> Result<(), Error> {
         let mut feed = trainer.prefetch(&train, batches);
         while let Some(report) = trainer.step_prefetched(&mut feed)? {
             show(report)?;
-            if let Some(line) = saving(&trainer)? {
+            if let Some(line) = saving(&trainer, false)? {
                 say(&bar, line);
             }
         }
@@ -619,8 +592,9 @@ fn run(args: Args) -> Result<(), Error> {
         let trace = (&named.timeline, &named.step_starts[..]);
         export(&args, trace, (&step, XAxis::Events), &title)?;
     }
-    if let Some(path) = &args.save {
-        println!("{}", save(&trainer, path, at(trainer.steps()))?);
+    if let Some(line) = saving(&trainer, true)? {
+        println!("{line}");
     }
-    show_eval(&trainer, &test, args.batch)
+    println!("test: {}", trainer.evaluate(&test, args.batch)?);
+    Ok(())
 }

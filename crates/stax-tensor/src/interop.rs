@@ -8,7 +8,7 @@
 //! - [`Tensor::ndarray_view`] and [`Tensor::ndarray_view_mut`]: zero-copy views of a tensor in
 //!   host memory (the CPU backend's).
 //!
-//! The Rust element type must be the tensor's dtype: `f32` for [`DType::F32`], [`half::bf16`],
+//! The Rust element type must be the tensor's dtype: `f32` for [`crate::DType::F32`], [`half::bf16`],
 //! [`half::f16`], `u32` (a mismatch is [`TensorError::DType`], never a reinterpretation).
 //!
 //! ```

@@ -8,7 +8,7 @@
 //! | `params/[i][j]` | `<f4` | JAX's (a conv bias `(1, 1, 1, C)`) | the parameter at JAX key path `[i][j]` |
 //! | `opt/[0].count` | `<i4` | `()` | optax's step count |
 //! | `opt/[0].mu[i][j]`, `opt/[0].nu[i][j]` | `<f4` | as the parameter | Adam's moments (optax's `ScaleByAdamState`) |
-//! | `step` | `<i8` | `()` | [`Trainer::steps`] |
+//! | `step` | `<i8` | `()` | [`crate::Trainer::steps`] |
 //! | `data/seed`, `data/epoch`, `data/index` | `<u8`, `<i8`, `<i8` | `()` | where the loop is in its data order ([`DataPosition`]), when given |
 //!
 //! That position is also the state of the run's randomness: after initialisation the loop
@@ -20,7 +20,7 @@
 //! same members from JAX (also in the README); a file they write has no `stax.json`, `step`
 //! or `data/*`, and loads here with the step taken from the count.
 //!
-//! Writing ([`Trainer::save`]) is atomic: the file is written beside its target, `fsync`ed and
+//! Writing ([`crate::Trainer::save`]) is atomic: the file is written beside its target, `fsync`ed and
 //! renamed over it, so a crash or a full disk mid-write leaves the previous checkpoint intact.
 //! Reading ([`Checkpoint`]) checks every member's header (name, dtype, shape) before reading
 //! any data, and a checkpoint of another model, shape or dtype is refused with a
@@ -57,20 +57,21 @@
 
 pub mod jax;
 mod npz;
+mod trainer;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use stax_alloc::Tag;
-use stax_layers::{Layer, Loss, ParamSource, init_params};
+use stax_layers::{Layer, ParamSource, init_params};
 use stax_optim::{OptState, Optimizer};
 use stax_tensor::{Backend, Params, Shape, Tensor, TensorError, Tree};
 
 use crate::data::DataPosition;
 use crate::error::CheckpointProblem;
-use crate::{HostStaging, TrainError, Trainer};
-use npz::{Archive, LOAD, Members, SAVE, problem};
+use crate::{HostStaging, TrainError};
+use npz::{Archive, LOAD, problem};
 
 /// The member holding [`Meta`] as JSON.
 pub const META: &str = "stax.json";
@@ -94,7 +95,7 @@ pub struct Meta {
     pub policy: Policy,
     /// The optimizer and its hyper-parameters, as `Debug` prints them.
     pub optimizer: String,
-    /// The loss ([`Loss::name`]).
+    /// The loss ([`stax_layers::Loss::name`]).
     pub loss: String,
     /// Every parameter's stax-rs path (`0.conv/w`) by its JAX key path (`[0][0]`), in order.
     pub paths: Vec<(String, String)>,
@@ -190,23 +191,18 @@ impl Checkpoint {
         self.archive.path()
     }
 
-    /// Checks `stax.json` (when present) against `model` on inputs `input`: the same model
-    /// description and input shape (the batch size may differ).
+    /// Checks `stax.json` (when present) against `model`: the same model description. (The
+    /// input shape may differ: the parameters' shapes say whether they fit.)
     ///
     /// # Errors
     /// [`CheckpointProblem::Model`] naming `stax.json`, with both descriptions.
-    pub fn check_model(&self, model: &dyn Layer, input: &Shape) -> Result<(), TrainError> {
+    pub fn check_model(&self, model: &dyn Layer) -> Result<(), TrainError> {
         let Some(meta) = &self.meta else {
             return Ok(());
         };
-        let describe = |m: &str, d: &[usize]| {
-            format!("{m} on inputs [n, {:?}]", d.get(1..).unwrap_or_default())
-        };
-        let (expected, found) = (
-            describe(&model.describe(), input.dims()),
-            describe(&meta.model, &meta.input),
-        );
-        if expected != found {
+        let expected = model.describe();
+        if expected != meta.model {
+            let found = meta.model.clone();
             return Err(self.fail(META, CheckpointProblem::Model { expected, found }));
         }
         Ok(())
@@ -230,12 +226,7 @@ impl Checkpoint {
     /// Reads member `name` (of JAX shape `shape`) into `t` through one host buffer of
     /// `t.bytes()` from the staging allocator, tagged with `t`'s category.
     fn read_into(&mut self, name: &str, shape: &[u64], t: &mut Tensor) -> Result<(), TrainError> {
-        let tag = Tag::new(t.category(), "checkpoint");
-        let mut host = self
-            .staging
-            .allocator()
-            .allocate(t.bytes(), tag)
-            .map_err(TensorError::from)?;
+        let mut host = stage(&self.staging, t)?;
         let bytes = host_bytes(&mut host)?;
         self.archive.read_f32(name, shape, bytes)?;
         stax_tensor::ops::upload(bytes, t)?;
@@ -258,7 +249,7 @@ impl Checkpoint {
         input: &Shape,
         backend: &Arc<dyn Backend>,
     ) -> Result<Params, TrainError> {
-        self.check_model(model, input)?;
+        self.check_model(model)?;
         let inputs = Tree::leaf(input.clone());
         let specs = model.param_specs(&inputs)?;
         let expected: Vec<(String, Vec<u64>)> = specs
@@ -347,6 +338,14 @@ impl Checkpoint {
     }
 }
 
+/// A host buffer of `t.bytes()` from `staging`, tagged with `t`'s category: where one array
+/// of a checkpoint goes through host memory.
+fn stage(staging: &HostStaging, t: &Tensor) -> Result<stax_alloc::Allocation, TrainError> {
+    let tag = Tag::new(t.category(), "checkpoint");
+    let host = staging.allocator().allocate(t.bytes(), tag);
+    Ok(host.map_err(TensorError::from)?)
+}
+
 /// A staging buffer's bytes.
 fn host_bytes(a: &mut stax_alloc::Allocation) -> Result<&mut [u8], TrainError> {
     a.host_bytes_mut().ok_or_else(|| {
@@ -355,184 +354,4 @@ fn host_bytes(a: &mut stax_alloc::Allocation) -> Result<&mut [u8], TrainError> {
             reason: "the staging allocator does not hand out host memory".into(),
         })
     })
-}
-
-/// What a checkpoint holds, borrowed from a trainer.
-struct Contents<'a> {
-    meta: Meta,
-    params: &'a Params,
-    state: &'a OptState,
-    fields: &'static [&'static str],
-    step: u64,
-    data: Option<DataPosition>,
-    staging: &'a HostStaging,
-}
-
-impl Contents<'_> {
-    /// Writes every member, in the order of the module docs, to `out`.
-    fn write<W: std::io::Write + std::io::Seek>(
-        &self,
-        out: W,
-        path: &Path,
-    ) -> Result<(), TrainError> {
-        let mut m = Members::new(out, path);
-        let json = serde_json::to_vec(&self.meta).map_err(|e| {
-            let source = std::io::Error::other(e);
-            problem(SAVE, path, Some(META), CheckpointProblem::Write { source })
-        })?;
-        m.array(META, &format!("|S{}", json.len()), &[], &json)?;
-        for (p, t) in self.params.paths() {
-            self.tensor(
-                &mut m,
-                path,
-                &jax::param_member(&p),
-                jax::shape(&p, t.shape()),
-                t,
-            )?;
-        }
-        m.array(
-            jax::COUNT,
-            "<i4",
-            &[],
-            &(self.state.count as i32).to_le_bytes(),
-        )?;
-        let k = self.fields.len();
-        let states = self.state.tree.leaves();
-        for (f, field) in self.fields.iter().enumerate() {
-            for (i, (p, t)) in self.params.paths().into_iter().enumerate() {
-                let name = jax::state_member(field, &p);
-                self.tensor(
-                    &mut m,
-                    path,
-                    &name,
-                    jax::shape(&p, t.shape()),
-                    states[i * k + f],
-                )?;
-            }
-        }
-        let step = i64::try_from(self.step).unwrap_or(i64::MAX);
-        m.array("step", "<i8", &[], &step.to_le_bytes())?;
-        if let Some(d) = self.data {
-            m.array("data/seed", "<u8", &[], &d.seed.to_le_bytes())?;
-            m.array("data/epoch", "<i8", &[], &d.epoch.to_le_bytes())?;
-            m.array("data/index", "<i8", &[], &d.index.to_le_bytes())?;
-        }
-        m.finish()
-    }
-
-    /// Writes tensor `t` as member `name` of JAX shape `shape`, downloaded through one host
-    /// buffer of its size from the staging allocator.
-    fn tensor<W: std::io::Write + std::io::Seek>(
-        &self,
-        m: &mut Members<'_, W>,
-        path: &Path,
-        name: &str,
-        shape: Vec<u64>,
-        t: &Tensor,
-    ) -> Result<(), TrainError> {
-        if t.dtype() != stax_tensor::DType::F32 {
-            let p = CheckpointProblem::Unsupported { dtype: t.dtype() };
-            return Err(problem(SAVE, path, Some(name), p));
-        }
-        let tag = Tag::new(t.category(), "checkpoint");
-        let mut host = self
-            .staging
-            .allocator()
-            .allocate(t.bytes(), tag)
-            .map_err(TensorError::from)?;
-        let bytes = host_bytes(&mut host)?;
-        stax_tensor::ops::download(t, bytes)?;
-        m.array(name, "<f4", &shape, bytes)
-    }
-}
-
-impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
-    /// Saves parameters, optimizer state, the step count and, when given, the loop's data
-    /// position to `path` (the members of the module docs), atomically: until the new file
-    /// is complete and synced, `path` keeps its previous contents. Arrays are staged through
-    /// this trainer's host staging one at a time.
-    ///
-    /// # Errors
-    /// [`TrainError::Io`] when the directory cannot take the file;
-    /// [`CheckpointProblem::Write`] naming the member being written when writing fails (a
-    /// full disk); [`CheckpointProblem::Unsupported`] for a non-f32 tensor; copy errors.
-    pub fn save(&self, path: &Path, data: Option<DataPosition>) -> Result<(), TrainError> {
-        let contents = Contents {
-            meta: self.meta(),
-            params: self.params(),
-            state: self.state(),
-            fields: self.optimizer().state_fields(),
-            step: self.steps(),
-            data,
-            staging: self.staging(),
-        };
-        npz::write_atomic(path, |out| contents.write(out, path))
-    }
-
-    /// The description written as `stax.json`.
-    fn meta(&self) -> Meta {
-        let policy = stax_layers::Policy::default();
-        Meta {
-            format: "stax-rs checkpoint".into(),
-            version: FORMAT_VERSION,
-            library: format!("stax-rs {}", env!("CARGO_PKG_VERSION")),
-            model: self.model().describe(),
-            input: self.input_shape().dims().to_vec(),
-            policy: Policy {
-                param: policy.param.to_string(),
-                compute: policy.compute.to_string(),
-                output: policy.output.to_string(),
-            },
-            optimizer: format!("{:?}", self.optimizer()),
-            loss: self.loss().name().into(),
-            paths: (self.params().paths().iter())
-                .map(|(p, _)| (p.jax_keystr(), p.to_string()))
-                .collect(),
-        }
-    }
-
-    /// A trainer of `model` for inputs `input` with `opt` and `loss` on `backend`, resumed
-    /// from the checkpoint at `path`: its parameters, optimizer state and step count, with
-    /// the loop's data position if the checkpoint has one. The load is staged through the
-    /// trainer's host staging, so its first [`Trainer::memory_report`] shows it.
-    ///
-    /// # Errors
-    /// As [`Checkpoint::open`], [`Checkpoint::params`], [`Checkpoint::opt_state`] and
-    /// [`Trainer::from_params_with_loss`].
-    pub fn load_with_loss(
-        model: L,
-        input: Shape,
-        opt: O,
-        loss: F,
-        backend: &Arc<dyn Backend>,
-        path: &Path,
-    ) -> Result<(Self, Option<DataPosition>), TrainError> {
-        let mut ckpt = Checkpoint::open(path)?;
-        let params = ckpt.params(&model, &input, backend)?;
-        let state = ckpt.opt_state(&opt, &params)?;
-        let step = ckpt.step()?.unwrap_or(u64::from(state.count));
-        let data = ckpt.data_position()?;
-        let mut trainer =
-            Trainer::from_params_with_loss(model, input, opt, loss, backend, params, Some(state))?;
-        trainer.steps = step;
-        trainer.staging = ckpt.staging;
-        Ok((trainer, data))
-    }
-}
-
-impl<L: Layer, O: Optimizer> Trainer<L, O> {
-    /// [`Trainer::load_with_loss`] with softmax cross-entropy, the seed's loss.
-    ///
-    /// # Errors
-    /// As [`Trainer::load_with_loss`].
-    pub fn load(
-        model: L,
-        input: Shape,
-        opt: O,
-        backend: &Arc<dyn Backend>,
-        path: &Path,
-    ) -> Result<(Self, Option<DataPosition>), TrainError> {
-        let loss = stax_layers::SoftmaxCrossEntropy;
-        Trainer::load_with_loss(model, input, opt, loss, backend, path)
-    }
 }

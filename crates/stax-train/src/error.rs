@@ -389,10 +389,10 @@ pub enum CheckpointProblem {
         /// The reader's error.
         source: std::io::Error,
     },
-    /// The checkpoint's description (`stax.json`) is of another model or input.
-    #[error("describes {found}, but the model is {expected}")]
+    /// The checkpoint's description (`stax.json`) is of another model.
+    #[error("describes the model {found}, but this one is {expected}")]
     Model {
-        /// This model and input, described.
+        /// This model, described.
         expected: String,
         /// What the checkpoint describes.
         found: String,

@@ -92,8 +92,12 @@ pub(super) fn write_atomic(
 }
 
 /// Members of an archive being written, each a `.npy` file as `np.savez` stores it.
+///
+/// An archive dropped before [`Members::finish`] (a write failed) is abandoned as it is: the
+/// zip writer is not dropped, since its `Drop` would try to finish the archive in the failing
+/// file and print to stderr (its few bytes of bookkeeping are leaked).
 pub(super) struct Members<'p, W: Write + Seek> {
-    zip: ZipWriter<W>,
+    zip: std::mem::ManuallyDrop<ZipWriter<W>>,
     path: &'p Path,
 }
 
@@ -101,7 +105,7 @@ impl<'p, W: Write + Seek> Members<'p, W> {
     /// An empty archive written to `out`, for the checkpoint at `path` (for errors).
     pub(super) fn new(out: W, path: &'p Path) -> Self {
         Members {
-            zip: ZipWriter::new(out),
+            zip: std::mem::ManuallyDrop::new(ZipWriter::new(out)),
             path,
         }
     }
@@ -140,7 +144,7 @@ impl<'p, W: Write + Seek> Members<'p, W> {
         npyz::WriteOptions::<u8>::new()
             .dtype(dtype)
             .shape(shape)
-            .writer(&mut self.zip)
+            .writer(&mut *self.zip)
             .write_header_only()
             .and_then(|w| w.write_all(data))
             .map_err(fail)
@@ -150,9 +154,10 @@ impl<'p, W: Write + Seek> Members<'p, W> {
     ///
     /// # Errors
     /// [`CheckpointProblem::Write`].
-    pub(super) fn finish(mut self) -> Result<(), TrainError> {
-        let path = self.path;
-        self.zip.finish().map(drop).map_err(|e| {
+    pub(super) fn finish(self) -> Result<(), TrainError> {
+        let Members { zip, path } = self;
+        let written = std::mem::ManuallyDrop::into_inner(zip).finish().map(drop);
+        written.map_err(|e| {
             problem(
                 SAVE,
                 path,
@@ -388,10 +393,11 @@ fn check_f32(header: &NpyHeader, shape: &[u64]) -> Result<(), CheckpointProblem>
 }
 
 fn dtype_problem(expected: &'static str, header: &NpyHeader) -> CheckpointProblem {
-    CheckpointProblem::DType {
-        expected,
-        found: header.dtype().descr(),
-    }
+    let found = match header.dtype() {
+        npyz::DType::Plain(t) => t.to_string(),
+        other => other.descr(),
+    };
+    CheckpointProblem::DType { expected, found }
 }
 
 fn shape_problem(expected: &[u64], header: &NpyHeader) -> CheckpointProblem {
@@ -473,5 +479,92 @@ fn ends_inside(path: &Path) -> Option<String> {
         if io::copy(&mut entry, &mut io::sink()).is_err() {
             return npyz::npz::array_name_from_file_name(&name).map(str::to_owned);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stax-npz-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Writes `members` (name, descr, shape, data) to `path` atomically.
+    fn write(path: &Path, members: &[(&str, &str, &[u64], &[u8])]) -> Result<(), TrainError> {
+        write_atomic(path, |out| {
+            let mut m = Members::new(out, path);
+            for (name, descr, shape, data) in members {
+                m.array(name, descr, shape, data)?;
+            }
+            m.finish()
+        })
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_previous_file_and_no_temporary() {
+        let dir = scratch("atomic");
+        let path = dir.join("ck.npz");
+        write(&path, &[("a", "<f4", &[2], &[0, 0, 128, 63, 0, 0, 0, 64])]).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        // half of a new archive is written, then the disk is full
+        let e = write_atomic(&path, |out| {
+            let mut m = Members::new(out, &path);
+            m.array("a", "<f4", &[2], &[0; 8])?;
+            out_of_space(&path)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("member `b`"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "the temporary file is removed");
+        let mut a = Archive::open(&path).unwrap();
+        let mut out = [0u8; 8];
+        a.read_f32("a", &[2], &mut out).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&out), [1.0, 2.0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn out_of_space(path: &Path) -> Result<(), TrainError> {
+        let source = io::Error::new(io::ErrorKind::StorageFull, "no space left on device");
+        Err(problem(
+            SAVE,
+            path,
+            Some("b"),
+            CheckpointProblem::Write { source },
+        ))
+    }
+
+    #[test]
+    fn scalars_of_any_integer_dtype_and_texts_read_back() {
+        let dir = scratch("scalars");
+        let path = dir.join("s.npz");
+        let big: &[u8] = &[0, 0, 0, 0, 0, 0, 1, 2];
+        let members: &[(&str, &str, &[u64], &[u8])] = &[
+            ("le", "<u8", &[], &258u64.to_le_bytes()),
+            ("be", ">i8", &[], big),
+            ("i1", "|i1", &[], &[7]),
+            ("neg", "<i4", &[], &(-1i32).to_le_bytes()),
+            ("vec", "<i4", &[1], &[1, 0, 0, 0]),
+            ("float", "<f4", &[], &[0; 4]),
+            ("text", "|S5", &[], b"hi\0\0\0"),
+        ];
+        write(&path, members).unwrap();
+        let mut a = Archive::open(&path).unwrap();
+        assert_eq!(a.read_u64("le").unwrap(), Some(258));
+        assert_eq!(a.read_u64("be").unwrap(), Some(258));
+        assert_eq!(a.read_u64("i1").unwrap(), Some(7));
+        assert_eq!(a.read_u64("absent").unwrap(), None);
+        assert_eq!(a.read_text("text").unwrap().as_deref(), Some(&b"hi"[..]));
+        let msg = |r: Result<Option<u64>, TrainError>| r.unwrap_err().to_string();
+        assert!(msg(a.read_u64("neg")).contains("member `neg`: holds an invalid value"));
+        assert!(msg(a.read_u64("vec")).contains("has shape [1], expected []"));
+        assert!(msg(a.read_u64("float")).contains("has dtype <f4, expected an integer"));
+        let e = a.read_f32("float", &[2], &mut [0; 8]).unwrap_err();
+        assert!(e.to_string().contains("has shape [], expected [2]"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
