@@ -6,16 +6,27 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 
 use common::checkpoint::{
-    TINY_INPUT, TINY_LR, assert_resume_is_exact, example_binary, fixture, fixture_batch,
-    json_losses, npy, npz_f32, problem, rewrite, run_example, scratch, state_bits, tiny,
+    TINY_INPUT, TINY_LR, assert_example_resumes, assert_resume_is_exact, example_binary, fixture,
+    fixture_batch, npy, npz_f32, problem, replace, rewrite, run_example, scratch, state_bits, tiny,
 };
 use common::{cpu, small_model};
 use stax::train::data::DataPosition;
 use stax::train::plan::MemoryPlan;
-use stax::train::{Checkpoint, CheckpointProblem, Trainer};
-use stax::{Adam, Conv, Dense, Flatten, Relu, Shape, Tanh, serial};
+use stax::train::{Checkpoint, CheckpointProblem, TrainError, Trainer};
+use stax::{Adam, Backend, Conv, Dense, Flatten, Relu, Shape, Tanh, serial};
+
+/// Asserts that `e` is a checkpoint error about `member` whose problem matches `pattern`.
+macro_rules! assert_problem {
+    ($e:expr, $member:expr, $pattern:pat) => {{
+        let e = &$e;
+        let (_, member, p) = problem(e);
+        assert_eq!(member, $member, "{e}");
+        assert!(matches!(p, $pattern), "{e}");
+    }};
+}
 
 fn tiny_input() -> Shape {
     Shape::new(TINY_INPUT)
@@ -45,6 +56,13 @@ fn script(args: &[&str]) -> serde_json::Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "jax_checkpoint.py {args:?}: {stderr}");
     serde_json::from_slice(&out.stdout).expect("JSON from jax_checkpoint.py")
+}
+
+/// The error loading the fixture with member `member` replaced by the `.npy` bytes `with`.
+fn load_with(dir: &Path, member: &str, with: Vec<u8>) -> TrainError {
+    let path = dir.join("edited.npz");
+    replace(&fixture(), &path, member, with);
+    Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &cpu(), &path).unwrap_err()
 }
 
 fn rel(a: f32, b: f32) -> f32 {
@@ -85,65 +103,33 @@ fn the_example_resumes_bit_exactly_in_a_fresh_process() {
     let Some(bin) = example_binary() else { return };
     let dir = scratch("example");
     let common = ["--device", "cpu", "--img", "8", "--batch", "50"];
+    assert_example_resumes(&bin, &dir, &common, 6);
     let run = |args: &[&str]| {
         let args: Vec<&str> = common.iter().chain(args).copied().collect();
         let (ok, out) = run_example(&bin, &dir, &args);
         assert!(ok, "stax_cnn {args:?} failed:\n{out}");
-        out
-    };
-    run(&[
-        "--max-steps",
-        "6",
-        "--save",
-        "full.npz",
-        "--json",
-        "full.jsonl",
-    ]);
-    run(&[
-        "--max-steps",
-        "3",
-        "--save",
-        "half.npz",
-        "--json",
-        "a.jsonl",
-    ]);
-    let out = run(&[
-        "--max-steps",
-        "6",
-        "--resume",
-        "half.npz",
-        "--save",
-        "res.npz",
-        "--json",
-        "b.jsonl",
-    ]);
-    assert!(out.contains("resumed: half.npz at step 3"), "{out}");
-    let mut halves = json_losses(&dir.join("a.jsonl"));
-    halves.extend(json_losses(&dir.join("b.jsonl")));
-    assert_eq!(
-        halves,
-        json_losses(&dir.join("full.jsonl")),
-        "steps and losses"
-    );
-    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    assert!(
-        read("res.npz") == read("full.npz"),
-        "parameters, moments, step, data position"
-    );
-    let eval = run(&["--eval-only", "--resume", "res.npz"]);
-    let tested = |out: &str| {
         out.lines()
             .find(|l| l.starts_with("test: "))
             .map(str::to_owned)
     };
-    assert_eq!(
-        tested(&eval),
-        tested(&run(&["--eval-only", "--resume", "full.npz"]))
-    );
+    let eval = run(&["--eval-only", "--resume", "res.npz"]);
     assert!(
-        tested(&eval).is_some_and(|l| l.contains("accuracy")),
-        "{eval}"
+        eval.as_ref().is_some_and(|l| l.contains("accuracy")),
+        "{eval:?}"
     );
+    assert_eq!(eval, run(&["--eval-only", "--resume", "full.npz"]));
+    // --init-from takes the parameters alone: the same test figures, a fresh optimizer
+    assert_eq!(eval, run(&["--eval-only", "--init-from", "res.npz"]));
+    run(&[
+        "--max-steps",
+        "1",
+        "--init-from",
+        "res.npz",
+        "--save",
+        "fresh.npz",
+    ]);
+    let mut c = Checkpoint::open(&dir.join("fresh.npz")).unwrap();
+    assert_eq!(c.step().unwrap(), Some(1));
 }
 
 #[test]
@@ -299,6 +285,10 @@ fn loading_stages_one_array_at_a_time_as_planned() {
     assert_eq!(plan.checkpoint_host_bytes(), largest);
     let saved = t.memory_report().unwrap();
     assert_eq!(
+        saved.host.pageable.reserved, 0,
+        "the staging buffer went back"
+    );
+    assert_eq!(
         saved.host.pageable.peak, largest,
         "saving stages one array at a time"
     );
@@ -310,6 +300,10 @@ fn loading_stages_one_array_at_a_time_as_planned() {
         "loading stages one array at a time"
     );
     assert_eq!(report.host.pageable.live, 0);
+    assert_eq!(
+        report.host.pageable.reserved, 0,
+        "the staging buffer went back"
+    );
     // on the device: the parameters and both moments, nothing else
     assert_eq!(report.peak, plan.state_bytes());
     assert_eq!(report.live, plan.state_bytes());
@@ -356,116 +350,52 @@ fn another_model_is_refused_naming_the_first_member_that_differs() {
         Dense(2)
     ];
     let e = Trainer::load(tanh, tiny_input(), Adam::new(1e-2), &be, &mine).unwrap_err();
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("stax.json"), CheckpointProblem::Model { .. })
-        ),
-        "{e}"
-    );
+    assert_problem!(e, Some("stax.json"), CheckpointProblem::Model { .. });
     // a model with fewer parameters: the checkpoint's extra ones are not part of it
     let shorter = serial![Conv::same(4, (3, 3)), Relu, Flatten, Dense(8)];
     let e = Checkpoint::open(&path)
         .unwrap()
         .params(&shorter, &tiny_input(), &be)
         .unwrap_err();
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("params/[5][0]"), CheckpointProblem::Unexpected)
-        ),
-        "{e}"
-    );
+    assert_problem!(e, Some("params/[5][0]"), CheckpointProblem::Unexpected);
 }
 
 #[test]
 fn missing_members_and_wrong_dtypes_are_named() {
     let be = cpu();
     let dir = scratch("members");
-    let load = |p: &Path| Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, p).unwrap_err();
+    let load = |p: &Path| Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, p);
     let cut = dir.join("cut.npz");
-    rewrite(
-        &fixture(),
-        &cut,
-        |n, b| (n != "opt/[0].nu[3][1]").then_some(b),
-        &[],
-    );
-    let e = load(&cut);
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("opt/[0].nu[3][1]"), CheckpointProblem::Missing)
-        ),
-        "{e}"
-    );
-    let f64s = dir.join("f64.npz");
-    let wide = npy("<f8", &[8, 2], &[0u8; 128]);
-    rewrite(
-        &fixture(),
-        &f64s,
-        |n, b| {
-            Some(if n == "params/[5][0]" {
-                wide.clone()
-            } else {
-                b
-            })
-        },
-        &[],
-    );
-    let e = load(&f64s);
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("params/[5][0]"), CheckpointProblem::DType { .. })
-        ),
-        "{e}"
-    );
+    rewrite(&fixture(), &cut, |n, b| {
+        (n != "opt/[0].nu[3][1]").then_some(b)
+    });
+    let e = load(&cut).unwrap_err();
+    assert_problem!(e, Some("opt/[0].nu[3][1]"), CheckpointProblem::Missing);
+    let e = load_with(&dir, "params/[5][0]", npy("<f8", &[8, 2], &[0u8; 128]));
+    assert_problem!(e, Some("params/[5][0]"), CheckpointProblem::DType { .. });
     assert!(
         e.to_string()
             .contains("has dtype <f8, expected <f4 (float32)"),
         "{e}"
     );
-    let count = dir.join("count.npz");
-    let negative = npy("<i4", &[], &(-3i32).to_le_bytes());
-    rewrite(
-        &fixture(),
-        &count,
-        |n, b| {
-            Some(if n == "opt/[0].count" {
-                negative.clone()
-            } else {
-                b
-            })
-        },
-        &[],
+    let e = load_with(
+        &dir,
+        "opt/[0].count",
+        npy("<i4", &[], &(-3i32).to_le_bytes()),
     );
-    let e = load(&count);
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("opt/[0].count"), CheckpointProblem::Value { .. })
-        ),
-        "{e}"
-    );
+    assert_problem!(e, Some("opt/[0].count"), CheckpointProblem::Value { .. });
     // big-endian f32 (NumPy's `>f4`) is read as the same values
     let swapped = dir.join("big.npz");
-    rewrite(
+    let values = npz_f32(&fixture(), "params/[5][1]");
+    let be_bytes: Vec<u8> = values.iter().flat_map(|x| x.to_be_bytes()).collect();
+    replace(
         &fixture(),
         &swapped,
-        |n, b| {
-            if n != "params/[5][1]" {
-                return Some(b);
-            }
-            let v: Vec<u8> = npz_f32(&fixture(), n)
-                .iter()
-                .flat_map(|x| x.to_be_bytes())
-                .collect();
-            Some(npy(">f4", &[2], &v))
-        },
-        &[],
+        "params/[5][1]",
+        npy(">f4", &[2], &be_bytes),
     );
-    let (a, _) = Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, &swapped).unwrap();
-    let (b, _) = Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, &fixture()).unwrap();
+    let (a, _) = load(&swapped).unwrap();
+    let (b, _) = load(&fixture()).unwrap();
     assert_eq!(state_bits(&a), state_bits(&b));
 }
 
@@ -474,7 +404,7 @@ fn truncated_and_damaged_files_are_typed_errors() {
     let be = cpu();
     let dir = scratch("damaged");
     let bytes = std::fs::read(fixture()).unwrap();
-    let open = |p: &Path| -> Result<(), stax::train::TrainError> {
+    let open = |p: &Path| -> Result<(), TrainError> {
         let mut c = Checkpoint::open(p)?;
         let params = c.params(&tiny(), &tiny_input(), &be)?;
         c.opt_state(&Adam::new(1e-2), &params).map(drop)
@@ -519,49 +449,20 @@ fn truncated_and_damaged_files_are_typed_errors() {
     let p = dir.join("flipped.npz");
     std::fs::write(&p, &flipped).unwrap();
     let e = open(&p).unwrap_err();
-    assert!(
-        matches!(
-            problem(&e),
-            (_, Some("params/[3][0]"), CheckpointProblem::Corrupt { .. })
-        ),
-        "{e}"
-    );
+    assert_problem!(e, Some("params/[3][0]"), CheckpointProblem::Corrupt { .. });
     assert!(e.to_string().contains("checksum"), "{e}");
     // a member whose data is shorter than its shape
-    let short = dir.join("short.npz");
-    let stub = npy("<f4", &[144, 8], &[0u8; 64]);
-    rewrite(
-        &fixture(),
-        &short,
-        |n, b| {
-            Some(if n == "opt/[0].mu[3][0]" {
-                stub.clone()
-            } else {
-                b
-            })
-        },
-        &[],
-    );
-    let e = open(&short).unwrap_err();
-    assert!(
-        matches!(
-            problem(&e),
-            (
-                _,
-                Some("opt/[0].mu[3][0]"),
-                CheckpointProblem::Corrupt { .. }
-            )
-        ),
-        "{e}"
+    let e = load_with(&dir, "opt/[0].mu[3][0]", npy("<f4", &[144, 8], &[0u8; 64]));
+    assert_problem!(
+        e,
+        Some("opt/[0].mu[3][0]"),
+        CheckpointProblem::Corrupt { .. }
     );
     assert!(e.to_string().contains("the data ends before"), "{e}");
     assert!(names.len() > 19);
     // not a file at all, and a directory that does not exist for a save
     let missing = dir.join("none.npz");
-    assert!(matches!(
-        open(&missing).unwrap_err(),
-        stax::train::TrainError::Io { .. }
-    ));
+    assert!(matches!(open(&missing).unwrap_err(), TrainError::Io { .. }));
     let t = Trainer::new(tiny(), tiny_input(), Adam::new(1e-2), &be, 0).unwrap();
     let e = t.save(&dir.join("no/such/dir/ck.npz"), None).unwrap_err();
     assert!(e.to_string().contains("no/such/dir/ck.npz"), "{e}");
@@ -570,58 +471,51 @@ fn truncated_and_damaged_files_are_typed_errors() {
 #[test]
 fn given_parameters_are_checked() {
     let (be, other) = (cpu(), cpu());
-    let mut c = Checkpoint::open(&fixture()).unwrap();
-    let params = c.params(&tiny(), &tiny_input(), &be).unwrap();
-    let state = c.opt_state(&Adam::new(1e-2), &params).unwrap();
+    let loaded = |be: &Arc<dyn Backend>| {
+        let mut c = Checkpoint::open(&fixture()).unwrap();
+        let params = c.params(&tiny(), &tiny_input(), be).unwrap();
+        let state = c.opt_state(&Adam::new(1e-2), &params).unwrap();
+        (params, state)
+    };
+    let given = |model, params| {
+        let opt = Adam::new(1e-2);
+        Trainer::from_params(model, tiny_input(), opt, &be, params, None).map(|t| t.steps())
+    };
+    let (params, state) = loaded(&be);
     // the same tree for another model: the first parameter that differs is named
-    let e = Trainer::from_params(
-        serial![
-            Conv::same(4, (3, 3)),
-            Relu,
-            Flatten,
-            Dense(9),
-            Relu,
-            Dense(2)
-        ],
-        tiny_input(),
-        Adam::new(1e-2),
-        &be,
-        params.clone(),
-        None,
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("3.dense/w"), "{e}");
-    // handles still held elsewhere cannot be trained in place
-    let e = Trainer::from_params(
-        tiny(),
-        tiny_input(),
-        Adam::new(1e-2),
-        &be,
-        params.clone(),
-        None,
-    )
-    .unwrap_err();
+    let nine = serial![
+        Conv::same(4, (3, 3)),
+        Relu,
+        Flatten,
+        Dense(9),
+        Relu,
+        Dense(2)
+    ];
+    let e = given(nine, params.clone()).unwrap_err();
     assert!(
-        e.to_string().contains("0.conv/w") && e.to_string().contains("shared"),
+        e.to_string()
+            .contains("3.dense/w is f32 [144, 8], expected f32 [144, 9]"),
         "{e}"
     );
+    // handles still held elsewhere cannot be trained in place
+    let e = given(tiny(), params.clone()).unwrap_err().to_string();
+    assert!(e.contains("0.conv/w") && e.contains("shared"), "{e}");
     // parameters of another backend
-    let mut c = Checkpoint::open(&fixture()).unwrap();
-    let foreign = c.params(&tiny(), &tiny_input(), &other).unwrap();
-    let e = Trainer::from_params(tiny(), tiny_input(), Adam::new(1e-2), &be, foreign, None)
-        .unwrap_err();
+    let e = given(tiny(), loaded(&other).0).unwrap_err();
     assert!(e.to_string().contains("two backends"), "{e}");
-    drop(params);
-    let mut c = Checkpoint::open(&fixture()).unwrap();
-    let params = c.params(&tiny(), &tiny_input(), &be).unwrap();
-    let t = Trainer::from_params(
+    // a state for other parameters
+    let opt = Adam::new(1e-2);
+    let e = Trainer::from_params(
         tiny(),
         tiny_input(),
-        Adam::new(1e-2),
+        opt,
         &be,
-        params,
-        Some(state),
-    )
-    .unwrap();
-    assert_eq!(t.steps(), 1);
+        loaded(&be).0,
+        Some(loaded(&other).1),
+    );
+    assert!(e.unwrap_err().to_string().contains("two backends"));
+    assert_eq!(given(tiny(), params).unwrap(), 0, "a fresh state: step 0");
+    let (params, _) = loaded(&be);
+    let t = Trainer::from_params(tiny(), tiny_input(), opt, &be, params, Some(state)).unwrap();
+    assert_eq!(t.steps(), 1, "the step of a given state is its count");
 }

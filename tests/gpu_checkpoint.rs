@@ -13,8 +13,8 @@ mod common;
 use std::sync::Arc;
 
 use common::checkpoint::{
-    TINY_INPUT, TINY_LR, assert_resume_is_exact, example_binary, fixture, fixture_batch,
-    json_losses, npz_f32, run_example, scratch, state_bits, tiny,
+    TINY_INPUT, TINY_LR, assert_example_resumes, assert_resume_is_exact, example_binary, fixture,
+    fixture_batch, npz_f32, scratch, state_bits, tiny,
 };
 use common::{cuda_backend_or_skip, cuda_or_skip, small_model, with_precision};
 use stax::tensor::cuda::{CudaBackend, DEFAULT_WORKSPACE_LIMIT};
@@ -72,7 +72,6 @@ fn the_example_resumes_bit_exactly_on_cuda_in_a_fresh_process() {
         return;
     }
     let Some(bin) = example_binary() else { return };
-    let dir = scratch("cuda-example");
     let common = [
         "--device",
         "cuda",
@@ -82,49 +81,7 @@ fn the_example_resumes_bit_exactly_on_cuda_in_a_fresh_process() {
         "--batch",
         "50",
     ];
-    let run = |args: &[&str]| {
-        let args: Vec<&str> = common.iter().chain(args).copied().collect();
-        let (ok, out) = run_example(&bin, &dir, &args);
-        assert!(ok, "stax_cnn {args:?} failed:\n{out}");
-    };
-    run(&[
-        "--max-steps",
-        "8",
-        "--save",
-        "full.npz",
-        "--json",
-        "full.jsonl",
-    ]);
-    run(&[
-        "--max-steps",
-        "4",
-        "--save",
-        "half.npz",
-        "--json",
-        "a.jsonl",
-    ]);
-    run(&[
-        "--max-steps",
-        "8",
-        "--resume",
-        "half.npz",
-        "--save",
-        "res.npz",
-        "--json",
-        "b.jsonl",
-    ]);
-    let mut halves = json_losses(&dir.join("a.jsonl"));
-    halves.extend(json_losses(&dir.join("b.jsonl")));
-    assert_eq!(
-        halves,
-        json_losses(&dir.join("full.jsonl")),
-        "steps and losses"
-    );
-    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    assert!(
-        read("res.npz") == read("full.npz"),
-        "parameters, moments, step, data position"
-    );
+    assert_example_resumes(&bin, &scratch("cuda-example"), &common, 8);
 }
 
 #[test]

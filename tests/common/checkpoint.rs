@@ -77,14 +77,8 @@ pub fn scratch(test: &str) -> Scratch {
 }
 
 /// Copies the `.npz` at `src` to `dst` entry by entry, each `.npy` file's bytes through
-/// `edit(array name, bytes)`: `None` drops the entry. Extra `(name, bytes)` entries are
-/// appended.
-pub fn rewrite(
-    src: &Path,
-    dst: &Path,
-    mut edit: impl FnMut(&str, Vec<u8>) -> Option<Vec<u8>>,
-    extra: &[(&str, Vec<u8>)],
-) {
+/// `edit(array name, bytes)`: `None` drops the entry.
+pub fn rewrite(src: &Path, dst: &Path, mut edit: impl FnMut(&str, Vec<u8>) -> Option<Vec<u8>>) {
     use npyz::zip::{ZipArchive, ZipWriter, write::FileOptions};
     use std::io::{Read, Write};
     let mut zin = ZipArchive::new(std::fs::File::open(src).unwrap()).unwrap();
@@ -100,11 +94,14 @@ pub fn rewrite(
             out.write_all(&b).unwrap();
         }
     }
-    for (name, b) in extra {
-        out.start_file(format!("{name}.npy"), stored).unwrap();
-        out.write_all(b).unwrap();
-    }
     out.finish().unwrap();
+}
+
+/// `src` written to `dst` with member `member`'s `.npy` bytes replaced by `with`.
+pub fn replace(src: &Path, dst: &Path, member: &str, with: Vec<u8>) {
+    rewrite(src, dst, |n, b| {
+        Some(if n == member { with.clone() } else { b })
+    });
 }
 
 /// A `.npy` file: an array of NumPy dtype `descr` and `shape` whose data bytes are `data`.
@@ -209,6 +206,54 @@ pub fn example_binary() -> Option<PathBuf> {
     );
     let _ = std::io::Write::write_all(&mut std::io::stderr(), (notice + "\n").as_bytes());
     None
+}
+
+/// Runs the example in `dir` with `common` arguments: `steps` steps straight, then
+/// `steps / 2`, then resumed from that checkpoint up to `steps`. Asserts that the step
+/// numbers and losses of the two halves are the straight run's, to the bit, and that the
+/// resumed run ends with a checkpoint byte-identical to the straight one's (`full.npz`).
+pub fn assert_example_resumes(bin: &Path, dir: &Path, common: &[&str], steps: usize) {
+    let run = |args: &[&str]| {
+        let args: Vec<&str> = common.iter().chain(args).copied().collect();
+        let (ok, out) = run_example(bin, dir, &args);
+        assert!(ok, "stax_cnn {args:?} failed:\n{out}");
+        out
+    };
+    let (all, half) = (steps.to_string(), (steps / 2).to_string());
+    run(&[
+        "--max-steps",
+        &all,
+        "--save",
+        "full.npz",
+        "--json",
+        "full.jsonl",
+    ]);
+    run(&[
+        "--max-steps",
+        &half,
+        "--save",
+        "half.npz",
+        "--json",
+        "a.jsonl",
+    ]);
+    let resume = [
+        "--resume", "half.npz", "--save", "res.npz", "--json", "b.jsonl",
+    ];
+    let out = run(&[&["--max-steps", &all][..], &resume].concat());
+    assert!(
+        out.contains(&format!("resumed: half.npz at step {half}")),
+        "{out}"
+    );
+    let mut halves = json_losses(&dir.join("a.jsonl"));
+    halves.extend(json_losses(&dir.join("b.jsonl")));
+    assert_eq!(
+        halves,
+        json_losses(&dir.join("full.jsonl")),
+        "steps and losses"
+    );
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    let same = read("res.npz") == read("full.npz");
+    assert!(same, "parameters, moments, step, data position");
 }
 
 /// Runs the example with `args` in `dir`; returns (success, stdout + stderr).

@@ -226,6 +226,10 @@ impl Checkpoint {
     /// Reads member `name` (of JAX shape `shape`) into `t` through one host buffer of
     /// `t.bytes()` from the staging allocator, tagged with `t`'s category.
     fn read_into(&mut self, name: &str, shape: &[u64], t: &mut Tensor) -> Result<(), TrainError> {
+        if t.dtype() != stax_tensor::DType::F32 {
+            let dtype = t.dtype();
+            return Err(self.fail(name, CheckpointProblem::Unsupported { dtype }));
+        }
         let mut host = stage(&self.staging, t)?;
         let bytes = host_bytes(&mut host)?;
         self.archive.read_f32(name, shape, bytes)?;
@@ -262,6 +266,7 @@ impl Checkpoint {
         for ((name, shape), t) in expected.iter().zip(params.leaves_mut()) {
             self.read_into(name, shape, t)?;
         }
+        release(&self.staging)?;
         Ok(params)
     }
 
@@ -304,6 +309,7 @@ impl Checkpoint {
         for ((name, shape), t) in flat.zip(state.tree.leaves_mut()) {
             self.read_into(&name, &shape, t)?;
         }
+        release(&self.staging)?;
         Ok(state)
     }
 
@@ -344,6 +350,15 @@ fn stage(staging: &HostStaging, t: &Tensor) -> Result<stax_alloc::Allocation, Tr
     let tag = Tag::new(t.category(), "checkpoint");
     let host = staging.allocator().allocate(t.bytes(), tag);
     Ok(host.map_err(TensorError::from)?)
+}
+
+/// Returns the staging allocator's cached buffers to the system: a checkpoint's arrays are
+/// large and staged once, so host memory does not stay reserved after a load or a save.
+fn release(staging: &HostStaging) -> Result<(), TrainError> {
+    Ok(staging
+        .allocator()
+        .empty_cache()
+        .map_err(TensorError::from)?)
 }
 
 /// A staging buffer's bytes.

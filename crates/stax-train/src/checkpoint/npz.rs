@@ -212,12 +212,15 @@ impl Archive {
     /// (naming the member the file ends in, when it is truncated inside one).
     pub(super) fn open(path: &Path) -> Result<Archive, TrainError> {
         let file = File::open(path).map_err(io_error(LOAD, path))?;
-        let zip = ZipArchive::new(BufReader::new(file)).map_err(|e| not_an_archive(path, e))?;
-        let names = zip
-            .file_names()
-            .filter_map(npyz::npz::array_name_from_file_name)
-            .map(str::to_owned)
-            .collect();
+        let mut zip = ZipArchive::new(BufReader::new(file)).map_err(|e| not_an_archive(path, e))?;
+        // in the archive's order (zip's `file_names` is a hash map's)
+        let mut names = Vec::with_capacity(zip.len());
+        for i in 0..zip.len() {
+            let entry = zip.by_index_raw(i).map_err(|e| not_an_archive(path, e))?;
+            if let Some(name) = npyz::npz::array_name_from_file_name(entry.name()) {
+                names.push(name.to_owned());
+            }
+        }
         Ok(Archive {
             path: path.to_path_buf(),
             zip,

@@ -9,7 +9,7 @@ use stax_optim::{OptState, Optimizer};
 use stax_tensor::{Backend, Params, Shape, Tensor};
 
 use super::npz::{self, Members, SAVE, problem};
-use super::{Checkpoint, FORMAT_VERSION, META, Meta, Policy, host_bytes, jax, stage};
+use super::{Checkpoint, FORMAT_VERSION, META, Meta, Policy, host_bytes, jax, release, stage};
 use crate::data::DataPosition;
 use crate::error::CheckpointProblem;
 use crate::{HostStaging, TrainError, Trainer};
@@ -118,7 +118,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             data,
             staging: self.staging(),
         };
-        npz::write_atomic(path, |out| contents.write(out, path))
+        npz::write_atomic(path, |out| contents.write(out, path))?;
+        release(self.staging())
     }
 
     /// The description written as `stax.json`.
