@@ -92,7 +92,7 @@ fn a_jax_checkpoint_gives_jax_loss_on_cuda_at_full_precision() {
     let be: Arc<dyn Backend> = cuda;
     let input = Shape::new(TINY_INPUT);
     let (t, _) = Trainer::load(tiny(), input, Adam::new(TINY_LR), &be, &fixture()).unwrap();
-    let (x, y) = fixture_batch(&be);
+    let (x, y) = fixture_batch(&be, &fixture());
     let (loss, _) = t.eval_batch(&x, &y).unwrap();
     let jax = npz_f32(&fixture(), "jax/loss")[0];
     assert!((loss - jax).abs() / jax < 1e-5, "cuda {loss} vs JAX {jax}");

@@ -41,11 +41,10 @@ pub fn npz_f32(path: &Path, name: &str) -> Vec<f32> {
     array.into_vec().expect("f32 data")
 }
 
-/// The fixture's batch, placed on `be`.
-pub fn fixture_batch(be: &Arc<dyn Backend>) -> (Tensor, Tensor) {
-    let f = fixture();
-    let x = npz_f32(&f, "batch/x");
-    let y = npz_f32(&f, "batch/y");
+/// The batch of the fixture at `path` (`batch/x`, `batch/y`), placed on `be`.
+pub fn fixture_batch(be: &Arc<dyn Backend>, path: &Path) -> (Tensor, Tensor) {
+    let x = npz_f32(path, "batch/x");
+    let y = npz_f32(path, "batch/y");
     let n = TINY_INPUT[0];
     let x = Tensor::from_slice(be, &x, TINY_INPUT, stax::Category::Input).unwrap();
     let y = Tensor::from_slice(be, &y, [n, 2], stax::Category::Input).unwrap();
