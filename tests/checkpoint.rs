@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use common::checkpoint::{
     TINY_INPUT, TINY_LR, assert_example_resumes, assert_resume_is_exact, example_binary, fixture,
-    fixture_batch, npy, npz_f32, problem, replace, rewrite, run_example, scratch, state_bits, tiny,
+    fixture_batch, npy, npz_f32, problem, replace, repo_file, rewrite, run_example, scratch,
+    state_bits, tiny,
 };
 use common::{cpu, small_model};
 use stax::train::data::DataPosition;
@@ -49,7 +50,7 @@ fn python_has(module: &str) -> bool {
 
 /// Runs `scripts/jax_checkpoint.py` with `args`; its stdout.
 fn script(args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/jax_checkpoint.py");
+    let script = repo_file("scripts/jax_checkpoint.py");
     let out = Command::new("python3")
         .arg(script)
         .args(args)

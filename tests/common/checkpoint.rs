@@ -29,9 +29,20 @@ pub const TINY_INPUT: [usize; 4] = [4, 6, 6, 3];
 /// The fixture's Adam learning rate.
 pub const TINY_LR: f32 = 1e-2;
 
+/// `rel` under the repository root: where this test was built, else (a GPU bundle run from
+/// the package folder, as `run.sh` runs it) relative to the current directory.
+pub fn repo_file(rel: &str) -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    if built.exists() {
+        built
+    } else {
+        PathBuf::from(rel)
+    }
+}
+
 /// The JAX fixture (see `scripts/jax_checkpoint.py fixture`).
 pub fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jax_tiny.npz")
+    repo_file("tests/data/jax_tiny.npz")
 }
 
 /// The f32 array `name` of the `.npz` at `path`.
