@@ -6,7 +6,7 @@
 //! | --- | --- | --- | --- |
 //! | `stax.json` | `\|S<n>` | `()` | JSON: format version, library, model, input shape, policy, optimizer, loss, and each parameter's stax-rs path by its key path |
 //! | `params/[i][j]` | `<f4` | JAX's (a conv bias `(1, 1, 1, C)`) | the parameter at JAX key path `[i][j]` |
-//! | `opt/[0].count` | `<i4` | `()` | optax's step count |
+//! | `opt/[0].count` | `<i4` (`<i8` past `i32::MAX`) | `()` | optax's step count |
 //! | `opt/[0].mu[i][j]`, `opt/[0].nu[i][j]` | `<f4` | as the parameter | Adam's moments (optax's `ScaleByAdamState`) |
 //! | `step` | `<i8` | `()` | [`crate::Trainer::steps`] |
 //! | `data/seed`, `data/epoch`, `data/index` | `<u8`, `<i8`, `<i8` | `()` | where the loop is in its data order ([`DataPosition`]), when given |

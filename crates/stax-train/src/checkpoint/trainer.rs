@@ -47,12 +47,16 @@ impl Contents<'_> {
                 t,
             )?;
         }
-        m.array(
-            jax::COUNT,
-            "<i4",
-            &[],
-            &(self.state.count as i32).to_le_bytes(),
-        )?;
+        // optax's int32 count; a count past i32::MAX as int64 rather than wrapped
+        match i32::try_from(self.state.count) {
+            Ok(c) => m.array(jax::COUNT, "<i4", &[], &c.to_le_bytes())?,
+            Err(_) => m.array(
+                jax::COUNT,
+                "<i8",
+                &[],
+                &i64::from(self.state.count).to_le_bytes(),
+            )?,
+        }
         let k = self.fields.len();
         let states = self.state.tree.leaves();
         for (f, field) in self.fields.iter().enumerate() {
