@@ -22,16 +22,23 @@
 //! writes every allocation and free as Chrome trace / Perfetto JSON (open it in
 //! ui.perfetto.dev); `--plot` draws one step's memory stacked by category against its
 //! allocation events (the plan's step with `--plan`, else the last step run).
+//!
+//! Checkpoints (one `.npz` in JAX's names, see the README): `--save ck.npz [--save-every N]`,
+//! `--resume ck.npz` (continues to the bit; on CUDA with `--deterministic` in both runs),
+//! `--eval-only --resume ck.npz` (test loss and accuracy), `--init-from jax.npz` (parameters
+//! only, a fresh Adam).
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::models::seed_cnn;
 use stax::tensor::cpu::CpuBackend;
+use stax::tensor::cuda::CudaBackend;
+use stax::train::data::DataPosition;
 use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
-use stax::train::{StepReport, TrainError, Trainer};
+use stax::train::{Checkpoint, StepReport, TrainError, Trainer};
 use stax::{Adam, BackendOptions, Device, Precision, Shape};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,7 +47,7 @@ use std::time::Instant;
 
 /// Train the seed's stax CNN and report exact memory every step.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, group(clap::ArgGroup::new("from").args(["resume", "init_from"])))]
 struct Args {
     /// auto (CUDA device 0 if usable, else CPU), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
@@ -123,6 +130,25 @@ struct Args {
     /// memory (the seed's 1.31 GB weight gradient), for comparison.
     #[arg(long)]
     collect_grads: bool,
+    /// Write a checkpoint (parameters, Adam's state, step, data position) here at the end.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// With --save: also save every N steps.
+    #[arg(long, requires = "save")]
+    save_every: Option<u64>,
+    /// Resume from this checkpoint (its data order's seed overrides --seed; --epochs and
+    /// --max-steps count the steps before it too).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Start from this checkpoint's parameters (a JAX one too) with a fresh optimizer.
+    #[arg(long, conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
+    /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
+    #[arg(long, requires = "from")]
+    eval_only: bool,
+    /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
+    #[arg(long)]
+    deterministic: bool,
 }
 
 impl Args {
@@ -189,16 +215,49 @@ fn open_backend(args: &Args) -> Result<Arc<dyn stax::Backend>, Error> {
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
             Device::Cpu => open_cpu(args, &options),
-            d => Ok(d.open(&options)?),
+            Device::Cuda(n) => open_cuda(args, n, &options),
         };
     }
-    match Device::Cuda(0).open(&options) {
+    match open_cuda(args, 0, &options) {
         Ok(b) => Ok(b),
         Err(e) => {
             eprintln!("note: CUDA not usable ({e}); training on the CPU");
             open_cpu(args, &options)
         }
     }
+}
+
+fn open_cuda(
+    args: &Args,
+    ordinal: usize,
+    options: &BackendOptions,
+) -> Result<Arc<dyn stax::Backend>, Error> {
+    let cuda = CudaBackend::new(ordinal, options)?;
+    cuda.set_deterministic(args.deterministic);
+    Ok(cuda)
+}
+
+/// The trainer: resumed (`--resume`), from given parameters (`--init-from`) or fresh; with
+/// the data position a resumed run continues from.
+fn build_trainer(
+    args: &Args,
+    (model, input, adam): (stax::Serial, &Shape, Adam),
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(Trainer<stax::Serial>, Option<DataPosition>), Error> {
+    let input = input.clone();
+    if let Some(path) = &args.resume {
+        let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
+        println!("resumed: {} at step {}", path.display(), trainer.steps());
+        return Ok((trainer, at));
+    }
+    if let Some(path) = &args.init_from {
+        let params = Checkpoint::open(path)?.params(&model, &input, backend)?;
+        println!("parameters: from {}", path.display());
+        let trainer = Trainer::from_params(model, input, adam, backend, params, None)?;
+        return Ok((trainer, None));
+    }
+    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
+    Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
 }
 
 /// `--pixel-scale`, parsed (None: each data set's default).
@@ -263,6 +322,11 @@ fn show_plan(
         "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
         backend.allocator().strategy(),
         human_bytes(plan.min_budget()?)
+    );
+    println!(
+        "checkpoint: saving or loading one stages at most {} of host memory (its largest \
+         array; arrays go one at a time)",
+        human_bytes(plan.checkpoint_host_bytes())
     );
     let budget = budget(args)?;
     let model = seed_cnn(plan.labels.dims()[1]);
@@ -393,6 +457,7 @@ fn run(args: Args) -> Result<(), Error> {
         ("--trace", &args.trace),
         ("--plot", &args.plot),
         ("--record-trace", &args.record_trace),
+        ("--save", &args.save),
     ] {
         check_path(flag, p)?;
     }
@@ -409,14 +474,20 @@ fn run(args: Args) -> Result<(), Error> {
         let plan = MemoryPlan::with_feed(&model, &input, &adam, &backend, args.feed())?;
         return show_plan(&args, &plan, &backend);
     }
-    let loader = Loader::new(train.len(), args.batch, args.seed)?;
-    let total = loader.steps(args.epochs, args.max_steps)?;
     let tracing = args.trace.is_some() || args.plot.is_some() || args.record_trace.is_some();
     if tracing {
         backend.allocator().start_trace();
     }
-    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
-    let mut trainer = Trainer::new(model, input.clone(), adam, &backend, args.seed)?;
+    let (mut trainer, position) = build_trainer(&args, (model, &input, adam), &backend)?;
+    if args.eval_only {
+        println!("test: {}", trainer.evaluate(&test, args.batch)?);
+        return Ok(());
+    }
+    let seed = position.map_or(args.seed, |p| p.seed);
+    let loader = Loader::new(train.len(), args.batch, seed)?;
+    let start = position.unwrap_or(loader.start());
+    let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
+    let at = |steps: u64| loader.advance(start, steps - first);
     let plan = MemoryPlan::with_feed(trainer.model(), &input, &adam, &backend, args.feed())?;
     // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
     let last_peak = match args.feed() {
@@ -462,7 +533,7 @@ fn run(args: Args) -> Result<(), Error> {
         }
         None => None,
     };
-    let bar = ProgressBar::new(total);
+    let bar = ProgressBar::new(total.saturating_sub(first));
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
@@ -477,9 +548,28 @@ fn run(args: Args) -> Result<(), Error> {
         }
     };
     let mut compared = (0u64, None);
-    let batches = (0..args.epochs)
-        .flat_map(|epoch| loader.batches(epoch))
-        .take(total as usize);
+    let batches = loader
+        .batches_from(start)?
+        .take(total.saturating_sub(first) as usize);
+    // --save at the end and every --save-every steps (once per step)
+    let saved = std::cell::Cell::new(None);
+    let saving = |t: &Trainer<stax::Serial>, end: bool| -> Result<Option<String>, Error> {
+        let due = end || args.save_every.is_some_and(|n| n > 0 && t.steps() % n == 0);
+        let Some(path) = args
+            .save
+            .as_ref()
+            .filter(|_| due && saved.get() != Some(t.steps()))
+        else {
+            return Ok(None);
+        };
+        t.save(path, Some(at(t.steps())))?;
+        saved.set(Some(t.steps()));
+        Ok(Some(format!(
+            "checkpoint: {} (step {})",
+            path.display(),
+            t.steps()
+        )))
+    };
     let started = Instant::now();
     let mut show = |report: StepReport| -> Result<(), Error> {
         say(&bar, line(&report, total));
@@ -503,19 +593,25 @@ fn run(args: Args) -> Result<(), Error> {
         for indices in batches {
             let (x, y) = trainer.place_batch(&train, &indices)?;
             show(trainer.step(&x, &y)?)?;
+            if let Some(line) = saving(&trainer, false)? {
+                say(&bar, line);
+            }
         }
     } else {
         let mut feed = trainer.prefetch(&train, batches);
         while let Some(report) = trainer.step_prefetched(&mut feed)? {
             show(report)?;
+            if let Some(line) = saving(&trainer, false)? {
+                say(&bar, line);
+            }
         }
     }
     let loop_s = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     println!(
         "loop: {} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
-        trainer.steps(),
-        loop_s * 1e3 / trainer.steps().max(1) as f64,
+        trainer.steps() - first,
+        loop_s * 1e3 / (trainer.steps() - first).max(1) as f64,
         match args.feed() {
             Feed::Prefetched => "next batch prefetched",
             Feed::Placed => "each batch placed before its step",
@@ -549,12 +645,9 @@ fn run(args: Args) -> Result<(), Error> {
         let trace = (&named.timeline, &named.step_starts[..]);
         export(&args, trace, (&step, XAxis::Events), &title)?;
     }
-    let eval = trainer.evaluate(&test, args.batch)?;
-    println!(
-        "test: loss {:.4}, accuracy {:.2}% ({} images)",
-        eval.loss,
-        eval.accuracy * 100.0,
-        eval.examples
-    );
+    if let Some(line) = saving(&trainer, true)? {
+        println!("{line}");
+    }
+    println!("test: {}", trainer.evaluate(&test, args.batch)?);
     Ok(())
 }

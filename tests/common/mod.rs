@@ -15,6 +15,7 @@
 //!   parameters); [`layers`]: finite differences and GPU-vs-CPU for one layer.
 #![allow(dead_code)]
 
+pub mod checkpoint;
 pub mod layers;
 
 use stax_tensor::cuda::CudaBackend;

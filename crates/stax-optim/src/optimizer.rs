@@ -138,36 +138,28 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         params: &mut Params,
     ) -> Result<(), OptimError> {
         self.validate()?;
-        let structure = |what, e| OptimError::Structure {
-            optimizer: self.name(),
-            what,
-            source: e,
-        };
         if let Some(e) = params.structure_differs(grads) {
-            return Err(structure("gradients", e));
+            return Err(OptimError::Structure {
+                optimizer: self.name(),
+                what: "gradients",
+                source: e,
+            });
         }
-        let fields = self.state_fields();
-        let expected = params
-            .map(|_| Tree::fields(fields.iter().map(|f| (*f, ()))))
-            .flatten();
-        if let Some(e) = expected.structure_differs(&state.tree) {
-            return Err(structure("optimizer state", e));
-        }
+        self.check_state(state, params)?;
         let t = state
             .count
             .checked_add(1)
             .ok_or(OptimError::CountOverflow {
                 optimizer: self.name(),
             })?;
-        let k = fields.len();
-        let (gs, states) = (grads.leaves(), state.tree.leaves());
-        for (i, ((path, p), g)) in params.paths().into_iter().zip(gs).enumerate() {
-            check_leaf(p, g, &states[i * k..(i + 1) * k]).map_err(|source| OptimError::Leaf {
+        for ((path, p), g) in params.paths().into_iter().zip(grads.leaves()) {
+            check_grad(p, g).map_err(|source| OptimError::Leaf {
                 optimizer: self.name(),
                 path: path.to_string(),
                 source,
             })?;
         }
+        let k = self.state_fields().len();
         let mut states = state.tree.leaves_mut().into_iter();
         for (p, g) in params.leaves_mut().into_iter().zip(grads.leaves()) {
             let mut s: Vec<&mut Tensor> = states.by_ref().take(k).collect();
@@ -176,16 +168,57 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         state.count = t;
         Ok(())
     }
+
+    /// Checks that `state` can be this optimizer's state for `params`: the parameters' tree
+    /// with each leaf a node of [`Optimizer::state_fields`], every state tensor of its
+    /// parameter's shape, dtype and backend and the only handle to its buffer.
+    ///
+    /// # Errors
+    /// [`OptimError::Structure`]; [`OptimError::Leaf`] naming the first parameter whose state
+    /// does not fit.
+    fn check_state(&self, state: &OptState, params: &Params) -> Result<(), OptimError> {
+        let fields = self.state_fields();
+        let expected = params
+            .map(|_| Tree::fields(fields.iter().map(|f| (*f, ()))))
+            .flatten();
+        if let Some(e) = expected.structure_differs(&state.tree) {
+            return Err(OptimError::Structure {
+                optimizer: self.name(),
+                what: "optimizer state",
+                source: e,
+            });
+        }
+        let (k, states) = (fields.len(), state.tree.leaves());
+        for (i, (path, p)) in params.paths().into_iter().enumerate() {
+            check_state_leaf(p, &states[i * k..(i + 1) * k]).map_err(|source| {
+                OptimError::Leaf {
+                    optimizer: self.name(),
+                    path: path.to_string(),
+                    source,
+                }
+            })?;
+        }
+        Ok(())
+    }
 }
 
-/// The checks of [`Optimizer::update`] for one parameter.
-fn check_leaf(p: &Tensor, g: &Tensor, state: &[&Tensor]) -> Result<(), TensorError> {
+/// The checks of [`Optimizer::update`] for one parameter and its gradient.
+fn check_grad(p: &Tensor, g: &Tensor) -> Result<(), TensorError> {
     const OP: &str = "update";
     p.expect_unique(OP)?;
-    for t in std::iter::once(g).chain(state.iter().copied()) {
+    g.expect_shape(OP, p.shape())?;
+    g.expect_dtype(OP, p.dtype())?;
+    g.expect_backend(OP, p)
+}
+
+/// The checks of [`Optimizer::check_state`] for one parameter's state tensors.
+fn check_state_leaf(p: &Tensor, state: &[&Tensor]) -> Result<(), TensorError> {
+    const OP: &str = "update";
+    for t in state {
         t.expect_shape(OP, p.shape())?;
         t.expect_dtype(OP, p.dtype())?;
         t.expect_backend(OP, p)?;
+        t.expect_unique(OP)?;
     }
-    state.iter().try_for_each(|s| s.expect_unique(OP))
+    Ok(())
 }

@@ -206,6 +206,20 @@ impl CudaBackend {
         self.fused.store(on, Ordering::Relaxed);
     }
 
+    /// Chooses cuDNN algorithms deterministically from now on (off by default): for each
+    /// convolution pass the first algorithm in cuDNN's heuristic order
+    /// (`cudnnGet*Algorithm_v7`) that cuDNN marks `CUDNN_DETERMINISTIC`, succeeds and fits the
+    /// workspace limit, chosen without timing, as PyTorch's `cudnn.deterministic = True` with
+    /// `benchmark = False`. Every other op of a step is deterministic already (our kernels
+    /// reduce in a fixed order without atomics; cuBLAS gives the same bits on the same GPU
+    /// with its workspace on one stream), so training runs, and runs resumed from a
+    /// checkpoint in another process, agree to the bit. Set it before the first convolution
+    /// runs or is calibrated: choices already made stay ([`CudaBackend::conv_plans`] lists
+    /// them, with each candidate's determinism).
+    pub fn set_deterministic(&self, on: bool) {
+        self.dnn.set_deterministic(on);
+    }
+
     /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
     pub fn fused_epilogues(&self) -> bool {
         self.fused.load(Ordering::Relaxed)

@@ -23,6 +23,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod geometry;
+pub mod interop;
 pub mod op;
 pub mod ops;
 pub mod scalar;

@@ -269,6 +269,16 @@ impl Tensor {
         self.buf.addr()
     }
 
+    /// The buffer's bytes when it is in host memory (the CPU backend's), else None.
+    pub(crate) fn host_bytes(&self) -> Option<&[u8]> {
+        self.buf.host_bytes()
+    }
+
+    /// As [`Tensor::host_bytes`], writable; None also while another handle exists.
+    pub(crate) fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Arc::get_mut(&mut self.buf)?.host_bytes_mut()
+    }
+
     /// Whether this handle is the only one to its buffer (in-place ops need that).
     pub fn is_unique(&self) -> bool {
         Arc::strong_count(&self.buf) == 1

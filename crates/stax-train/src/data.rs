@@ -36,10 +36,12 @@ pub mod embedded;
 pub mod idx;
 pub mod loader;
 pub mod npy;
+pub mod position;
 pub mod resize;
 
 pub use embedded::fashion_mnist_2class;
 pub use loader::Loader;
+pub use position::DataPosition;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -268,6 +268,29 @@ pub enum TrainError {
     /// A tensor op or placement failed (out of memory carries the allocator's diagnosis).
     #[error(transparent)]
     Tensor(#[from] stax_tensor::TensorError),
+
+    // ---- checkpoints ----
+    /// A checkpoint could not be read, written or used: the file, the member (the array's
+    /// name in the `.npz`, when the problem is one member's) and what is wrong.
+    #[error("{op}: {}{}: {problem}", path.display(), member_of(.member))]
+    Checkpoint {
+        /// The operation: `load_checkpoint` or `save_checkpoint`.
+        op: &'static str,
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The member, e.g. `params/[0][1]` or `opt/[0].mu[3][0]`.
+        member: Option<String>,
+        /// What is wrong.
+        problem: Box<CheckpointProblem>,
+    },
+    /// A data position that does not belong to a loader (another seed, past the epoch's end).
+    #[error("loader: cannot resume at {position:?}: {reason}")]
+    DataPosition {
+        /// The position given.
+        position: crate::data::DataPosition,
+        /// Why it does not fit.
+        reason: String,
+    },
 }
 
 /// What is wrong inside a corrupt file (see [`TrainError::Corrupt`]).
@@ -329,6 +352,87 @@ pub enum Corruption {
         /// `npyz`'s (zip's) error.
         source: std::io::Error,
     },
+}
+
+/// What is wrong with a checkpoint or one of its members (see [`TrainError::Checkpoint`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointProblem {
+    /// The file is not a readable `.npz` (zip) archive: truncated, overwritten or not a
+    /// checkpoint. When its entries can be read from the start, the error names the member
+    /// the file ends in.
+    #[error("not a readable .npz archive ({source}){}", if *.truncated { "; the file ends inside this member (truncated?)" } else { "" })]
+    NotAnArchive {
+        /// The zip reader's error.
+        source: std::io::Error,
+        /// Whether the file was found to end inside the member named.
+        truncated: bool,
+    },
+    /// The model has this array but the checkpoint does not.
+    #[error("missing (the model has this array, the checkpoint does not)")]
+    Missing,
+    /// The checkpoint has an array the model does not (another model's checkpoint).
+    #[error("not part of this model (the checkpoint is another model's)")]
+    Unexpected,
+    /// The array's shape is not the model's.
+    #[error("has shape {found:?}, expected {expected:?}")]
+    Shape {
+        /// The shape the model needs (JAX's, as the member is stored).
+        expected: Vec<u64>,
+        /// The shape stored.
+        found: Vec<u64>,
+    },
+    /// The array's dtype is not the one expected.
+    #[error("has dtype {found}, expected {expected}")]
+    DType {
+        /// The dtype needed, as NumPy writes it (`<f4`, or a kind: `an integer`).
+        expected: &'static str,
+        /// The dtype stored, as NumPy writes it.
+        found: String,
+    },
+    /// The array is stored in Fortran (column-major) order, which a checkpoint never is.
+    #[error("is stored in Fortran order; save it in C order (np.ascontiguousarray)")]
+    FortranOrder,
+    /// The member's bytes are damaged: a bad `.npy` header, data shorter than its shape, or
+    /// a checksum that does not match.
+    #[error("is corrupt: {source}")]
+    Corrupt {
+        /// The reader's error.
+        source: std::io::Error,
+    },
+    /// The checkpoint's description (`stax.json`) is of another model.
+    #[error("describes the model {found}, but this one is {expected}")]
+    Model {
+        /// This model, described.
+        expected: String,
+        /// What the checkpoint describes.
+        found: String,
+    },
+    /// A value that cannot be right (a negative count, malformed JSON).
+    #[error("holds an invalid value: {reason}")]
+    Value {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Writing failed (a full disk, a file size limit); the previous checkpoint is intact.
+    #[error("could not be written ({source}); the previous file at this path is unchanged")]
+    Write {
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A tensor of a dtype checkpoints do not store (the trainer's tensors are f32).
+    #[error("is a {dtype} tensor; checkpoints store f32 tensors")]
+    Unsupported {
+        /// Its dtype.
+        dtype: stax_tensor::DType,
+    },
+}
+
+/// `" member `name`"` for an error about one member, `""` for the whole file.
+fn member_of(member: &Option<String>) -> String {
+    member
+        .as_ref()
+        .map_or(String::new(), |m| format!(" member `{m}`"))
 }
 
 /// `"path: "` for an error about a file, `""` for data made in memory.

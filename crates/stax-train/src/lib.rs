@@ -1,6 +1,7 @@
 //! Data sets, loaders, the training loop, per-step memory reports, the static memory plan and
 //! its exports.
 
+pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod export;
@@ -12,7 +13,8 @@ pub mod staging;
 pub mod step;
 pub mod trainer;
 
-pub use error::TrainError;
+pub use checkpoint::Checkpoint;
+pub use error::{CheckpointProblem, TrainError};
 pub use plan::{Feed, MemoryPlan, max_batch_that_fits};
 pub use prefetch::Prefetcher;
 pub use report::{

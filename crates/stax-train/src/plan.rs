@@ -302,6 +302,21 @@ impl MemoryPlan {
         b[Category::Parameter.index()] + b[Category::OptimizerState.index()]
     }
 
+    /// Host bytes that loading or saving a checkpoint of this plan's trainer holds at once:
+    /// arrays go through host memory one at a time ([`crate::checkpoint`]), so this is the
+    /// largest parameter or optimizer-state tensor. On the device, loading allocates exactly
+    /// the parameters and the state ([`MemoryPlan::state_bytes`]), in the order a fresh
+    /// trainer does, and nothing else.
+    pub fn checkpoint_host_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| b.alloc.is_none())
+            .filter(|b| matches!(b.category, Category::Parameter | Category::OptimizerState))
+            .map(|b| b.bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The buffer allocated at step event `event`, if that event is an allocation.
     pub fn allocated_at(&self, event: usize) -> Option<&PlannedBuffer> {
         self.buffers.iter().find(|b| b.alloc == Some(event))

@@ -7,7 +7,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use stax_layers::{Cx, Layer, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params};
+use stax_layers::layer::expect_params;
+use stax_layers::{
+    Cx, Layer, LayerError, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params,
+};
 use stax_optim::{Adam, OptState, Optimizer};
 use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, Tree};
 
@@ -32,13 +35,13 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     loss: F,
     backend: Arc<dyn Backend>,
     input: Shape,
-    steps: u64,
-    staging: HostStaging,
+    pub(crate) steps: u64,
+    pub(crate) staging: HostStaging,
     feed: Feed,
     /// The feed whose loop memory the allocator holds ([`MemoryPlan::rehearse`]).
     rehearsed: Option<Feed>,
     /// The seed of the parameters and of every step's RNG key.
-    seed: u64,
+    pub(crate) seed: u64,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -54,6 +57,22 @@ impl<L: Layer, O: Optimizer> Trainer<L, O> {
         seed: u64,
     ) -> Result<Self, TrainError> {
         Trainer::with_loss(model, input, opt, SoftmaxCrossEntropy, backend, seed)
+    }
+
+    /// [`Trainer::from_params_with_loss`] with softmax cross-entropy, the seed's loss.
+    ///
+    /// # Errors
+    /// As [`Trainer::from_params_with_loss`].
+    pub fn from_params(
+        model: L,
+        input: Shape,
+        opt: O,
+        backend: &Arc<dyn Backend>,
+        params: Params,
+        state: Option<OptState>,
+    ) -> Result<Self, TrainError> {
+        let loss = SoftmaxCrossEntropy;
+        Trainer::from_params_with_loss(model, input, opt, loss, backend, params, state)
     }
 }
 
@@ -89,19 +108,65 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let (_, params) = init_params(&model, &Tree::leaf(input.clone()), backend, source)
             .map_err(|e| explain(e.into()))?;
         let state = opt.init(&params).map_err(|e| explain(e.into()))?;
+        let mut trainer =
+            Trainer::from_params_with_loss(model, input, opt, loss, backend, params, Some(state))?;
+        trainer.seed = seed;
+        Ok(trainer)
+    }
+
+    /// A trainer of `model` for inputs `input` (`[batch, ...]`) from given parameters (a
+    /// tree as [`init_params`] makes: the model's paths, shapes and dtypes, on `backend`, each
+    /// the only handle to its buffer) and optimizer state (`None`: a fresh
+    /// [`Optimizer::init`]); its step count is the state's count, its steps' RNG seed 0.
+    /// Calibrates as [`Trainer::with_loss`] does.
+    ///
+    /// # Errors
+    /// Shape errors; [`stax_layers::LayerError::Mismatch`] naming the first parameter whose
+    /// path, shape or dtype is not the model's; [`stax_layers::LayerError::Tensor`] naming a
+    /// parameter on another backend or shared with another tensor; the optimizer's
+    /// [`Optimizer::check_state`] errors; calibration errors.
+    pub fn from_params_with_loss(
+        model: L,
+        input: Shape,
+        opt: O,
+        loss: F,
+        backend: &Arc<dyn Backend>,
+        params: Params,
+        state: Option<OptState>,
+    ) -> Result<Self, TrainError> {
+        check_input_shape(&input)?;
+        output_shape(&model, &input)?;
+        let specs = model.param_specs(&Tree::leaf(input.clone()))?;
+        expect_params(&params, &model, &specs)?;
+        for (path, t) in params.paths() {
+            let owned = t.expect_on("from_params", backend);
+            owned
+                .and_then(|()| t.expect_unique("from_params"))
+                .map_err(|source| LayerError::Tensor {
+                    path: path.to_string(),
+                    source,
+                })?;
+        }
+        let state = match state {
+            Some(s) => {
+                opt.check_state(&s, &params)?;
+                s
+            }
+            None => opt.init(&params)?,
+        };
         let trainer = Trainer {
             rehearsed: None,
             model,
             params,
             opt,
+            steps: u64::from(state.count),
             state,
             loss,
             backend: backend.clone(),
             input,
-            steps: 0,
             staging: HostStaging::new()?,
             feed: Feed::Placed,
-            seed,
+            seed: 0,
         };
         let mut trainer = trainer;
         trainer.calibrate(trainer.input.dims()[0])?;

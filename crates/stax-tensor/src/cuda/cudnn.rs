@@ -49,7 +49,8 @@ pub struct ConvPlanInfo {
     /// Further workspace bytes each call allocates for layout changes: the OHWI filter copy,
     /// a padded input or input gradient (asymmetric padding), the bias-gradient partials.
     pub layout_bytes: usize,
-    /// Time `cudnnFind*AlgorithmEx` measured for it, in ms.
+    /// Time `cudnnFind*AlgorithmEx` measured for it, in ms; NaN when it was chosen without
+    /// timing ([`crate::cuda::CudaBackend::set_deterministic`]).
     pub time_ms: f32,
     /// Every candidate cuDNN's heuristics listed, with its workspace need and, for those that
     /// were timed, the time: what the choice was made from.
@@ -132,6 +133,9 @@ pub(crate) struct Epilogue {
 struct State {
     handle: sys::cudnnHandle_t,
     plans: HashMap<(Conv2dGeometry, Precision), Plan>,
+    /// Choose deterministic algorithms by cuDNN's heuristics, without timing (see
+    /// [`Dnn::set_deterministic`]).
+    deterministic: bool,
 }
 
 // SAFETY: the cuDNN handle and descriptors are used from one thread at a time (the Mutex in
@@ -162,6 +166,7 @@ impl Dnn {
         let state = State {
             handle,
             plans: HashMap::new(),
+            deterministic: false,
         };
         // SAFETY: valid handle and live stream (the backend keeps it alive).
         unsafe { result::set_stream(state.handle, stream.cu_stream() as sys::cudaStream_t) }
@@ -169,6 +174,16 @@ impl Dnn {
         Ok(Dnn {
             state: Mutex::new(state),
         })
+    }
+
+    /// From now on, chooses for each pass the first algorithm in cuDNN's heuristic order
+    /// (`cudnnGet*Algorithm_v7`) that cuDNN marks `CUDNN_DETERMINISTIC`, succeeds and fits the
+    /// workspace limit, without timing anything (PyTorch's `cudnn.deterministic = True,
+    /// benchmark = False`): the same bits on every run, and the same choice in every process
+    /// on the same GPU and cuDNN. Choices made before stay.
+    pub(crate) fn set_deterministic(&self, on: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.deterministic = on;
     }
 
     /// Every choice made so far, sorted by geometry and pass order.
@@ -394,7 +409,7 @@ fn plan_and_choice<'s>(
     limit: usize,
     alloc: &Arc<Allocator>,
 ) -> Result<(&'s mut Plan, Choice), TensorError> {
-    let handle = state.handle;
+    let (handle, deterministic) = (state.handle, state.deterministic);
     let plan = plan_of(state, conv, precision)?;
     plan.layout_bytes[pass as usize] = conv.layout_bytes;
     if let Some(c) = plan.chosen[pass as usize] {
@@ -404,7 +419,11 @@ fn plan_and_choice<'s>(
         Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
         Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
     })?;
-    let (c, all) = choose(handle, &plan.desc, pass, ops, limit, alloc)?;
+    let (c, all) = if deterministic {
+        choose_deterministic(candidates(handle, &plan.desc, pass, None)?, pass, limit)?
+    } else {
+        choose(handle, &plan.desc, pass, ops, limit, alloc)?
+    };
     // The search's workspaces are freed; return what they left cached (see `release_search`).
     release_search(alloc)?;
     plan.chosen[pass as usize] = Some(c);
@@ -470,13 +489,7 @@ fn choose(
             let t = timed
                 .iter()
                 .find(|t| t.algo == h.algo && t.math == h.math && t.ok);
-            ConvCandidate {
-                algorithm: h.algo.name(),
-                math: format!("{:?}", h.math),
-                workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
-                time_ms: t.map(|t| t.time_ms),
-                status: format!("{:?}", t.map_or(h.status, |t| t.status)),
-            }
+            candidate(h, t)
         })
         .collect();
     let best = timed
@@ -488,4 +501,41 @@ fn choose(
             reason: format!("cuDNN found no {pass:?} algorithm within {budget} workspace bytes"),
         })?;
     Ok((best, report))
+}
+
+/// The first of cuDNN's `heuristic` candidates (in its order) that is deterministic, usable
+/// and within `limit` (see [`Dnn::set_deterministic`]); returned with every candidate.
+fn choose_deterministic(
+    heuristic: Vec<Choice>,
+    pass: ConvPass,
+    limit: usize,
+) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
+    let report = heuristic.iter().map(|h| candidate(h, None)).collect();
+    let mut best = heuristic
+        .into_iter()
+        .find(|c| c.ok && c.deterministic && c.workspace <= limit)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "cuDNN lists no deterministic {pass:?} algorithm within {limit} workspace bytes"
+            ),
+        })?;
+    best.time_ms = f32::NAN;
+    Ok((best, report))
+}
+
+/// A heuristic candidate `h` as reported, with its timing `t` when it was timed.
+fn candidate(h: &Choice, t: Option<&Choice>) -> ConvCandidate {
+    let status = format!("{:?}", t.map_or(h.status, |t| t.status));
+    ConvCandidate {
+        algorithm: h.algo.name(),
+        math: format!("{:?}", h.math),
+        workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
+        time_ms: t.map(|t| t.time_ms),
+        status: if h.deterministic {
+            status
+        } else {
+            status + " (non-deterministic)"
+        },
+    }
 }

@@ -115,7 +115,7 @@ fn open_npy<'a>(
 /// The dimensions in the header's `'shape': (..)` entry when their product overflows `u64`
 /// (a dimension too large for `u64` counts as `u64::MAX`); `None` when it fits or the entry
 /// cannot be found (`npyz` then reports the malformed header).
-fn overflowing_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+pub(crate) fn overflowing_shape(bytes: &[u8]) -> Option<Vec<u64>> {
     // The header text starts at byte 10 (format 1.0) or 12 (2.0, 3.0) and is at most
     // 65535 (1.0) bytes; a longer 2.0 header with a huge shape is still checked by npyz.
     let head = &bytes[..bytes.len().min(12 + 65_535)];

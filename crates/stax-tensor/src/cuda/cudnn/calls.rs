@@ -166,6 +166,8 @@ pub(super) struct Choice {
     pub(super) time_ms: f32,
     pub(super) workspace: usize,
     pub(super) math: sys::cudnnMathType_t,
+    /// Whether cuDNN says the algorithm gives the same bits on every run.
+    pub(super) deterministic: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -196,6 +198,7 @@ macro_rules! choices {
                 time_ms: p.time,
                 workspace: p.memory,
                 math: p.mathType,
+                deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
             })
             .collect::<Vec<_>>()
     };
