@@ -496,7 +496,7 @@ fn run(args: Args) -> Result<(), Error> {
                 .peak
                 .bytes
         }
-        Feed::Placed => plan.peak.bytes,
+        Feed::Placed | Feed::Accumulated(_) => plan.peak.bytes,
     };
     println!(
         "stax_cnn: {} train / {} test images at {img}x{img}x{channels}, batch {}, {} step(s) on {} ({}, allocator {})",
@@ -614,7 +614,7 @@ fn run(args: Args) -> Result<(), Error> {
         loop_s * 1e3 / (trainer.steps() - first).max(1) as f64,
         match args.feed() {
             Feed::Prefetched => "next batch prefetched",
-            Feed::Placed => "each batch placed before its step",
+            Feed::Placed | Feed::Accumulated(_) => "each batch placed before its step",
         }
     );
     match compared {

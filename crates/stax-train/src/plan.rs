@@ -102,6 +102,20 @@ pub enum Feed {
     /// [`crate::Trainer::step_prefetched`]: the next batch is placed, its copy running on a
     /// second stream, before the step starts, so two batches are live during it.
     Prefetched,
+    /// [`crate::Trainer::step_accumulated`]: this many micro-batches are placed before the
+    /// step, which sums their gradients for one update (gradient accumulation); all are live
+    /// during it, one micro-batch's activations at a time.
+    Accumulated(usize),
+}
+
+impl Feed {
+    /// Batches the step takes: the micro-batches of [`Feed::Accumulated`], else one.
+    pub fn micro_batches(self) -> usize {
+        match self {
+            Feed::Accumulated(n) => n,
+            Feed::Placed | Feed::Prefetched => 1,
+        }
+    }
 }
 
 /// The memory plan of one training step (see the module docs). All sizes are bytes.
@@ -146,6 +160,11 @@ pub struct MemoryPlan {
     pub(crate) loop_start: usize,
     #[serde(skip)]
     pub(crate) allocator: AllocatorModel,
+}
+
+/// The placed batches as the step takes them.
+fn refs(batches: &[(Tensor, Tensor)]) -> Vec<(&Tensor, &Tensor)> {
+    batches.iter().map(|(x, y)| (x, y)).collect()
 }
 
 fn device<S: serde::Serializer>(d: &Device, s: S) -> Result<S::Ok, S::Error> {
@@ -225,31 +244,51 @@ impl MemoryPlan {
                 (labels.clone(), labels_dtype),
             )?)
         };
-        // The loop as the trainer runs it. Placed: [place k, step k] per iteration. Prefetched:
-        // place 1 once (part of the set-up), then [place k + 1, step k].
+        // The loop as the trainer runs it. Placed: [place k, step k] per iteration (with
+        // accumulation, place k is its micro-batches). Prefetched: place 1 once, then
+        // [place k + 1, step k].
         let loop_start = pb.events();
-        let (x, y) = place()?;
+        let place_all = || {
+            (0..feed.micro_batches())
+                .map(|_| place())
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let batches = place_all()?;
         let mut next = match feed {
-            Feed::Prefetched => Some(place()?),
-            Feed::Placed => None,
+            Feed::Prefetched => Some(place_all()?),
+            Feed::Placed | Feed::Accumulated(_) => None,
         };
         let no_hook = &mut |_: Phase| {};
-        run_step(parts, &mut params, &mut state, &[(&x, &y)], (1, 0), no_hook)?;
-        drop((x, y));
-        let (x, y) = match next.take() {
+        run_step(
+            parts,
+            &mut params,
+            &mut state,
+            &refs(&batches),
+            (1, 0),
+            no_hook,
+        )?;
+        drop(batches);
+        let batches = match next.take() {
             Some(batch) => {
-                next = Some(place()?);
+                next = Some(place_all()?);
                 batch
             }
-            None => place()?,
+            None => place_all()?,
         };
         let step_start = pb.events();
         let mut phases = Vec::new();
         let hook = &mut |p: Phase| phases.push((p, pb.events() - step_start));
-        run_step(parts, &mut params, &mut state, &[(&x, &y)], (2, 0), hook)?;
+        run_step(
+            parts,
+            &mut params,
+            &mut state,
+            &refs(&batches),
+            (2, 0),
+            hook,
+        )?;
         let step_end = pb.events();
         let (mut trace, ops) = pb.finish();
-        drop((x, y, next, params, state, be));
+        drop((batches, next, params, state, be));
         trace.events.truncate(step_end);
         trace.marks.retain(|m| mark_at(m) <= step_end);
         let planned = Planned {

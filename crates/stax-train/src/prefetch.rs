@@ -138,7 +138,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             Ok(next) => feed.placed = next,
             Err(e) => feed.gathered = Some(Err(e)), // the next call reports it
         }
-        let report = self.step_with(&x, &y, &mut || {
+        let report = self.step_with(&[(&x, &y)], &mut || {
             if feed.gathered.is_none() {
                 feed.gathered = feed.gather_next();
             }

@@ -181,7 +181,13 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     fn rehearse(&mut self) -> Result<(), TrainError> {
         // `bfc` holds its whole arena from the start: nothing to reserve
         let arena = matches!(self.backend.allocator().strategy(), Strategy::Bfc { .. });
-        if arena || self.opt.in_backward(1).is_none() || self.rehearsed == Some(self.feed) {
+        // accumulated steps update nothing in the backward pass
+        let accumulated = self.feed.micro_batches() > 1;
+        if arena
+            || accumulated
+            || self.opt.in_backward(1).is_none()
+            || self.rehearsed == Some(self.feed)
+        {
             return Ok(());
         }
         self.plan(self.input.dims()[0])?
@@ -286,18 +292,44 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// the failed request and its name (`2.conv/workspace`), and the largest batch that fits;
     /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`] and other tensor errors.
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepReport, TrainError> {
-        self.step_with(x, y, &mut || {})
+        self.step_with(&[(x, y)], &mut || {})
     }
 
-    /// [`Trainer::step`], running `meanwhile` on the host after the step's work is queued and
-    /// before waiting for the device (where the next batch is gathered).
+    /// One update from several micro-batches (gradient accumulation, optax's `MultiSteps`):
+    /// each one's forward and backward pass in turn, their gradients summed in place in one
+    /// buffer per parameter (the first micro-batch's), the mean taken by scaling each loss
+    /// gradient by `1 / n`, then one optimizer step. With equal micro-batches this is the
+    /// step of their concatenation, up to f32 summation order, in the memory of one
+    /// micro-batch's activations plus one set of gradients. The report's loss is the mean of
+    /// the micro-batches' losses. From now on this trainer's plans are of this feed
+    /// ([`Feed::Accumulated`]: every micro-batch placed before the step).
+    ///
+    /// # Errors
+    /// [`TrainError::ZeroBatchSize`] for no micro-batches; as [`Trainer::step`] for each one.
+    pub fn step_accumulated(
+        &mut self,
+        micro: &[(&Tensor, &Tensor)],
+    ) -> Result<StepReport, TrainError> {
+        if micro.len() > 1 {
+            self.set_feed(Feed::Accumulated(micro.len()));
+        }
+        self.step_with(micro, &mut || {})
+    }
+
+    /// [`Trainer::step`] of `batches` (several: accumulated), running `meanwhile` on the host
+    /// after the step's work is queued and before waiting for the device (where the next
+    /// batch is gathered).
     pub(crate) fn step_with(
         &mut self,
-        x: &Tensor,
-        y: &Tensor,
+        batches: &[(&Tensor, &Tensor)],
         meanwhile: &mut dyn FnMut(),
     ) -> Result<StepReport, TrainError> {
-        self.check_batch(x, y)?;
+        let Some(&(x, _)) = batches.first() else {
+            return Err(TrainError::ZeroBatchSize { op: "step" });
+        };
+        for &(x, y) in batches {
+            self.check_batch(x, y)?;
+        }
         self.rehearse()?;
         let allocator = self.backend.allocator().clone();
         allocator.reset_peak();
@@ -312,7 +344,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             parts,
             &mut self.params,
             &mut self.state,
-            &[(x, y)],
+            batches,
             (step, self.seed),
             &mut |_| {},
         );

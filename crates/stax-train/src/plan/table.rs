@@ -38,8 +38,10 @@ impl fmt::Display for MemoryPlan {
             self.labels,
             self.timeline.events.len(),
             match self.feed {
-                super::Feed::Placed => "each batch placed before its step",
-                super::Feed::Prefetched => "the next batch prefetched: two batches live",
+                super::Feed::Placed => "each batch placed before its step".to_string(),
+                super::Feed::Prefetched =>
+                    "the next batch prefetched: two batches live".to_string(),
+                super::Feed::Accumulated(n) => format!("{n} micro-batches accumulated, all placed"),
             }
         )?;
         writeln!(
