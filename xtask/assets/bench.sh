@@ -3,7 +3,7 @@
 # the same GPU in one call; compare.py prints the ratios. Usage: bash bundle/bench.sh [BATCH] [STEPS]
 set -u
 cd "$(dirname "$0")"
-tar -xzf bins.tar.gz || exit 1
+python3 -c 'import tarfile; tarfile.open("bins.tar.xz").extractall(".")' || exit 1
 . ./env.sh
 B=${1:-100}; STEPS=${2:-30}
 OUTDIR=${OUT:-/tmp/stax-bench}; mkdir -p "$OUTDIR"

@@ -31,9 +31,9 @@ pub fn run(args: BenchGpuArgs) -> Result<(), Box<dyn std::error::Error>> {
         .anchors
         .unwrap_or_else(|| root.join("../shared/anchors"));
     let out = root.join(&args.out);
-    if !out.join("bins.tar.gz").exists() {
+    if !out.join("bins.tar.xz").exists() {
         return Err(format!(
-            "bench-gpu: {} has no bins.tar.gz; run `cargo xtask gpu-bundle` first",
+            "bench-gpu: {} has no bins.tar.xz; run `cargo xtask gpu-bundle` first",
             out.display()
         )
         .into());
