@@ -19,6 +19,9 @@ pub use stax_layers::{
     Identity, Layer, MaxPool, Padding, Parallel, ParamSource, Params, Relu, Rng, Serial,
     SoftmaxCrossEntropy, Tanh, init_params, parallel, serial,
 };
+pub use stax_layers::{
+    AvgPool, BatchNorm, ConvDims, ConvTranspose, GeneralConv, GeneralConvTranspose, SumPool,
+};
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{
     Backend, BackendOptions, Category, DType, Device, Grads, Precision, Shape, Strategy, Tensor,

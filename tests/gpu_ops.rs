@@ -819,6 +819,7 @@ fn workspace_schedules_match_what_ops_allocate() {
             geometry: g,
             pass,
             dtype: DType::F32,
+            bias: pass != ConvPass::BackwardData,
         };
         check(
             &format!("conv fwd {g:?}"),

@@ -19,7 +19,10 @@
 //! ```
 
 pub mod activation;
+pub mod batch_norm;
 pub mod conv;
+pub mod conv_dims;
+pub mod conv_transpose;
 pub mod cx;
 pub mod dense;
 pub mod error;
@@ -37,7 +40,10 @@ pub mod serial;
 pub mod sink;
 
 pub use activation::{Activation, Elementwise, Relu, Saves, Tanh};
-pub use conv::Conv;
+pub use batch_norm::BatchNorm;
+pub use conv::{Conv, GeneralConv};
+pub use conv_dims::ConvDims;
+pub use conv_transpose::{ConvTranspose, GeneralConvTranspose};
 pub use cx::{Cx, Mode, Policy};
 pub use dense::Dense;
 pub use error::LayerError;
@@ -48,7 +54,7 @@ pub use layer::{Init, Layer, ParamSpec, Residuals, Saved, Shapes, Value};
 pub use loss::{Loss, SoftmaxCrossEntropy};
 pub use parallel::{Identity, Parallel};
 pub use params::{ParamSource, init_params};
-pub use pool::MaxPool;
+pub use pool::{AvgPool, MaxPool, Pool, SumPool};
 pub use serial::Serial;
 pub use sink::{Collect, GradSink};
 pub use stax_tensor::{Grads, Padding, Params};

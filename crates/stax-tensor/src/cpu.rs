@@ -7,7 +7,8 @@
 //! [`Category::Workspace`] and freed before the op returns.
 //!
 //! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
-//! backward filter), `pool.rs` (max pooling), `matmul.rs` (strided GEMM views shared with the
+//! backward filter, any layout and dilation), `pool.rs` (max, sum and average pooling),
+//! `norm.rs` (batch normalization, channel bias), `matmul.rs` (strided GEMM views shared with the
 //! convs), `elementwise.rs` (fill, activations, binary ops, bias; generic over f32, bf16, f16),
 //! `softmax.rs` (softmax cross-entropy), `adam.rs` (the fused optimizer step) and `host.rs`
 //! (the slice views of tensor buffers: the only place addresses become slices, each view
@@ -29,18 +30,20 @@ mod elementwise;
 mod host;
 mod layout;
 mod matmul;
+mod norm;
 mod pool;
 mod softmax;
 #[cfg(test)]
 mod testing;
 
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyOut, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
+    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut, Fill, Matmul, Pool2d,
+    Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::{
     Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
-    MatmulOps, MemoryOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
+    MatmulOps, MemoryOps, NormOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
 };
 use host::{bytes_of, bytes_of_mut, data, data_mut};
 use stax_alloc::{Allocator, HostMemory};
@@ -130,13 +133,13 @@ impl Backend for CpuBackend {
         Ok(None)
     }
 
-    /// Convolutions allocate one im2col column buffer per call (none when pointwise); no other
-    /// op allocates.
+    /// Convolutions allocate one im2col column buffer per call (none when pointwise), after
+    /// an HWIO copy of a kernel stored otherwise; no other op allocates.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
-        Ok(WorkspaceStep::single(match op {
-            OpDesc::Conv { geometry, pass, .. } => conv::workspace_bytes(self, geometry, *pass)?,
-            _ => 0,
-        }))
+        match op {
+            OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry),
+            _ => Ok(Vec::new()),
+        }
     }
 }
 
@@ -226,6 +229,24 @@ impl ElementwiseOps for CpuBackend {
 impl LossOps for CpuBackend {
     fn softmax_xent(&self, c: Checked<SoftmaxXent<'_>>) -> Result<f32, TensorError> {
         softmax::softmax_xent(c.into_inner())
+    }
+}
+
+impl NormOps for CpuBackend {
+    fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError> {
+        norm::batch_norm(c.into_inner())
+    }
+
+    fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError> {
+        norm::batch_norm_bwd(c.into_inner())
+    }
+
+    fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError> {
+        norm::channel_bias_add(c.into_inner())
+    }
+
+    fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError> {
+        norm::channel_bias_grad(c.into_inner())
     }
 }
 
@@ -368,6 +389,7 @@ mod tests {
                 geometry: g,
                 pass,
                 dtype: DType::F32,
+                bias: true,
             };
             assert_eq!(be.workspace_bytes(&q).unwrap(), 9 * 27 * 4);
         }
@@ -395,6 +417,7 @@ mod tests {
             geometry: g,
             pass: crate::ConvPass::BackwardFilter,
             dtype: DType::F32,
+            bias: true,
         };
         assert_eq!(be.workspace_bytes(&q).unwrap(), 0);
         let be: Arc<dyn Backend> = be;

@@ -29,6 +29,7 @@ pub mod cublas;
 pub mod cudnn;
 pub mod kernels;
 pub mod memory;
+mod norm;
 mod ops;
 mod transfer;
 mod workspace;

@@ -31,14 +31,16 @@ pub mod upload;
 
 pub use backend::{
     AdamHyper, Backend, BackendId, BackendOptions, ConvOps, ElementwiseOps, LossOps, MatmulOps,
-    MemoryOps, OptimOps, Precision, matmul_dims, softmax_xent_dims,
+    MemoryOps, NormOps, OptimOps, Precision, matmul_dims, softmax_xent_dims,
 };
 pub use checked::Checked;
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
-pub use geometry::{Conv2dGeometry, Padding};
-pub use op::{Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep};
+pub use geometry::{Conv2dGeometry, ConvSpec, FilterLayout, Layout, Padding};
+pub use op::{
+    Activation, BinaryOp, ChannelGeometry, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep,
+};
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};
 pub use tensor::Tensor;

@@ -19,12 +19,16 @@
 mod conv;
 mod elementwise;
 mod memory;
+mod norm;
 mod update;
 
 pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd};
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
+};
+pub use norm::{
+    Affine, AffineGrads, batch_norm, batch_norm_bwd, bias_add_channels, bias_grad_channels,
 };
 pub use update::{adam, softmax_xent};
 

@@ -1,0 +1,129 @@
+// norm.cu: per-channel reductions on a [outer, c, inner] view (element (o, j, i) at
+// (o * c + j) * inner + i): batch normalization forward and backward and a channel bias, f32
+// data, f64 statistics. See crates/stax-tensor/src/cpu/norm.rs for the formulas.
+//
+// A reduction runs in two kernels: channel_moments_f32 writes per-split partial sums (grid
+// (ceil(c / 32), splits), blocks of 32 x 8 threads: x over channels, y over the reduced
+// elements, so an NHWC view with inner == 1 reads coalesced rows), then a finish kernel adds
+// the splits per channel. Deterministic: no atomics.
+
+// partial[(split * c + j) * 2 + {0, 1}] = (sum a, sum a * (b - shift[j])) over split `split` of
+// channel j's outer * inner elements (b null: the second is 0; shift null: 0).
+extern "C" __global__ void channel_moments_f32(const float *a, const float *b, const float *shift,
+                                               double *partial, size_t outer, size_t c,
+                                               size_t inner, size_t per_split) {
+    __shared__ double ss[8][32];
+    __shared__ double tt[8][32];
+    size_t j = (size_t)blockIdx.x * 32 + threadIdx.x;
+    size_t total = outer * inner;
+    size_t r0 = (size_t)blockIdx.y * per_split;
+    size_t r1 = r0 + per_split < total ? r0 + per_split : total;
+    double s = 0.0, t = 0.0;
+    if (j < c) {
+        double sh = shift ? (double)shift[j] : 0.0;
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            size_t e = ((r / inner) * c + j) * inner + r % inner;
+            double v = (double)a[e];
+            s += v;
+            if (b) t += v * ((double)b[e] - sh);
+        }
+    }
+    ss[threadIdx.y][threadIdx.x] = s;
+    tt[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        for (int k = 1; k < 8; ++k) {
+            s += ss[k][threadIdx.x];
+            t += tt[k][threadIdx.x];
+        }
+        partial[((size_t)blockIdx.y * c + j) * 2] = s;
+        partial[((size_t)blockIdx.y * c + j) * 2 + 1] = t;
+    }
+}
+
+// The two sums of channel j over the splits.
+__device__ void split_sums(const double *partial, size_t splits, size_t c, size_t j, double *s,
+                           double *t) {
+    *s = 0.0;
+    *t = 0.0;
+    for (size_t k = 0; k < splits; ++k) {
+        *s += partial[(k * c + j) * 2];
+        *t += partial[(k * c + j) * 2 + 1];
+    }
+}
+
+// out[j] = sum of a over channel j (from channel_moments_f32 with b null).
+extern "C" __global__ void channel_sum_finish_f32(const double *partial, size_t splits, size_t c,
+                                                  float *out) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        out[j] = (float)s;
+    }
+}
+
+// Forward statistics from the sums of x and x * x over m elements per channel:
+// mean = s / m, var = max(t / m - mean^2, 0), rstd = 1 / sqrt(var + eps),
+// scale = gamma * rstd (gamma null: 1).
+extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, size_t c, double m,
+                                         float eps, const float *gamma, float *mean, float *rstd,
+                                         float *scale) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        double mu = s / m;
+        double var = t / m - mu * mu;
+        if (var < 0.0) var = 0.0;
+        double r = 1.0 / sqrt(var + (double)eps);
+        mean[j] = (float)mu;
+        rstd[j] = (float)r;
+        scale[j] = (float)((gamma ? (double)gamma[j] : 1.0) * r);
+    }
+}
+
+// y = (x - mean) * scale + beta over the view (beta null: 0).
+extern "C" __global__ void bn_apply_f32(const float *x, float *y, const float *mean,
+                                        const float *scale, const float *beta, size_t n,
+                                        size_t c, size_t inner) {
+    GRID_STRIDE(i, n) {
+        size_t j = (i / inner) % c;
+        y[i] = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+    }
+}
+
+// Backward per-channel values from s = sum dy and t = sum dy * (x - mean) over m elements:
+// dgamma = rstd * t, dbeta = s (each written when non-null), and coef[3 j ..] = (gamma * rstd,
+// s / m, rstd * dgamma / m), the dx kernel's coefficients.
+extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t splits, size_t c,
+                                             double m, const float *gamma, const float *rstd,
+                                             float *dgamma, float *dbeta, float *coef) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        double r = (double)rstd[j];
+        double dg = r * t;
+        if (dgamma) dgamma[j] = (float)dg;
+        if (dbeta) dbeta[j] = (float)s;
+        coef[3 * j] = (float)((gamma ? (double)gamma[j] : 1.0) * r);
+        coef[3 * j + 1] = (float)(s / m);
+        coef[3 * j + 2] = (float)(r * dg / m);
+    }
+}
+
+// dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..].
+extern "C" __global__ void bn_bwd_apply_f32(const float *x, float *dy, const float *mean,
+                                            const float *coef, size_t n, size_t c,
+                                            size_t inner) {
+    GRID_STRIDE(i, n) {
+        size_t j = (i / inner) % c;
+        dy[i] = coef[3 * j] * (dy[i] - coef[3 * j + 1] - (x[i] - mean[j]) * coef[3 * j + 2]);
+    }
+}
+
+// y[i] += b[(i / inner) % c].
+extern "C" __global__ void channel_bias_add_f32(float *y, const float *b, size_t n, size_t c,
+                                                size_t inner) {
+    GRID_STRIDE(i, n) {
+        y[i] += b[(i / inner) % c];
+    }
+}
