@@ -6,7 +6,7 @@ use stax_tensor::{
     Category, Conv2dGeometry, ConvSpec, DType, Padding, Params, Shape, Tensor, Tree,
 };
 
-use crate::conv_dims::{conv_specs, describe, reason, shapes_4d};
+use crate::conv_dims::{conv_specs, describe, dx_over, hand_gradients, reason, shapes_4d};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
     Activation, ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
@@ -174,25 +174,13 @@ impl GeneralConv {
             }
         };
         let dx = if need_dx {
-            let mut dx = if x.is_unique() {
-                x.note_role("dx");
-                x
-            } else {
-                drop(x);
-                Tensor::empty(&be, g.input_shape(), DType::F32, grad("dx"))?
-            };
+            let mut dx = dx_over(x)?;
             ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
             Some(Tree::leaf(dx.reshape(self.dims.from_4d(&g.input_shape()))?))
         } else {
             None
         };
-        let specs = self.specs(&g);
-        let shapes: Vec<Shape> = specs.leaves().iter().map(|s| s.shape.clone()).collect();
-        let (dw, db) = (
-            dw.reshape(shapes[0].clone())?,
-            db.reshape(shapes[1].clone())?,
-        );
-        cx.gradients(Tree::fields([("w", dw), ("b", db)]))?;
+        hand_gradients(cx, &self.specs(&g), dw, db)?;
         Ok(dx)
     }
 }

@@ -2,9 +2,10 @@
 //! runs, and how their shapes map onto the 2-D convolution ops (a 1-D convolution is a 2-D one
 //! whose width is 1, a free reshape).
 
-use stax_tensor::{FilterLayout, Key, Layout, Shape, TensorError, Tree};
+use stax_alloc::Tag;
+use stax_tensor::{Category, DType, FilterLayout, Key, Layout, Shape, Tensor, TensorError, Tree};
 
-use crate::{Init, LayerError, ParamSpec};
+use crate::{Cx, Init, LayerError, ParamSpec};
 
 /// Parsed dimension numbers: the input and output layout (the same for both), the kernel's
 /// layout and the spatial rank.
@@ -213,6 +214,41 @@ pub(crate) fn conv_specs(
         (Key::Field("w"), Tree::leaf(w)),
         (Key::Field("b"), Tree::leaf(b)),
     ])
+}
+
+/// The buffer a convolution's input gradient is written to: `x`'s own when nothing else holds
+/// it (its role noted `dx`), else a fresh gradient buffer of `x`'s shape.
+///
+/// # Errors
+/// Allocation errors.
+pub(crate) fn dx_over(x: Tensor) -> Result<Tensor, LayerError> {
+    if x.is_unique() {
+        x.note_role("dx");
+        return Ok(x);
+    }
+    let (be, shape) = (x.backend().clone(), x.shape().clone());
+    drop(x);
+    let tag = Tag::new(Category::Gradient, "dx");
+    Ok(Tensor::empty(&be, shape, DType::F32, tag)?)
+}
+
+/// Hands the kernel and bias gradients (as the ops computed them) to the sink in the shapes of
+/// the parameters `specs` (`w`, `b`).
+///
+/// # Errors
+/// The sink's errors.
+pub(crate) fn hand_gradients(
+    cx: &mut Cx<'_>,
+    specs: &Tree<ParamSpec>,
+    dw: Tensor,
+    db: Tensor,
+) -> Result<(), LayerError> {
+    let shapes: Vec<&Shape> = specs.leaves().iter().map(|s| &s.shape).collect();
+    let (dw, db) = (
+        dw.reshape(shapes[0].clone())?,
+        db.reshape(shapes[1].clone())?,
+    );
+    cx.gradients(Tree::fields([("w", dw), ("b", db)]))
 }
 
 /// `conv(64, 3x3, stride 1x1, SAME)` (NHWC, no dilation), with the dimension numbers and the

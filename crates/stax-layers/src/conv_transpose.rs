@@ -7,7 +7,7 @@ use stax_tensor::{
     Category, Conv2dGeometry, ConvSpec, DType, Padding, Params, Shape, Tensor, Tree,
 };
 
-use crate::conv_dims::{conv_specs, describe, reason, shapes_4d};
+use crate::conv_dims::{conv_specs, describe, dx_over, hand_gradients, reason, shapes_4d};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
@@ -177,13 +177,7 @@ impl Layer for GeneralConvTranspose {
         ops::bias_grad_channels(&dy, &mut db, g.layout.channel_axis())?;
         ops::conv2d_bwd_filter(&dy, &mut x, &g, &mut dw, None, None)?;
         let dx = if need_dx {
-            let mut dx = if x.is_unique() {
-                x.note_role("dx");
-                x
-            } else {
-                drop(x);
-                Tensor::empty(&be, g.output_shape(), DType::F32, grad("dx"))?
-            };
+            let mut dx = dx_over(x)?;
             ops::conv2d(&dy, &w, None, &g, &mut dx, Default::default())?;
             Some(Tree::leaf(
                 dx.reshape(self.dims.from_4d(&g.output_shape()))?,
@@ -191,13 +185,7 @@ impl Layer for GeneralConvTranspose {
         } else {
             None
         };
-        let specs = self.specs(&g);
-        let shapes: Vec<Shape> = specs.leaves().iter().map(|s| s.shape.clone()).collect();
-        let (dw, db) = (
-            dw.reshape(shapes[0].clone())?,
-            db.reshape(shapes[1].clone())?,
-        );
-        cx.gradients(Tree::fields([("w", dw), ("b", db)]))?;
+        hand_gradients(cx, &self.specs(&g), dw, db)?;
         Ok(dx)
     }
 }

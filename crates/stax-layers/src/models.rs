@@ -1,5 +1,9 @@
-//! Models defined once, for the examples, benches and tests: the seed's CNN and stax's MNIST
-//! classifier MLP.
+//! Models defined once, for the examples, benches and tests: the seed's CNN, stax's MNIST
+//! classifier MLP and stax's ResNet-50 ([`resnet`]).
+
+pub mod resnet;
+
+pub use resnet::{ResNet, conv_block, identity_block};
 
 use crate::{Conv, Dense, Flatten, Relu, Serial, serial};
 
