@@ -13,6 +13,7 @@
 //! - [`init`], [`apply`], [`vjp`]: one layer's parameters, forward pass and backward pass
 //!   (gradients collected into a tree like the parameters); [`layers`]: finite differences
 //!   and GPU-vs-CPU for one layer.
+//! - [`assert_workspace_is_the_schedule`]: an op's workspace allocations are its schedule.
 #![allow(dead_code)]
 
 pub mod layers;
@@ -366,4 +367,55 @@ pub fn vjp(
         dx,
         sink.finish(params).expect("every parameter has a gradient"),
     )
+}
+
+/// Calibrates `op` on `gpu` (a backend no other test uses: its allocator is traced), runs
+/// `run` once to reach the steady state, then again under a trace, and checks that the second
+/// run's workspace allocations and frees are `gpu.workspace_schedule(op)`, to the byte and in
+/// order, that its workspace peak is the schedule's, and that the uncalibrated bound was at
+/// least that.
+pub fn assert_workspace_is_the_schedule(
+    gpu: &Arc<dyn Backend>,
+    what: &str,
+    op: stax_tensor::OpDesc,
+    run: &mut dyn FnMut(),
+) {
+    use stax_alloc::TraceOp;
+    use stax_tensor::WorkspaceStep;
+    let bound = gpu.workspace_bytes(&op).unwrap();
+    gpu.calibrate(&op).unwrap();
+    assert!(gpu.is_calibrated(&op), "{what}: calibrated");
+    let predicted = gpu.workspace_schedule(&op).unwrap();
+    assert!(
+        WorkspaceStep::peak(&predicted) <= bound,
+        "{what}: the uncalibrated bound {bound} is below the exact schedule {predicted:?}"
+    );
+    run(); // steady state: the algorithm is chosen, buffers are cached
+    gpu.synchronize().unwrap();
+    gpu.allocator().reset_peak();
+    gpu.allocator().start_trace();
+    run();
+    gpu.synchronize().unwrap();
+    let trace = gpu.allocator().stop_trace();
+    let mut ids = Vec::new();
+    let recorded: Vec<WorkspaceStep> = trace
+        .events
+        .iter()
+        .filter(|e| e.category == Category::Workspace)
+        .map(|e| match e.op {
+            TraceOp::Alloc => {
+                ids.push(e.id);
+                WorkspaceStep::Alloc(e.bytes as usize)
+            }
+            TraceOp::Free => WorkspaceStep::Free(ids.iter().position(|&i| i == e.id).unwrap()),
+        })
+        .collect();
+    assert_eq!(recorded, predicted, "{what}: workspace schedule");
+    let peak = gpu.allocator().stats().by_category[Category::Workspace.index()].peak;
+    assert_eq!(
+        peak,
+        gpu.workspace_bytes(&op).unwrap() as u64,
+        "{what}: peak"
+    );
+    println!("workspace {what}: {predicted:?}");
 }
