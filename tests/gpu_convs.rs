@@ -7,11 +7,10 @@
 mod common;
 
 use common::*;
-use stax_tensor::cuda::CudaBackend;
 use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue};
 use stax_tensor::{
-    Activation, Backend, BackendOptions, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec,
-    DType, FilterLayout, Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
+    Activation, Backend, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec, DType, FilterLayout,
+    Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
 };
 use std::sync::Arc;
 
@@ -477,14 +476,9 @@ fn channel_bias_and_pooling_match_cpu() {
 /// bias, asymmetric padding in NCHW, batch normalization and a channel bias's gradient.
 #[test]
 fn workspace_schedules_of_the_new_ops_are_exact() {
-    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+    let Some(gpu) = private_gpu_or_skip() else {
         return;
-    }
-    let options = BackendOptions {
-        workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
-        ..with_precision(Precision::Tf32)
     };
-    let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
     let mut rng = Rng::new(seed_for("workspace_convs", &[]));
     let cases = conv_cases();
     for g in [

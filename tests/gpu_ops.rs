@@ -751,14 +751,9 @@ fn every_strategy_opens_and_computes() {
 /// peak; before calibration a conv's schedule is a bound at least as large.
 #[test]
 fn workspace_schedules_match_what_ops_allocate() {
-    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+    let Some(gpu) = private_gpu_or_skip() else {
         return;
-    }
-    let options = BackendOptions {
-        workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
-        ..with_precision(Precision::Tf32)
     };
-    let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
     let check = |what: &str, op: OpDesc, run: &mut dyn FnMut()| {
         assert_workspace_is_the_schedule(&gpu, what, op, run)
     };

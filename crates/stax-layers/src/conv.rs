@@ -2,11 +2,9 @@
 
 use stax_alloc::Tag;
 use stax_tensor::ops::{self, Epilogue};
-use stax_tensor::{
-    Category, Conv2dGeometry, ConvSpec, DType, Padding, Params, Shape, Tensor, Tree,
-};
+use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Params, Shape, Tensor, Tree};
 
-use crate::conv_dims::{conv_specs, describe, dx_over, hand_gradients, reason, shapes_4d};
+use crate::conv_dims::{ConvConfig, dx_over, hand_gradients, reason};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
     Activation, ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
@@ -14,7 +12,8 @@ use crate::{
 };
 
 /// stax's `GeneralConv(dimension_numbers, out_chan, filter_shape, strides, padding)`:
-/// `y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation) + b`.
+/// `y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation) + b`, made of
+/// a [`ConvConfig`].
 ///
 /// With [`ConvDims::NHWC`] (stax's `Conv`, the [`Conv`] alias): x `[n, h, w, c_in]`, w HWIO
 /// `[kh, kw, c_in, out_chan]`, b `[1, 1, 1, out_chan]`, y `[n, out_h, out_w, out_chan]`,
@@ -25,20 +24,7 @@ use crate::{
 /// not expose) is [`GeneralConv::dilated`]. An activation that follows runs in the
 /// convolution's epilogue ([`Layer::fuses`]: cuDNN fuses a ReLU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GeneralConv {
-    /// The dimension numbers.
-    pub dims: ConvDims,
-    /// Output channels.
-    pub out_chan: usize,
-    /// Kernel `(height, width)` (1-D: `(k, 1)`).
-    pub filter_shape: (usize, usize),
-    /// Strides `(height, width)`.
-    pub strides: (usize, usize),
-    /// SAME, VALID or explicit (1-D: `[(lo, hi), (0, 0)]`).
-    pub padding: Padding,
-    /// Kernel dilation `(height, width)`.
-    pub dilation: (usize, usize),
-}
+pub struct GeneralConv(pub ConvConfig);
 
 /// stax's `Conv`: [`GeneralConv`] with `('NHWC', 'HWIO', 'NHWC')`.
 pub type Conv = GeneralConv;
@@ -67,36 +53,28 @@ impl GeneralConv {
         strides: (usize, usize),
         padding: Padding,
     ) -> Self {
-        GeneralConv {
+        GeneralConv(ConvConfig::new(
             dims,
             out_chan,
             filter_shape,
             strides,
             padding,
-            dilation: (1, 1),
-        }
+        ))
     }
 
     /// This convolution with its kernel dilated by `dilation` (`rhs_dilation`).
     pub fn dilated(self, dilation: (usize, usize)) -> Self {
-        GeneralConv { dilation, ..self }
+        GeneralConv(ConvConfig { dilation, ..self.0 })
     }
 
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
         let bad = |r: String| self.shape_error(r, &Tree::leaf(input.clone()));
-        let (x, w) = shapes_4d(&self.dims, input, self.filter_shape, self.out_chan).map_err(bad)?;
-        let spec = ConvSpec {
-            strides: self.strides,
-            padding: self.padding,
-            dilation: self.dilation,
-            layout: self.dims.layout,
-            filter: self.dims.filter,
-        };
-        Conv2dGeometry::with_spec(&x, &w, &spec).map_err(|e| bad(reason(e)))
+        let (x, w) = self.0.shapes_4d(input).map_err(bad)?;
+        Conv2dGeometry::with_spec(&x, &w, &self.0.spec()).map_err(|e| bad(reason(e)))
     }
 
     fn specs(&self, g: &Conv2dGeometry) -> Tree<ParamSpec> {
-        conv_specs(&self.dims, self.filter_shape, g.c_in, g.c_out)
+        self.0.specs(g.c_in)
     }
 
     /// The forward pass, with the activation `act` fused into the op when given. Everything
@@ -124,7 +102,7 @@ impl GeneralConv {
             aux: aux.as_mut(),
         };
         ops::conv2d(&x, &w, &b, &g, &mut y, epi)?;
-        let out = Tree::leaf(y.reshape(self.dims.from_4d(&g.output_shape()))?);
+        let out = Tree::leaf(y.reshape(self.0.dims.from_4d(&g.output_shape()))?);
         if !cx.is_training() {
             return Ok((out, Tree::empty()));
         }
@@ -147,7 +125,7 @@ impl GeneralConv {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let g = self.geometry(&self.dims.from_4d(x.shape()))?;
+        let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
         let wb = expect_params(params, self, &self.specs(&g))?;
         let w = wb[0].reshape(g.filter_shape())?;
         let dy = one_tensor(self, dy)?;
@@ -176,7 +154,9 @@ impl GeneralConv {
         let dx = if need_dx {
             let mut dx = dx_over(x)?;
             ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
-            Some(Tree::leaf(dx.reshape(self.dims.from_4d(&g.input_shape()))?))
+            Some(Tree::leaf(
+                dx.reshape(self.0.dims.from_4d(&g.input_shape()))?,
+            ))
         } else {
             None
         };
@@ -191,18 +171,12 @@ impl Layer for GeneralConv {
     }
 
     fn describe(&self) -> String {
-        let size = (self.out_chan, self.filter_shape);
-        describe(
-            "conv",
-            &self.dims,
-            size,
-            (self.strides, self.padding, self.dilation),
-        )
+        self.0.describe("conv")
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         let g = self.geometry(one_shape(self, input)?)?;
-        Ok(Tree::leaf(self.dims.from_4d(&g.output_shape())))
+        Ok(Tree::leaf(self.0.dims.from_4d(&g.output_shape())))
     }
 
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {

@@ -3,7 +3,9 @@
 //! whose width is 1, a free reshape).
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, DType, FilterLayout, Key, Layout, Shape, Tensor, TensorError, Tree};
+use stax_tensor::{
+    Category, ConvSpec, DType, FilterLayout, Key, Layout, Padding, Shape, Tensor, TensorError, Tree,
+};
 
 use crate::{Cx, Init, LayerError, ParamSpec};
 
@@ -175,45 +177,106 @@ pub(crate) fn reason(e: TensorError) -> String {
     }
 }
 
-/// A convolution's input (of `dims`' rank) and kernel as the ops' rank-4 shapes, for a kernel
-/// of `filter` spatial size with `out_chan` output channels; the input's channels are the
-/// kernel's `I`.
-///
-/// # Errors
-/// Why the input does not fit (its rank).
-pub(crate) fn shapes_4d(
-    dims: &ConvDims,
-    input: &Shape,
-    (kh, kw): (usize, usize),
-    out_chan: usize,
-) -> Result<(Shape, Shape), String> {
-    if input.rank() != dims.rank() {
-        return Err(format!(
-            "expected an {} input of rank {}",
-            dims.lhs,
-            dims.rank()
-        ));
-    }
-    let c_in = input.dims()[dims.channel_axis()];
-    let w = Shape::new(dims.filter.dims(kh, kw, c_in, out_chan));
-    Ok((dims.to_4d(input, false), w))
+/// What stax's `GeneralConv` and `GeneralConvTranspose` are made of: the dimension numbers,
+/// output channels, kernel size, strides, padding, and kernel dilation (lax's `rhs_dilation`,
+/// which stax does not expose: `(1, 1)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvConfig {
+    /// The dimension numbers.
+    pub dims: ConvDims,
+    /// Output channels.
+    pub out_chan: usize,
+    /// Kernel `(height, width)` (1-D: `(k, 1)`).
+    pub filter_shape: (usize, usize),
+    /// Strides `(height, width)`.
+    pub strides: (usize, usize),
+    /// SAME, VALID or explicit (1-D: `[(lo, hi), (0, 0)]`).
+    pub padding: Padding,
+    /// Kernel dilation `(height, width)`.
+    pub dilation: (usize, usize),
 }
 
-/// stax's parameters of `GeneralConv` and `GeneralConvTranspose`: `w` of
-/// [`ConvDims::kernel_shape`] drawn from [`ConvDims::glorot`], `b` of [`ConvDims::bias_shape`]
-/// from `normal(1e-6)`.
-pub(crate) fn conv_specs(
-    dims: &ConvDims,
-    filter: (usize, usize),
-    c_in: usize,
-    out_chan: usize,
-) -> Tree<ParamSpec> {
-    let w = ParamSpec::f32(dims.kernel_shape(filter, c_in, out_chan), dims.glorot());
-    let b = ParamSpec::f32(dims.bias_shape(out_chan), Init::Normal(1e-6));
-    Tree::node([
-        (Key::Field("w"), Tree::leaf(w)),
-        (Key::Field("b"), Tree::leaf(b)),
-    ])
+impl ConvConfig {
+    /// stax's `(dimension_numbers, out_chan, filter_shape, strides, padding)`, no dilation.
+    pub fn new(
+        dims: ConvDims,
+        out_chan: usize,
+        filter_shape: (usize, usize),
+        strides: (usize, usize),
+        padding: Padding,
+    ) -> ConvConfig {
+        ConvConfig {
+            dims,
+            out_chan,
+            filter_shape,
+            strides,
+            padding,
+            dilation: (1, 1),
+        }
+    }
+
+    /// The ops' spec: strides, padding, dilation and the layouts.
+    pub(crate) fn spec(&self) -> ConvSpec {
+        ConvSpec {
+            strides: self.strides,
+            padding: self.padding,
+            dilation: self.dilation,
+            layout: self.dims.layout,
+            filter: self.dims.filter,
+        }
+    }
+
+    /// An input (of the dimension numbers' rank) and the kernel as the ops' rank-4 shapes; the
+    /// input's channels are the kernel's `I`.
+    ///
+    /// # Errors
+    /// Why the input does not fit (its rank).
+    pub(crate) fn shapes_4d(&self, input: &Shape) -> Result<(Shape, Shape), String> {
+        let dims = &self.dims;
+        if input.rank() != dims.rank() {
+            return Err(format!(
+                "expected an {} input of rank {}",
+                dims.lhs,
+                dims.rank()
+            ));
+        }
+        let c_in = input.dims()[dims.channel_axis()];
+        let (kh, kw) = self.filter_shape;
+        let w = Shape::new(dims.filter.dims(kh, kw, c_in, self.out_chan));
+        Ok((dims.to_4d(input, false), w))
+    }
+
+    /// stax's parameters for an input of `c_in` channels: `w` of [`ConvDims::kernel_shape`]
+    /// drawn from [`ConvDims::glorot`], `b` of [`ConvDims::bias_shape`] from `normal(1e-6)`.
+    pub(crate) fn specs(&self, c_in: usize) -> Tree<ParamSpec> {
+        let dims = &self.dims;
+        let kernel = dims.kernel_shape(self.filter_shape, c_in, self.out_chan);
+        let w = ParamSpec::f32(kernel, dims.glorot());
+        let b = ParamSpec::f32(dims.bias_shape(self.out_chan), Init::Normal(1e-6));
+        Tree::node([
+            (Key::Field("w"), Tree::leaf(w)),
+            (Key::Field("b"), Tree::leaf(b)),
+        ])
+    }
+
+    /// `conv(64, 3x3, stride 1x1, SAME)` (NHWC, no dilation), with the dimension numbers and
+    /// the dilation when they are not the default: `conv_transpose(NCHW/OIHW, ..., dilation
+    /// 2x1)`.
+    pub(crate) fn describe(&self, kind: &str) -> String {
+        let spec = match self.dims == ConvDims::NHWC {
+            true => String::new(),
+            false => format!("{}/{}, ", self.dims.lhs, self.dims.rhs),
+        };
+        let dil = match self.dilation {
+            (1, 1) => String::new(),
+            (a, b) => format!(", dilation {a}x{b}"),
+        };
+        let ((kh, kw), (sh, sw)) = (self.filter_shape, self.strides);
+        format!(
+            "{kind}({spec}{}, {kh}x{kw}, stride {sh}x{sw}, {}{dil})",
+            self.out_chan, self.padding
+        )
+    }
 }
 
 /// The buffer a convolution's input gradient is written to: `x`'s own when nothing else holds
@@ -249,26 +312,6 @@ pub(crate) fn hand_gradients(
         db.reshape(shapes[1].clone())?,
     );
     cx.gradients(Tree::fields([("w", dw), ("b", db)]))
-}
-
-/// `conv(64, 3x3, stride 1x1, SAME)` (NHWC, no dilation), with the dimension numbers and the
-/// dilation when they are not the default: `conv_transpose(NCHW/OIHW, ..., dilation 2x1)`.
-pub(crate) fn describe(
-    kind: &str,
-    dims: &ConvDims,
-    (out_chan, (kh, kw)): (usize, (usize, usize)),
-    (strides, padding, dilation): ((usize, usize), stax_tensor::Padding, (usize, usize)),
-) -> String {
-    let spec = match *dims == ConvDims::NHWC {
-        true => String::new(),
-        false => format!("{}/{}, ", dims.lhs, dims.rhs),
-    };
-    let dil = match dilation {
-        (1, 1) => String::new(),
-        (a, b) => format!(", dilation {a}x{b}"),
-    };
-    let (sh, sw) = strides;
-    format!("{kind}({spec}{out_chan}, {kh}x{kw}, stride {sh}x{sw}, {padding}{dil})")
 }
 
 #[cfg(test)]

@@ -3,11 +3,9 @@
 
 use stax_alloc::Tag;
 use stax_tensor::ops;
-use stax_tensor::{
-    Category, Conv2dGeometry, ConvSpec, DType, Padding, Params, Shape, Tensor, Tree,
-};
+use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Params, Shape, Tensor, Tree};
 
-use crate::conv_dims::{conv_specs, describe, dx_over, hand_gradients, reason, shapes_4d};
+use crate::conv_dims::{ConvConfig, dx_over, hand_gradients, reason};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
@@ -27,20 +25,7 @@ use crate::{ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes
 /// input gradient its forward pass, the kernel gradient its backward filter. It keeps its input
 /// for the backward pass, whose buffer the input gradient then reuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GeneralConvTranspose {
-    /// The dimension numbers.
-    pub dims: ConvDims,
-    /// Output channels.
-    pub out_chan: usize,
-    /// Kernel `(height, width)` (1-D: `(k, 1)`).
-    pub filter_shape: (usize, usize),
-    /// Strides `(height, width)`.
-    pub strides: (usize, usize),
-    /// SAME, VALID or explicit pads of the spread-out input (1-D: `[(lo, hi), (0, 0)]`).
-    pub padding: Padding,
-    /// Kernel dilation `(height, width)` (`lax.conv_transpose`'s `rhs_dilation`).
-    pub dilation: (usize, usize),
-}
+pub struct GeneralConvTranspose(pub ConvConfig);
 
 /// stax's `ConvTranspose`: [`GeneralConvTranspose`] with `('NHWC', 'HWIO', 'NHWC')`.
 pub type ConvTranspose = GeneralConvTranspose;
@@ -71,38 +56,30 @@ impl GeneralConvTranspose {
         strides: (usize, usize),
         padding: Padding,
     ) -> Self {
-        GeneralConvTranspose {
+        GeneralConvTranspose(ConvConfig::new(
             dims,
             out_chan,
             filter_shape,
             strides,
             padding,
-            dilation: (1, 1),
-        }
+        ))
     }
 
     /// This transposed convolution with its kernel dilated by `dilation`.
     pub fn dilated(self, dilation: (usize, usize)) -> Self {
-        GeneralConvTranspose { dilation, ..self }
+        GeneralConvTranspose(ConvConfig { dilation, ..self.0 })
     }
 
     /// The geometry of the convolution this runs as: its output is this layer's input.
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
         let bad = |r: String| self.shape_error(r, &Tree::leaf(input.clone()));
-        let (x, w) = shapes_4d(&self.dims, input, self.filter_shape, self.out_chan).map_err(bad)?;
-        let spec = ConvSpec {
-            strides: self.strides,
-            padding: self.padding,
-            dilation: self.dilation,
-            layout: self.dims.layout,
-            filter: self.dims.filter,
-        };
-        Conv2dGeometry::transposed(&x, &w, &spec).map_err(|e| bad(reason(e)))
+        let (x, w) = self.0.shapes_4d(input).map_err(bad)?;
+        Conv2dGeometry::transposed(&x, &w, &self.0.spec()).map_err(|e| bad(reason(e)))
     }
 
     /// The parameters: the kernel's `I` is this layer's input channels (`g.c_out`).
     fn specs(&self, g: &Conv2dGeometry) -> Tree<ParamSpec> {
-        conv_specs(&self.dims, self.filter_shape, g.c_out, g.c_in)
+        self.0.specs(g.c_out)
     }
 
     /// The kernel as the ops' rank-4 tensor, and the bias as `[out_chan]`.
@@ -118,14 +95,12 @@ impl Layer for GeneralConvTranspose {
     }
 
     fn describe(&self) -> String {
-        let size = (self.out_chan, self.filter_shape);
-        let spatial = (self.strides, self.padding, self.dilation);
-        describe("conv_transpose", &self.dims, size, spatial)
+        self.0.describe("conv_transpose")
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         let g = self.geometry(one_shape(self, input)?)?;
-        Ok(Tree::leaf(self.dims.from_4d(&g.input_shape())))
+        Ok(Tree::leaf(self.0.dims.from_4d(&g.input_shape())))
     }
 
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
@@ -147,7 +122,7 @@ impl Layer for GeneralConvTranspose {
         let mut y = Tensor::empty(x.backend(), g.input_shape(), DType::F32, tag)?;
         ops::conv2d_bwd_data(&x, &w, &g, &mut y)?;
         ops::bias_add_channels(&mut y, &b, g.layout.channel_axis())?;
-        let out = Tree::leaf(y.reshape(self.dims.from_4d(&g.input_shape()))?);
+        let out = Tree::leaf(y.reshape(self.0.dims.from_4d(&g.input_shape()))?);
         let kept = match cx.is_training() {
             true => residuals([("x", Saved::Tensor(x))]),
             false => Tree::empty(),
@@ -167,7 +142,7 @@ impl Layer for GeneralConvTranspose {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         let mut x = saved_tensor(self, &mut residuals, "x")?;
-        let g = self.geometry(&self.dims.from_4d(x.shape()))?;
+        let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
         let [w, _] = self.kernel(params, &g)?;
         let dy = one_tensor(self, dy)?.reshape(g.input_shape())?;
         let be = dy.backend().clone();
@@ -180,7 +155,7 @@ impl Layer for GeneralConvTranspose {
             let mut dx = dx_over(x)?;
             ops::conv2d(&dy, &w, None, &g, &mut dx, Default::default())?;
             Some(Tree::leaf(
-                dx.reshape(self.dims.from_4d(&g.output_shape()))?,
+                dx.reshape(self.0.dims.from_4d(&g.output_shape()))?,
             ))
         } else {
             None

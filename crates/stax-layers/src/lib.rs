@@ -42,7 +42,7 @@ pub mod sink;
 pub use activation::{Activation, Elementwise, Relu, Saves, Tanh};
 pub use batch_norm::BatchNorm;
 pub use conv::{Conv, GeneralConv};
-pub use conv_dims::ConvDims;
+pub use conv_dims::{ConvConfig, ConvDims};
 pub use conv_transpose::{ConvTranspose, GeneralConvTranspose};
 pub use cx::{Cx, Mode, Policy};
 pub use dense::Dense;

@@ -164,6 +164,88 @@ fn four(s: &Shape) -> Option<[usize; 4]> {
     s.dims().try_into().ok()
 }
 
+/// The sizes of a convolution of `x` (of `spec.layout`) by `w` (of `spec.filter`), checked:
+/// both rank 4, the input's channels the kernel's `I`, every size, stride and dilation
+/// positive; with the dilated kernel extents.
+pub(super) struct Sizes {
+    n: usize,
+    h: usize,
+    w: usize,
+    c_in: usize,
+    kh: usize,
+    kw: usize,
+    c_out: usize,
+    kh_eff: usize,
+    kw_eff: usize,
+}
+
+impl Sizes {
+    /// See the type's docs; errors name `op`.
+    pub(super) fn of(
+        op: &'static str,
+        x: &Shape,
+        w: &Shape,
+        spec: &ConvSpec,
+    ) -> Result<Sizes, TensorError> {
+        let (Some(xd), Some(wd)) = (four(x), four(w)) else {
+            return Err(TensorError::Shape {
+                op,
+                reason: format!(
+                    "expected {} input and {} kernel, kernel is {w}",
+                    spec.layout, spec.filter
+                ),
+                got: x.clone(),
+            });
+        };
+        let (n, h, wd_, c_in) = spec.layout.split(xd);
+        let (kh, kw, wc_in, c_out) = spec.filter.split(wd);
+        if c_in != wc_in {
+            return Err(TensorError::Shape {
+                op,
+                reason: format!(
+                    "input has {c_in} channels but the kernel expects {wc_in} ({} {w})",
+                    spec.filter
+                ),
+                got: x.clone(),
+            });
+        }
+        let ((sh, sw), (dh, dw)) = (spec.strides, spec.dilation);
+        if [sh, sw, dh, dw].contains(&0) {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!(
+                    "strides and dilation must be positive, got strides {:?}, dilation {:?}",
+                    spec.strides, spec.dilation
+                ),
+            });
+        }
+        if [n, h, wd_, c_in, kh, kw, c_out].contains(&0) {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!("zero-size dimension in input {x} or kernel {w}"),
+            });
+        }
+        let overflow = || TensorError::InvalidArgument {
+            op,
+            reason: format!(
+                "dilated kernel of {w} with dilation {:?} overflows",
+                spec.dilation
+            ),
+        };
+        Ok(Sizes {
+            n,
+            h,
+            w: wd_,
+            c_in,
+            kh,
+            kw,
+            c_out,
+            kh_eff: dilated(kh, dh).ok_or_else(overflow)?,
+            kw_eff: dilated(kw, dw).ok_or_else(overflow)?,
+        })
+    }
+}
+
 impl Conv2dGeometry {
     /// Geometry of `conv(x, w)` with `strides = (sh, sw)` and `padding`, x NHWC and w HWIO.
     ///
@@ -193,53 +275,19 @@ impl Conv2dGeometry {
     /// or a kernel larger than the padded input.
     pub fn with_spec(x: &Shape, w: &Shape, spec: &ConvSpec) -> Result<Self, TensorError> {
         const OP: &str = "conv2d";
-        let (Some(xd), Some(wd)) = (four(x), four(w)) else {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: format!(
-                    "expected {} input and {} kernel, kernel is {w}",
-                    spec.layout, spec.filter
-                ),
-                got: x.clone(),
-            });
-        };
-        let (n, h, wd_, c_in) = spec.layout.split(xd);
-        let (kh, kw, wc_in, c_out) = spec.filter.split(wd);
-        if c_in != wc_in {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: format!(
-                    "input has {c_in} channels but the kernel expects {wc_in} ({} {w})",
-                    spec.filter
-                ),
-                got: x.clone(),
-            });
-        }
-        let ((sh, sw), (dh, dw)) = (spec.strides, spec.dilation);
-        if [sh, sw, dh, dw].contains(&0) {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "strides and dilation must be positive, got strides {:?}, dilation {:?}",
-                    spec.strides, spec.dilation
-                ),
-            });
-        }
-        if [n, h, wd_, c_in, kh, kw, c_out].contains(&0) {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!("zero-size dimension in input {x} or kernel {w}"),
-            });
-        }
-        let overflow = || TensorError::InvalidArgument {
-            op: OP,
-            reason: format!(
-                "dilated kernel of {w} with dilation {:?} overflows",
-                spec.dilation
-            ),
-        };
-        let kh_eff = dilated(kh, dh).ok_or_else(overflow)?;
-        let kw_eff = dilated(kw, dw).ok_or_else(overflow)?;
+        let Sizes {
+            n,
+            h,
+            w: wd_,
+            c_in,
+            kh,
+            kw,
+            c_out,
+            kh_eff,
+            kw_eff,
+        } = Sizes::of(OP, x, w, spec)?;
+        let (sh, sw) = spec.strides;
+        let (dh, dw) = spec.dilation;
         let (out_h, pad_top, pad_bottom) = out_and_pads(OP, h, kh_eff, sh, spec.padding, 0)?;
         let (out_w, pad_left, pad_right) = out_and_pads(OP, wd_, kw_eff, sw, spec.padding, 1)?;
         let g = Conv2dGeometry {
@@ -280,6 +328,21 @@ impl Conv2dGeometry {
     /// Output shape, `[n, out_h, out_w, c_out]` in [`Conv2dGeometry::layout`].
     pub fn output_shape(&self) -> Shape {
         Shape::new(self.layout.dims(self.n, self.out_h, self.out_w, self.c_out))
+    }
+
+    /// The output as channels (for a per-channel bias and its gradient): `[n·h·w, c_out, 1]`
+    /// for NHWC, `[n, c_out, h·w]` for NCHW.
+    pub fn output_channels(&self) -> crate::ChannelGeometry {
+        let hw = self.out_h * self.out_w;
+        let (outer, inner) = match self.layout {
+            Layout::Nhwc => (self.n * hw, 1),
+            Layout::Nchw => (self.n, hw),
+        };
+        crate::ChannelGeometry {
+            outer,
+            c: self.c_out,
+            inner,
+        }
     }
 
     /// The same geometry with NHWC activations and an HWIO kernel (what the CPU's im2col

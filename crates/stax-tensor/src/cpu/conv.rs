@@ -25,7 +25,7 @@ use super::matmul::{MatMut, MatRef, gemm};
 use super::norm::channel_sums;
 use super::{CpuBackend, data, data_mut};
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd};
-use crate::{ChannelGeometry, Conv2dGeometry, FilterLayout, Layout, TensorError, WorkspaceStep};
+use crate::{Conv2dGeometry, FilterLayout, Layout, TensorError, WorkspaceStep};
 use std::ops::Range;
 
 #[cfg(test)]
@@ -157,23 +157,6 @@ fn out_blocks(
             }
             out
         }
-    }
-}
-
-/// The output as channels, for the bias gradient: `[n·h·w, c, 1]` or `[n, c, h·w]`.
-fn out_channels(g: &Conv2dGeometry) -> ChannelGeometry {
-    let hw = g.out_h * g.out_w;
-    match g.layout {
-        Layout::Nhwc => ChannelGeometry {
-            outer: g.n * hw,
-            c: g.c_out,
-            inner: 1,
-        },
-        Layout::Nchw => ChannelGeometry {
-            outer: g.n,
-            c: g.c_out,
-            inner: hw,
-        },
     }
 }
 
@@ -478,7 +461,7 @@ pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result
     }
     work.finish()?;
     if let Some(db) = db {
-        channel_sums(&out_channels(g), dys, data_mut(BWD_FILTER, db)?);
+        channel_sums(&g.output_channels(), dys, data_mut(BWD_FILTER, db)?);
     }
     Ok(())
 }

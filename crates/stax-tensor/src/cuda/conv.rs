@@ -17,8 +17,8 @@ use super::cudnn::{CudnnConv, Epilogue, Operands};
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
-    Activation, ChannelGeometry, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout,
-    PoolKind, Saves, TensorError,
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout, PoolKind, Saves,
+    TensorError,
 };
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -88,23 +88,6 @@ fn pad_dims(g: &Conv2dGeometry) -> [usize; 4] {
     match g.layout {
         Layout::Nhwc => [g.n, g.h, g.w, g.c_in],
         Layout::Nchw => [g.n * g.c_in, g.h, g.w, 1],
-    }
-}
-
-/// The output as channels: `[n·h·w, c, 1]` or `[n, c, h·w]`.
-pub(super) fn out_channels(g: &Conv2dGeometry) -> ChannelGeometry {
-    let hw = g.out_h * g.out_w;
-    match g.layout {
-        Layout::Nhwc => ChannelGeometry {
-            outer: g.n * hw,
-            c: g.c_out,
-            inner: 1,
-        },
-        Layout::Nchw => ChannelGeometry {
-            outer: g.n,
-            c: g.c_out,
-            inner: hw,
-        },
     }
 }
 
@@ -210,7 +193,9 @@ impl CudaBackend {
                 self.kernels
                     .bias_add(crate::DType::F32, y.addr(), b, y.numel(), g.c_out)
             }
-            Layout::Nchw => self.kernels.channel_bias_add(&out_channels(g), y.addr(), b),
+            Layout::Nchw => self
+                .kernels
+                .channel_bias_add(&g.output_channels(), y.addr(), b),
         }
     }
 
@@ -320,7 +305,7 @@ impl CudaBackend {
         partial: u64,
         db: u64,
     ) -> Result<(), TensorError> {
-        let ch = out_channels(g);
+        let ch = g.output_channels();
         match g.layout {
             Layout::Nhwc => {
                 self.kernels

@@ -3,7 +3,7 @@
 //! [`crate::Backend::workspace_schedule`] read, so a memory plan built on the answer matches
 //! what the op does, to the byte and in order.
 
-use super::conv::{extended_bytes, filter_copy_bytes, layout, out_channels};
+use super::conv::{extended_bytes, filter_copy_bytes, layout};
 use super::cudnn::Operands;
 use super::{CudaBackend, cublas};
 use crate::{Conv2dGeometry, ConvPass, Layout, OpDesc, TensorError, WorkspaceStep};
@@ -174,7 +174,7 @@ impl CudaBackend {
 
     /// Bytes of the partial sums of a convolution's bias gradient.
     fn conv_bias_partials(&self, g: &Conv2dGeometry) -> usize {
-        let ch = out_channels(g);
+        let ch = g.output_channels();
         match g.layout {
             Layout::Nhwc => self.bias_grad_bytes(ch.outer, ch.c),
             Layout::Nchw => self.kernels.moments_bytes(&ch),

@@ -11,7 +11,7 @@
 //! ([`FilterLayout::TransposedHwio`]). So the transposed forward is `G`'s backward data, its
 //! input gradient `G`'s forward, its kernel gradient `G`'s backward filter.
 
-use super::{Conv2dGeometry, ConvSpec, FilterLayout, Padding, dilated, four};
+use super::{Conv2dGeometry, ConvSpec, FilterLayout, Padding};
 use crate::{Shape, TensorError};
 
 const OP: &str = "conv_transpose";
@@ -98,45 +98,23 @@ impl Conv2dGeometry {
                 });
             }
         };
-        let (Some(xd), Some(wd)) = (four(x), four(w)) else {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: format!(
-                    "expected {} input and {} kernel, kernel is {w}",
-                    spec.layout, spec.filter
-                ),
-                got: x.clone(),
-            });
-        };
         // As an ordinary spec, the kernel's I is the input's channels and O the output's.
-        let (n, h, wd_, c) = spec.layout.split(xd);
-        let (kh, kw, wi, wo) = spec.filter.split(wd);
-        if c != wi {
-            return Err(TensorError::Shape {
-                op: OP,
-                reason: format!(
-                    "input has {c} channels but the kernel expects {wi} ({} {w})",
-                    spec.filter
-                ),
-                got: x.clone(),
-            });
-        }
+        let super::Sizes {
+            n,
+            h,
+            w: wd_,
+            c_in: c,
+            kh,
+            kw,
+            c_out: wo,
+            kh_eff,
+            kw_eff,
+        } = super::Sizes::of(OP, x, w, spec)?;
         let ((sh, sw), (dh, dw)) = (spec.strides, spec.dilation);
-        if [sh, sw, dh, dw].contains(&0) || [n, h, wd_, c, kh, kw, wo].contains(&0) {
-            return Err(TensorError::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "zero size, stride or dilation: input {x}, kernel {w}, strides {:?}, dilation {:?}",
-                    spec.strides, spec.dilation
-                ),
-            });
-        }
         let overflow = || TensorError::InvalidArgument {
             op: OP,
             reason: format!("the transposed convolution of {x} by {w} overflows"),
         };
-        let kh_eff = dilated(kh, dh).ok_or_else(overflow)?;
-        let kw_eff = dilated(kw, dw).ok_or_else(overflow)?;
         h.checked_mul(sh)
             .zip(wd_.checked_mul(sw))
             .ok_or_else(overflow)?;
