@@ -7,11 +7,17 @@
 // elements, so an NHWC view with inner == 1 reads coalesced rows), then a finish kernel adds
 // the splits per channel. Deterministic: no atomics.
 
+// Whether bit e of a ReLU mask is set (no mask: every bit is).
+__device__ __forceinline__ bool kept(const u32 *mask, size_t e) {
+    return !mask || ((mask[e >> 5] >> (e & 31)) & 1u);
+}
+
 // partial[(split * c + j) * 2 + {0, 1}] = (sum a, sum a * (b - shift[j])) over split `split` of
-// channel j's outer * inner elements (b null: the second is 0; shift null: 0).
+// channel j's outer * inner elements (b null: the second is 0; shift null: 0), a taken as 0
+// where a non-null mask's bit is clear (a fused ReLU's backward).
 extern "C" __global__ void channel_moments_f32(const float *a, const float *b, const float *shift,
-                                               double *partial, size_t outer, size_t c,
-                                               size_t inner, size_t per_split) {
+                                               const u32 *mask, double *partial, size_t outer,
+                                               size_t c, size_t inner, size_t per_split) {
     __shared__ double ss[8][32];
     __shared__ double tt[8][32];
     size_t j = (size_t)blockIdx.x * 32 + threadIdx.x;
@@ -22,8 +28,9 @@ extern "C" __global__ void channel_moments_f32(const float *a, const float *b, c
     if (j < c) {
         double sh = shift ? (double)shift[j] : 0.0;
         for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
-            size_t e = ((r / inner) * c + j) * inner + r % inner;
-            double v = (double)a[e];
+            // NHWC (inner == 1) needs no 64-bit division
+            size_t e = inner == 1 ? r * c + j : ((r / inner) * c + j) * inner + r % inner;
+            double v = kept(mask, e) ? (double)a[e] : 0.0;
             s += v;
             if (b) t += v * ((double)b[e] - sh);
         }
@@ -81,13 +88,45 @@ extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, s
     }
 }
 
+// Walks element indices i of a [outer, c, inner] view in a grid-stride loop with j, the
+// channel of i: with inner == 1 (NHWC) j advances by the stride modulo c, no division per
+// element; otherwise j = (i / inner) % c.
+#define CHANNEL_STRIDE(i, j, n, c, inner)                                                      \
+    size_t stride_##i = (size_t)blockDim.x * gridDim.x;                                        \
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                  \
+    size_t j = (i / (inner)) % (c), step_##j = stride_##i % (c);                               \
+    for (; i < (n); i += stride_##i,                                                           \
+                    j = (inner) == 1 ? (j + step_##j >= (c) ? j + step_##j - (c) : j + step_##j) \
+                                     : (i / (inner)) % (c))
+
 // y = (x - mean) * scale + beta over the view (beta null: 0).
 extern "C" __global__ void bn_apply_f32(const float *x, float *y, const float *mean,
                                         const float *scale, const float *beta, size_t n,
                                         size_t c, size_t inner) {
-    GRID_STRIDE(i, n) {
-        size_t j = (i / inner) % c;
+    CHANNEL_STRIDE(i, j, n, c, inner) {
         y[i] = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+    }
+}
+
+// bn_apply_f32 followed by a ReLU (relu_f32's: NaN stays, its bit clear), mask[w] receiving
+// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31: one warp ballot per 32 elements; the
+// loop bound is warp-uniform, so blocks must be whole warps.
+extern "C" __global__ void bn_apply_relu_f32(const float *x, float *y, const float *mean,
+                                             const float *scale, const float *beta, u32 *mask,
+                                             size_t n, size_t c, size_t inner) {
+    size_t lane = threadIdx.x & 31;
+    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
+    for (size_t base = warp * 32; base < n; base += warps * 32) {
+        size_t i = base + lane;
+        float v = 0.0f;
+        if (i < n) {
+            size_t j = (i / inner) % c;
+            v = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+        }
+        u32 bits = __ballot_sync(FULL_MASK, v > 0.0f);
+        if (i < n) y[i] = v <= 0.0f ? 0.0f : v;
+        if (lane == 0) mask[base >> 5] = bits;
     }
 }
 
@@ -110,13 +149,14 @@ extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t split
     }
 }
 
-// dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..].
+// dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..], dy taken as 0
+// where a non-null mask's bit is clear (a fused ReLU's backward).
 extern "C" __global__ void bn_bwd_apply_f32(const float *x, float *dy, const float *mean,
-                                            const float *coef, size_t n, size_t c,
-                                            size_t inner) {
-    GRID_STRIDE(i, n) {
-        size_t j = (i / inner) % c;
-        dy[i] = coef[3 * j] * (dy[i] - coef[3 * j + 1] - (x[i] - mean[j]) * coef[3 * j + 2]);
+                                            const float *coef, const u32 *mask, size_t n,
+                                            size_t c, size_t inner) {
+    CHANNEL_STRIDE(i, j, n, c, inner) {
+        float d = kept(mask, i) ? dy[i] : 0.0f;
+        dy[i] = coef[3 * j] * (d - coef[3 * j + 1] - (x[i] - mean[j]) * coef[3 * j + 2]);
     }
 }
 

@@ -188,6 +188,11 @@ const LAYERS: &[Case] = &[
         [2, 5, 5, 3]
     ),
     case!(
+        "batch_norm + relu (fused), NCHW",
+        serial![BatchNorm::new().with_axis(&[0, 2, 3]), Relu],
+        [2, 3, 4, 5]
+    ),
+    case!(
         "conv, batch_norm, relu",
         serial![Conv::same(4, (3, 3)), BatchNorm::new(), Relu],
         [2, 5, 5, 2]

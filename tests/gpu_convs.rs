@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue};
+use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue, NormSaved};
 use stax_tensor::{
     Activation, Backend, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec, DType, FilterLayout,
     Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
@@ -332,6 +332,65 @@ const NORM_CASES: [[usize; 3]; 6] = [
     [1, 3, 2],
 ];
 
+/// Batch normalization's forward and backward passes on `be`: `(y, mean, rstd, dx, dgamma,
+/// dbeta, relu mask)`, the ReLU after it `fused` into its kernels, or run as its own ops
+/// (`Some(false)`), or not at all (`None`).
+fn batch_norm_run(
+    be: &Arc<dyn Backend>,
+    g: &ChannelGeometry,
+    (x, affine): (&Tensor, Option<(&Tensor, &Tensor)>),
+    dy: &[f32],
+    relu: Option<bool>,
+) -> Vec<Vec<f32>> {
+    let (c, shape) = (g.c, x.shape().clone());
+    let mut y = poisoned(be, shape.clone(), DType::F32);
+    let (mut mean, mut rstd) = (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+    let a = Affine {
+        gamma: affine.map(|p| p.0),
+        beta: affine.map(|p| p.1),
+    };
+    let words = shape.numel().div_ceil(32);
+    let mut mask = relu.map(|_| poisoned(be, [words], DType::U32));
+    let fused = relu == Some(true);
+    let stats = (&mut mean, &mut rstd);
+    let fused_mask = mask.as_mut().filter(|_| fused);
+    ops::batch_norm(x, g, 1e-5, a, &mut y, stats, fused_mask).unwrap();
+    if let (Some(m), false) = (&mut mask, fused) {
+        ops::unary(Activation::Relu, &mut y, Some(m)).unwrap();
+    }
+    let mut d = Tensor::from_slice(be, dy, shape, stax_tensor::Category::Gradient).unwrap();
+    if let (Some(m), false) = (&mask, fused) {
+        ops::unary_bwd(Activation::Relu, m, &mut d).unwrap();
+    }
+    let (mut dgm, mut dbt) = (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+    let grads = AffineGrads {
+        dgamma: affine.map(|_| &mut dgm),
+        dbeta: affine.map(|_| &mut dbt),
+    };
+    let saved = NormSaved {
+        mean: &mean,
+        rstd: &rstd,
+        relu: mask.as_ref().filter(|_| fused),
+    };
+    ops::batch_norm_bwd(x, g, a.gamma, saved, &mut d, true, grads).unwrap();
+    let mut out = vec![vec(&y), vec(&mean), vec(&rstd), vec(&d)];
+    if affine.is_some() {
+        out.extend([vec(&dgm), vec(&dbt)]);
+    }
+    if let Some(m) = &mask {
+        let bits = m.to_vec_u32().unwrap();
+        // each word as two exact 16-bit halves
+        let halves = bits
+            .iter()
+            .flat_map(|&w| [(w & 0xffff) as f32, (w >> 16) as f32]);
+        out.push(halves.collect());
+    }
+    out
+}
+
+/// Batch normalization on CUDA equals the CPU's, with and without scale and shift; with the
+/// ReLU fused into its kernels it equals the unfused pair on the same device (the masks to the
+/// bit: the CPU's may differ where a value rounds to the other side of 0).
 #[test]
 fn batch_norm_matches_cpu() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
@@ -352,38 +411,21 @@ fn batch_norm_matches_cpu() {
         let (gg, gc) = on_both(&gpu, &cpu, &gamma, [c]);
         let (bg, bc) = on_both(&gpu, &cpu, &beta, [c]);
         for affine in [true, false] {
-            let what = |s: &str| format!("batch_norm {s} {g:?} affine {affine}");
-            let run = |be: &Arc<dyn Backend>, x: &Tensor, (gm, bt): (&Tensor, &Tensor)| {
-                let mut y = poisoned(be, shape.clone(), DType::F32);
-                let (mut mean, mut rstd) =
-                    (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
-                let a = Affine {
-                    gamma: affine.then_some(gm),
-                    beta: affine.then_some(bt),
-                };
-                ops::batch_norm(x, &g, 1e-5, a, &mut y, (&mut mean, &mut rstd)).unwrap();
-                let mut d =
-                    Tensor::from_slice(be, &dy, shape.clone(), stax_tensor::Category::Gradient)
-                        .unwrap();
-                let (mut dgm, mut dbt) =
-                    (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
-                let grads = AffineGrads {
-                    dgamma: affine.then_some(&mut dgm),
-                    dbeta: affine.then_some(&mut dbt),
-                };
-                ops::batch_norm_bwd(x, &g, a.gamma, (&mean, &rstd), &mut d, true, grads).unwrap();
-                let mut out = vec![vec(&y), vec(&mean), vec(&rstd), vec(&d)];
-                if affine {
-                    out.extend([vec(&dgm), vec(&dbt)]);
-                }
-                out
-            };
-            let (og, oc) = (run(&gpu, &xg, (&gg, &bg)), run(&cpu, &xc, (&gc, &bc)));
+            let what = |i: usize| format!("batch_norm output {i} {g:?} affine {affine}");
+            let on = |x, gm, bt| (x, affine.then_some((gm, bt)));
+            let og = batch_norm_run(&gpu, &g, on(&xg, &gg, &bg), &dy, None);
+            let oc = batch_norm_run(&cpu, &g, on(&xc, &gc, &bc), &dy, None);
             for (i, (a, b)) in og.iter().zip(&oc).enumerate() {
-                let name = ["y", "mean", "rstd", "dx", "dgamma", "dbeta"][i];
-                assert_rel_close(a, b, 1e-5, &what(name));
+                assert_rel_close(a, b, 1e-5, &what(i));
             }
         }
+        let fused = batch_norm_run(&gpu, &g, (&xg, Some((&gg, &bg))), &dy, Some(true));
+        let apart = batch_norm_run(&gpu, &g, (&xg, Some((&gg, &bg))), &dy, Some(false));
+        assert_eq!(fused.len(), apart.len());
+        for (i, (a, b)) in fused.iter().zip(&apart).enumerate() {
+            assert_rel_close(a, b, 1e-6, &format!("fused relu, output {i} {g:?}"));
+        }
+        assert_eq!(fused.last(), apart.last(), "fused relu mask {g:?}");
     }
 }
 
@@ -550,6 +592,7 @@ fn workspace_schedules_of_the_new_ops_are_exact() {
                 Affine::default(),
                 &mut y,
                 (&mut mean, &mut rstd),
+                None,
             )
             .unwrap()
         });
@@ -560,7 +603,12 @@ fn workspace_schedules_of_the_new_ops_are_exact() {
         let mut d = y.duplicate().unwrap();
         assert_workspace_is_the_schedule(&gpu, &format!("batch_norm_bwd {g:?}"), bwd, &mut || {
             let grads = AffineGrads::default();
-            ops::batch_norm_bwd(&x, &g, None, (&mean, &rstd), &mut d, true, grads).unwrap()
+            let saved = NormSaved {
+                mean: &mean,
+                rstd: &rstd,
+                relu: None,
+            };
+            ops::batch_norm_bwd(&x, &g, None, saved, &mut d, true, grads).unwrap()
         });
         if inner > 1 {
             let mut db = poisoned(&gpu, [c], DType::F32);

@@ -1,11 +1,13 @@
 //! `BatchNorm`: stax's batch normalization, batch statistics always (no running statistics).
 
 use stax_alloc::Tag;
-use stax_tensor::ops::{self, Affine, AffineGrads};
+use stax_tensor::ops::{self, Affine, AffineGrads, NormSaved};
 use stax_tensor::{Category, ChannelGeometry, DType, Key, Params, Shape, Tensor, Tree};
 
 use crate::layer::{one_shape, one_tensor, residuals, saved_tensor};
-use crate::{Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
+use crate::{
+    Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+};
 
 /// stax's `BatchNorm(axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True)`:
 /// `y = gamma · (x - mean) / sqrt(var + epsilon) + beta`, mean and variance over `axis`
@@ -18,7 +20,8 @@ use crate::{Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Va
 /// leaves `beta` out and `scale = false` `gamma` (their places stay, as stax's `()`). The axes
 /// kept must be consecutive (`[.., c, ..]`: NHWC `(0, 1, 2)`, NCHW `(0, 2, 3)`, `[n, d]`
 /// `(0,)`). Keeps its input and the per-channel mean and `1 / sqrt(var + eps)` for the
-/// backward pass, which writes the input gradient over the output gradient.
+/// backward pass, which writes the input gradient over the output gradient. A ReLU that follows
+/// runs in its kernels ([`Layer::fuses`]: one pass over the activation fewer each way).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchNorm {
     /// The axes normalized over.
@@ -138,6 +141,99 @@ impl BatchNorm {
         };
         Ok([field(0)?, field(1)?])
     }
+
+    /// The forward pass; with `relu`, the ReLU that follows runs in the same kernel and
+    /// writes its mask there (kept under the activation's key).
+    fn forward(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &Cx<'_>,
+        mut relu: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let x = one_tensor(self, x)?;
+        let (g, param) = self.geometry(x.shape())?;
+        let [beta, gamma] = self.params(params, &g, &param)?;
+        let be = x.backend().clone();
+        let act = |role| Tag::new(Category::Activation, role);
+        let mut y = Tensor::empty(&be, x.shape().clone(), DType::F32, act("output"))?;
+        let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
+        let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
+        let affine = Affine {
+            gamma: gamma.as_ref(),
+            beta: beta.as_ref(),
+        };
+        let stats = (&mut mean, &mut rstd);
+        ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu.as_mut())?;
+        if !cx.is_training() {
+            return Ok((Tree::leaf(y), Tree::empty()));
+        }
+        let mut kept = vec![
+            ("x", Saved::Tensor(x)),
+            ("mean", Saved::Tensor(mean)),
+            ("rstd", Saved::Tensor(rstd)),
+        ];
+        let key = activation::saved_key(Activation::Relu);
+        kept.extend(relu.map(|m| (key, Saved::Tensor(m))));
+        Ok((Tree::leaf(y), residuals(kept)))
+    }
+
+    /// The backward pass; with `relu`, `dy` is the gradient after the fused ReLU, masked by
+    /// the ReLU's saved mask in the same kernels.
+    fn backward(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        (dy, relu): (Value, bool),
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let x = saved_tensor(self, &mut residuals, "x")?;
+        let mean = saved_tensor(self, &mut residuals, "mean")?;
+        let rstd = saved_tensor(self, &mut residuals, "rstd")?;
+        let key = activation::saved_key(Activation::Relu);
+        let mask = relu
+            .then(|| saved_tensor(self, &mut residuals, key))
+            .transpose()?;
+        let (g, param) = self.geometry(x.shape())?;
+        let [beta, gamma] = self.params(params, &g, &param)?;
+        let mut dy = one_tensor(self, dy)?;
+        if need_dx || relu {
+            dy = dy.into_unique_as("dx")?;
+        }
+        let be = x.backend().clone();
+        let grad = |on: bool, role| match on {
+            true => {
+                Tensor::empty(&be, [g.c], DType::F32, Tag::new(Category::Gradient, role)).map(Some)
+            }
+            false => Ok(None),
+        };
+        let (mut dbeta, mut dgamma) = (
+            grad(beta.is_some(), "dbeta")?,
+            grad(gamma.is_some(), "dgamma")?,
+        );
+        let grads = AffineGrads {
+            dgamma: dgamma.as_mut(),
+            dbeta: dbeta.as_mut(),
+        };
+        let saved = NormSaved {
+            mean: &mean,
+            rstd: &rstd,
+            relu: mask.as_ref(),
+        };
+        ops::batch_norm_bwd(&x, &g, gamma.as_ref(), saved, &mut dy, need_dx, grads)?;
+        let slot = |t: Option<Tensor>| -> Result<Tree<Tensor>, LayerError> {
+            Ok(match t {
+                Some(t) => Tree::leaf(t.reshape(param.clone())?),
+                None => Tree::empty(),
+            })
+        };
+        cx.gradients(Tree::node([
+            (Key::Field("beta"), slot(dbeta)?),
+            (Key::Field("gamma"), slot(dgamma)?),
+        ]))?;
+        Ok(need_dx.then(|| Tree::leaf(dy)))
+    }
 }
 
 impl Layer for BatchNorm {
@@ -168,81 +264,52 @@ impl Layer for BatchNorm {
         x: Value,
         cx: &mut Cx<'_>,
     ) -> Result<(Value, Residuals), LayerError> {
-        let x = one_tensor(self, x)?;
-        let (g, param) = self.geometry(x.shape())?;
-        let [beta, gamma] = self.params(params, &g, &param)?;
-        let be = x.backend().clone();
-        let act = |role| Tag::new(Category::Activation, role);
-        let mut y = Tensor::empty(&be, x.shape().clone(), DType::F32, act("output"))?;
-        let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
-        let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
-        let affine = Affine {
-            gamma: gamma.as_ref(),
-            beta: beta.as_ref(),
-        };
-        ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, (&mut mean, &mut rstd))?;
-        let kept = match cx.is_training() {
-            true => residuals([
-                ("x", Saved::Tensor(x)),
-                ("mean", Saved::Tensor(mean)),
-                ("rstd", Saved::Tensor(rstd)),
-            ]),
-            false => Tree::empty(),
-        };
-        Ok((Tree::leaf(y), kept))
+        self.forward(params, x, cx, None)
     }
 
     fn vjp(
         &self,
         params: &Params,
-        mut residuals: Residuals,
+        residuals: Residuals,
         dy: Value,
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let x = saved_tensor(self, &mut residuals, "x")?;
-        let mean = saved_tensor(self, &mut residuals, "mean")?;
-        let rstd = saved_tensor(self, &mut residuals, "rstd")?;
-        let (g, param) = self.geometry(x.shape())?;
-        let [beta, gamma] = self.params(params, &g, &param)?;
-        let mut dy = one_tensor(self, dy)?;
-        if need_dx {
-            dy = dy.into_unique_as("dx")?;
+        self.backward(params, residuals, (dy, false), cx, need_dx)
+    }
+
+    /// A ReLU, in the normalization's kernels (its mask written by the forward one, `dy`
+    /// masked by the backward ones).
+    fn fuses(&self, act: Activation) -> bool {
+        act == Activation::Relu
+    }
+
+    fn apply_fused(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        aux: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        if act != Activation::Relu || aux.is_none() {
+            return Err(self.config(format!("fuses a ReLU with its mask, not {act:?}")));
         }
-        let be = x.backend().clone();
-        let grad = |on: bool, role| match on {
-            true => {
-                Tensor::empty(&be, [g.c], DType::F32, Tag::new(Category::Gradient, role)).map(Some)
-            }
-            false => Ok(None),
-        };
-        let (mut dbeta, mut dgamma) = (
-            grad(beta.is_some(), "dbeta")?,
-            grad(gamma.is_some(), "dgamma")?,
-        );
-        let grads = AffineGrads {
-            dgamma: dgamma.as_mut(),
-            dbeta: dbeta.as_mut(),
-        };
-        ops::batch_norm_bwd(
-            &x,
-            &g,
-            gamma.as_ref(),
-            (&mean, &rstd),
-            &mut dy,
-            need_dx,
-            grads,
-        )?;
-        let slot = |t: Option<Tensor>| -> Result<Tree<Tensor>, LayerError> {
-            Ok(match t {
-                Some(t) => Tree::leaf(t.reshape(param.clone())?),
-                None => Tree::empty(),
-            })
-        };
-        cx.gradients(Tree::node([
-            (Key::Field("beta"), slot(dbeta)?),
-            (Key::Field("gamma"), slot(dgamma)?),
-        ]))?;
-        Ok(need_dx.then(|| Tree::leaf(dy)))
+        self.forward(params, x, cx, aux)
+    }
+
+    fn vjp_fused(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        if act != Activation::Relu {
+            return Err(self.config(format!("fuses a ReLU, not {act:?}")));
+        }
+        self.backward(params, residuals, (dy, true), cx, need_dx)
     }
 }

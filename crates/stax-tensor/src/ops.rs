@@ -28,7 +28,8 @@ pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };
 pub use norm::{
-    Affine, AffineGrads, batch_norm, batch_norm_bwd, bias_add_channels, bias_grad_channels,
+    Affine, AffineGrads, NormSaved, batch_norm, batch_norm_bwd, bias_add_channels,
+    bias_grad_channels,
 };
 pub use update::{adam, softmax_xent};
 

@@ -6,10 +6,12 @@
 //! Backward, with `z = (x - mean) · rstd` and `m = outer · inner`: `dbeta = Σ dy`, `dgamma =
 //! Σ dy · z = rstd · Σ dy · (x - mean)`, `dx = gamma · rstd · (dy - dbeta / m - z · dgamma /
 //! m)` (the gradient of the one-pass variance is that of the two-pass one: the same function).
+//! A fused ReLU runs after the forward pass and masks `dy` before the backward one.
 
+use super::elementwise::{unary, unary_bwd};
 use super::{data, data_mut};
-use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
-use crate::{ChannelGeometry, TensorError};
+use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, Unary, UnaryBwd};
+use crate::{Activation, ChannelGeometry, TensorError};
 
 /// Calls `f(j, run)` for every run of `inner` consecutive elements of channel `j` of `a`.
 fn runs<'a>(g: &ChannelGeometry, a: &'a [f32], mut f: impl FnMut(usize, &'a [f32])) {
@@ -69,6 +71,7 @@ pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
         y,
         mean,
         rstd,
+        relu,
     } = c;
     let xs = data(OP, x)?;
     let [s1, s2] = moments(&g, xs, xs, None);
@@ -96,7 +99,14 @@ pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
             *v = (xv - means[j]) * scale[j] + beta[j];
         }
     }
-    Ok(())
+    match relu {
+        Some(mask) => unary(Unary {
+            act: Activation::Relu,
+            y,
+            aux: Some(mask),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Batch normalization backward (see the module doc); `dx` over `dy` when `need_dx`.
@@ -108,11 +118,20 @@ pub(super) fn batch_norm_bwd(c: BatchNormBwd<'_>) -> Result<(), TensorError> {
         gamma,
         mean,
         rstd,
+        relu,
         dy,
         need_dx,
         dgamma,
         dbeta,
     } = c;
+    if let Some(mask) = relu {
+        let act = Activation::Relu;
+        unary_bwd(UnaryBwd {
+            act,
+            saved: mask,
+            dy: &mut *dy,
+        })?;
+    }
     let (xs, means, rstds) = (data(OP, x)?, data(OP, mean)?, data(OP, rstd)?);
     let gamma = or_const(OP, gamma, g.c, 1.0)?;
     let [sdy, sdyx] = moments(&g, data(OP, dy)?, xs, Some(means));

@@ -312,7 +312,7 @@ impl CudaBackend {
                     .bias_grad(crate::DType::F32, dy, mask, partial, db, ch.outer, ch.c)
             }
             Layout::Nchw => {
-                let splits = self.kernels.channel_moments(&ch, (dy, 0, 0), partial)?;
+                let splits = self.kernels.channel_moments(&ch, (dy, 0, 0, 0), partial)?;
                 self.kernels.channel_sum_finish(partial, splits, ch.c, db)
             }
         }

@@ -24,6 +24,7 @@ impl NormOps for CudaBackend {
             y,
             mean,
             rstd,
+            relu,
         } = c.into_inner();
         self.bind()?;
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
@@ -31,14 +32,16 @@ impl NormOps for CudaBackend {
         let xa = x.addr();
         let splits = self
             .kernels
-            .channel_moments(&g, (xa, xa, 0), ws.addr(partial))?;
+            .channel_moments(&g, (xa, xa, 0, 0), ws.addr(partial))?;
         let stats = (mean.addr(), rstd.addr(), ws.addr(scale));
         let m = g.per_channel() as f64;
         self.kernels
             .bn_finish((ws.addr(partial), splits), g.c, m, eps, addr(gamma), stats)?;
         ws.free(partial)?;
         let per_channel = (mean.addr(), ws.addr(scale), addr(beta));
-        self.kernels.bn_apply(&g, (xa, y.addr()), per_channel)?;
+        let mask = addr(relu.as_deref());
+        self.kernels
+            .bn_apply(&g, (xa, y.addr(), mask), per_channel)?;
         ws.free(scale)?;
         ws.finish()
     }
@@ -52,6 +55,7 @@ impl NormOps for CudaBackend {
             gamma,
             mean,
             rstd,
+            relu,
             dy,
             need_dx,
             dgamma,
@@ -61,9 +65,10 @@ impl NormOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (partial, coef) = (ws.alloc()?, ws.alloc()?);
         let (xa, dya) = (x.addr(), dy.addr());
-        let splits = self
-            .kernels
-            .channel_moments(&g, (dya, xa, mean.addr()), ws.addr(partial))?;
+        let mask = addr(relu);
+        let splits =
+            self.kernels
+                .channel_moments(&g, (dya, xa, mean.addr(), mask), ws.addr(partial))?;
         let m = g.per_channel() as f64;
         let grads = (addr(dgamma.as_deref()), addr(dbeta.as_deref()));
         let (p, k) = (ws.addr(partial), ws.addr(coef));
@@ -71,7 +76,8 @@ impl NormOps for CudaBackend {
             .bn_bwd_finish((p, splits), g.c, m, (addr(gamma), rstd.addr()), grads, k)?;
         ws.free(partial)?;
         if need_dx {
-            self.kernels.bn_bwd_apply(&g, (xa, dya), (mean.addr(), k))?;
+            self.kernels
+                .bn_bwd_apply(&g, (xa, dya, mask), (mean.addr(), k))?;
         }
         ws.free(coef)?;
         ws.finish()
@@ -97,7 +103,7 @@ impl NormOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let partial = ws.alloc()?;
         let p = ws.addr(partial);
-        let splits = self.kernels.channel_moments(&g, (dy.addr(), 0, 0), p)?;
+        let splits = self.kernels.channel_moments(&g, (dy.addr(), 0, 0, 0), p)?;
         self.kernels.channel_sum_finish(p, splits, g.c, db.addr())?;
         ws.free(partial)?;
         ws.finish()

@@ -15,6 +15,18 @@ pub struct Affine<'a> {
     pub beta: Option<&'a Tensor>,
 }
 
+/// What [`batch_norm`] saved for [`batch_norm_bwd`]: the per-channel mean and `1 / sqrt(var +
+/// eps)` (`[c]`), and a fused ReLU's mask.
+#[derive(Debug, Clone, Copy)]
+pub struct NormSaved<'a> {
+    /// The mean.
+    pub mean: &'a Tensor,
+    /// `1 / sqrt(var + eps)`.
+    pub rstd: &'a Tensor,
+    /// The fused ReLU's mask, if any.
+    pub relu: Option<&'a Tensor>,
+}
+
 /// The gradients [`batch_norm_bwd`] writes, each if wanted (`[c]`).
 #[derive(Debug, Default)]
 pub struct AffineGrads<'a> {
@@ -38,7 +50,9 @@ fn check_view(op: &'static str, g: &ChannelGeometry, x: &Tensor) -> Result<(), T
 /// Batch normalization forward (stax's `BatchNorm`, `jax.nn.standardize` with its one-pass
 /// variance `max(E[x²] - E[x]², 0)`): x and y of `g`'s view (same shape), gamma and beta
 /// `[g.c]` when given, mean and rstd `[g.c]` (overwritten with the per-channel mean and
-/// `1 / sqrt(var + eps)`), f32. Statistics accumulate in f64.
+/// `1 / sqrt(var + eps)`), f32. Statistics accumulate in f64. With `relu` (a mask of
+/// `ceil(numel / 32)` U32 words), a ReLU follows in place and its mask is written (the fused
+/// pair `BatchNorm Relu`).
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for a negative or non-finite `eps`; shape (an empty view
@@ -50,6 +64,7 @@ pub fn batch_norm(
     affine: Affine<'_>,
     y: &mut Tensor,
     (mean, rstd): (&mut Tensor, &mut Tensor),
+    relu: Option<&mut Tensor>,
 ) -> Result<(), TensorError> {
     const OP: &str = "batch_norm";
     let be = backend_of(x);
@@ -69,6 +84,10 @@ pub fn batch_norm(
     output(OP, &be, y, x.dtype(), Some(x.shape()))?;
     output(OP, &be, mean, x.dtype(), Some(&c))?;
     output(OP, &be, rstd, x.dtype(), Some(&c))?;
+    if let Some(m) = &relu {
+        super::mask(OP, &be, m, x.numel())?;
+        m.expect_unique(OP)?;
+    }
     let call = BatchNorm {
         g: *g,
         eps,
@@ -78,14 +97,16 @@ pub fn batch_norm(
         y,
         mean,
         rstd,
+        relu,
     };
     be.batch_norm(Checked::new(call))
 }
 
-/// Batch normalization backward from the forward input `x`, its `gamma` (if any) and the
-/// statistics [`batch_norm`] wrote: `grads` receives `dgamma = sum dy · z` and `dbeta = sum
-/// dy` (`z = (x - mean) · rstd`), and with `need_dx` the input gradient `gamma · rstd · (dy -
-/// mean(dy) - z · mean(dy · z))` overwrites `dy`. f32, sums in f64.
+/// Batch normalization backward from the forward input `x`, its `gamma` (if any) and what
+/// [`batch_norm`] saved: `grads` receives `dgamma = sum dy · z` and `dbeta = sum dy` (`z = (x -
+/// mean) · rstd`), and with `need_dx` the input gradient `gamma · rstd · (dy - mean(dy) - z ·
+/// mean(dy · z))` overwrites `dy`; with a fused ReLU's mask, `dy` (the gradient after the
+/// ReLU) is masked first (so it may be written even without `need_dx`). f32, sums in f64.
 ///
 /// # Errors
 /// As [`batch_norm`].
@@ -93,7 +114,7 @@ pub fn batch_norm_bwd(
     x: &Tensor,
     g: &ChannelGeometry,
     gamma: Option<&Tensor>,
-    (mean, rstd): (&Tensor, &Tensor),
+    saved: NormSaved<'_>,
     dy: &mut Tensor,
     need_dx: bool,
     grads: AffineGrads<'_>,
@@ -104,10 +125,15 @@ pub fn batch_norm_bwd(
     check_view(OP, g, x)?;
     input(OP, &be, x, x.dtype(), None)?;
     let c = Shape::new([g.c]);
+    let NormSaved { mean, rstd, relu } = saved;
     for p in [gamma, Some(mean), Some(rstd)].into_iter().flatten() {
         input(OP, &be, p, x.dtype(), Some(&c))?;
     }
-    match need_dx {
+    if let Some(m) = relu {
+        super::mask(OP, &be, m, x.numel())?;
+    }
+    // dy is written with the input gradient, and (on some backends) masked by a fused ReLU
+    match need_dx || relu.is_some() {
         true => output(OP, &be, dy, x.dtype(), Some(x.shape()))?,
         false => input(OP, &be, dy, x.dtype(), Some(x.shape()))?,
     }
@@ -121,6 +147,7 @@ pub fn batch_norm_bwd(
         gamma,
         mean,
         rstd,
+        relu,
         dy,
         need_dx,
         dgamma,

@@ -9,7 +9,8 @@ use crate::{ChannelGeometry, OpDesc, Tensor};
 /// `BatchNorm`): per channel `j`, over the `outer · inner` elements of `x`,
 /// `mean = E[x]`, `var = max(E[x²] - mean², 0)` (stax's one-pass variance), `rstd =
 /// 1 / sqrt(var + eps)`, `y = gamma · (x - mean) · rstd + beta` (gamma 1 and beta 0 when not
-/// given). `mean` and `rstd` (`[c]`) are written for the backward pass.
+/// given), then with `relu` a ReLU in place whose bit mask (`x > 0` of its input) `relu`
+/// receives. `mean` and `rstd` (`[c]`) are written for the backward pass.
 #[derive(Debug)]
 pub struct BatchNorm<'a> {
     /// The view.
@@ -28,11 +29,14 @@ pub struct BatchNorm<'a> {
     pub mean: &'a mut Tensor,
     /// Per-channel `1 / sqrt(var + eps)` `[c]` (overwritten).
     pub rstd: &'a mut Tensor,
+    /// A following ReLU's mask (U32, `ceil(numel / 32)` words), when the ReLU is fused.
+    pub relu: Option<&'a mut Tensor>,
 }
 
 /// Batch normalization backward, from the forward input and its statistics: with `z = (x -
 /// mean) · rstd`, `dbeta = sum dy`, `dgamma = sum dy · z`, and (when `need_dx`) `dx = gamma ·
-/// rstd · (dy - dbeta / m - z · dgamma / m)` written over `dy` (`m = outer · inner`).
+/// rstd · (dy - dbeta / m - z · dgamma / m)` written over `dy` (`m = outer · inner`). With
+/// `relu` (a fused ReLU's mask), `dy` is the gradient after the ReLU and is masked first.
 #[derive(Debug)]
 pub struct BatchNormBwd<'a> {
     /// The view.
@@ -45,6 +49,8 @@ pub struct BatchNormBwd<'a> {
     pub mean: &'a Tensor,
     /// The forward `rstd` `[c]`.
     pub rstd: &'a Tensor,
+    /// The fused ReLU's mask, if the forward pass had one.
+    pub relu: Option<&'a Tensor>,
     /// Output gradient in; the input gradient out when `need_dx`.
     pub dy: &'a mut Tensor,
     /// Whether to write the input gradient.

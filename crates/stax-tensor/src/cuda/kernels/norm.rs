@@ -25,11 +25,12 @@ impl Kernels {
     }
 
     /// Per-split `(sum a, sum a · (b - shift))` of every channel of the view into `partial`
-    /// (`b` and `shift` 0 for none).
+    /// (`b` and `shift` 0 for none), `a` taken as 0 where the bit of `mask` (a ReLU's; 0 for
+    /// none) is clear.
     pub(crate) fn channel_moments(
         &self,
         g: &ChannelGeometry,
-        (a, b, shift): (u64, u64, u64),
+        (a, b, shift, mask): (u64, u64, u64, u64),
         partial: u64,
     ) -> Result<usize, TensorError> {
         let splits = self.moment_splits(g);
@@ -42,12 +43,13 @@ impl Kernels {
             shared_mem_bytes: 0,
         };
         // SAFETY: `channel_moments_f32(const float *a, const float *b, const float *shift,
-        // double *partial, size_t outer, size_t c, size_t inner, size_t per_split)`; a (and b
-        // unless null) hold outer*c*inner floats, shift is null or holds c, partial
-        // splits*c*2 doubles; the grid has `splits` rows of blocks of 32 x 8 threads, as the
-        // kernel's shared arrays need, and splits * per_split covers outer * inner.
+        // const u32 *mask, double *partial, size_t outer, size_t c, size_t inner, size_t
+        // per_split)`; a (and b unless null) hold outer*c*inner floats, shift is null or holds
+        // c, mask null or ceil(outer*c*inner / 32) words, partial splits*c*2 doubles; the grid
+        // has `splits` rows of blocks of 32 x 8 threads, as the kernel's shared arrays need,
+        // and splits * per_split covers outer * inner.
         unsafe {
-            launch!(self.stream, self.function(sym)?, cfg; &a, &b, &shift, &partial, &outer, &c, &inner, &per_split)
+            launch!(self.stream, self.function(sym)?, cfg; &a, &b, &shift, &mask, &partial, &outer, &c, &inner, &per_split)
         }
         .map_err(driver(sym))?;
         Ok(splits)
@@ -94,14 +96,28 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
-    /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none).
+    /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), then, with `mask` (0 for
+    /// none), a ReLU writing its bit mask.
     pub(crate) fn bn_apply(
         &self,
         g: &ChannelGeometry,
-        (x, y): (u64, u64),
+        (x, y, mask): (u64, u64, u64),
         (mean, scale, beta): (u64, u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
+        if mask != 0 {
+            let sym = "bn_apply_relu_f32";
+            // SAFETY: `bn_apply_relu_f32(const float *x, float *y, const float *mean, const
+            // float *scale, const float *beta, u32 *mask, size_t n, size_t c, size_t inner)`;
+            // x and y hold n = outer*c*inner floats (distinct buffers), mean and scale c, beta
+            // null or c, mask ceil(n/32) words; blocks are whole warps (256 threads), as the
+            // ballot needs.
+            return unsafe {
+                launch!(self.stream, self.function(sym)?, self.grid(n); &x, &y, &mean, &scale, &beta, &mask, &n, &c, &inner)
+                    .map(drop)
+            }
+            .map_err(driver(sym));
+        }
         let sym = "bn_apply_f32";
         // SAFETY: `bn_apply_f32(const float *x, float *y, const float *mean, const float
         // *scale, const float *beta, size_t n, size_t c, size_t inner)`; x and y hold n =
@@ -138,20 +154,22 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
-    /// `dy = a · (dy - b - (x - mean) · cz)` in place over the view, `(a, b, cz)` from `coef`.
+    /// `dy = a · (dy - b - (x - mean) · cz)` in place over the view, `(a, b, cz)` from `coef`,
+    /// `dy` taken as 0 where the bit of `mask` (a ReLU's; 0 for none) is clear.
     pub(crate) fn bn_bwd_apply(
         &self,
         g: &ChannelGeometry,
-        (x, dy): (u64, u64),
+        (x, dy, mask): (u64, u64, u64),
         (mean, coef): (u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
         let sym = "bn_bwd_apply_f32";
         // SAFETY: `bn_bwd_apply_f32(const float *x, float *dy, const float *mean, const float
-        // *coef, size_t n, size_t c, size_t inner)`; x and dy hold n = outer*c*inner floats
-        // (distinct buffers), mean c floats, coef 3c floats.
+        // *coef, const u32 *mask, size_t n, size_t c, size_t inner)`; x and dy hold n =
+        // outer*c*inner floats (distinct buffers), mean c floats, coef 3c floats, mask null or
+        // ceil(n/32) words.
         unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &dy, &mean, &coef, &n, &c, &inner)
+            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &dy, &mean, &coef, &mask, &n, &c, &inner)
                 .map(drop)
         }
         .map_err(driver(sym))

@@ -88,6 +88,7 @@ impl KernelModule {
                 "channel_sum_finish_f32",
                 "bn_finish_f32",
                 "bn_apply_f32",
+                "bn_apply_relu_f32",
                 "bn_bwd_finish_f32",
                 "bn_bwd_apply_f32",
                 "channel_bias_add_f32",
