@@ -108,6 +108,13 @@ extern "C" __global__ void bn_apply_f32(const float *x, float *y, const float *m
     }
 }
 
+// The channel of element base + lane of an NHWC view (inner == 1), jb < c being base's.
+__device__ __forceinline__ size_t lane_channel(size_t jb, size_t lane, size_t c) {
+    size_t j = jb + lane;  // < c + 31
+    if (j < c) return j;
+    return c >= 32 ? j - c : (size_t)((unsigned)j % (unsigned)c);
+}
+
 // bn_apply_f32 followed by a ReLU (relu_f32's: NaN stays, its bit clear), mask[w] receiving
 // bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31: one warp ballot per 32 elements; the
 // loop bound is warp-uniform, so blocks must be whole warps.
@@ -117,11 +124,14 @@ extern "C" __global__ void bn_apply_relu_f32(const float *x, float *y, const flo
     size_t lane = threadIdx.x & 31;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
-    for (size_t base = warp * 32; base < n; base += warps * 32) {
+    // with inner == 1 (NHWC), jb is the channel of base, advanced without a division
+    size_t jb = (warp * 32) % c, step = (warps * 32) % c;
+    for (size_t base = warp * 32; base < n;
+         base += warps * 32, jb = jb + step >= c ? jb + step - c : jb + step) {
         size_t i = base + lane;
         float v = 0.0f;
         if (i < n) {
-            size_t j = (i / inner) % c;
+            size_t j = inner == 1 ? lane_channel(jb, lane, c) : (i / inner) % c;
             v = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
         }
         u32 bits = __ballot_sync(FULL_MASK, v > 0.0f);
