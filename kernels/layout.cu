@@ -1,28 +1,38 @@
-// layout.cu: layout changes for cuDNN. Our conv kernels are HWIO [kh, kw, ci, co]; cuDNN's
-// NHWC filter layout is KRSC = OHWI [co, kh, kw, ci]. cuDNN needs symmetric padding, so
-// asymmetric cases are computed on an input embedded in a larger zero-padded buffer.
+// layout.cu: layout changes for cuDNN. Our kernels are stored HWIO, OIHW or as a transposed
+// conv's kernel; cuDNN's filter layout is KRSC = OHWI [co, kh, kw, ci] for NHWC tensors and
+// KCRS = OIHW for NCHW ones. cuDNN needs symmetric padding, so asymmetric cases are computed on
+// an input embedded in a larger zero-padded buffer (an NCHW tensor [n, c, h, w] is padded as
+// the NHWC tensor [n * c, h, w, 1]).
 
-// dst OHWI [co, kh, kw, ci] from src HWIO [kh, kw, ci, co]; n = kh*kw*ci*co.
-extern "C" __global__ void hwio_to_ohwi_f32(const float *src, float *dst, size_t hw, size_t ci,
-                                            size_t co) {
-    size_t n = hw * ci * co;
-    GRID_STRIDE(i, n) {  // i indexes dst
-        size_t c = i % ci;
-        size_t s = (i / ci) % hw;
-        size_t o = i / (ci * hw);
-        dst[i] = src[(s * ci + c) * co + o];
+// Where kernel tap (ky, kx, c, o) of a (kh, kw, ci, co) kernel is stored, by layout (the codes
+// of FilterLayout::code in crates/stax-tensor/src/geometry/layout.rs, plus cuDNN's NHWC
+// filter layout KRSC = OHWI).
+#define FILTER_HWIO 0
+#define FILTER_OIHW 1
+#define FILTER_T_HWIO 2 // a transposed conv's HWIO kernel: [kh, kw, co, ci], flipped
+#define FILTER_T_OIHW 3 // a transposed conv's OIHW kernel: [ci, co, kh, kw], flipped
+#define FILTER_OHWI 4
+
+__device__ size_t filter_index(int layout, size_t kh, size_t kw, size_t ci, size_t co, size_t ky,
+                               size_t kx, size_t c, size_t o) {
+    size_t fy = kh - 1 - ky, fx = kw - 1 - kx;
+    switch (layout) {
+    case FILTER_HWIO: return ((ky * kw + kx) * ci + c) * co + o;
+    case FILTER_OIHW: return ((o * ci + c) * kh + ky) * kw + kx;
+    case FILTER_T_HWIO: return ((fy * kw + fx) * co + o) * ci + c;
+    case FILTER_T_OIHW: return ((c * co + o) * kh + fy) * kw + fx;
+    default: return ((o * kh + ky) * kw + kx) * ci + c;
     }
 }
 
-// dst HWIO [kh, kw, ci, co] from src OHWI [co, kh, kw, ci].
-extern "C" __global__ void ohwi_to_hwio_f32(const float *src, float *dst, size_t hw, size_t ci,
-                                            size_t co) {
-    size_t n = hw * ci * co;
-    GRID_STRIDE(i, n) {  // i indexes dst
-        size_t o = i % co;
-        size_t c = (i / co) % ci;
-        size_t s = i / (co * ci);
-        dst[i] = src[(o * hw + s) * ci + c];
+// dst (layout `to`) = src (layout `from`), a (kh, kw, ci, co) kernel; one thread per tap.
+extern "C" __global__ void filter_permute_f32(const float *src, float *dst, size_t kh, size_t kw,
+                                              size_t ci, size_t co, int from, int to) {
+    size_t n = kh * kw * ci * co;
+    GRID_STRIDE(i, n) {  // i enumerates the taps in HWIO order
+        size_t o = i % co, c = (i / co) % ci, kx = (i / (co * ci)) % kw, ky = i / (co * ci * kw);
+        dst[filter_index(to, kh, kw, ci, co, ky, kx, c, o)] =
+            src[filter_index(from, kh, kw, ci, co, ky, kx, c, o)];
     }
 }
 

@@ -1,6 +1,7 @@
-// pool.cu: 2-D max pooling, NHWC f32, forward and backward (see crates/stax-tensor/src/cpu/
-// pool.rs for the semantics: padding reads -inf, NaN propagates, the gradient of a window goes
-// to its first maximum in window order).
+// pool.cu: 2-D max, sum and average pooling, NHWC f32, forward and backward (see
+// crates/stax-tensor/src/cpu/pool.rs for the semantics: max pooling's padding reads -inf, NaN
+// propagates, the gradient of a window goes to its first maximum in window order; sum pooling's
+// padding reads 0; average pooling divides by the window's positions inside the image).
 
 // Geometry of one pooling, as Conv2dGeometry (the window as kh x kw, c_out == c_in).
 struct PoolGeometry {
@@ -67,6 +68,70 @@ extern "C" __global__ void max_pool_bwd_f32(const float *x, const float *dy, flo
                 float best;
                 size_t arg = window_argmax(g, x + n * image, (size_t)oy, (size_t)ox, c, &best);
                 if (arg == own) acc += dy[((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c];
+            }
+        }
+        dx[t] = acc;
+    }
+}
+
+// The window positions [*lo, *hi) along one axis inside [0, len) for output index o.
+__device__ void inside(size_t o, size_t s, size_t pad, size_t len, size_t k, size_t *lo,
+                       size_t *hi) {
+    long long base = (long long)(o * s) - (long long)pad;
+    long long a = base < 0 ? -base : 0;
+    long long b = (long long)len - base;
+    if (b > (long long)k) b = (long long)k;
+    if (b < a) b = a;
+    *lo = (size_t)a;
+    *hi = (size_t)b;
+}
+
+// y[n, oy, ox, c] = the window's sum (avg != 0: divided by its positions inside the image).
+extern "C" __global__ void sum_pool_f32(const float *x, float *y, PoolGeometry g, int avg) {
+    size_t total = g.n * g.out_h * g.out_w * g.c;
+    GRID_STRIDE(o, total) {
+        size_t c = o % g.c, r = o / g.c;
+        size_t ox = r % g.out_w, r2 = r / g.out_w;
+        size_t oy = r2 % g.out_h, n = r2 / g.out_h;
+        size_t y0, y1, x0, x1;
+        inside(oy, g.sh, g.pad_top, g.h, g.kh, &y0, &y1);
+        inside(ox, g.sw, g.pad_left, g.w, g.kw, &x0, &x1);
+        double acc = 0.0;
+        for (size_t ky = y0; ky < y1; ++ky) {
+            size_t iy = oy * g.sh + ky - g.pad_top;
+            for (size_t kx = x0; kx < x1; ++kx) {
+                size_t ix = ox * g.sw + kx - g.pad_left;
+                acc += (double)x[((n * g.h + iy) * g.w + ix) * g.c + c];
+            }
+        }
+        float count = (float)((y1 - y0) * (x1 - x0));
+        y[o] = avg ? (float)acc / count : (float)acc;
+    }
+}
+
+// dx[i] = sum of dy over the windows covering i (each divided by its count when avg != 0);
+// one thread an input element, gathering: deterministic, no atomics.
+extern "C" __global__ void sum_pool_bwd_f32(const float *dy, float *dx, PoolGeometry g,
+                                            int avg) {
+    size_t total = g.n * g.h * g.w * g.c;
+    GRID_STRIDE(t, total) {
+        size_t c = t % g.c, r = t / g.c;
+        size_t ix = r % g.w, r2 = r / g.w;
+        size_t iy = r2 % g.h, n = r2 / g.h;
+        // windows oy with oy*sh <= iy + pad_top < oy*sh + kh
+        long long py = (long long)(iy + g.pad_top), px = (long long)(ix + g.pad_left);
+        long long oy0 = py >= (long long)g.kh ? (py - (long long)g.kh) / (long long)g.sh + 1 : 0;
+        long long ox0 = px >= (long long)g.kw ? (px - (long long)g.kw) / (long long)g.sw + 1 : 0;
+        float acc = 0.0f;
+        for (long long oy = oy0; oy <= py / (long long)g.sh && oy < (long long)g.out_h; ++oy) {
+            size_t y0, y1;
+            inside((size_t)oy, g.sh, g.pad_top, g.h, g.kh, &y0, &y1);
+            for (long long ox = ox0; ox <= px / (long long)g.sw && ox < (long long)g.out_w;
+                 ++ox) {
+                size_t x0, x1;
+                inside((size_t)ox, g.sw, g.pad_left, g.w, g.kw, &x0, &x1);
+                float d = dy[((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c];
+                acc += avg ? d / (float)((y1 - y0) * (x1 - x0)) : d;
             }
         }
         dx[t] = acc;

@@ -20,8 +20,9 @@ pub use stax_layers::{
     SoftmaxCrossEntropy, Tanh, init_params, parallel, serial,
 };
 pub use stax_layers::{
-    AxisSoftmax, Dropout, Elu, Exp, Gelu, LeakyRelu, LogSoftmax, Mode, NegLogLikelihood, Selu,
-    ShapeDependent, Sigmoid, Softmax, SoftmaxCrossEntropyWithIntegerLabels, Softplus,
+    AvgPool, AxisSoftmax, BatchNorm, ConvDims, ConvTranspose, Dropout, Elu, Exp, Gelu, GeneralConv,
+    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, NegLogLikelihood, Selu, ShapeDependent,
+    Sigmoid, Softmax, SoftmaxCrossEntropyWithIntegerLabels, Softplus, SumPool,
 };
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{

@@ -17,8 +17,9 @@ use stax::{
     parallel, serial,
 };
 use stax::{
-    Dropout, Elementwise, Elu, Exp, Gelu, LeakyRelu, LogSoftmax, Mode, Selu, ShapeDependent,
-    Sigmoid, Softmax, Softplus,
+    AvgPool, BatchNorm, ConvDims, ConvTranspose, Dropout, Elementwise, Elu, Exp, Gelu, GeneralConv,
+    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, Selu, ShapeDependent, Sigmoid, Softmax,
+    Softplus, SumPool, models,
 };
 
 /// One line of the list: a name, the layer, an input shape.
@@ -176,7 +177,110 @@ const LAYERS: &[Case] = &[
         ],
         [2, 3, 3, 3]
     ),
+    case!(
+        "general conv NCHW/OIHW stride (2, 1) SAME dilated",
+        GeneralConv::general(ConvDims::NCHW, 3, (3, 2), (2, 1), Padding::Same).dilated((2, 1)),
+        [2, 2, 7, 6]
+    ),
+    case!(
+        "conv explicit padding, dilation (1, 2), batch 1",
+        Conv::new(3, (2, 3), (1, 2), Padding::Explicit([(2, 0), (1, 3)])).dilated((1, 2)),
+        [1, 6, 7, 2]
+    ),
+    case!(
+        "general conv NHWC/OIHW VALID",
+        GeneralConv::general(dims("NHWC", "OIHW"), 4, (2, 2), (2, 2), Padding::Valid),
+        [2, 5, 6, 3]
+    ),
+    case!(
+        "general conv 1-D NCH/OIH SAME stride 2",
+        GeneralConv::general(dims("NCH", "OIH"), 4, (3, 1), (2, 1), Padding::Same),
+        [2, 3, 9]
+    ),
+    case!(
+        "conv_transpose SAME stride 2",
+        ConvTranspose::new(3, (3, 3), (2, 2), Padding::Same),
+        [2, 4, 3, 2]
+    ),
+    case!(
+        "conv_transpose VALID stride (2, 3), batch 1",
+        ConvTranspose::new(2, (3, 2), (2, 3), Padding::Valid),
+        [1, 3, 4, 3]
+    ),
+    case!(
+        "conv_transpose explicit padding, dilated",
+        ConvTranspose::new(2, (2, 2), (1, 2), Padding::Explicit([(1, 0), (0, 1)])).dilated((2, 1)),
+        [2, 3, 3, 2]
+    ),
+    case!(
+        "conv_transpose NCHW/OIHW SAME stride 2",
+        GeneralConvTranspose::general(ConvDims::NCHW, 3, (3, 3), (2, 2), Padding::Same),
+        [1, 2, 4, 5]
+    ),
+    case!(
+        "conv1d_transpose VALID stride 2",
+        ConvTranspose::one_d(3, 4, 2, Padding::Valid),
+        [2, 5, 2]
+    ),
+    case!("batch_norm NHWC", BatchNorm::new(), [2, 3, 4, 3]),
+    case!(
+        "batch_norm NCHW without center, batch 1",
+        BatchNorm::new()
+            .with_axis(&[0, 2, 3])
+            .with(1e-3, false, true),
+        [1, 3, 4, 5]
+    ),
+    case!(
+        "batch_norm [n, d] without scale",
+        BatchNorm::new().with_axis(&[0]).with(1e-5, true, false),
+        [5, 4]
+    ),
+    case!(
+        "sum_pool 2x2 stride 1 VALID",
+        SumPool::new((2, 2)),
+        [2, 5, 4, 3]
+    ),
+    case!(
+        "sum_pool 3x3 stride 2 SAME",
+        SumPool::new((3, 3)).with((2, 2), Padding::Same),
+        [1, 7, 6, 2]
+    ),
+    case!(
+        "avg_pool 3x3 stride 2 SAME",
+        AvgPool::new((3, 3)).with((2, 2), Padding::Same),
+        [1, 7, 6, 2]
+    ),
+    case!(
+        "avg_pool 2x2 stride 2 VALID",
+        AvgPool::new((2, 2)).with((2, 2), Padding::Valid),
+        [2, 5, 5, 3]
+    ),
+    case!(
+        "batch_norm + relu (fused), NCHW",
+        serial![BatchNorm::new().with_axis(&[0, 2, 3]), Relu],
+        [2, 3, 4, 5]
+    ),
+    case!(
+        "conv, batch_norm, relu",
+        serial![Conv::same(4, (3, 3)), BatchNorm::new(), Relu],
+        [2, 5, 5, 2]
+    ),
+    case!(
+        "resnet conv block stride 2",
+        models::conv_block(3, [2, 3, 4], (2, 2)),
+        [2, 5, 6, 3]
+    ),
+    case!(
+        "resnet identity block",
+        models::identity_block(3, [2, 3], 4),
+        [3, 3, 3, 4]
+    ),
 ];
+
+/// Dimension numbers `(lhs, rhs, lhs)`.
+fn dims(lhs: &str, rhs: &str) -> ConvDims {
+    ConvDims::parse(lhs, rhs, lhs).unwrap()
+}
 
 fn shape(case: &Case) -> Shape {
     Shape::new(case.input)

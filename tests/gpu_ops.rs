@@ -6,12 +6,11 @@
 mod common;
 
 use common::*;
-use stax_alloc::TraceOp;
 use stax_tensor::cuda::CudaBackend;
 use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
     Activation, AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType,
-    Device, OpDesc, Padding, Precision, Strategy, Tensor, TensorError, WorkspaceStep,
+    Device, OpDesc, Padding, Precision, Strategy, Tensor, TensorError,
 };
 use std::sync::Arc;
 
@@ -752,52 +751,11 @@ fn every_strategy_opens_and_computes() {
 /// peak; before calibration a conv's schedule is a bound at least as large.
 #[test]
 fn workspace_schedules_match_what_ops_allocate() {
-    if cuda_or_skip(&with_precision(Precision::Tf32)).is_none() {
+    let Some(gpu) = private_gpu_or_skip() else {
         return;
-    }
-    let options = BackendOptions {
-        workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
-        ..with_precision(Precision::Tf32)
     };
-    let gpu: Arc<dyn Backend> = CudaBackend::new(0, &options).expect("open a private backend");
-    let ws = Category::Workspace.index();
     let check = |what: &str, op: OpDesc, run: &mut dyn FnMut()| {
-        let bound = gpu.workspace_bytes(&op).unwrap();
-        gpu.calibrate(&op).unwrap();
-        assert!(gpu.is_calibrated(&op), "{what}: calibrated");
-        let predicted = gpu.workspace_schedule(&op).unwrap();
-        assert!(
-            WorkspaceStep::peak(&predicted) <= bound,
-            "{what}: the uncalibrated bound {bound} is below the exact schedule {predicted:?}"
-        );
-        run(); // steady state: the algorithm is chosen, buffers are cached
-        gpu.synchronize().unwrap();
-        gpu.allocator().reset_peak();
-        gpu.allocator().start_trace();
-        run();
-        gpu.synchronize().unwrap();
-        let trace = gpu.allocator().stop_trace();
-        let mut ids = Vec::new();
-        let recorded: Vec<WorkspaceStep> = trace
-            .events
-            .iter()
-            .filter(|e| e.category == Category::Workspace)
-            .map(|e| match e.op {
-                TraceOp::Alloc => {
-                    ids.push(e.id);
-                    WorkspaceStep::Alloc(e.bytes as usize)
-                }
-                TraceOp::Free => WorkspaceStep::Free(ids.iter().position(|&i| i == e.id).unwrap()),
-            })
-            .collect();
-        assert_eq!(recorded, predicted, "{what}: workspace schedule");
-        let peak = gpu.allocator().stats().by_category[ws].peak;
-        assert_eq!(
-            peak,
-            gpu.workspace_bytes(&op).unwrap() as u64,
-            "{what}: peak"
-        );
-        println!("workspace {what}: {predicted:?}");
+        assert_workspace_is_the_schedule(&gpu, what, op, run)
     };
     let mut rng = Rng::new(seed_for("workspace", &[]));
     for case in [
@@ -819,6 +777,7 @@ fn workspace_schedules_match_what_ops_allocate() {
             geometry: g,
             pass,
             dtype: DType::F32,
+            bias: pass != ConvPass::BackwardData,
         };
         check(
             &format!("conv fwd {g:?}"),

@@ -13,6 +13,10 @@
 //! - [`init`], [`apply`], [`apply_train`], [`vjp`]: one layer's parameters, forward pass
 //!   (evaluation or training mode) and backward pass (gradients collected into a tree like the
 //!   parameters); [`layers`]: finite differences and GPU-vs-CPU for one layer.
+//! - [`assert_workspace_is_the_schedule`], [`private_gpu_or_skip`]: an op's workspace
+//!   allocations are its schedule, on a backend of its own.
+//! - [`two_steps_match_cpu`]: two training steps on the GPU equal the CPU's; [`train`]: a
+//!   model trained on the embedded data with every step's memory equal to the plan.
 #![allow(dead_code)]
 
 pub mod checkpoint;
@@ -384,4 +388,144 @@ pub fn vjp(
         dx,
         sink.finish(params).expect("every parameter has a gradient"),
     )
+}
+
+/// Calibrates `op` on `gpu` (a backend no other test uses: its allocator is traced), runs
+/// `run` once to reach the steady state, then again under a trace, and checks that the second
+/// run's workspace allocations and frees are `gpu.workspace_schedule(op)`, to the byte and in
+/// order, that its workspace peak is the schedule's, and that the uncalibrated bound was at
+/// least that.
+pub fn assert_workspace_is_the_schedule(
+    gpu: &Arc<dyn Backend>,
+    what: &str,
+    op: stax_tensor::OpDesc,
+    run: &mut dyn FnMut(),
+) {
+    use stax_alloc::TraceOp;
+    use stax_tensor::WorkspaceStep;
+    let bound = gpu.workspace_bytes(&op).unwrap();
+    gpu.calibrate(&op).unwrap();
+    assert!(gpu.is_calibrated(&op), "{what}: calibrated");
+    let predicted = gpu.workspace_schedule(&op).unwrap();
+    assert!(
+        WorkspaceStep::peak(&predicted) <= bound,
+        "{what}: the uncalibrated bound {bound} is below the exact schedule {predicted:?}"
+    );
+    run(); // steady state: the algorithm is chosen, buffers are cached
+    gpu.synchronize().unwrap();
+    gpu.allocator().reset_peak();
+    gpu.allocator().start_trace();
+    run();
+    gpu.synchronize().unwrap();
+    let trace = gpu.allocator().stop_trace();
+    let mut ids = Vec::new();
+    let recorded: Vec<WorkspaceStep> = trace
+        .events
+        .iter()
+        .filter(|e| e.category == Category::Workspace)
+        .map(|e| match e.op {
+            TraceOp::Alloc => {
+                ids.push(e.id);
+                WorkspaceStep::Alloc(e.bytes as usize)
+            }
+            TraceOp::Free => WorkspaceStep::Free(ids.iter().position(|&i| i == e.id).unwrap()),
+        })
+        .collect();
+    assert_eq!(recorded, predicted, "{what}: workspace schedule");
+    let peak = gpu.allocator().stats().by_category[Category::Workspace.index()].peak;
+    assert_eq!(
+        peak,
+        gpu.workspace_bytes(&op).unwrap() as u64,
+        "{what}: peak"
+    );
+    println!("workspace {what}: {predicted:?}");
+}
+
+/// A CUDA backend of the test's own (TF32, the default workspace limit), so that its
+/// allocator's trace and counters see nothing but the test; `None` with a skip notice as
+/// [`cuda_or_skip`].
+pub fn private_gpu_or_skip() -> Option<Arc<dyn Backend>> {
+    cuda_or_skip(&with_precision(Precision::Tf32))?;
+    let options = BackendOptions {
+        workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
+        ..with_precision(Precision::Tf32)
+    };
+    Some(CudaBackend::new(0, &options).expect("open a private backend"))
+}
+
+/// Two training steps of `make()` on the embedded data (batch `input[0]`, seed 5 for the
+/// trainer and the batches) on `gpu` and on the CPU: the losses agree to 1e-4, the parameters
+/// to `param_tol` and both Adam moments to 1e-3 (norm-wise).
+pub fn two_steps_match_cpu<L: stax::Layer>(
+    make: impl Fn() -> L,
+    input: &Shape,
+    gpu: &Arc<dyn Backend>,
+    param_tol: f64,
+) {
+    use stax::train::Trainer;
+    use stax::train::data::{Loader, fashion_mnist_2class};
+    let (train_set, _) = fashion_mnist_2class().unwrap();
+    let cpu = cpu();
+    let adam = stax::Adam::new(1e-3);
+    let mut on_gpu = Trainer::new(make(), input.clone(), adam, gpu, 5).unwrap();
+    let mut on_cpu = Trainer::new(make(), input.clone(), adam, &cpu, 5).unwrap();
+    let loader = Loader::new(train_set.len(), input.dims()[0], 5).unwrap();
+    for indices in loader.batches(0).take(2) {
+        let (xg, yg) = on_gpu.place_batch(&train_set, &indices).unwrap();
+        let (xc, yc) = on_cpu.place_batch(&train_set, &indices).unwrap();
+        let (rg, rc) = (
+            on_gpu.step(&xg, &yg).unwrap(),
+            on_cpu.step(&xc, &yc).unwrap(),
+        );
+        assert!(
+            (rg.loss - rc.loss).abs() <= 1e-4 * rc.loss.abs().max(1.0),
+            "loss {} vs {}",
+            rg.loss,
+            rc.loss
+        );
+    }
+    let (pg, pc) = (
+        host_values(on_gpu.params().leaves()),
+        host_values(on_cpu.params().leaves()),
+    );
+    assert_rel_close(&pg, &pc, param_tol, "parameters after two steps");
+    for field in ["mu", "nu"] {
+        let (g, c) = (on_gpu.state().field(field), on_cpu.state().field(field));
+        assert_rel_close(&host_values(g), &host_values(c), 1e-3, field);
+    }
+}
+
+/// Trains `model` on the embedded two-class data for `epochs` (batch `input[0]`, seed 5),
+/// checking every step's peak and live bytes against the plan; returns the test accuracy and
+/// the losses.
+pub fn train<L: stax::Layer>(
+    model: L,
+    input: Shape,
+    be: &Arc<dyn Backend>,
+    epochs: u64,
+) -> (f32, Vec<f32>) {
+    use stax::train::Trainer;
+    use stax::train::data::{Loader, fashion_mnist_2class};
+    let (train, test) = fashion_mnist_2class().unwrap();
+    let batch = input.dims()[0];
+    let mut trainer = Trainer::new(model, input, stax::Adam::new(1e-3), be, 5).unwrap();
+    let plan = trainer.plan(batch).unwrap();
+    assert!(plan.exact);
+    let loader = Loader::new(train.len(), batch, 5).unwrap();
+    let mut losses = Vec::new();
+    for epoch in 0..epochs {
+        for indices in loader.batches(epoch) {
+            let (x, y) = trainer.place_batch(&train, &indices).unwrap();
+            let r = trainer.step(&x, &y).unwrap();
+            assert_eq!(r.memory.peak, plan.peak.bytes, "step {} peak", r.step);
+            assert_eq!(
+                r.memory.live,
+                plan.persistent_bytes(),
+                "step {} live",
+                r.step
+            );
+            losses.push(r.loss);
+        }
+    }
+    (trainer.evaluate(&test, batch).unwrap().accuracy, losses)
 }

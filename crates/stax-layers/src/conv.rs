@@ -1,47 +1,43 @@
-//! `Conv`: 2-D convolution, NHWC input, HWIO kernel (stax's `Conv`).
+//! `GeneralConv`: stax's convolution with dimension numbers; `Conv` is its NHWC form.
 
 use stax_alloc::Tag;
 use stax_tensor::ops::{self, Epilogue};
-use stax_tensor::{Category, Conv2dGeometry, DType, Key, Padding, Params, Shape, Tensor, Tree};
+use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Params, Shape, Tensor, Tree};
 
+use crate::conv_dims::{ConvConfig, dx_over, hand_gradients, reason};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
-    Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+    Activation, ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
+    activation,
 };
 
-/// stax's `Conv(out_chan, filter_shape, strides, padding)`: `y = conv(x, w) + b`.
+/// stax's `GeneralConv(dimension_numbers, out_chan, filter_shape, strides, padding)`:
+/// `y = lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilation) + b`, made of
+/// a [`ConvConfig`].
 ///
-/// x NHWC `[n, h, w, c_in]`, w HWIO `[kh, kw, c_in, out_chan]` initialized with
-/// `glorot_normal(in_axis=2, out_axis=3)`, b `[out_chan]` initialized with `normal(1e-6)`
-/// (stax stores b as `[1, 1, 1, out_chan]`; the values broadcast the same way).
-/// Output NHWC `[n, out_h, out_w, out_chan]`, sizes as [`Padding`] says. An activation that
-/// follows runs in the convolution's epilogue ([`Layer::fuses`]: cuDNN fuses a ReLU).
+/// With [`ConvDims::NHWC`] (stax's `Conv`, the [`Conv`] alias): x `[n, h, w, c_in]`, w HWIO
+/// `[kh, kw, c_in, out_chan]`, b `[1, 1, 1, out_chan]`, y `[n, out_h, out_w, out_chan]`,
+/// sizes as [`Padding`] says (SAME from the dilated kernel size). Other dimension numbers store
+/// the tensors as their specs say (NCHW/OIHW: b `[1, out_chan, 1, 1]`; 1-D `NHC`/`HIO`: a unit
+/// width, filter `(k, 1)`). w is drawn from `glorot_normal(rhs.index('I'), rhs.index('O'))`, b
+/// from `normal(1e-6)`, as stax does. Kernel dilation (`lax`'s `rhs_dilation`, which stax does
+/// not expose) is [`GeneralConv::dilated`]. An activation that follows runs in the
+/// convolution's epilogue ([`Layer::fuses`]: cuDNN fuses a ReLU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Conv {
-    /// Output channels.
-    pub out_chan: usize,
-    /// Kernel `(height, width)`.
-    pub filter_shape: (usize, usize),
-    /// Strides `(height, width)`.
-    pub strides: (usize, usize),
-    /// SAME or VALID.
-    pub padding: Padding,
-}
+pub struct GeneralConv(pub ConvConfig);
 
-impl Conv {
-    /// A conv layer (stax: `Conv(out_chan, filter_shape, strides, padding)`).
+/// stax's `Conv`: [`GeneralConv`] with `('NHWC', 'HWIO', 'NHWC')`.
+pub type Conv = GeneralConv;
+
+impl GeneralConv {
+    /// stax's `Conv(out_chan, filter_shape, strides, padding)`: NHWC input, HWIO kernel.
     pub fn new(
         out_chan: usize,
         filter_shape: (usize, usize),
         strides: (usize, usize),
         padding: Padding,
     ) -> Self {
-        Conv {
-            out_chan,
-            filter_shape,
-            strides,
-            padding,
-        }
+        GeneralConv::general(ConvDims::NHWC, out_chan, filter_shape, strides, padding)
     }
 
     /// Stride 1, SAME padding: the seed model's convs.
@@ -49,42 +45,40 @@ impl Conv {
         Conv::new(out_chan, filter_shape, (1, 1), Padding::Same)
     }
 
+    /// stax's `GeneralConv(dimension_numbers, out_chan, filter_shape, strides, padding)`.
+    pub fn general(
+        dims: ConvDims,
+        out_chan: usize,
+        filter_shape: (usize, usize),
+        strides: (usize, usize),
+        padding: Padding,
+    ) -> Self {
+        GeneralConv(ConvConfig::new(
+            dims,
+            out_chan,
+            filter_shape,
+            strides,
+            padding,
+        ))
+    }
+
+    /// This convolution with its kernel dilated by `dilation` (`rhs_dilation`).
+    pub fn dilated(self, dilation: (usize, usize)) -> Self {
+        GeneralConv(ConvConfig { dilation, ..self.0 })
+    }
+
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
-        let shapes = Tree::leaf(input.clone());
-        let &[_, _, _, c_in] = input.dims() else {
-            let reason = "expected an NHWC input [n, h, w, c] of rank 4".into();
-            return Err(self.shape_error(reason, &shapes));
-        };
-        let (kh, kw) = self.filter_shape;
-        let w = Shape::new([kh, kw, c_in, self.out_chan]);
-        Conv2dGeometry::new(input, &w, self.strides, self.padding).map_err(|e| {
-            let reason = match e {
-                stax_tensor::TensorError::Shape { reason, .. }
-                | stax_tensor::TensorError::InvalidArgument { reason, .. } => reason,
-                other => other.to_string(),
-            };
-            self.shape_error(reason, &shapes)
-        })
+        let bad = |r: String| self.shape_error(r, &Tree::leaf(input.clone()));
+        let (x, w) = self.0.shapes_4d(input).map_err(bad)?;
+        Conv2dGeometry::with_spec(&x, &w, &self.0.spec()).map_err(|e| bad(reason(e)))
     }
 
-    fn specs(g: &Conv2dGeometry) -> Tree<ParamSpec> {
-        let glorot = Init::GlorotNormal {
-            in_axis: 2,
-            out_axis: 3,
-        };
-        Tree::node([
-            (
-                Key::Field("w"),
-                Tree::leaf(ParamSpec::f32(g.filter_shape(), glorot)),
-            ),
-            (
-                Key::Field("b"),
-                Tree::leaf(ParamSpec::f32([g.c_out], Init::Normal(1e-6))),
-            ),
-        ])
+    fn specs(&self, g: &Conv2dGeometry) -> Tree<ParamSpec> {
+        self.0.specs(g.c_in)
     }
 
-    /// The forward pass, with the activation `act` fused into the op when given.
+    /// The forward pass, with the activation `act` fused into the op when given. Everything
+    /// is computed (and kept) as the ops' rank-4 tensors; only the output is reshaped back.
     fn forward(
         &self,
         params: &Params,
@@ -94,7 +88,9 @@ impl Conv {
     ) -> Result<(Value, Residuals), LayerError> {
         let x = one_tensor(self, x)?;
         let g = self.geometry(x.shape())?;
-        let wb = expect_params(params, self, &Self::specs(&g))?;
+        let x = x.reshape(g.input_shape())?;
+        let wb = expect_params(params, self, &self.specs(&g))?;
+        let (w, b) = (wb[0].reshape(g.filter_shape())?, wb[1].reshape([g.c_out])?);
         let tag = Tag::new(Category::Activation, "output");
         let mut y = Tensor::empty(x.backend(), g.output_shape(), DType::F32, tag)?;
         let (act, mut aux) = match act {
@@ -105,13 +101,14 @@ impl Conv {
             act,
             aux: aux.as_mut(),
         };
-        ops::conv2d(&x, wb[0], wb[1], &g, &mut y, epi)?;
+        ops::conv2d(&x, &w, &b, &g, &mut y, epi)?;
+        let out = Tree::leaf(y.reshape(self.0.dims.from_4d(&g.output_shape()))?);
         if !cx.is_training() {
-            return Ok((Tree::leaf(y), Tree::empty()));
+            return Ok((out, Tree::empty()));
         }
         let mut kept = vec![("x", Saved::Tensor(x))];
         kept.extend(act.and_then(|a| activation::saved(a, &y, aux)));
-        Ok((Tree::leaf(y), residuals(kept)))
+        Ok((out, residuals(kept)))
     }
 
     /// The backward pass; with `act`, `dy` is the gradient with respect to the output of the
@@ -128,9 +125,15 @@ impl Conv {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let g = self.geometry(x.shape())?;
-        let wb = expect_params(params, self, &Self::specs(&g))?;
+        let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
+        let wb = expect_params(params, self, &self.specs(&g))?;
+        let w = wb[0].reshape(g.filter_shape())?;
         let dy = one_tensor(self, dy)?;
+        let dy = {
+            let view = dy.reshape(g.output_shape())?;
+            drop(dy);
+            view
+        };
         let be = dy.backend().clone();
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, grad("dw"))?;
@@ -149,49 +152,35 @@ impl Conv {
             }
         };
         let dx = if need_dx {
-            let mut dx = if x.is_unique() {
-                x.note_role("dx");
-                x
-            } else {
-                drop(x);
-                Tensor::empty(&be, g.input_shape(), DType::F32, grad("dx"))?
-            };
-            ops::conv2d_bwd_data(&dy, wb[0], &g, &mut dx)?;
-            Some(Tree::leaf(dx))
+            let mut dx = dx_over(x)?;
+            ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
+            Some(Tree::leaf(
+                dx.reshape(self.0.dims.from_4d(&g.input_shape()))?,
+            ))
         } else {
             None
         };
-        cx.gradients(Tree::fields([("w", dw), ("b", db)]))?;
+        hand_gradients(cx, &self.specs(&g), dw, db)?;
         Ok(dx)
     }
 }
 
-impl Layer for Conv {
+impl Layer for GeneralConv {
     fn kind(&self) -> &'static str {
         "conv"
     }
 
     fn describe(&self) -> String {
-        let (kh, kw) = self.filter_shape;
-        let (sh, sw) = self.strides;
-        let pad = match self.padding {
-            Padding::Same => "SAME",
-            Padding::Valid => "VALID",
-        };
-        format!(
-            "conv({}, {kh}x{kw}, stride {sh}x{sw}, {pad})",
-            self.out_chan
-        )
+        self.0.describe("conv")
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
-        Ok(Tree::leaf(
-            self.geometry(one_shape(self, input)?)?.output_shape(),
-        ))
+        let g = self.geometry(one_shape(self, input)?)?;
+        Ok(Tree::leaf(self.0.dims.from_4d(&g.output_shape())))
     }
 
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
-        Ok(Self::specs(&self.geometry(one_shape(self, input)?)?))
+        Ok(self.specs(&self.geometry(one_shape(self, input)?)?))
     }
 
     fn apply(

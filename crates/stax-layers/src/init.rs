@@ -69,6 +69,7 @@ impl Rng {
             Init::Normal(stddev) => {
                 out.extend((0..n).map(|_| (self.normal() * stddev as f64) as f32));
             }
+            Init::Constant(v) => out.resize(n, v),
             Init::GlorotNormal { in_axis, out_axis } => {
                 let stddev = glorot_stddev(path, spec, in_axis, out_axis)?;
                 out.extend((0..n).map(|_| (self.truncated_normal() * stddev) as f32));

@@ -44,6 +44,9 @@ pub enum Init {
     },
     /// `jax.nn.initializers.normal(stddev)`: plain normal with this standard deviation.
     Normal(f32),
+    /// Every element this value: `jax.nn.initializers.zeros` (0) and `ones` (1), BatchNorm's
+    /// `beta_init` and `gamma_init`.
+    Constant(f32),
 }
 
 /// One parameter tensor a layer will create: its shape, dtype and initializer. Its name is

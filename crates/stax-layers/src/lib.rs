@@ -19,7 +19,10 @@
 //! ```
 
 pub mod activation;
+pub mod batch_norm;
 pub mod conv;
+pub mod conv_dims;
+pub mod conv_transpose;
 pub mod cx;
 pub mod dense;
 pub mod dropout;
@@ -40,7 +43,10 @@ pub mod sink;
 pub mod softmax;
 
 pub use activation::{Activation, Elementwise, Relu, Saves, Tanh};
-pub use conv::Conv;
+pub use batch_norm::BatchNorm;
+pub use conv::{Conv, GeneralConv};
+pub use conv_dims::{ConvConfig, ConvDims};
+pub use conv_transpose::{ConvTranspose, GeneralConvTranspose};
 pub use cx::{Cx, Mode, Policy};
 pub use dense::Dense;
 pub use error::LayerError;
@@ -51,7 +57,7 @@ pub use layer::{Init, Layer, ParamSpec, Residuals, Saved, Shapes, Value};
 pub use loss::{Loss, SoftmaxCrossEntropy};
 pub use parallel::{Identity, Parallel};
 pub use params::{ParamSource, init_params};
-pub use pool::MaxPool;
+pub use pool::{AvgPool, MaxPool, Pool, SumPool};
 pub use serial::Serial;
 pub use sink::{Collect, GradSink, InBackward, Updates};
 pub use stax_tensor::{Grads, Padding, Params};

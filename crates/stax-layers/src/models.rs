@@ -1,5 +1,9 @@
-//! Models defined once, for the examples, benches and tests: the seed's CNN, an MLP, and stax's
-//! MNIST classifier ([`mnist_classifier`]).
+//! Models defined once, for the examples, benches and tests: the seed's CNN, an MLP, stax's
+//! MNIST classifier ([`mnist_classifier`]) and stax's ResNet-50 ([`resnet`]).
+
+pub mod resnet;
+
+pub use resnet::{ResNet, conv_block, identity_block};
 
 use crate::{Conv, Dense, Flatten, LogSoftmax, Relu, Serial, serial};
 

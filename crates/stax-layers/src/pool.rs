@@ -1,38 +1,84 @@
-//! `MaxPool`: 2-D max pooling, NHWC (stax's `MaxPool`).
+//! `MaxPool`, `SumPool`, `AvgPool`: stax's 2-D poolings, NHWC, one generic layer.
+
+use std::marker::PhantomData;
 
 use stax_alloc::Tag;
 use stax_tensor::{Category, Conv2dGeometry, Padding, Params, PoolKind, Shape, Tensor, Tree, ops};
 
-use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
+use crate::conv_dims::reason;
+use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_shape, saved_tensor};
 use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
 
-/// stax's `MaxPool(window_shape, strides=None, padding='VALID')` on NHWC input: the maximum of
-/// each `window` (spatial only), moved by `strides` (stax's default: 1, not the window),
-/// SAME padding reading -inf. The gradient goes to each window's first maximum
-/// (XLA's select-and-scatter). Keeps its input for the backward pass (a handle).
+/// How a pooling layer combines its window (the marker types [`Max`], [`Sum`], [`Avg`]).
+pub trait PoolKindOf: std::fmt::Debug + Clone + Copy + PartialEq + Eq + Send + Sync {
+    /// The op's pooling.
+    const KIND: PoolKind;
+}
+
+/// Max pooling's marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxPool {
+pub struct Max;
+/// Sum pooling's marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sum;
+/// Average pooling's marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Avg;
+
+impl PoolKindOf for Max {
+    const KIND: PoolKind = PoolKind::Max;
+}
+impl PoolKindOf for Sum {
+    const KIND: PoolKind = PoolKind::Sum;
+}
+impl PoolKindOf for Avg {
+    const KIND: PoolKind = PoolKind::Avg;
+}
+
+/// stax's pooling layers, `Pooling(window_shape, strides=None, padding='VALID')` on NHWC input
+/// (stax's default `spec`): each `window` (spatial only) moved by `strides` (stax's default: 1,
+/// not the window) and combined as `K` says:
+/// - [`MaxPool`]: the maximum, SAME padding reading -inf; the gradient goes to each window's
+///   first maximum (XLA's select-and-scatter). Keeps its input for the backward pass (a handle).
+/// - [`SumPool`]: the sum, padding reading 0 (`lax.reduce_window(add, 0.)`).
+/// - [`AvgPool`]: the sum divided by the window's positions inside the input: stax divides by
+///   `reduce_window(add)` of ones over the same windows, so under SAME a border window does not
+///   count the padding (PyTorch's `count_include_pad=False`); under VALID it is the mean.
+///
+/// Sum and average pooling keep nothing but the input's shape: their gradient spreads `dy` over
+/// the windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool<K: PoolKindOf> {
     /// Window `(height, width)`.
     pub window: (usize, usize),
     /// Strides `(height, width)`.
     pub strides: (usize, usize),
-    /// SAME or VALID.
+    /// SAME, VALID or explicit.
     pub padding: Padding,
+    kind: PhantomData<K>,
 }
 
-impl MaxPool {
-    /// stax's `MaxPool(window)`: stride 1, VALID.
-    pub fn new(window: (usize, usize)) -> MaxPool {
-        MaxPool {
+/// stax's `MaxPool`.
+pub type MaxPool = Pool<Max>;
+/// stax's `SumPool`.
+pub type SumPool = Pool<Sum>;
+/// stax's `AvgPool`.
+pub type AvgPool = Pool<Avg>;
+
+impl<K: PoolKindOf> Pool<K> {
+    /// stax's `MaxPool(window)` (or `SumPool`, `AvgPool`): stride 1, VALID.
+    pub fn new(window: (usize, usize)) -> Self {
+        Pool {
             window,
             strides: (1, 1),
             padding: Padding::Valid,
+            kind: PhantomData,
         }
     }
 
     /// This pooling with `strides` and `padding`.
-    pub fn with(self, strides: (usize, usize), padding: Padding) -> MaxPool {
-        MaxPool {
+    pub fn with(self, strides: (usize, usize), padding: Padding) -> Self {
+        Pool {
             strides,
             padding,
             ..self
@@ -47,28 +93,20 @@ impl MaxPool {
         };
         let (kh, kw) = self.window;
         let w = Shape::new([kh, kw, c, c]);
-        Conv2dGeometry::new(input, &w, self.strides, self.padding).map_err(|e| {
-            let reason = match e {
-                stax_tensor::TensorError::InvalidArgument { reason, .. } => reason,
-                other => other.to_string(),
-            };
-            self.shape_error(reason, &shapes)
-        })
+        Conv2dGeometry::new(input, &w, self.strides, self.padding)
+            .map_err(|e| self.shape_error(reason(e), &shapes))
     }
 }
 
-impl Layer for MaxPool {
+impl<K: PoolKindOf> Layer for Pool<K> {
     fn kind(&self) -> &'static str {
-        "max_pool"
+        K::KIND.name()
     }
 
     fn describe(&self) -> String {
         let ((kh, kw), (sh, sw)) = (self.window, self.strides);
-        let pad = match self.padding {
-            Padding::Same => "SAME",
-            Padding::Valid => "VALID",
-        };
-        format!("max_pool({kh}x{kw}, stride {sh}x{sw}, {pad})")
+        let name = K::KIND.name();
+        format!("{name}({kh}x{kw}, stride {sh}x{sw}, {})", self.padding)
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
@@ -93,10 +131,11 @@ impl Layer for MaxPool {
         let g = self.geometry(x.shape())?;
         let tag = Tag::new(Category::Activation, "output");
         let mut y = Tensor::empty(x.backend(), g.output_shape(), x.dtype(), tag)?;
-        ops::pool2d(PoolKind::Max, &g, &x, &mut y)?;
-        let kept = match cx.is_training() {
-            true => residuals([("x", Saved::Tensor(x))]),
-            false => Tree::empty(),
+        ops::pool2d(K::KIND, &g, &x, &mut y)?;
+        let kept = match (cx.is_training(), K::KIND) {
+            (false, _) => Tree::empty(),
+            (true, PoolKind::Max) => residuals([("x", Saved::Tensor(x))]),
+            (true, _) => residuals([("x", Saved::Shape(x.shape().clone()))]),
         };
         Ok((Tree::leaf(y), kept))
     }
@@ -110,15 +149,22 @@ impl Layer for MaxPool {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         expect_params(params, self, &Tree::empty())?;
-        let x = saved_tensor(self, &mut residuals, "x")?;
+        let x = match K::KIND {
+            PoolKind::Max => Some(saved_tensor(self, &mut residuals, "x")?),
+            _ => None,
+        };
+        let shape = match &x {
+            Some(x) => x.shape().clone(),
+            None => saved_shape(self, &mut residuals, "x")?,
+        };
         if !need_dx {
             return Ok(None);
         }
         let dy = one_tensor(self, dy)?;
-        let g = self.geometry(x.shape())?;
+        let g = self.geometry(&shape)?;
         let tag = Tag::new(Category::Gradient, "dx");
-        let mut dx = Tensor::empty(x.backend(), g.input_shape(), x.dtype(), tag)?;
-        ops::pool2d_bwd(PoolKind::Max, &g, &x, &dy, &mut dx)?;
+        let mut dx = Tensor::empty(dy.backend(), g.input_shape(), dy.dtype(), tag)?;
+        ops::pool2d_bwd(K::KIND, &g, x.as_ref(), &dy, &mut dx)?;
         Ok(Some(Tree::leaf(dx)))
     }
 }

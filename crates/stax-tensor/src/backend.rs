@@ -2,7 +2,8 @@
 //!
 //! Ops come in families, one trait each: [`MemoryOps`] (copies, fills), [`ConvOps`]
 //! (convolutions and pooling), [`MatmulOps`], [`ElementwiseOps`] (activations, binary ops,
-//! bias), [`LossOps`] and [`OptimOps`]. A backend is all of them. Every op takes its operands
+//! bias), [`LossOps`], [`OptimOps`] and [`NormOps`] (batch normalization, channel bias). A
+//! backend is all of them. Every op takes its operands
 //! as a [`Checked`] call that only the front end ([`crate::ops`]) can make: device (by backend
 //! identity), dtype, shape and aliasing are checked there, once, so the CPU, CUDA and planning
 //! backends compute (or, the planner, allocate) and check nothing again. Ops write into
@@ -15,11 +16,12 @@ mod rows;
 mod scratch;
 
 pub use call::{
-    Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
-    CopyIn, CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent,
-    Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
+    CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
+    UnaryBwd,
 };
-pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps};
+pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, NormOps, OptimOps};
 pub use rows::{AxisDims, Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 pub use scratch::Scratch;
 
@@ -127,7 +129,16 @@ impl fmt::Display for BackendId {
 /// A compute backend: owns an allocator and computes the ops of a stax training step (all of
 /// the op families above). Tensors are row-major.
 pub trait Backend:
-    MemoryOps + ConvOps + MatmulOps + ElementwiseOps + LossOps + OptimOps + Send + Sync + fmt::Debug
+    MemoryOps
+    + ConvOps
+    + MatmulOps
+    + ElementwiseOps
+    + LossOps
+    + OptimOps
+    + NormOps
+    + Send
+    + Sync
+    + fmt::Debug
 {
     /// The device this backend computes on.
     fn device(&self) -> Device;

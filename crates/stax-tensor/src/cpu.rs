@@ -7,7 +7,8 @@
 //! [`Category::Workspace`] and freed before the op returns.
 //!
 //! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
-//! backward filter), `pool.rs` (max pooling), `matmul.rs` (strided GEMM views shared with the
+//! backward filter, any layout and dilation), `pool.rs` (max, sum and average pooling),
+//! `norm.rs` (batch normalization, channel bias), `matmul.rs` (strided GEMM views shared with the
 //! convs), `elementwise.rs` (fill, activations, binary ops, bias; generic over f32, bf16, f16),
 //! `softmax.rs` (softmax cross-entropy), `rows.rs` (softmax over an axis, losses with integer
 //! labels, dropout), `adam.rs` (the fused optimizer step) and `host.rs`
@@ -31,6 +32,7 @@ mod elementwise;
 mod host;
 mod layout;
 mod matmul;
+mod norm;
 mod pool;
 mod rows;
 mod softmax;
@@ -38,13 +40,14 @@ mod softmax;
 mod testing;
 
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
+    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut, DenseAdam, Fill, Matmul,
+    Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{
     Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
-    MatmulOps, MemoryOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
+    MatmulOps, MemoryOps, NormOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
 };
 use host::{bytes_of, bytes_of_mut, data, data_mut};
 use stax_alloc::{Allocator, HostMemory};
@@ -134,14 +137,16 @@ impl Backend for CpuBackend {
         Ok(None)
     }
 
-    /// Convolutions allocate one im2col column buffer per call (none when pointwise); no other
-    /// op allocates.
+    /// Convolutions allocate one im2col column buffer per call (none when pointwise), after
+    /// an HWIO copy of a kernel stored otherwise; no other op allocates.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
-        Ok(WorkspaceStep::single(match op {
-            OpDesc::Conv { geometry, pass, .. } => conv::workspace_bytes(self, geometry, *pass)?,
-            OpDesc::DenseAdam { n, k, .. } => dense_adam::chunk_rows(self, *k, *n) * n * 4,
-            _ => 0,
-        }))
+        match op {
+            OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry),
+            OpDesc::DenseAdam { n, k, .. } => Ok(WorkspaceStep::single(
+                dense_adam::chunk_rows(self, *k, *n) * n * 4,
+            )),
+            _ => Ok(Vec::new()),
+        }
     }
 }
 
@@ -251,6 +256,24 @@ impl LossOps for CpuBackend {
 
     fn index_loss(&self, c: Checked<IndexLossCall<'_>>) -> Result<f32, TensorError> {
         rows::index_loss(c.into_inner())
+    }
+}
+
+impl NormOps for CpuBackend {
+    fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError> {
+        norm::batch_norm(c.into_inner())
+    }
+
+    fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError> {
+        norm::batch_norm_bwd(c.into_inner())
+    }
+
+    fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError> {
+        norm::channel_bias_add(c.into_inner())
+    }
+
+    fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError> {
+        norm::channel_bias_grad(c.into_inner())
     }
 }
 
@@ -397,6 +420,7 @@ mod tests {
                 geometry: g,
                 pass,
                 dtype: DType::F32,
+                bias: true,
             };
             assert_eq!(be.workspace_bytes(&q).unwrap(), 9 * 27 * 4);
         }
@@ -424,6 +448,7 @@ mod tests {
             geometry: g,
             pass: crate::ConvPass::BackwardFilter,
             dtype: DType::F32,
+            bias: true,
         };
         assert_eq!(be.workspace_bytes(&q).unwrap(), 0);
         let be: Arc<dyn Backend> = be;

@@ -30,6 +30,7 @@ pub mod cudnn;
 mod dense_adam;
 pub mod kernels;
 pub mod memory;
+mod norm;
 mod ops;
 mod transfer;
 mod workspace;

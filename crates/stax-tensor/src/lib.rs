@@ -34,17 +34,18 @@ pub mod upload;
 
 pub use backend::{
     AdamHyper, Backend, BackendId, BackendOptions, ConvOps, ElementwiseOps, LossOps, MatmulOps,
-    MemoryOps, OptimOps, Precision, class_dims, matmul_dims, softmax_xent_dims,
+    MemoryOps, NormOps, OptimOps, Precision, class_dims, matmul_dims, softmax_xent_dims,
 };
 pub use checked::Checked;
 pub use codes::{IndexLoss, SoftmaxKind};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
-pub use geometry::{Conv2dGeometry, Padding};
+pub use geometry::{Conv2dGeometry, ConvSpec, FilterLayout, Layout, Padding};
 pub use op::Alpha;
 pub use op::{
-    Activation, BinaryOp, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep, dense_chunk_rows,
+    Activation, BinaryOp, ChannelGeometry, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep,
+    dense_chunk_rows,
 };
 pub use shape::Shape;
 pub use stax_alloc::{Allocator, Category, Name, Strategy, Tag};

@@ -5,7 +5,7 @@
 //! schedule, and the op itself allocates by it ([`crate::backend::Scratch`]). The enums here
 //! ([`Activation`], [`BinaryOp`]) are the op codes the elementwise kernels switch on.
 
-use crate::{Conv2dGeometry, DType, IndexLoss, SoftmaxKind, scalar};
+use crate::{Conv2dGeometry, DType, IndexLoss, Shape, SoftmaxKind, TensorError, scalar};
 
 /// An elementwise activation function (stax's `elementwise(fun)` layers).
 ///
@@ -262,6 +262,23 @@ pub enum PoolKind {
     /// `lax.reduce_window(max, -inf)`: padding reads -inf; the gradient goes to the first
     /// maximum of each window in window order (XLA's select-and-scatter with `>=`).
     Max,
+    /// `lax.reduce_window(add, 0)` (stax's `SumPool`): padding reads 0.
+    Sum,
+    /// stax's `AvgPool`: the window sum divided by the number of the window's elements inside
+    /// the input (stax divides by `reduce_window(add)` of ones over the same windows, so under
+    /// SAME the border windows do not count the padding; under VALID it is the window size).
+    Avg,
+}
+
+impl PoolKind {
+    /// stax's name of the layer (`max_pool`, `sum_pool`, `avg_pool`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Max => "max_pool",
+            PoolKind::Sum => "sum_pool",
+            PoolKind::Avg => "avg_pool",
+        }
+    }
 }
 
 /// What one op call computes, as far as its memory goes (see the module docs).
@@ -275,10 +292,13 @@ pub enum OpDesc {
         pass: ConvPass,
         /// Element type.
         dtype: DType,
+        /// Whether the pass adds a bias (forward, backward data) or computes its gradient
+        /// (backward filter).
+        bias: bool,
     },
     /// A 2-D pooling (`geometry.c_out == geometry.c_in`, the window as the kernel).
     Pool {
-        /// Max (more with the rest of stax).
+        /// Max, sum or average.
         kind: PoolKind,
         /// Shapes, window, strides and padding.
         geometry: Conv2dGeometry,
@@ -378,6 +398,20 @@ pub enum OpDesc {
         /// Classes.
         classes: usize,
     },
+    /// Batch normalization (forward: `backward == false`) over a `[outer, c, inner]` view.
+    BatchNorm {
+        /// The view: statistics per channel over `outer` and `inner`.
+        geometry: ChannelGeometry,
+        /// Whether it is the backward pass.
+        backward: bool,
+    },
+    /// A bias along a middle axis (`y[o, j, i] += b[j]`), or its gradient (`backward`).
+    ChannelBias {
+        /// The view.
+        geometry: ChannelGeometry,
+        /// Whether it is the gradient.
+        backward: bool,
+    },
 }
 
 /// Rows of the weight [`OpDesc::DenseAdam`] processes at a time, `n` columns wide, within
@@ -390,6 +424,52 @@ pub fn dense_chunk_rows(k: usize, n: usize, bytes: usize) -> usize {
     let fit = bytes / (4 * n);
     let rows = if fit >= 64 { fit / 64 * 64 } else { fit.max(1) };
     rows.min(k)
+}
+
+/// A tensor seen as `[outer, c, inner]`: a channel axis (or a contiguous run of axes, merged)
+/// between the axes before it and after it. Per-channel reductions (BatchNorm's statistics, a
+/// channel bias's gradient) sum over `outer` and `inner`. NHWC channels are `[n·h·w, c, 1]`,
+/// NCHW channels `[n, c, h·w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChannelGeometry {
+    /// Product of the axes before the channels.
+    pub outer: usize,
+    /// Channels (the product of the kept axes).
+    pub c: usize,
+    /// Product of the axes after the channels.
+    pub inner: usize,
+}
+
+impl ChannelGeometry {
+    /// The view of `shape` whose channels are the axes `kept` (a non-empty range).
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] when `kept` is empty or out of range.
+    pub fn of(shape: &Shape, kept: std::ops::Range<usize>) -> Result<Self, TensorError> {
+        let d = shape.dims();
+        if kept.is_empty() || kept.end > d.len() {
+            return Err(TensorError::InvalidArgument {
+                op: "channel_geometry",
+                reason: format!("axes {kept:?} are not a non-empty range of {shape}"),
+            });
+        }
+        let prod = |r: &[usize]| r.iter().product::<usize>();
+        Ok(ChannelGeometry {
+            outer: prod(&d[..kept.start]),
+            c: prod(&d[kept.clone()]),
+            inner: prod(&d[kept.end..]),
+        })
+    }
+
+    /// Elements of the whole view (saturating).
+    pub fn numel(&self) -> usize {
+        self.outer.saturating_mul(self.c).saturating_mul(self.inner)
+    }
+
+    /// Elements each channel reduces over, `outer · inner` (saturating).
+    pub fn per_channel(&self) -> usize {
+        self.outer.saturating_mul(self.inner)
+    }
 }
 
 /// One allocation or free of an op's workspace (tagged [`stax_alloc::Category::Workspace`]),

@@ -19,6 +19,7 @@
 mod conv;
 mod elementwise;
 mod memory;
+mod norm;
 mod rows;
 mod update;
 
@@ -26,6 +27,10 @@ pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, poo
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
+};
+pub use norm::{
+    Affine, AffineGrads, NormSaved, batch_norm, batch_norm_bwd, bias_add_channels,
+    bias_grad_channels,
 };
 pub use rows::{
     check_keep_rate, dropout, dropout_bits, dropout_bwd, index_loss, keep_threshold,

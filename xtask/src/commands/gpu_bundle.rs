@@ -237,6 +237,9 @@ pub fn run(args: GpuBundleArgs) -> Result<(), Box<dyn std::error::Error>> {
             if root.join("examples/alloc_bench.rs").exists() {
                 cmd.extend(["--example", "alloc_bench"]);
             }
+            if root.join("examples/resnet50.rs").exists() {
+                cmd.extend(["--example", "resnet50"]);
+            }
             others.extend(build(&root, &cmd, "examples", Some("example"))?);
         } else {
             eprintln!("gpu-bundle: examples/stax_cnn.rs does not exist yet; no example bundled");

@@ -121,9 +121,12 @@ fn blocks<'t>(
 
 memory_calls!(CopyIn, CopyOut, Copy, Fill, Concat, Split);
 
-/// `y = act(conv(x, w) + b)`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b
-/// `[c_out]`, y NHWC `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`).
-/// With an activation that saves a mask, `aux` receives it.
+mod norm;
+pub use norm::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
+
+/// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (or no
+/// bias), y `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`). With an
+/// activation that saves a mask, `aux` receives it.
 #[derive(Debug)]
 pub struct Conv2d<'a> {
     /// Shapes, strides, padding.
@@ -132,8 +135,8 @@ pub struct Conv2d<'a> {
     pub x: &'a Tensor,
     /// Kernel.
     pub w: &'a Tensor,
-    /// Bias.
-    pub b: &'a Tensor,
+    /// Bias, if any.
+    pub b: Option<&'a Tensor>,
     /// Output.
     pub y: &'a mut Tensor,
     /// The activation of the epilogue, if any.
@@ -142,7 +145,7 @@ pub struct Conv2d<'a> {
     pub aux: Option<&'a mut Tensor>,
 }
 
-/// `dx = conv_transpose(dy, w)`: dy NHWC `g.output_shape()`, dx NHWC `g.input_shape()`.
+/// `dx = conv_transpose(dy, w)`: dy `g.output_shape()`, dx `g.input_shape()`.
 #[derive(Debug)]
 pub struct Conv2dBwdData<'a> {
     /// Shapes, strides, padding.
@@ -155,7 +158,7 @@ pub struct Conv2dBwdData<'a> {
     pub dx: &'a mut Tensor,
 }
 
-/// Kernel and bias gradients: dw HWIO `g.filter_shape()`, db `[c_out]` (overwritten). With
+/// Kernel and bias gradients: dw `g.filter_shape()`, db `[c_out]` if given (overwritten). With
 /// `act`, `dy` is first turned in place into the gradient before the epilogue's activation
 /// (its backward, from what it saved).
 #[derive(Debug)]
@@ -168,8 +171,8 @@ pub struct Conv2dBwdFilter<'a> {
     pub dy: &'a mut Tensor,
     /// Kernel gradient.
     pub dw: &'a mut Tensor,
-    /// Bias gradient.
-    pub db: &'a mut Tensor,
+    /// Bias gradient, if wanted.
+    pub db: Option<&'a mut Tensor>,
     /// The epilogue's activation and what it saved.
     pub act: Option<(Activation, &'a Tensor)>,
 }
@@ -187,15 +190,16 @@ pub struct Pool2d<'a> {
     pub y: &'a mut Tensor,
 }
 
-/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy and the input.
+/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy (and the
+/// forward input, which max pooling reads and sum and average pooling do not).
 #[derive(Debug)]
 pub struct Pool2dBwd<'a> {
     /// How the window is combined.
     pub kind: PoolKind,
     /// Shapes, window, strides, padding.
     pub g: Conv2dGeometry,
-    /// The forward input.
-    pub x: &'a Tensor,
+    /// The forward input (max pooling).
+    pub x: Option<&'a Tensor>,
     /// Output gradient.
     pub dy: &'a Tensor,
     /// Input gradient.
@@ -347,27 +351,40 @@ pub struct DenseAdam<'a> {
 
 impl Call for Conv2d<'_> {
     fn desc(&self) -> OpDesc {
-        conv(self.g, crate::ConvPass::Forward, self.x.dtype())
+        let bias = self.b.is_some();
+        conv(self.g, crate::ConvPass::Forward, self.x.dtype(), bias)
     }
 }
 
 impl Call for Conv2dBwdData<'_> {
     fn desc(&self) -> OpDesc {
-        conv(self.g, crate::ConvPass::BackwardData, self.dy.dtype())
+        conv(
+            self.g,
+            crate::ConvPass::BackwardData,
+            self.dy.dtype(),
+            false,
+        )
     }
 }
 
 impl Call for Conv2dBwdFilter<'_> {
     fn desc(&self) -> OpDesc {
-        conv(self.g, crate::ConvPass::BackwardFilter, self.x.dtype())
+        let bias = self.db.is_some();
+        conv(
+            self.g,
+            crate::ConvPass::BackwardFilter,
+            self.x.dtype(),
+            bias,
+        )
     }
 }
 
-fn conv(geometry: Conv2dGeometry, pass: crate::ConvPass, dtype: DType) -> OpDesc {
+fn conv(geometry: Conv2dGeometry, pass: crate::ConvPass, dtype: DType, bias: bool) -> OpDesc {
     OpDesc::Conv {
         geometry,
         pass,
         dtype,
+        bias,
     }
 }
 

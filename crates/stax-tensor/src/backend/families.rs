@@ -6,9 +6,9 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
-    UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
+    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
+    Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use super::rows::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 
@@ -199,4 +199,31 @@ pub trait OptimOps {
     /// # Errors
     /// Workspace allocation (before anything is written) and kernel errors.
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError>;
+}
+
+/// Per-channel ops on a `[outer, c, inner]` view: batch normalization and a channel bias.
+pub trait NormOps {
+    /// Batch normalization forward, writing the per-channel statistics.
+    ///
+    /// # Errors
+    /// Workspace allocation and kernel errors.
+    fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError>;
+
+    /// Batch normalization backward.
+    ///
+    /// # Errors
+    /// Workspace allocation and kernel errors.
+    fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError>;
+
+    /// A bias along the channel axis of the view.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError>;
+
+    /// The gradient of a channel bias.
+    ///
+    /// # Errors
+    /// Workspace allocation and kernel errors.
+    fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError>;
 }

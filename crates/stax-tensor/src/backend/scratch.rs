@@ -95,6 +95,32 @@ impl Scratch {
             })
     }
 
+    /// Buffers `i` and `j` (`i != j`) as writable host bytes at once, while both are held.
+    ///
+    /// # Errors
+    /// As [`Scratch::host_mut`], and when `i == j`.
+    pub fn host_pair_mut(
+        &mut self,
+        i: usize,
+        j: usize,
+    ) -> Result<(&mut [u8], &mut [u8]), TensorError> {
+        let op = self.op;
+        let bad = || TensorError::InvalidArgument {
+            op,
+            reason: format!("workspace buffers {i} and {j} are not two held host buffers"),
+        };
+        let mut views = self
+            .held
+            .iter_mut()
+            .enumerate()
+            .filter(|(k, _)| *k == i || *k == j)
+            .map(|(k, a)| (k, a.as_mut().and_then(Allocation::host_bytes_mut)));
+        let (Some((k1, Some(a))), Some((_, Some(b)))) = (views.next(), views.next()) else {
+            return Err(bad());
+        };
+        Ok(if k1 == i { (a, b) } else { (b, a) })
+    }
+
     /// Checks that every step was taken.
     ///
     /// # Errors

@@ -1,13 +1,16 @@
 //! 2-D convolution on the host by im2col + GEMM: forward, backward data, backward filter.
 //!
-//! Layouts are stax's: input NHWC `[n, h, w, c_in]`, kernel HWIO `[kh, kw, c_in, c_out]`,
-//! output NHWC `[n, out_h, out_w, c_out]`, cross-correlation as `lax.conv_general_dilated`:
-//! `y[i, oy, ox, o] = b[o] + sum_{ky, kx, c} x[i, oy·sh + ky - pad_top, ox·sw + kx - pad_left, c]
-//! · w[ky, kx, c, o]`, input positions outside the image reading zero.
+//! Cross-correlation with kernel dilation, as `lax.conv_general_dilated`:
+//! `y[i, oy, ox, o] = b[o] + sum_{ky, kx, c} x[i, oy·sh + ky·dh - pad_top, ox·sw + kx·dw -
+//! pad_left, c] · K[ky, kx, c, o]`, input positions outside the image reading zero. The
+//! activations are NHWC or NCHW and the kernel any [`crate::FilterLayout`]: im2col reads the
+//! input through its layout's strides, the GEMM writes the output through its strides, and a
+//! kernel not stored as HWIO is first copied to HWIO (`K`) in a workspace buffer (its
+//! gradient computed there and copied back).
 //!
 //! Every output pixel `p` (all images, row-major) has a patch row `col[p, :]` of
-//! `K = kh · kw · c_in` values laid out `[ky, kx, c]`, the same order as the kernel seen as a
-//! `[K, c_out]` matrix `W`. Then, with `Y` and `dY` the outputs as `[P, c_out]` matrices:
+//! `K = kh · kw · c_in` values laid out `[ky, kx, c]`, the same order as the HWIO kernel seen
+//! as a `[K, c_out]` matrix `W`. Then, with `Y` and `dY` the outputs as `[P, c_out]` matrices:
 //! - forward: `Y = col · W + b`;
 //! - backward data: `dcol = dY · Wᵀ`, scattered back and summed into `dx` (col2im);
 //! - backward filter: `dW = colᵀ · dY`, `db = sum over rows of dY`.
@@ -15,13 +18,14 @@
 //! The patch matrix is never built for the whole batch (100 images of 200x200 with a 3x3x64
 //! kernel would take 9 GB): output pixels are processed in chunks of rows whose column buffer
 //! fits the backend's workspace bound, allocated as [`stax_alloc::Category::Workspace`] and freed
-//! before the op returns. A 1x1 kernel with stride 1 and no padding is a plain GEMM on `x`.
+//! before the op returns. An NHWC 1x1 kernel with stride 1 and no padding is a plain GEMM on `x`.
 
-use super::elementwise::{column_sums, unary, unary_bwd};
+use super::elementwise::{unary, unary_bwd};
 use super::matmul::{MatMut, MatRef, gemm};
+use super::norm::channel_sums;
 use super::{CpuBackend, data, data_mut};
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd};
-use crate::{Backend, Conv2dGeometry, ConvPass, DType, OpDesc, TensorError};
+use crate::{Conv2dGeometry, FilterLayout, Layout, TensorError, WorkspaceStep};
 use std::ops::Range;
 
 #[cfg(test)]
@@ -41,81 +45,117 @@ fn pixels(g: &Conv2dGeometry) -> usize {
     g.n * g.out_h * g.out_w
 }
 
-/// Whether the conv is a plain GEMM over pixels: 1x1 kernel, stride 1, no padding.
+/// Whether the conv is a plain GEMM over pixels: NHWC, 1x1 kernel, stride 1, no padding.
 fn is_pointwise(g: &Conv2dGeometry) -> bool {
     (g.kh, g.kw, g.stride_h, g.stride_w) == (1, 1, 1, 1)
         && [g.pad_top, g.pad_bottom, g.pad_left, g.pad_right] == [0; 4]
+        && g.layout == Layout::Nhwc
 }
 
-/// Where output pixel `p`'s patch lies in its image: the image index, the output row, and the
-/// `kx` range `lo..hi` that falls inside the image with `ix0`, the input column of `kx = lo`.
-struct Patch {
-    image: usize,
-    oy: usize,
-    kx: Range<usize>,
-    ix0: usize,
+/// Element strides of an image of the input `(image, channel, row, column)`.
+fn input_strides(g: &Conv2dGeometry) -> (usize, usize, usize, usize) {
+    g.layout.strides(g.h, g.w, g.c_in)
 }
 
-impl Patch {
-    fn of(g: &Conv2dGeometry, p: usize) -> Patch {
-        let per_image = g.out_h * g.out_w;
-        let (image, rem) = (p / per_image, p % per_image);
-        let (oy, ox) = (rem / g.out_w, rem % g.out_w);
-        // Input column of kx is base + kx - pad_left; it is inside when in [0, w).
-        let base = ox * g.stride_w;
-        let lo = g.pad_left.saturating_sub(base).min(g.kw);
-        let hi = (g.pad_left + g.w).saturating_sub(base).min(g.kw).max(lo);
-        // An empty range gets column 0, so slicing at it stays inside the image.
-        let ix0 = if hi > lo { base + lo - g.pad_left } else { 0 };
-        Patch {
-            image,
-            oy,
-            kx: lo..hi,
-            ix0,
+/// The kernel taps `lo..hi` along one axis whose input index `o·s + t·d - pad` lies in
+/// `0..len`, for output index `o` and `k` taps.
+fn taps(o: usize, (s, d, pad): (usize, usize, usize), len: usize, k: usize) -> Range<usize> {
+    let base = o * s;
+    let lo = pad.saturating_sub(base).div_ceil(d).min(k);
+    let hi = (len + pad).saturating_sub(base).div_ceil(d).min(k).max(lo);
+    lo..hi
+}
+
+/// Image, output row and output column of output pixel `p`.
+fn pixel(g: &Conv2dGeometry, p: usize) -> (usize, usize, usize) {
+    let per_image = g.out_h * g.out_w;
+    let rem = p % per_image;
+    (p / per_image, rem / g.out_w, rem % g.out_w)
+}
+
+/// Calls `f(patch_offset, image_offset, len, image_stride)` for every run of patch row `p`
+/// that reads the input: `len` elements of the patch from `patch_offset`, read from its image
+/// at `image_offset` with stride `image_stride` (a channel run, or, NHWC without column
+/// dilation, a whole run of kernel columns). What no run covers lies in the padding.
+fn patch_runs(g: &Conv2dGeometry, p: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let (_, oy, ox) = pixel(g, p);
+    let (_, sc, sr, scol) = input_strides(g);
+    let c = g.c_in;
+    let ky = taps(oy, (g.stride_h, g.dilation_h, g.pad_top), g.h, g.kh);
+    let kx = taps(ox, (g.stride_w, g.dilation_w, g.pad_left), g.w, g.kw);
+    let contiguous = sc == 1 && scol == c && g.dilation_w == 1;
+    let ix = |u: usize| ox * g.stride_w + u * g.dilation_w - g.pad_left;
+    for t in ky {
+        let iy = oy * g.stride_h + t * g.dilation_h - g.pad_top;
+        let row = t * g.kw * c;
+        if contiguous && !kx.is_empty() {
+            f(
+                row + kx.start * c,
+                iy * sr + ix(kx.start) * scol,
+                kx.len() * c,
+                1,
+            );
+            continue;
         }
-    }
-
-    /// Input row read by kernel row `ky`, or `None` in the padding.
-    fn iy(&self, g: &Conv2dGeometry, ky: usize) -> Option<usize> {
-        (self.oy * g.stride_h + ky)
-            .checked_sub(g.pad_top)
-            .filter(|&iy| iy < g.h)
+        for u in kx.clone() {
+            f(row + u * c, iy * sr + ix(u) * scol, c, sc);
+        }
     }
 }
 
 /// Fills `col` (`[rows, K]`, row-major) with the patches of output pixels `p0..p0 + rows`.
 fn im2col(g: &Conv2dGeometry, x: &[f32], p0: usize, col: &mut [f32]) {
-    let (c, image_len) = (g.c_in, g.h * g.w * g.c_in);
+    let image_len = input_strides(g).0;
     for (i, row) in col.chunks_exact_mut(patch_len(g)).enumerate() {
-        let patch = Patch::of(g, p0 + i);
-        let image = &x[patch.image * image_len..][..image_len];
-        let (lo, hi) = (patch.kx.start * c, patch.kx.end * c);
-        for (ky, dst) in row.chunks_exact_mut(g.kw * c).enumerate() {
-            let Some(iy) = patch.iy(g, ky) else {
-                dst.fill(0.0);
-                continue;
-            };
-            dst[..lo].fill(0.0);
-            dst[lo..hi].copy_from_slice(&image[(iy * g.w + patch.ix0) * c..][..hi - lo]);
-            dst[hi..].fill(0.0);
-        }
+        row.fill(0.0);
+        let img = &x[pixel(g, p0 + i).0 * image_len..][..image_len];
+        patch_runs(g, p0 + i, |at, from, len, stride| {
+            let dst = &mut row[at..at + len];
+            if stride == 1 {
+                dst.copy_from_slice(&img[from..from + len]);
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = img[from + j * stride];
+                }
+            }
+        });
     }
 }
 
 /// Adds the patch gradients `dcol` (`[rows, K]`) of output pixels `p0..p0 + rows` into `dx`.
 fn col2im(g: &Conv2dGeometry, dcol: &[f32], p0: usize, dx: &mut [f32]) {
-    let (c, image_len) = (g.c_in, g.h * g.w * g.c_in);
+    let image_len = input_strides(g).0;
     for (i, row) in dcol.chunks_exact(patch_len(g)).enumerate() {
-        let patch = Patch::of(g, p0 + i);
-        let image = &mut dx[patch.image * image_len..][..image_len];
-        let (lo, hi) = (patch.kx.start * c, patch.kx.end * c);
-        for (ky, src) in row.chunks_exact(g.kw * c).enumerate() {
-            if let Some(iy) = patch.iy(g, ky) {
-                let dst = &mut image[(iy * g.w + patch.ix0) * c..][..hi - lo];
-                for (d, s) in dst.iter_mut().zip(&src[lo..hi]) {
-                    *d += s;
-                }
+        let img = &mut dx[pixel(g, p0 + i).0 * image_len..][..image_len];
+        patch_runs(g, p0 + i, |at, from, len, stride| {
+            for (j, s) in row[at..at + len].iter().enumerate() {
+                img[from + j * stride] += s;
             }
+        });
+    }
+}
+
+/// The output pixels `rows` as blocks of the output seen as a `[pixels, c_out]` matrix: each
+/// `(pixels, offset, (rs, cs))`. NHWC is one row-major block; NCHW one block per image, of
+/// strides `(1, out_h · out_w)`.
+fn out_blocks(
+    g: &Conv2dGeometry,
+    rows: Range<usize>,
+) -> Vec<(Range<usize>, usize, (usize, usize))> {
+    let (co, per_image) = (g.c_out, g.out_h * g.out_w);
+    match g.layout {
+        Layout::Nhwc => vec![(rows.clone(), rows.start * co, (co, 1))],
+        Layout::Nchw => {
+            let mut out = Vec::new();
+            let mut p = rows.start;
+            while p < rows.end {
+                let image = p / per_image;
+                let end = rows.end.min((image + 1) * per_image);
+                let offset = image * co * per_image + p - image * per_image;
+                out.push((p..end, offset, (1, per_image)));
+                p = end;
+            }
+            out
         }
     }
 }
@@ -132,81 +172,155 @@ fn column_floats(be: &CpuBackend, g: &Conv2dGeometry) -> usize {
     }
 }
 
-/// Workspace bytes one call of `pass` allocates (and frees before returning): the column buffer
-/// of [`column_floats`], the same for the three passes. What [`crate::Backend::workspace_bytes`]
-/// answers on the CPU.
+/// The workspace one call of any pass allocates and frees, in order (what
+/// [`crate::Backend::workspace_schedule`] answers on the CPU): the HWIO kernel (or its
+/// gradient) when the kernel is stored otherwise, then the column buffer of [`column_floats`];
+/// the column buffer is freed first.
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for an inconsistent geometry or a size that overflows.
-pub(crate) fn workspace_bytes(
+pub(crate) fn schedule(
     be: &CpuBackend,
     g: &Conv2dGeometry,
-    pass: ConvPass,
-) -> Result<usize, TensorError> {
-    let op = match pass {
-        ConvPass::Forward => FWD,
-        ConvPass::BackwardData => BWD_DATA,
-        ConvPass::BackwardFilter => BWD_FILTER,
+) -> Result<Vec<WorkspaceStep>, TensorError> {
+    g.validate("workspace_schedule")?;
+    let overflow = || TensorError::InvalidArgument {
+        op: "workspace_schedule",
+        reason: format!("the workspace of {g:?} overflows the address space"),
     };
-    g.validate(op)?;
-    column_floats(be, g)
-        .checked_mul(4)
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op,
-            reason: format!("the column buffer of {g:?} overflows the address space"),
-        })
+    let filter = match g.filter {
+        FilterLayout::Hwio => 0,
+        _ => g
+            .filter_shape()
+            .numel()
+            .checked_mul(4)
+            .ok_or_else(overflow)?,
+    };
+    let columns = column_floats(be, g).checked_mul(4).ok_or_else(overflow)?;
+    let sizes: Vec<usize> = [filter, columns].into_iter().filter(|&b| b > 0).collect();
+    let mut steps: Vec<WorkspaceStep> = sizes.iter().map(|&b| WorkspaceStep::Alloc(b)).collect();
+    steps.extend((0..sizes.len()).rev().map(WorkspaceStep::Free));
+    Ok(steps)
 }
 
-/// The column buffer of one pass, allocated by the pass's workspace schedule.
-fn columns(
-    be: &CpuBackend,
-    op: &'static str,
-    g: &Conv2dGeometry,
-    pass: ConvPass,
-) -> Result<(Scratch, usize), TensorError> {
-    let desc = OpDesc::Conv {
-        geometry: *g,
-        pass,
-        dtype: DType::F32,
-    };
-    let mut ws = Scratch::new(op, be.allocator(), be.workspace_schedule(&desc)?);
-    let i = ws.alloc()?;
-    Ok((ws, i))
+/// Copies the kernel between its stored layout `g.filter` and HWIO: `to_hwio` reads `src`
+/// stored and writes `dst` HWIO, otherwise the reverse.
+fn permute_filter(g: &Conv2dGeometry, src: &[f32], dst: &mut [f32], to_hwio: bool) {
+    let dims = (g.kh, g.kw, g.c_in, g.c_out);
+    let mut hwio = 0;
+    for ky in 0..g.kh {
+        for kx in 0..g.kw {
+            for c in 0..g.c_in {
+                for o in 0..g.c_out {
+                    let stored = g.filter.index(dims, [ky, kx, c, o]);
+                    match to_hwio {
+                        true => dst[hwio] = src[stored],
+                        false => dst[stored] = src[hwio],
+                    }
+                    hwio += 1;
+                }
+            }
+        }
+    }
 }
 
-/// The f32 view of workspace buffer `i`.
-pub(super) fn floats(ws: &mut Scratch, i: usize) -> Result<&mut [f32], TensorError> {
-    bytemuck::try_cast_slice_mut(ws.host_mut(i)?).map_err(|e| TensorError::InvalidArgument {
+/// Workspace bytes as f32.
+pub(super) fn floats(b: &mut [u8]) -> Result<&mut [f32], TensorError> {
+    bytemuck::try_cast_slice_mut(b).map_err(|e| TensorError::InvalidArgument {
         op: "workspace",
-        reason: format!("workspace buffer {i} is not an f32 array: {e}"),
+        reason: format!("a workspace buffer is not an f32 array: {e}"),
     })
 }
 
+/// The HWIO kernel buffer and the column buffer of a pass, each when it has one.
+type Views<'a> = (Option<&'a mut [f32]>, Option<&'a mut [f32]>);
+
+/// A pass's workspace, allocated by its schedule: the HWIO kernel buffer (when the kernel is
+/// stored otherwise) and the column buffer (unless pointwise).
+struct Work {
+    ws: Scratch,
+    filter: Option<usize>,
+    col: Option<usize>,
+}
+
+impl Work {
+    fn new(be: &CpuBackend, op: &'static str, g: &Conv2dGeometry) -> Result<Work, TensorError> {
+        let mut ws = Scratch::new(op, crate::Backend::allocator(be), schedule(be, g)?);
+        let filter = (g.filter != FilterLayout::Hwio)
+            .then(|| ws.alloc())
+            .transpose()?;
+        let col = (!is_pointwise(g)).then(|| ws.alloc()).transpose()?;
+        Ok(Work { ws, filter, col })
+    }
+
+    /// The two buffers as f32 slices (each when held).
+    fn views(&mut self) -> Result<Views<'_>, TensorError> {
+        Ok(match (self.filter, self.col) {
+            (Some(f), Some(c)) => {
+                let (a, b) = self.ws.host_pair_mut(f, c)?;
+                (Some(floats(a)?), Some(floats(b)?))
+            }
+            (Some(f), None) => (Some(floats(self.ws.host_mut(f)?)?), None),
+            (None, Some(c)) => (None, Some(floats(self.ws.host_mut(c)?)?)),
+            (None, None) => (None, None),
+        })
+    }
+
+    fn finish(mut self) -> Result<(), TensorError> {
+        for i in [self.col, self.filter].into_iter().flatten() {
+            self.ws.free(i)?;
+        }
+        self.ws.finish()
+    }
+}
+
 /// Calls `f(rows, col)` for consecutive chunks of output pixels, `col` being their patch matrix
-/// `[rows.len(), K]`. Pointwise convs pass `x` itself as one chunk; otherwise the column buffer
-/// is one workspace allocation of at most the backend's workspace bound (at least one row).
+/// `[rows.len(), K]` (row-major). Pointwise convs pass `x` itself as one chunk; otherwise `buf`
+/// is the column buffer (at most the backend's workspace bound, at least one row).
 fn for_each_chunk(
-    be: &CpuBackend,
-    (op, pass): (&'static str, ConvPass),
     g: &Conv2dGeometry,
     x: &[f32],
-    mut f: impl FnMut(Range<usize>, MatRef<'_>) -> Result<(), TensorError>,
+    buf: Option<&mut [f32]>,
+    mut f: impl FnMut(Range<usize>, &[f32]) -> Result<(), TensorError>,
 ) -> Result<(), TensorError> {
     let (total, k) = (pixels(g), patch_len(g));
-    if is_pointwise(g) {
-        return f(0..total, MatRef::row_major(x, total, k));
-    }
-    let chunk = column_floats(be, g) / k;
-    let (mut ws, i) = columns(be, op, g, pass)?;
-    let buf = floats(&mut ws, i)?;
+    let Some(buf) = buf else {
+        return f(0..total, x);
+    };
+    let chunk = buf.len() / k;
     for start in (0..total).step_by(chunk) {
         let rows = start..(start + chunk).min(total);
         let col = &mut buf[..rows.len() * k];
         im2col(g, x, start, col);
-        f(rows.clone(), MatRef::row_major(col, rows.len(), k))?;
+        f(rows, col)?;
     }
-    ws.free(i)?;
-    ws.finish()
+    Ok(())
+}
+
+/// The patch rows of `block` (a part of the chunk `rows`) in the chunk's patch matrix `col`.
+fn block_rows<'a>(
+    g: &Conv2dGeometry,
+    col: &'a [f32],
+    rows: &Range<usize>,
+    block: &Range<usize>,
+) -> MatRef<'a> {
+    let k = patch_len(g);
+    MatRef::row_major(
+        &col[(block.start - rows.start) * k..][..block.len() * k],
+        block.len(),
+        k,
+    )
+}
+
+/// The kernel as HWIO: `w` itself, or `buf` filled from it.
+fn hwio<'a>(g: &Conv2dGeometry, w: &'a [f32], buf: Option<&'a mut [f32]>) -> &'a [f32] {
+    match buf {
+        Some(buf) => {
+            permute_filter(g, w, buf, true);
+            buf
+        }
+        None => w,
+    }
 }
 
 /// Forward convolution `y = act(conv(x, w) + b)` (see the module doc); `y` is overwritten,
@@ -221,24 +335,28 @@ pub(crate) fn forward(be: &CpuBackend, c: Conv2d<'_>) -> Result<(), TensorError>
         act,
         aux,
     } = c;
-    let (xs, bias) = (data(FWD, x)?, data(FWD, b)?);
-    let wm = MatRef::row_major(data(FWD, w)?, patch_len(&g), g.c_out);
+    let xs = data(FWD, x)?;
+    let bias = b.map(|b| data(FWD, b)).transpose()?;
+    let mut work = Work::new(be, FWD, &g)?;
+    let (fbuf, cbuf) = work.views()?;
+    let wm = MatRef::row_major(hwio(&g, data(FWD, w)?, fbuf), patch_len(&g), g.c_out);
     let ys = data_mut(FWD, y)?;
-    let co = g.c_out;
-    for_each_chunk(be, (FWD, ConvPass::Forward), &g, xs, |rows, col| {
-        let out = &mut ys[rows.start * co..rows.end * co];
-        for row in out.chunks_exact_mut(co) {
-            row.copy_from_slice(bias);
+    for_each_chunk(&g, xs, cbuf, |rows, col| {
+        for (block, offset, strides) in out_blocks(&g, rows.clone()) {
+            let cols = block_rows(&g, col, &rows, &block);
+            let mut out = MatMut::strided(&mut ys[offset..], block.len(), g.c_out, strides);
+            let beta = match bias {
+                Some(bias) => {
+                    out.fill_rows(bias);
+                    1.0
+                }
+                None => 0.0,
+            };
+            gemm(FWD, 1.0, cols, wm, beta, out)?;
         }
-        gemm(
-            FWD,
-            1.0,
-            col,
-            wm,
-            1.0,
-            MatMut::row_major(out, rows.len(), co),
-        )
+        Ok(())
     })?;
+    work.finish()?;
     match act {
         Some(act) => unary(Unary { act, y, aux }),
         None => Ok(()),
@@ -251,44 +369,68 @@ pub(crate) fn backward_data(be: &CpuBackend, c: Conv2dBwdData<'_>) -> Result<(),
     let g = &g;
     let (total, k, co) = (pixels(g), patch_len(g), g.c_out);
     let dys = data(BWD_DATA, dy)?;
-    let wt = MatRef::row_major(data(BWD_DATA, w)?, k, co).t();
+    let mut work = Work::new(be, BWD_DATA, g)?;
+    let (fbuf, cbuf) = work.views()?;
+    let wt = MatRef::row_major(hwio(g, data(BWD_DATA, w)?, fbuf), k, co).t();
     let dxs = data_mut(BWD_DATA, dx)?;
-    if is_pointwise(g) {
+    let Some(buf) = cbuf else {
         let dym = MatRef::row_major(dys, total, co);
-        return gemm(
-            BWD_DATA,
-            1.0,
-            dym,
-            wt,
-            0.0,
-            MatMut::row_major(dxs, total, k),
-        );
-    }
-    dxs.fill(0.0);
-    let chunk = column_floats(be, g) / k;
-    let (mut ws, i) = columns(be, BWD_DATA, g, ConvPass::BackwardData)?;
-    let buf = floats(&mut ws, i)?;
-    for start in (0..total).step_by(chunk) {
-        let rows = (start + chunk).min(total) - start;
-        let dcol = &mut buf[..rows * k];
-        let dym = MatRef::row_major(&dys[start * co..][..rows * co], rows, co);
         gemm(
             BWD_DATA,
             1.0,
             dym,
             wt,
             0.0,
-            MatMut::row_major(dcol, rows, k),
+            MatMut::row_major(dxs, total, k),
         )?;
+        return work.finish();
+    };
+    dxs.fill(0.0);
+    let chunk = buf.len() / k;
+    for start in (0..total).step_by(chunk) {
+        let rows = start..(start + chunk).min(total);
+        let dcol = &mut buf[..rows.len() * k];
+        for (block, offset, strides) in out_blocks(g, rows.clone()) {
+            let dym = MatRef::strided(&dys[offset..], block.len(), co, strides);
+            let at = (block.start - start) * k;
+            let out = MatMut::row_major(&mut dcol[at..][..block.len() * k], block.len(), k);
+            gemm(BWD_DATA, 1.0, dym, wt, 0.0, out)?;
+        }
         col2im(g, dcol, start, dxs);
     }
-    ws.free(i)?;
-    ws.finish()
+    work.finish()
 }
 
-/// Gradients with respect to kernel and bias: `dw = colᵀ · dy` (HWIO `g.filter_shape()`) and
-/// `db[o] = sum of dy[..., o]` (`[c_out]`, summed in f64); both overwritten. With an
-/// activation, `dy` is first turned in place into the gradient before it.
+/// `dw` (HWIO, overwritten) `= colᵀ · dy`, over chunks of the column buffer `cbuf`.
+fn filter_gradient(
+    g: &Conv2dGeometry,
+    (xs, dys): (&[f32], &[f32]),
+    cbuf: Option<&mut [f32]>,
+    dw: &mut [f32],
+) -> Result<(), TensorError> {
+    let (k, co) = (patch_len(g), g.c_out);
+    let mut beta = 0.0;
+    for_each_chunk(g, xs, cbuf, |rows, col| {
+        for (block, offset, strides) in out_blocks(g, rows.clone()) {
+            let cols = block_rows(g, col, &rows, &block).t();
+            let dym = MatRef::strided(&dys[offset..], block.len(), co, strides);
+            gemm(
+                BWD_FILTER,
+                1.0,
+                cols,
+                dym,
+                beta,
+                MatMut::row_major(&mut *dw, k, co),
+            )?;
+            beta = 1.0;
+        }
+        Ok(())
+    })
+}
+
+/// Gradients with respect to kernel and bias: `dw = colᵀ · dy` (`g.filter_shape()`) and, when
+/// given, `db[o] = sum of dy[..., o, ...]` (`[c_out]`, summed in f64); both overwritten. With
+/// an activation, `dy` is first turned in place into the gradient before it.
 pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result<(), TensorError> {
     let Conv2dBwdFilter {
         g,
@@ -307,29 +449,19 @@ pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result
     }
     let g = &g;
     let (xs, dys) = (data(BWD_FILTER, x)?, data(BWD_FILTER, dy)?);
-    let (k, co) = (patch_len(g), g.c_out);
+    let mut work = Work::new(be, BWD_FILTER, g)?;
+    let (fbuf, cbuf) = work.views()?;
     let dws = data_mut(BWD_FILTER, dw)?;
-    let dbs = data_mut(BWD_FILTER, db)?;
-    let mut beta = 0.0;
-    for_each_chunk(
-        be,
-        (BWD_FILTER, ConvPass::BackwardFilter),
-        g,
-        xs,
-        |rows, col| {
-            let dym = MatRef::row_major(&dys[rows.start * co..rows.end * co], rows.len(), co);
-            gemm(
-                BWD_FILTER,
-                1.0,
-                col.t(),
-                dym,
-                beta,
-                MatMut::row_major(&mut *dws, k, co),
-            )?;
-            beta = 1.0;
-            Ok(())
-        },
-    )?;
-    column_sums(dys, dbs);
+    match fbuf {
+        Some(buf) => {
+            filter_gradient(g, (xs, dys), cbuf, buf)?;
+            permute_filter(g, buf, dws, false);
+        }
+        None => filter_gradient(g, (xs, dys), cbuf, dws)?,
+    }
+    work.finish()?;
+    if let Some(db) = db {
+        channel_sums(&g.output_channels(), dys, data_mut(BWD_FILTER, db)?);
+    }
     Ok(())
 }

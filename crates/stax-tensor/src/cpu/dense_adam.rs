@@ -44,11 +44,11 @@ pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), Tensor
     for r0 in (0..k).step_by(rows) {
         let r = rows.min(k - r0);
         let g = match buffer {
-            Some(i) => &mut floats(&mut ws, i)?[..r * n],
+            Some(i) => &mut floats(ws.host_mut(i)?)?[..r * n],
             None => &mut [][..],
         };
         // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy
-        let xc = MatRef::strided(&xs.read()[r0..], m, r, k).t();
+        let xc = MatRef::strided(&xs.read()[r0..], m, r, (k, 1)).t();
         gemm(
             OP,
             1.0,
@@ -71,7 +71,7 @@ pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), Tensor
                 MatRef::row_major(dy, m, n),
                 wc,
                 0.0,
-                MatMut::strided(t, m, r, k),
+                MatMut::strided(t, m, r, (k, 1)),
             )?;
         }
         let span = r0 * n..(r0 + r) * n;

@@ -31,15 +31,19 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    /// `data` as a `[rows, cols]` matrix whose rows start `rs` elements apart (`rs >= cols`):
-    /// a block of columns of a wider row-major matrix.
-    pub(crate) fn strided(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
+    /// `data` as a `[rows, cols]` matrix with strides `(rs, cs)`.
+    pub(crate) fn strided(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        (rs, cs): (usize, usize),
+    ) -> Self {
         MatRef {
             data,
             rows,
             cols,
             rs,
-            cs: 1,
+            cs,
         }
     }
 
@@ -55,35 +59,64 @@ impl<'a> MatRef<'a> {
     }
 }
 
-/// A mutable `[rows, cols]` matrix view with unit column stride, rows `rs >= cols` apart.
+/// A mutable strided `[rows, cols]` matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug)]
 pub(crate) struct MatMut<'a> {
     data: &'a mut [f32],
     rows: usize,
     cols: usize,
     rs: usize,
+    cs: usize,
 }
 
 impl<'a> MatMut<'a> {
     /// `data` as a row-major `[rows, cols]` matrix.
     pub(crate) fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        MatMut::strided(data, rows, cols, (cols, 1))
+    }
+
+    /// `data` as a `[rows, cols]` matrix with strides `(rs, cs)` (an NCHW output seen as
+    /// `[pixels, channels]` is `(1, pixels)`); [`gemm`] refuses views whose elements overlap.
+    pub(crate) fn strided(
+        data: &'a mut [f32],
+        rows: usize,
+        cols: usize,
+        (rs, cs): (usize, usize),
+    ) -> Self {
         MatMut {
             data,
             rows,
             cols,
-            rs: cols,
+            rs,
+            cs,
         }
     }
 
-    /// As [`MatRef::strided`], writable; `rs` is raised to `cols` if smaller, so rows never
-    /// overlap.
-    pub(crate) fn strided(data: &'a mut [f32], rows: usize, cols: usize, rs: usize) -> Self {
-        MatMut {
-            data,
-            rows,
-            cols,
-            rs: rs.max(cols),
+    /// Sets every row to `row` (`cols` values; a view that does not fit its slice is left
+    /// as it is, and [`gemm`] then refuses it).
+    pub(crate) fn fill_rows(&mut self, row: &[f32]) {
+        if !in_bounds(self.data.len(), self.rows, self.cols, self.rs, self.cs) {
+            return;
         }
+        for i in 0..self.rows {
+            for (j, &v) in row.iter().enumerate().take(self.cols) {
+                self.data[i * self.rs + j * self.cs] = v;
+            }
+        }
+    }
+
+    /// Whether no two elements of the view are the same memory: one stride spans the whole
+    /// extent of the other axis (row-major, column-major, or a single row or column).
+    fn injective(&self) -> bool {
+        let spans = |outer: usize, inner: usize, inner_len: usize| {
+            inner
+                .checked_mul(inner_len)
+                .is_some_and(|span| outer >= span)
+        };
+        self.rows <= 1
+            || self.cols <= 1
+            || spans(self.rs, self.cs, self.cols)
+            || spans(self.cs, self.rs, self.rows)
     }
 }
 
@@ -118,23 +151,32 @@ pub(crate) fn gemm(
     c: MatMut<'_>,
 ) -> Result<(), TensorError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let strides = [a.rs, a.cs, b.rs, b.cs, c.rs].map(stride);
-    let [Some(rsa), Some(csa), Some(rsb), Some(csb), Some(rsc)] = strides else {
+    let strides = [a.rs, a.cs, b.rs, b.cs, c.rs, c.cs].map(stride);
+    let [
+        Some(rsa),
+        Some(csa),
+        Some(rsb),
+        Some(csb),
+        Some(rsc),
+        Some(csc),
+    ] = strides
+    else {
         return Err(gemm_error(op, m, k, n));
     };
     let fits = b.rows == k
         && c.rows == m
         && c.cols == n
+        && c.injective()
         && in_bounds(a.data.len(), m, k, a.rs, a.cs)
         && in_bounds(b.data.len(), k, n, b.rs, b.cs)
-        && in_bounds(c.data.len(), m, n, c.rs, 1);
+        && in_bounds(c.data.len(), m, n, c.rs, c.cs);
     if !fits {
         return Err(gemm_error(op, m, k, n));
     }
     // SAFETY: every element of the three views lies inside its slice (checked above, strides
-    // non-negative); `c` has unit column stride and rows `rsc >= n` apart, so no two elements
-    // of C alias; `c` is a `&mut` slice, so it overlaps neither
-    // `a` nor `b`. `matrixmultiply` does not read C when beta is 0.
+    // non-negative); no two elements of C alias (`injective`, checked above); `c` is a `&mut`
+    // slice, so it overlaps neither `a` nor `b`. `matrixmultiply` does not read C when beta
+    // is 0.
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -150,7 +192,7 @@ pub(crate) fn gemm(
             beta,
             c.data.as_mut_ptr(),
             rsc,
-            1,
+            csc,
         );
     }
     Ok(())

@@ -1,14 +1,20 @@
-//! 2-D pooling on the host: max pooling forward and backward, NHWC.
+//! 2-D pooling on the host: max, sum and average pooling forward and backward, NHWC.
 //!
-//! `y[i, oy, ox, c] = max over the window of x[i, oy·sh + ky - pad_top, ox·sw + kx - pad_left,
-//! c]`, positions in the padding reading -inf (`lax.reduce_window(max, -inf)`), NaN
+//! Max: `y[i, oy, ox, c] = max over the window of x[i, oy·sh + ky - pad_top, ox·sw + kx -
+//! pad_left, c]`, positions in the padding reading -inf (`lax.reduce_window(max, -inf)`), NaN
 //! propagated as `lax.max` does. The backward pass gives each window's gradient to its first
 //! maximum in window order (row-major over `(ky, kx)`), summed where windows overlap: XLA's
 //! select-and-scatter with a `>=` select, what `jax.grad` of `MaxPool` computes.
+//!
+//! Sum: the window's sum, padding reading 0 (`lax.reduce_window(add, 0)`); average: the sum
+//! divided by the number of the window's positions inside the image (stax's `AvgPool` divides
+//! by the same windows' sum over ones). Their backward passes spread `dy` (divided by that
+//! count for the average) over each window's positions inside the image.
 
 use super::{data, data_mut};
 use crate::backend::{Pool2d, Pool2dBwd};
-use crate::{Conv2dGeometry, TensorError};
+use crate::{Conv2dGeometry, PoolKind, TensorError};
+use std::ops::Range;
 
 /// Index (in the image `x` of one batch element) of the first maximum of window `(oy, ox)` in
 /// channel `c`, and its value; None when the window lies wholly in the padding.
@@ -69,30 +75,97 @@ fn each_window(
     }
 }
 
-/// Max pooling forward (see the module doc).
+/// The window positions `lo..hi` along one axis that lie inside `0..len` (input index
+/// `o·s + t - pad`).
+fn inside(o: usize, s: usize, pad: usize, len: usize, k: usize) -> Range<usize> {
+    let base = o * s;
+    let lo = pad.saturating_sub(base).min(k);
+    lo..(len + pad).saturating_sub(base).min(k).max(lo)
+}
+
+/// Calls `f(out_index, window, count)` for every output element of a sum or average
+/// pooling: `window` the input indices (within the whole batch) of its in-image positions,
+/// `count` how many there are.
+fn each_sum_window(
+    g: &Conv2dGeometry,
+    mut f: impl FnMut(usize, &mut dyn Iterator<Item = usize>, usize),
+) {
+    let c = g.c_in;
+    for n in 0..g.n {
+        for oy in 0..g.out_h {
+            let ky = inside(oy, g.stride_h, g.pad_top, g.h, g.kh);
+            for ox in 0..g.out_w {
+                let kx = inside(ox, g.stride_w, g.pad_left, g.w, g.kw);
+                let count = ky.len() * kx.len();
+                for ch in 0..c {
+                    let o = ((n * g.out_h + oy) * g.out_w + ox) * c + ch;
+                    let mut window = ky.clone().flat_map(|t| {
+                        let iy = oy * g.stride_h + t - g.pad_top;
+                        kx.clone().map(move |u| {
+                            let ix = ox * g.stride_w + u - g.pad_left;
+                            ((n * g.h + iy) * g.w + ix) * c + ch
+                        })
+                    });
+                    f(o, &mut window, count);
+                }
+            }
+        }
+    }
+}
+
+/// The divisor of a window of `count` in-image positions.
+fn divisor(kind: PoolKind, count: usize) -> f32 {
+    match kind {
+        PoolKind::Avg => count as f32,
+        _ => 1.0,
+    }
+}
+
+/// Pooling forward (see the module doc).
 pub(super) fn forward(c: Pool2d<'_>) -> Result<(), TensorError> {
     const OP: &str = "pool2d";
-    let Pool2d { g, x, y, .. } = c;
+    let Pool2d { kind, g, x, y } = c;
     let xs = data(OP, x)?;
     let ys = data_mut(OP, y)?;
-    each_window(&g, xs, |_, o, best| {
-        ys[o] = best.map_or(f32::NEG_INFINITY, |(_, v)| v);
+    if kind == PoolKind::Max {
+        each_window(&g, xs, |_, o, best| {
+            ys[o] = best.map_or(f32::NEG_INFINITY, |(_, v)| v);
+        });
+        return Ok(());
+    }
+    each_sum_window(&g, |o, window, count| {
+        let sum: f64 = window.map(|i| f64::from(xs[i])).sum();
+        ys[o] = sum as f32 / divisor(kind, count);
     });
     Ok(())
 }
 
-/// Max pooling backward: `dx` (overwritten) from the forward input and `dy`.
+/// Pooling backward: `dx` (overwritten) from `dy` (and, for max pooling, the forward input).
 pub(super) fn backward(c: Pool2dBwd<'_>) -> Result<(), TensorError> {
     const OP: &str = "pool2d_bwd";
-    let Pool2dBwd { g, x, dy, dx, .. } = c;
-    let (xs, dys) = (data(OP, x)?, data(OP, dy)?);
+    let Pool2dBwd { kind, g, x, dy, dx } = c;
+    let dys = data(OP, dy)?;
     let dxs = data_mut(OP, dx)?;
     dxs.fill(0.0);
-    let image = g.h * g.w * g.c_in;
-    each_window(&g, xs, |n, o, best| {
-        if let Some((i, _)) = best {
-            dxs[n * image + i] += dys[o];
+    match (kind, x) {
+        (PoolKind::Max, Some(x)) => {
+            let image = g.h * g.w * g.c_in;
+            each_window(&g, data(OP, x)?, |n, o, best| {
+                if let Some((i, _)) = best {
+                    dxs[n * image + i] += dys[o];
+                }
+            });
         }
-    });
+        (PoolKind::Max, None) => {
+            return Err(TensorError::InvalidArgument {
+                op: OP,
+                reason: "max pooling's gradient reads the forward input".into(),
+            });
+        }
+        _ => each_sum_window(&g, |o, window, count| {
+            let d = dys[o] / divisor(kind, count);
+            window.for_each(|i| dxs[i] += d);
+        }),
+    }
     Ok(())
 }

@@ -1,19 +1,25 @@
 //! The convolution passes and the pooling of [`CudaBackend`]: layout changes around cuDNN, and
 //! our pooling kernels.
 //!
-//! Our kernels are HWIO and cuDNN's NHWC filters are KRSC (= OHWI), so the filter is
-//! transposed into a workspace buffer (and the filter gradient back). cuDNN wants symmetric
-//! padding: with padding `(top, bottom)` it is given `min(top, bottom)` on both sides of an
-//! input extended by explicit zero rows (`top - min` above, `bottom - min` below; the same for
-//! columns), a copy made only when the padding is asymmetric (SAME with stride 2 on an even
+//! cuDNN reads NHWC tensors with KRSC (= OHWI) filters and NCHW tensors with KCRS (= OIHW)
+//! filters. A kernel stored otherwise (HWIO, OIHW beside NHWC tensors, or a transposed
+//! convolution's kernel, see [`crate::FilterLayout`]) is permuted into a workspace buffer (and
+//! the filter gradient back); an OIHW kernel of an NCHW convolution is read as it is. cuDNN wants
+//! symmetric padding: with padding `(top, bottom)` it is given `min(top, bottom)` on both sides
+//! of an input extended by explicit zero rows (`top - min` above, `bottom - min` below; the same
+//! for columns), a copy made only when the padding is asymmetric (SAME with stride 2 on an even
 //! size, or an even kernel). Every temporary is a step of the pass's workspace schedule
 //! ([`CudaBackend::conv_schedule`], taken through a [`Scratch`]) and is freed when the call
 //! returns (in stream order, so reuse is safe).
 
 use super::CudaBackend;
 use super::cudnn::{CudnnConv, Epilogue, Operands};
+use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
-use crate::{Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, Saves, TensorError};
+use crate::{
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout, PoolKind, Saves,
+    TensorError,
+};
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
 #[derive(Debug, Clone, Copy)]
@@ -59,21 +65,48 @@ pub(super) fn extended_bytes(g: &Conv2dGeometry, e: &Extended) -> usize {
     g.n * e.h * e.w * g.c_in * F32
 }
 
-/// Bytes held beside cuDNN's workspace during a pass: the OHWI filter (or its gradient)
-/// and, for asymmetric padding, the extended input (or its gradient).
+/// The code of the filter layout cuDNN reads beside `g`'s tensors (OHWI or OIHW).
+fn cudnn_filter(g: &Conv2dGeometry) -> i32 {
+    match g.layout {
+        Layout::Nhwc => OHWI,
+        Layout::Nchw => FilterLayout::Oihw.code(),
+    }
+}
+
+/// Bytes of the kernel's copy in cuDNN's layout: none when it is stored so already.
+pub(super) fn filter_copy_bytes(g: &Conv2dGeometry) -> usize {
+    if cudnn_filter(g) == g.filter.code() {
+        0
+    } else {
+        g.filter_shape().numel() * F32
+    }
+}
+
+/// The activations of `g`'s input as the NHWC image `pad_or_crop` pads: NCHW `[n, c, h, w]` is
+/// `[n · c, h, w, 1]`.
+fn pad_dims(g: &Conv2dGeometry) -> [usize; 4] {
+    match g.layout {
+        Layout::Nhwc => [g.n, g.h, g.w, g.c_in],
+        Layout::Nchw => [g.n * g.c_in, g.h, g.w, 1],
+    }
+}
+
+/// Bytes held beside cuDNN's workspace during a pass: the kernel copy in cuDNN's layout (or
+/// its gradient) and, for asymmetric padding, the extended input (or its gradient).
 fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
     let ext = if g.symmetric_padding() {
         0
     } else {
         g.n * conv.h * conv.w * g.c_in * F32
     };
-    g.kh * g.kw * g.c_in * g.c_out * F32 + ext
+    filter_copy_bytes(g) + ext
 }
 
-/// The buffers of one pass taken from its schedule: the filter copy, the extended input when
-/// the padding is asymmetric, and cuDNN's workspace when it has one (in the schedule's order).
+/// The buffers of one pass taken from its schedule: the kernel copy when the kernel is not
+/// stored as cuDNN reads it, the extended input when the padding is asymmetric, and cuDNN's
+/// workspace when it has one (in the schedule's order).
 struct PassBuffers {
-    filter: usize,
+    filter: Option<usize>,
     ext: Option<usize>,
     cudnn: Option<usize>,
 }
@@ -105,16 +138,16 @@ impl CudaBackend {
         };
         let i = ws.alloc()?;
         if let Some(x) = pad_from {
-            let dims = [g.n, g.h, g.w, g.c_in];
             let big = ws.addr(i);
             self.kernels
-                .pad_or_crop(true, x, big, dims, [e.h, e.w], [e.top, e.left])?;
+                .pad_or_crop(true, x, big, pad_dims(g), [e.h, e.w], [e.top, e.left])?;
         }
         Ok(Some(i))
     }
 
-    /// The filter buffer, then the extended input (pad x into it when given), then cuDNN's
-    /// workspace: the schedule's allocations, in order.
+    /// The kernel copy (when cuDNN cannot read the stored kernel), then the extended input
+    /// (pad x into it when given), then cuDNN's workspace: the schedule's allocations, in
+    /// order.
     fn pass_buffers(
         &self,
         ws: &mut Scratch,
@@ -123,7 +156,7 @@ impl CudaBackend {
         pad_from: Option<u64>,
         pass: ConvPass,
     ) -> Result<PassBuffers, TensorError> {
-        let filter = ws.alloc()?;
+        let filter = (filter_copy_bytes(g) > 0).then(|| ws.alloc()).transpose()?;
         let ext_i = self.extended_input(ws, g, ext, pad_from)?;
         let cudnn = match self.cudnn_workspace(g, pass)? {
             0 => None,
@@ -134,6 +167,36 @@ impl CudaBackend {
             ext: ext_i,
             cudnn,
         })
+    }
+
+    /// The kernel as cuDNN reads it: `w` itself, or its copy in buffer `copy` (made here).
+    fn cudnn_kernel(
+        &self,
+        ws: &Scratch,
+        g: &Conv2dGeometry,
+        copy: Option<usize>,
+        w: u64,
+    ) -> Result<u64, TensorError> {
+        let Some(i) = copy else {
+            return Ok(w);
+        };
+        let dims = (g.kh, g.kw, g.c_in, g.c_out);
+        self.kernels
+            .permute_filter(w, ws.addr(i), dims, g.filter.code(), cudnn_filter(g))?;
+        Ok(ws.addr(i))
+    }
+
+    /// The bias added to `y` by our own kernels, along `g`'s channel axis.
+    fn add_bias(&self, g: &Conv2dGeometry, y: &crate::Tensor, b: u64) -> Result<(), TensorError> {
+        match g.layout {
+            Layout::Nhwc => {
+                self.kernels
+                    .bias_add(crate::DType::F32, y.addr(), b, y.numel(), g.c_out)
+            }
+            Layout::Nchw => self
+                .kernels
+                .channel_bias_add(&g.output_channels(), y.addr(), b),
+        }
     }
 
     /// The forward pass (see [`crate::ops::conv2d`]). The bias (and a ReLU) run in cuDNN's
@@ -154,41 +217,36 @@ impl CudaBackend {
         let pass = ConvPass::Forward;
         self.calibrate_conv(&g, pass)?;
         let (conv, ext) = layout(&g);
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
+        let bias = b.is_some();
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, bias)?);
         let bufs = self.pass_buffers(&mut ws, &g, ext, Some(x.addr()), pass)?;
-        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
-        let f = ws.addr(bufs.filter);
-        self.kernels
-            .transpose_filter(w.addr(), f, hw, ci, co, true)?;
         let ops = Operands {
             x: bufs.ext.map_or(x.addr(), |i| ws.addr(i)),
-            w: f,
+            w: self.cudnn_kernel(&ws, &g, bufs.filter, w.addr())?,
             y: y.addr(),
         };
         let relu = act == Some(Activation::Relu);
-        let fused = if self.fused_epilogues() {
-            let epi = Epilogue {
-                bias: b.addr(),
-                relu,
-            };
-            let workspace = bufs.cudnn.and_then(|i| ws.allocation(i));
-            self.dnn
-                .run_forward(&conv, self.precision, ops, epi, workspace)?
-        } else {
-            self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
-            false
+        let fused = match b {
+            Some(b) if self.fused_epilogues() => {
+                let epi = Epilogue {
+                    bias: b.addr(),
+                    relu,
+                };
+                let workspace = bufs.cudnn.and_then(|i| ws.allocation(i));
+                self.dnn
+                    .run_forward(&conv, self.precision, ops, epi, workspace)?
+            }
+            _ => {
+                self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
+                false
+            }
         };
-        if let Some(i) = bufs.cudnn {
-            ws.free(i)?;
-        }
-        ws.free(bufs.filter)?;
-        if let Some(i) = bufs.ext {
+        for i in [bufs.cudnn, bufs.filter, bufs.ext].into_iter().flatten() {
             ws.free(i)?;
         }
         ws.finish()?;
-        if !fused {
-            self.kernels
-                .bias_add(crate::DType::F32, y.addr(), b.addr(), y.numel(), co)?;
+        if let (Some(b), false) = (b, fused) {
+            self.add_bias(&g, y, b.addr())?;
         }
         let mask = aux.map_or(0, |m| m.addr());
         match act {
@@ -208,15 +266,11 @@ impl CudaBackend {
         let pass = ConvPass::BackwardData;
         self.calibrate_conv(&g, pass)?;
         let (conv, ext) = layout(&g);
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, false)?);
         let bufs = self.pass_buffers(&mut ws, &g, ext, None, pass)?;
-        let f = ws.addr(bufs.filter);
-        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
-        self.kernels
-            .transpose_filter(w.addr(), f, hw, ci, co, true)?;
         let ops = Operands {
             x: bufs.ext.map_or(dx.addr(), |i| ws.addr(i)),
-            w: f,
+            w: self.cudnn_kernel(&ws, &g, bufs.filter, w.addr())?,
             y: dy.addr(),
         };
         self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
@@ -224,14 +278,44 @@ impl CudaBackend {
             ws.free(i)?;
         }
         if let (Some(e), Some(i)) = (ext, bufs.ext) {
-            let dims = [g.n, g.h, g.w, g.c_in];
             let (big, small) = (ws.addr(i), dx.addr());
-            self.kernels
-                .pad_or_crop(false, small, big, dims, [e.h, e.w], [e.top, e.left])?;
+            self.kernels.pad_or_crop(
+                false,
+                small,
+                big,
+                pad_dims(&g),
+                [e.h, e.w],
+                [e.top, e.left],
+            )?;
             ws.free(i)?;
         }
-        ws.free(bufs.filter)?;
+        if let Some(i) = bufs.filter {
+            ws.free(i)?;
+        }
         ws.finish()
+    }
+
+    /// The bias gradient `db` of `dy` through the partials buffer `partial`; with `mask`
+    /// (NHWC only, where the kernels vectorize), `dy` is masked by the ReLU backward in the
+    /// same pass.
+    fn conv_bias_grad(
+        &self,
+        g: &Conv2dGeometry,
+        (dy, mask): (u64, u64),
+        partial: u64,
+        db: u64,
+    ) -> Result<(), TensorError> {
+        let ch = g.output_channels();
+        match g.layout {
+            Layout::Nhwc => {
+                self.kernels
+                    .bias_grad(crate::DType::F32, dy, mask, partial, db, ch.outer, ch.c)
+            }
+            Layout::Nchw => {
+                let splits = self.kernels.channel_moments(&ch, (dy, 0, 0, 0), partial)?;
+                self.kernels.channel_sum_finish(partial, splits, ch.c, db)
+            }
+        }
     }
 
     /// Filter and bias gradients (see [`crate::ops::conv2d_bwd_filter`]).
@@ -252,47 +336,52 @@ impl CudaBackend {
         self.bind()?;
         let pass = ConvPass::BackwardFilter;
         self.calibrate_conv(&g, pass)?;
-        let (hw, ci, co) = (g.kh * g.kw, g.c_in, g.c_out);
-        let rows = g.n * g.out_h * g.out_w;
         let mut mask = 0;
+        let fuse_mask = db.is_some()
+            && g.layout == Layout::Nhwc
+            && self.fused_epilogues()
+            && self.kernels.bias_grad_vectorizes(g.c_out, dy.addr());
         match act {
-            Some((Activation::Relu, m))
-                if self.fused_epilogues() && self.kernels.bias_grad_vectorizes(co, dy.addr()) =>
-            {
-                mask = m.addr();
-            }
+            Some((Activation::Relu, m)) if fuse_mask => mask = m.addr(),
             Some((a, saved)) => self.activate_bwd(a, saved, dy)?,
             None => {}
         }
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass)?);
-        let partial = ws.alloc()?;
-        let f32 = crate::DType::F32;
-        let (d, p) = (dy.addr(), ws.addr(partial));
-        self.kernels
-            .bias_grad(f32, d, mask, p, db.addr(), rows, co)?;
-        ws.free(partial)?;
+        let bias = db.is_some();
+        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, bias)?);
+        if let Some(db) = db {
+            let partial = ws.alloc()?;
+            self.conv_bias_grad(&g, (dy.addr(), mask), ws.addr(partial), db.addr())?;
+            ws.free(partial)?;
+        }
         let (conv, ext) = layout(&g);
         let ext_i = self.extended_input(&mut ws, &g, ext, Some(x.addr()))?;
-        let filter = ws.alloc()?;
+        let filter = (filter_copy_bytes(&g) > 0)
+            .then(|| ws.alloc())
+            .transpose()?;
         let cudnn = match self.cudnn_workspace(&g, pass)? {
             0 => None,
             _ => Some(ws.alloc()?),
         };
         let ops = Operands {
             x: ext_i.map_or(x.addr(), |i| ws.addr(i)),
-            w: ws.addr(filter),
+            w: filter.map_or(dw.addr(), |i| ws.addr(i)),
             y: dy.addr(),
         };
         self.run_cudnn(pass, &conv, ops, (&ws, cudnn))?;
-        if let Some(i) = cudnn {
+        for i in [cudnn, ext_i].into_iter().flatten() {
             ws.free(i)?;
         }
-        if let Some(i) = ext_i {
+        if let Some(i) = filter {
+            let dims = (g.kh, g.kw, g.c_in, g.c_out);
+            self.kernels.permute_filter(
+                ws.addr(i),
+                dw.addr(),
+                dims,
+                cudnn_filter(&g),
+                g.filter.code(),
+            )?;
             ws.free(i)?;
         }
-        self.kernels
-            .transpose_filter(ws.addr(filter), dw.addr(), hw, ci, co, false)?;
-        ws.free(filter)?;
         ws.finish()
     }
 
@@ -345,15 +434,27 @@ impl ConvOps for CudaBackend {
     }
 
     fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
-        let Pool2d { g, x, y, .. } = c.into_inner();
+        let Pool2d { kind, g, x, y } = c.into_inner();
         self.bind()?;
-        self.kernels.max_pool(&g, x.addr(), y.addr())
+        match kind {
+            PoolKind::Max => self.kernels.max_pool(&g, x.addr(), y.addr()),
+            _ => self.kernels.sum_pool(kind, &g, x.addr(), y.addr()),
+        }
     }
 
     fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
-        let Pool2dBwd { g, x, dy, dx, .. } = c.into_inner();
+        let Pool2dBwd { kind, g, x, dy, dx } = c.into_inner();
         self.bind()?;
-        self.kernels
-            .max_pool_bwd(&g, x.addr(), dy.addr(), dx.addr())
+        match (kind, x) {
+            (PoolKind::Max, Some(x)) => {
+                self.kernels
+                    .max_pool_bwd(&g, x.addr(), dy.addr(), dx.addr())
+            }
+            (PoolKind::Max, None) => Err(TensorError::InvalidArgument {
+                op: "pool2d_bwd",
+                reason: "max pooling's gradient reads the forward input".into(),
+            }),
+            _ => self.kernels.sum_pool_bwd(kind, &g, dy.addr(), dx.addr()),
+        }
     }
 }

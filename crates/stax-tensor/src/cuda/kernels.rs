@@ -27,12 +27,14 @@ macro_rules! launch {
 }
 
 mod launch;
+mod norm;
 mod rows;
 mod source;
 mod spatial;
 
 pub use source::KernelModule;
 use source::compile;
+pub(crate) use spatial::OHWI;
 
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;

@@ -3,10 +3,10 @@
 //! [`crate::Backend::workspace_schedule`] read, so a memory plan built on the answer matches
 //! what the op does, to the byte and in order.
 
-use super::conv::{extended_bytes, layout};
+use super::conv::{extended_bytes, filter_copy_bytes, layout};
 use super::cudnn::Operands;
 use super::{CudaBackend, cublas};
-use crate::{Conv2dGeometry, ConvPass, OpDesc, TensorError, WorkspaceStep};
+use crate::{Conv2dGeometry, ConvPass, Layout, OpDesc, TensorError, WorkspaceStep};
 use stax_alloc::Category;
 
 /// A workspace schedule being written down.
@@ -64,16 +64,31 @@ impl CudaBackend {
         (rows * 8).next_multiple_of(256)
     }
 
-    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient and the losses
-    /// allocate one buffer (bias partials even of 0 bytes, as `bias_grad` of no
-    /// rows does); the convolutions several; nothing else allocates.
+    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient, a channel bias's
+    /// gradient and the losses allocate one buffer (bias partials even of 0 bytes, as
+    /// `bias_grad` of no rows does); the convolutions, batch normalization and the dense
+    /// layer's update in the backward pass several; nothing else allocates.
     pub(super) fn op_workspace_schedule(
         &self,
         op: &OpDesc,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         let one = |bytes| vec![WorkspaceStep::Alloc(bytes), WorkspaceStep::Free(0)];
         Ok(match *op {
-            OpDesc::Conv { geometry, pass, .. } => self.conv_schedule(&geometry, pass)?,
+            OpDesc::Conv {
+                geometry,
+                pass,
+                bias,
+                ..
+            } => self.conv_schedule(&geometry, pass, bias)?,
+            OpDesc::BatchNorm { geometry, backward } => {
+                self.batch_norm_schedule(&geometry, backward)?
+            }
+            OpDesc::ChannelBias {
+                backward: true,
+                geometry,
+            } if geometry.c > 0 && geometry.per_channel() > 0 => {
+                one(self.kernels.moments_bytes(&geometry))
+            }
             OpDesc::Matmul { m, n, k, .. } => WorkspaceStep::single(self.matmul_bytes(m, n, k)),
             OpDesc::BiasGrad { cols: 0, .. } => Vec::new(),
             OpDesc::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
@@ -116,7 +131,8 @@ impl CudaBackend {
             | OpDesc::Adam { .. }
             | OpDesc::Memory
             | OpDesc::Softmax { .. }
-            | OpDesc::Dropout { .. } => Vec::new(),
+            | OpDesc::Dropout { .. }
+            | OpDesc::ChannelBias { .. } => Vec::new(),
         })
     }
 
@@ -137,53 +153,78 @@ impl CudaBackend {
         }
     }
 
-    /// The workspace one call of `pass` allocates and frees, in order: the OHWI filter (or
-    /// its gradient), the extended input for asymmetric padding, cuDNN's workspace, and for
-    /// the filter gradient first the bias-gradient partials. The passes in `conv.rs` take
-    /// exactly these steps.
+    /// The workspace one call of `pass` allocates and frees, in order: the kernel in cuDNN's
+    /// layout (or its gradient) unless it is stored so, the extended input for asymmetric
+    /// padding, cuDNN's workspace, and for the filter gradient with a bias first the
+    /// bias-gradient partials. The passes in `conv.rs` take exactly these steps.
     pub(super) fn conv_schedule(
         &self,
         g: &Conv2dGeometry,
         pass: ConvPass,
+        bias: bool,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
         let (_, ext) = layout(g);
         let cudnn = self.cudnn_workspace(g, pass)?;
-        let filter = g.filter_shape().numel() * 4;
+        let filter = Some(filter_copy_bytes(g)).filter(|&b| b > 0);
         let ext_bytes = ext.map(|e| extended_bytes(g, &e));
         let mut s = Schedule::default();
-        match pass {
+        let frees = match pass {
             ConvPass::Forward => {
-                let f = s.alloc(filter);
+                let f = filter.map(|b| s.alloc(b));
                 let e = ext_bytes.map(|b| s.alloc(b));
                 s.scoped(cudnn);
-                s.free(f);
-                if let Some(e) = e {
-                    s.free(e);
-                }
+                [f, e]
             }
             ConvPass::BackwardData => {
-                let f = s.alloc(filter);
+                let f = filter.map(|b| s.alloc(b));
                 let e = ext_bytes.map(|b| s.alloc(b));
                 s.scoped(cudnn);
-                if let Some(e) = e {
-                    s.free(e);
-                }
-                s.free(f);
+                [e, f]
             }
             ConvPass::BackwardFilter => {
-                let rows = g.n * g.out_h * g.out_w;
-                let p = s.alloc(self.bias_grad_bytes(rows, g.c_out).max(1));
-                s.free(p);
-                let e = ext_bytes.map(|b| s.alloc(b));
-                let d = s.alloc(filter);
-                s.scoped(cudnn);
-                if let Some(e) = e {
-                    s.free(e);
+                if bias {
+                    let p = s.alloc(self.conv_bias_partials(g).max(1));
+                    s.free(p);
                 }
-                s.free(d);
+                let e = ext_bytes.map(|b| s.alloc(b));
+                let d = filter.map(|b| s.alloc(b));
+                s.scoped(cudnn);
+                [e, d]
             }
+        };
+        frees.into_iter().flatten().for_each(|i| s.free(i));
+        Ok(s.finish())
+    }
+
+    /// Bytes of the partial sums of a convolution's bias gradient.
+    fn conv_bias_partials(&self, g: &Conv2dGeometry) -> usize {
+        let ch = g.output_channels();
+        match g.layout {
+            Layout::Nhwc => self.bias_grad_bytes(ch.outer, ch.c),
+            Layout::Nchw => self.kernels.moments_bytes(&ch),
         }
+    }
+
+    /// Batch normalization's workspace: the partial sums, then the per-channel coefficients
+    /// (forward: `scale`, `c` floats; backward: the input gradient's three, `3 c`); the
+    /// partials are freed first.
+    pub(super) fn batch_norm_schedule(
+        &self,
+        g: &crate::ChannelGeometry,
+        backward: bool,
+    ) -> Result<Vec<WorkspaceStep>, TensorError> {
+        if g.c == 0 || g.per_channel() == 0 {
+            return Err(TensorError::InvalidArgument {
+                op: "workspace_schedule",
+                reason: format!("batch_norm of an empty view {g:?}"),
+            });
+        }
+        let mut s = Schedule::default();
+        let p = s.alloc(self.kernels.moments_bytes(g));
+        let c = s.alloc(g.c * if backward { 3 } else { 1 } * 4);
+        s.free(p);
+        s.free(c);
         Ok(s.finish())
     }
 

@@ -48,20 +48,20 @@ pub(super) fn check_aux(
     aux.expect_unique(op)
 }
 
-/// `y = act(conv(x, w) + b)`: x NHWC `g.input_shape()`, w HWIO `g.filter_shape()`, b
-/// `[c_out]`, y NHWC `g.output_shape()`, f32 (cross-correlation, as
-/// `lax.conv_general_dilated`). With `epi.act`, the activation runs in the epilogue (fused by
-/// the backend where it can); `epi.aux` receives a ReLU's mask, or an activation that saves
-/// its output reads `y` later.
+/// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (`&b`,
+/// or `None` for no bias), y `g.output_shape()`, f32 (cross-correlation with kernel dilation,
+/// as `lax.conv_general_dilated`; layouts as `g` says). With `epi.act`, the activation runs in
+/// the epilogue (fused by the backend where it can); `epi.aux` receives a ReLU's mask, or an
+/// activation that saves its output reads `y` later.
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for an inconsistent geometry; shape, dtype
 /// ([`TensorError::UnsupportedDType`] for anything but f32), device and alias errors;
 /// workspace allocation and library errors.
-pub fn conv2d(
+pub fn conv2d<'b>(
     x: &Tensor,
     w: &Tensor,
-    b: &Tensor,
+    b: impl Into<Option<&'b Tensor>>,
     g: &Conv2dGeometry,
     y: &mut Tensor,
     epi: Epilogue<'_>,
@@ -72,7 +72,10 @@ pub fn conv2d(
     supports(OP, x.dtype(), F32)?;
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     input(OP, &be, w, x.dtype(), Some(&g.filter_shape()))?;
-    input(OP, &be, b, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    let b = b.into();
+    if let Some(b) = b {
+        input(OP, &be, b, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    }
     output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
     let Epilogue { act, aux } = epi;
     if let Some(m) = &aux {
@@ -90,8 +93,9 @@ pub fn conv2d(
     be.conv2d(Checked::new(call))
 }
 
-/// `dx = conv_transpose(dy, w)`: dy NHWC `g.output_shape()`, w HWIO `g.filter_shape()`, dx
-/// NHWC `g.input_shape()` (overwritten), f32.
+/// `dx = conv_transpose(dy, w)`: dy `g.output_shape()`, w `g.filter_shape()`, dx
+/// `g.input_shape()` (overwritten), f32. A transposed convolution's forward pass is this op on
+/// its geometry ([`Conv2dGeometry::transposed`]).
 ///
 /// # Errors
 /// As [`conv2d`].
@@ -111,19 +115,20 @@ pub fn conv2d_bwd_data(
     be.conv2d_bwd_data(Checked::new(Conv2dBwdData { g: *g, dy, w, dx }))
 }
 
-/// Kernel and bias gradients: dw HWIO `g.filter_shape()`, db `[c_out]` (both overwritten),
-/// from x NHWC `g.input_shape()` and dy NHWC `g.output_shape()`, f32. With `act` (the forward
-/// epilogue's activation and what it saved), `dy` is first turned, in place, into the
-/// gradient before that activation (fused with the bias gradient where the backend can).
+/// Kernel and bias gradients: dw `g.filter_shape()` and db `[c_out]` (`&mut db`, or `None`
+/// for no bias; both overwritten), from x `g.input_shape()` and dy `g.output_shape()`, f32.
+/// With `act` (the forward epilogue's activation and what it saved), `dy` is first turned, in
+/// place, into the gradient before that activation (fused with the bias gradient where the
+/// backend can).
 ///
 /// # Errors
 /// As [`conv2d`].
-pub fn conv2d_bwd_filter(
+pub fn conv2d_bwd_filter<'d>(
     x: &Tensor,
     dy: &mut Tensor,
     g: &Conv2dGeometry,
     dw: &mut Tensor,
-    db: &mut Tensor,
+    db: impl Into<Option<&'d mut Tensor>>,
     act: Option<(Activation, &Tensor)>,
 ) -> Result<(), TensorError> {
     const OP: &str = "conv2d_bwd_filter";
@@ -133,7 +138,10 @@ pub fn conv2d_bwd_filter(
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
     output(OP, &be, dw, x.dtype(), Some(&g.filter_shape()))?;
-    output(OP, &be, db, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    let db = db.into();
+    if let Some(db) = &db {
+        output(OP, &be, db, x.dtype(), Some(&Shape::new([g.c_out])))?;
+    }
     if let Some((a, saved)) = act {
         check_saved(OP, a, saved, dy)?;
         dy.expect_unique(OP)?;
@@ -150,7 +158,7 @@ pub fn conv2d_bwd_filter(
 }
 
 /// A 2-D pooling of `kind`: x NHWC `g.input_shape()`, y NHWC `g.output_shape()` (window
-/// `g.kh x g.kw`, `g.c_out == g.c_in`), f32.
+/// `g.kh x g.kw`, `g.c_out == g.c_in`, no dilation), f32.
 ///
 /// # Errors
 /// As [`conv2d`]; [`TensorError::InvalidArgument`] when `c_out != c_in`.
@@ -169,25 +177,35 @@ pub fn pool2d(
     be.pool2d(Checked::new(Pool2d { kind, g: *g, x, y }))
 }
 
-/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from the forward
-/// input `x` and dy NHWC `g.output_shape()`, f32.
+/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy NHWC
+/// `g.output_shape()` and, for max pooling, the forward input `x` (sum and average pooling
+/// need none: their gradient depends on the shapes alone), f32.
 ///
 /// # Errors
-/// As [`pool2d`].
+/// As [`pool2d`]; [`TensorError::InvalidArgument`] for max pooling without `x`.
 pub fn pool2d_bwd(
     kind: PoolKind,
     g: &Conv2dGeometry,
-    x: &Tensor,
+    x: Option<&Tensor>,
     dy: &Tensor,
     dx: &mut Tensor,
 ) -> Result<(), TensorError> {
     const OP: &str = "pool2d_bwd";
     check_pool(OP, g)?;
-    let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
-    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
-    input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
-    output(OP, &be, dx, x.dtype(), Some(&g.input_shape()))?;
+    let be = backend_of(dy);
+    supports(OP, dy.dtype(), F32)?;
+    match x {
+        Some(x) => input(OP, &be, x, dy.dtype(), Some(&g.input_shape()))?,
+        None if kind == PoolKind::Max => {
+            return Err(TensorError::InvalidArgument {
+                op: OP,
+                reason: "max pooling's gradient reads the forward input".into(),
+            });
+        }
+        None => {}
+    }
+    input(OP, &be, dy, dy.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, dx, dy.dtype(), Some(&g.input_shape()))?;
     be.pool2d_bwd(Checked::new(Pool2dBwd {
         kind,
         g: *g,
@@ -203,6 +221,15 @@ fn check_pool(op: &'static str, g: &Conv2dGeometry) -> Result<(), TensorError> {
         return Err(TensorError::InvalidArgument {
             op,
             reason: format!("a pooling keeps its {} channels, not {}", g.c_in, g.c_out),
+        });
+    }
+    if g.canonical() != *g || (g.dilation_h, g.dilation_w) != (1, 1) {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!(
+                "pooling is NHWC without dilation, not {} with dilation ({}, {})",
+                g.layout, g.dilation_h, g.dilation_w
+            ),
         });
     }
     Ok(())

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Call, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy,
-    CopyIn, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
-    UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
+    DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use stax_tensor::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use stax_tensor::{
     Backend, BackendId, Checked, ConvOps, Device, ElementwiseOps, LossOps, MatmulOps, MemoryOps,
-    OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
+    NormOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
 };
 
 /// The planning backend (see the module docs).
@@ -147,6 +147,12 @@ replay_ops! {
         dropout_bwd(DropoutBwd)
     }
     OptimOps { adam(Adam), dense_adam(DenseAdam) }
+    NormOps {
+        batch_norm(BatchNorm),
+        batch_norm_bwd(BatchNormBwd),
+        channel_bias_add(ChannelBiasAdd),
+        channel_bias_grad(ChannelBiasGrad)
+    }
 }
 
 impl MemoryOps for PlanBackend {

@@ -12,8 +12,10 @@ pub(super) fn cudnn(op: &'static str) -> impl FnOnce(result::CudnnError) -> Tens
     move |source| TensorError::Cudnn { op, source }
 }
 
-/// Tensor, filter and convolution descriptors of one geometry, with the bias (`[1, c_out, 1,
-/// 1]` NHWC) and the two activations (identity, ReLU propagating NaN) of the fused forward.
+/// Tensor, filter and convolution descriptors of one geometry (its layout: NHWC tensors with a
+/// KRSC filter, or NCHW with KCRS; its strides, padding and dilation), with the bias (`[1,
+/// c_out, 1, 1]` in the tensors' format) and the two activations (identity, ReLU propagating
+/// NaN) of the fused forward.
 #[derive(Debug)]
 pub(super) struct Descriptors {
     x: sys::cudnnTensorDescriptor_t,
@@ -51,7 +53,8 @@ pub(super) fn int(v: usize) -> Result<c_int, TensorError> {
 /// filter and output must hold at most `i32::MAX` elements.
 ///
 /// # Errors
-/// [`TensorError::InvalidArgument`] naming the tensor, its NHWC dims and its element count.
+/// [`TensorError::InvalidArgument`] naming the tensor, its `(n, h, w, c)` dims and its element
+/// count.
 pub(super) fn check_sizes(c: &CudnnConv) -> Result<(), TensorError> {
     let g = &c.geometry;
     let tensors = [
@@ -79,7 +82,11 @@ impl Descriptors {
     pub(super) fn new(c: &CudnnConv) -> Result<Descriptors, TensorError> {
         check_sizes(c)?;
         let g = &c.geometry;
-        let nhwc = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
+        // the tensors' format, and the filter's (KRSC beside NHWC, KCRS beside NCHW)
+        let format = match g.layout {
+            crate::Layout::Nhwc => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+            crate::Layout::Nchw => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        };
         let f32t = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
         let d = Descriptors {
             x: result::create_tensor_descriptor().map_err(cudnn("cudnnCreateTensorDescriptor"))?,
@@ -97,25 +104,30 @@ impl Descriptors {
         let (n, ci, co) = (int(g.n)?, int(g.c_in)?, int(g.c_out)?);
         // SAFETY: the descriptors were just created and are owned by `d`.
         unsafe {
-            result::set_tensor4d_descriptor(d.x, nhwc, f32t, [n, ci, int(c.h)?, int(c.w)?])
+            result::set_tensor4d_descriptor(d.x, format, f32t, [n, ci, int(c.h)?, int(c.w)?])
                 .map_err(cudnn("cudnnSetTensor4dDescriptor(x)"))?;
-            result::set_filter4d_descriptor(d.w, f32t, nhwc, [co, ci, int(g.kh)?, int(g.kw)?])
+            result::set_filter4d_descriptor(d.w, f32t, format, [co, ci, int(g.kh)?, int(g.kw)?])
                 .map_err(cudnn("cudnnSetFilter4dDescriptor"))?;
-            result::set_tensor4d_descriptor(d.y, nhwc, f32t, [n, co, int(g.out_h)?, int(g.out_w)?])
-                .map_err(cudnn("cudnnSetTensor4dDescriptor(y)"))?;
+            result::set_tensor4d_descriptor(
+                d.y,
+                format,
+                f32t,
+                [n, co, int(g.out_h)?, int(g.out_w)?],
+            )
+            .map_err(cudnn("cudnnSetTensor4dDescriptor(y)"))?;
             result::set_convolution2d_descriptor(
                 d.conv,
                 int(c.pad_h)?,
                 int(c.pad_w)?,
                 int(g.stride_h)?,
                 int(g.stride_w)?,
-                1,
-                1,
+                int(g.dilation_h)?,
+                int(g.dilation_w)?,
                 sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
                 f32t,
             )
             .map_err(cudnn("cudnnSetConvolution2dDescriptor"))?;
-            result::set_tensor4d_descriptor(d.bias, nhwc, f32t, [1, co, 1, 1])
+            result::set_tensor4d_descriptor(d.bias, format, f32t, [1, co, 1, 1])
                 .map_err(cudnn("cudnnSetTensor4dDescriptor(bias)"))?;
             let nan = sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN;
             result::set_activation_descriptor(

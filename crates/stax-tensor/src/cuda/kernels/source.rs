@@ -24,19 +24,22 @@ pub enum KernelModule {
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
     Layout,
-    /// `kernels/pool.cu`: max pooling forward and backward.
+    /// `kernels/pool.cu`: max, sum and average pooling forward and backward.
     Pool,
+    /// `kernels/norm.cu`: per-channel reductions: batch normalization, channel bias.
+    Norm,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 6] = [
+    pub const ALL: [KernelModule; 7] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
         KernelModule::Adam,
         KernelModule::Layout,
         KernelModule::Pool,
+        KernelModule::Norm,
     ];
 
     /// The file name, for messages.
@@ -48,6 +51,7 @@ impl KernelModule {
             KernelModule::Adam => "adam.cu",
             KernelModule::Layout => "layout.cu",
             KernelModule::Pool => "pool.cu",
+            KernelModule::Norm => "norm.cu",
         }
     }
 
@@ -68,14 +72,28 @@ impl KernelModule {
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
             KernelModule::Adam => &["adam_f32", "adam_vec_f32"],
             KernelModule::Layout => &[
-                "hwio_to_ohwi_f32",
-                "ohwi_to_hwio_f32",
+                "filter_permute_f32",
                 "pad_nhwc_f32",
                 "crop_nhwc_f32",
                 "copy_block_u32",
                 "copy_block_u16",
             ],
-            KernelModule::Pool => &["max_pool_f32", "max_pool_bwd_f32"],
+            KernelModule::Pool => &[
+                "max_pool_f32",
+                "max_pool_bwd_f32",
+                "sum_pool_f32",
+                "sum_pool_bwd_f32",
+            ],
+            KernelModule::Norm => &[
+                "channel_moments_f32",
+                "channel_sum_finish_f32",
+                "bn_finish_f32",
+                "bn_apply_f32",
+                "bn_apply_relu_f32",
+                "bn_bwd_finish_f32",
+                "bn_bwd_apply_f32",
+                "channel_bias_add_f32",
+            ],
         };
         let per_dtype: &[&str] = match self {
             KernelModule::Activation => &[
@@ -106,6 +124,7 @@ impl KernelModule {
             KernelModule::Adam => include_str!("../../../../../kernels/adam.cu"),
             KernelModule::Layout => include_str!("../../../../../kernels/layout.cu"),
             KernelModule::Pool => include_str!("../../../../../kernels/pool.cu"),
+            KernelModule::Norm => include_str!("../../../../../kernels/norm.cu"),
         }
     }
 }

@@ -1,9 +1,12 @@
-//! Launchers of the spatial and update kernels: filter transposes and padding copies around
-//! cuDNN, max pooling, softmax cross-entropy and Adam.
+//! Launchers of the spatial and update kernels: filter permutations and padding copies around
+//! cuDNN, pooling, softmax cross-entropy and Adam.
 
 use super::{Kernels, aligned16, driver};
-use crate::{AdamHyper, Conv2dGeometry, TensorError};
+use crate::{AdamHyper, Conv2dGeometry, PoolKind, TensorError};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// `kernels/layout.cu`'s code of cuDNN's NHWC filter layout KRSC = OHWI `[co, kh, kw, ci]`.
+pub(crate) const OHWI: i32 = 4;
 
 /// A pooling's geometry as `kernels/pool.cu`'s `struct PoolGeometry` (twelve `size_t`).
 #[derive(Debug, Clone, Copy)]
@@ -114,30 +117,27 @@ impl Kernels {
         .map_err(driver(k))
     }
 
-    /// Filter transpose between HWIO `[kh, kw, ci, co]` and OHWI `[co, kh, kw, ci]`
-    /// (`to_ohwi` picks the direction); `hw = kh * kw`.
-    pub(crate) fn transpose_filter(
+    /// A `(kh, kw, ci, co)` kernel copied from layout `from` to layout `to` (the codes of
+    /// `kernels/layout.cu`'s `filter_index`: [`crate::FilterLayout::code`], and
+    /// [`OHWI`] for cuDNN's NHWC filters).
+    pub(crate) fn permute_filter(
         &self,
         src: u64,
         dst: u64,
-        hw: usize,
-        ci: usize,
-        co: usize,
-        to_ohwi: bool,
+        (kh, kw, ci, co): (usize, usize, usize, usize),
+        from: i32,
+        to: i32,
     ) -> Result<(), TensorError> {
-        let n = hw * ci * co;
+        let n = kh * kw * ci * co;
         if n == 0 {
             return Ok(());
         }
-        let k = if to_ohwi {
-            "hwio_to_ohwi_f32"
-        } else {
-            "ohwi_to_hwio_f32"
-        };
-        // SAFETY: `hwio_to_ohwi_f32` / `ohwi_to_hwio_f32(const float *src, float *dst,
-        // size_t hw, size_t ci, size_t co)`; src and dst hold hw*ci*co floats, distinct buffers.
+        let k = "filter_permute_f32";
+        // SAFETY: `filter_permute_f32(const float *src, float *dst, size_t kh, size_t kw,
+        // size_t ci, size_t co, int from, int to)`; src and dst hold kh*kw*ci*co floats, distinct
+        // buffers; every layout code stores each tap at a distinct index below n.
         unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &hw, &ci, &co)
+            launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &kh, &kw, &ci, &co, &from, &to)
                 .map(drop)
         }
         .map_err(driver(k))
@@ -231,6 +231,60 @@ impl Kernels {
         // g)`; x and dx hold g.input_shape() floats, dy g.output_shape(); distinct buffers.
         unsafe {
             launch!(self.stream, self.function(k)?, self.grid(n); &x, &dy, &dx, &pg).map(drop)
+        }
+        .map_err(driver(k))
+    }
+}
+
+impl Kernels {
+    /// Sum (`kind` Sum) or average (Avg) pooling of x NHWC `g.input_shape()` into y NHWC
+    /// `g.output_shape()` (f32).
+    pub(crate) fn sum_pool(
+        &self,
+        kind: PoolKind,
+        g: &Conv2dGeometry,
+        x: u64,
+        y: u64,
+    ) -> Result<(), TensorError> {
+        let n = g.output_shape().numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, pg, avg) = (
+            "sum_pool_f32",
+            PoolGeometry::of(g),
+            i32::from(kind == PoolKind::Avg),
+        );
+        // SAFETY: `sum_pool_f32(const float *x, float *y, PoolGeometry g, int avg)`; x holds
+        // g.input_shape() floats, y g.output_shape() floats; PoolGeometry's layout matches.
+        unsafe {
+            launch!(self.stream, self.function(k)?, self.grid(n); &x, &y, &pg, &avg).map(drop)
+        }
+        .map_err(driver(k))
+    }
+
+    /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of sum or average pooling
+    /// from dy (NHWC `g.output_shape()`), f32.
+    pub(crate) fn sum_pool_bwd(
+        &self,
+        kind: PoolKind,
+        g: &Conv2dGeometry,
+        dy: u64,
+        dx: u64,
+    ) -> Result<(), TensorError> {
+        let n = g.input_shape().numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, pg, avg) = (
+            "sum_pool_bwd_f32",
+            PoolGeometry::of(g),
+            i32::from(kind == PoolKind::Avg),
+        );
+        // SAFETY: `sum_pool_bwd_f32(const float *dy, float *dx, PoolGeometry g, int avg)`; dx
+        // holds g.input_shape() floats, dy g.output_shape(); distinct buffers.
+        unsafe {
+            launch!(self.stream, self.function(k)?, self.grid(n); &dy, &dx, &pg, &avg).map(drop)
         }
         .map_err(driver(k))
     }

@@ -1,0 +1,315 @@
+//! `BatchNorm`: stax's batch normalization, batch statistics always (no running statistics).
+
+use stax_alloc::Tag;
+use stax_tensor::ops::{self, Affine, AffineGrads, NormSaved};
+use stax_tensor::{Category, ChannelGeometry, DType, Key, Params, Shape, Tensor, Tree};
+
+use crate::layer::{one_shape, one_tensor, residuals, saved_tensor};
+use crate::{
+    Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+};
+
+/// stax's `BatchNorm(axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True)`:
+/// `y = gamma · (x - mean) / sqrt(var + epsilon) + beta`, mean and variance over `axis`
+/// (`jax.nn.standardize`: `var = max(E[x²] - E[x]², 0)`), computed from the batch in training
+/// and in evaluation alike (stax keeps no running statistics; an example is normalized with
+/// its batch).
+///
+/// Parameters `(beta, gamma)`, in that order, each of the input's shape with `axis` removed
+/// (`[c]` for NHWC with the default axis), `beta` zeros and `gamma` ones; `center = false`
+/// leaves `beta` out and `scale = false` `gamma` (their places stay, as stax's `()`). The axes
+/// kept must be consecutive (`[.., c, ..]`: NHWC `(0, 1, 2)`, NCHW `(0, 2, 3)`, `[n, d]`
+/// `(0,)`). Keeps its input and the per-channel mean and `1 / sqrt(var + eps)` for the
+/// backward pass, which writes the input gradient over the output gradient. A ReLU that follows
+/// runs in its kernels ([`Layer::fuses`]: one pass over the activation fewer each way).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchNorm {
+    /// The axes normalized over.
+    pub axis: Vec<usize>,
+    /// Added to the variance.
+    pub epsilon: f32,
+    /// Whether to add `beta`.
+    pub center: bool,
+    /// Whether to multiply by `gamma`.
+    pub scale: bool,
+}
+
+impl Default for BatchNorm {
+    /// stax's defaults: axis `(0, 1, 2)`, epsilon `1e-5`, center and scale.
+    fn default() -> Self {
+        BatchNorm {
+            axis: vec![0, 1, 2],
+            epsilon: 1e-5,
+            center: true,
+            scale: true,
+        }
+    }
+}
+
+impl BatchNorm {
+    /// stax's `BatchNorm()` (see [`BatchNorm::default`]).
+    pub fn new() -> BatchNorm {
+        BatchNorm::default()
+    }
+
+    /// This normalization over `axis`.
+    pub fn with_axis(self, axis: &[usize]) -> BatchNorm {
+        BatchNorm {
+            axis: axis.to_vec(),
+            ..self
+        }
+    }
+
+    /// This normalization with `epsilon`, `center` and `scale`.
+    pub fn with(self, epsilon: f32, center: bool, scale: bool) -> BatchNorm {
+        BatchNorm {
+            epsilon,
+            center,
+            scale,
+            ..self
+        }
+    }
+
+    /// The input as `[outer, c, inner]` (`c` the kept axes) and the parameters' shape.
+    fn geometry(&self, input: &Shape) -> Result<(ChannelGeometry, Shape), LayerError> {
+        let shapes = Tree::leaf(input.clone());
+        let rank = input.rank();
+        if let Some(a) = self.axis.iter().find(|&&a| a >= rank) {
+            let reason = format!("axis {a} is out of range for rank {rank}");
+            return Err(self.shape_error(reason, &shapes));
+        }
+        let kept: Vec<usize> = (0..rank).filter(|i| !self.axis.contains(i)).collect();
+        let param = Shape::new(kept.iter().map(|&i| input.dims()[i]).collect::<Vec<_>>());
+        let g = match (kept.first(), kept.last()) {
+            (Some(&a), Some(&b)) if b - a + 1 == kept.len() => ChannelGeometry::of(input, a..b + 1)
+                .map_err(|e| self.shape_error(e.to_string(), &shapes))?,
+            (Some(_), _) => {
+                let reason = format!("the axes kept {kept:?} must be consecutive");
+                return Err(self.shape_error(reason, &shapes));
+            }
+            (None, _) => ChannelGeometry {
+                outer: input.numel(),
+                c: 1,
+                inner: 1,
+            },
+        };
+        if g.per_channel() == 0 || g.c == 0 {
+            let reason = "expected a non-empty input".into();
+            return Err(self.shape_error(reason, &shapes));
+        }
+        Ok((g, param))
+    }
+
+    fn specs(&self, param: &Shape) -> Tree<ParamSpec> {
+        let slot = |on: bool, v: f32| match on {
+            true => Tree::leaf(ParamSpec::f32(param.clone(), Init::Constant(v))),
+            false => Tree::empty(),
+        };
+        Tree::node([
+            (Key::Field("beta"), slot(self.center, 0.0)),
+            (Key::Field("gamma"), slot(self.scale, 1.0)),
+        ])
+    }
+
+    /// `(beta, gamma)` as `[c]` tensors, each when present, checked against the specs.
+    fn params(
+        &self,
+        params: &Params,
+        g: &ChannelGeometry,
+        param: &Shape,
+    ) -> Result<[Option<Tensor>; 2], LayerError> {
+        let specs = self.specs(param);
+        if let Some(e) = specs.structure_differs(params) {
+            return Err(self.mismatch("parameters", e.to_string()));
+        }
+        let field = |i: usize| -> Result<Option<Tensor>, LayerError> {
+            match &params.children()[i].1 {
+                Tree::Leaf(t) if t.shape() == param && t.dtype() == DType::F32 => {
+                    Ok(Some(t.reshape([g.c])?))
+                }
+                Tree::Leaf(t) => Err(self.mismatch(
+                    "parameters",
+                    format!(
+                        "{} is {} {}, expected f32 {param}",
+                        params.children()[i].0,
+                        t.dtype(),
+                        t.shape()
+                    ),
+                )),
+                Tree::Node(_) => Ok(None),
+            }
+        };
+        Ok([field(0)?, field(1)?])
+    }
+
+    /// The forward pass; with `relu`, the ReLU that follows runs in the same kernel and
+    /// writes its mask there (kept under the activation's key).
+    fn forward(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &Cx<'_>,
+        mut relu: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let x = one_tensor(self, x)?;
+        let (g, param) = self.geometry(x.shape())?;
+        let [beta, gamma] = self.params(params, &g, &param)?;
+        let be = x.backend().clone();
+        let act = |role| Tag::new(Category::Activation, role);
+        let mut y = Tensor::empty(&be, x.shape().clone(), DType::F32, act("output"))?;
+        let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
+        let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
+        let affine = Affine {
+            gamma: gamma.as_ref(),
+            beta: beta.as_ref(),
+        };
+        let stats = (&mut mean, &mut rstd);
+        ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu.as_mut())?;
+        if !cx.is_training() {
+            return Ok((Tree::leaf(y), Tree::empty()));
+        }
+        let mut kept = vec![
+            ("x", Saved::Tensor(x)),
+            ("mean", Saved::Tensor(mean)),
+            ("rstd", Saved::Tensor(rstd)),
+        ];
+        let key = activation::saved_key(Activation::Relu);
+        kept.extend(relu.map(|m| (key, Saved::Tensor(m))));
+        Ok((Tree::leaf(y), residuals(kept)))
+    }
+
+    /// The backward pass; with `relu`, `dy` is the gradient after the fused ReLU, masked by
+    /// the ReLU's saved mask in the same kernels.
+    fn backward(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        (dy, relu): (Value, bool),
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        let x = saved_tensor(self, &mut residuals, "x")?;
+        let mean = saved_tensor(self, &mut residuals, "mean")?;
+        let rstd = saved_tensor(self, &mut residuals, "rstd")?;
+        let key = activation::saved_key(Activation::Relu);
+        let mask = relu
+            .then(|| saved_tensor(self, &mut residuals, key))
+            .transpose()?;
+        let (g, param) = self.geometry(x.shape())?;
+        let [beta, gamma] = self.params(params, &g, &param)?;
+        let mut dy = one_tensor(self, dy)?;
+        if need_dx || relu {
+            dy = dy.into_unique_as("dx")?;
+        }
+        let be = x.backend().clone();
+        let grad = |on: bool, role| match on {
+            true => {
+                Tensor::empty(&be, [g.c], DType::F32, Tag::new(Category::Gradient, role)).map(Some)
+            }
+            false => Ok(None),
+        };
+        let (mut dbeta, mut dgamma) = (
+            grad(beta.is_some(), "dbeta")?,
+            grad(gamma.is_some(), "dgamma")?,
+        );
+        let grads = AffineGrads {
+            dgamma: dgamma.as_mut(),
+            dbeta: dbeta.as_mut(),
+        };
+        let saved = NormSaved {
+            mean: &mean,
+            rstd: &rstd,
+            relu: mask.as_ref(),
+        };
+        ops::batch_norm_bwd(&x, &g, gamma.as_ref(), saved, &mut dy, need_dx, grads)?;
+        let slot = |t: Option<Tensor>| -> Result<Tree<Tensor>, LayerError> {
+            Ok(match t {
+                Some(t) => Tree::leaf(t.reshape(param.clone())?),
+                None => Tree::empty(),
+            })
+        };
+        cx.gradients(Tree::node([
+            (Key::Field("beta"), slot(dbeta)?),
+            (Key::Field("gamma"), slot(dgamma)?),
+        ]))?;
+        Ok(need_dx.then(|| Tree::leaf(dy)))
+    }
+}
+
+impl Layer for BatchNorm {
+    fn kind(&self) -> &'static str {
+        "batch_norm"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "batch_norm(axis={:?}, epsilon={}, center={}, scale={})",
+            self.axis, self.epsilon, self.center, self.scale
+        )
+    }
+
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
+        let input = one_shape(self, input)?;
+        self.geometry(input)?;
+        Ok(Tree::leaf(input.clone()))
+    }
+
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
+        Ok(self.specs(&self.geometry(one_shape(self, input)?)?.1))
+    }
+
+    fn apply(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.forward(params, x, cx, None)
+    }
+
+    fn vjp(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        self.backward(params, residuals, (dy, false), cx, need_dx)
+    }
+
+    /// A ReLU, in the normalization's kernels (its mask written by the forward one, `dy`
+    /// masked by the backward ones).
+    fn fuses(&self, act: Activation) -> bool {
+        act == Activation::Relu
+    }
+
+    fn apply_fused(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        aux: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        if act != Activation::Relu || aux.is_none() {
+            return Err(self.config(format!("fuses a ReLU with its mask, not {act:?}")));
+        }
+        self.forward(params, x, cx, aux)
+    }
+
+    fn vjp_fused(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        if act != Activation::Relu {
+            return Err(self.config(format!("fuses a ReLU, not {act:?}")));
+        }
+        self.backward(params, residuals, (dy, true), cx, need_dx)
+    }
+}

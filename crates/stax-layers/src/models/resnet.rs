@@ -1,0 +1,141 @@
+//! stax's ResNet-50 (`examples/resnet50.py` in the JAX repository), NHWC, with its depth and
+//! width as parameters so that the same blocks build shallow variants.
+//!
+//! ```
+//! use stax_layers::models::ResNet;
+//! use stax_layers::Layer;
+//! use stax_tensor::{Shape, Tree};
+//! let model = ResNet::resnet50(1000).build((224, 224, 3)).unwrap();
+//! let out = model.output_shape(&Tree::leaf(Shape::new([2, 224, 224, 3]))).unwrap();
+//! assert_eq!(out, Tree::leaf(Shape::new([2, 1000])));
+//! // the parameter count of stax's ResNet50(1000) in JAX 0.10.2 (its convs have biases)
+//! let specs = model.param_specs(&Tree::leaf(Shape::new([2, 224, 224, 3]))).unwrap();
+//! let n: usize = specs.leaves().iter().map(|s| s.shape.numel()).sum();
+//! assert_eq!(n, 25_583_592);
+//! ```
+
+use crate::{
+    AvgPool, BatchNorm, Conv, Dense, FanInSum, FanOut, Flatten, Identity, Layer, LayerError,
+    MaxPool, Padding, Relu, Serial, parallel, serial,
+};
+use stax_tensor::{Shape, Tree};
+
+/// stax's `ConvBlock(kernel_size, filters, strides)`: `FanOut(2)`, `parallel(Main,
+/// Shortcut)`, `FanInSum`, `Relu`, with `Main = Conv(f1, (1, 1), strides) BatchNorm Relu
+/// Conv(f2, (k, k), SAME) BatchNorm Relu Conv(f3, (1, 1)) BatchNorm` and `Shortcut =
+/// Conv(f3, (1, 1), strides) BatchNorm` (1x1 convs VALID, as stax's default).
+pub fn conv_block(kernel: usize, [f1, f2, f3]: [usize; 3], strides: (usize, usize)) -> Serial {
+    let main = serial![
+        Conv::new(f1, (1, 1), strides, Padding::Valid),
+        BatchNorm::new(),
+        Relu,
+        Conv::new(f2, (kernel, kernel), (1, 1), Padding::Same),
+        BatchNorm::new(),
+        Relu,
+        Conv::new(f3, (1, 1), (1, 1), Padding::Valid),
+        BatchNorm::new()
+    ];
+    let shortcut = serial![
+        Conv::new(f3, (1, 1), strides, Padding::Valid),
+        BatchNorm::new()
+    ];
+    serial![FanOut(2), parallel![main, shortcut], FanInSum, Relu]
+}
+
+/// stax's `IdentityBlock(kernel_size, filters)` for an input of `channels` channels:
+/// `FanOut(2)`, `parallel(Main, Identity)`, `FanInSum`, `Relu`, with `Main = Conv(f1, (1, 1))
+/// BatchNorm Relu Conv(f2, (k, k), SAME) BatchNorm Relu Conv(channels, (1, 1)) BatchNorm`.
+/// stax builds `Main` with `shape_dependent` so that its last conv outputs the input's
+/// channels; here the caller passes them (the parameters and computation are the same).
+pub fn identity_block(kernel: usize, [f1, f2]: [usize; 2], channels: usize) -> Serial {
+    let main = serial![
+        Conv::new(f1, (1, 1), (1, 1), Padding::Valid),
+        BatchNorm::new(),
+        Relu,
+        Conv::new(f2, (kernel, kernel), (1, 1), Padding::Same),
+        BatchNorm::new(),
+        Relu,
+        Conv::new(channels, (1, 1), (1, 1), Padding::Valid),
+        BatchNorm::new()
+    ];
+    serial![FanOut(2), parallel![main, Identity], FanInSum, Relu]
+}
+
+/// A ResNet of stax's blocks: the stem `Conv(w0, (7, 7), (2, 2), SAME) BatchNorm Relu
+/// MaxPool((3, 3), (2, 2))`, four stages of one [`conv_block`] (stride 1 in the first stage, 2
+/// after; filters `[w, w, 4w]`) and `blocks - 1` [`identity_block`]s each, then
+/// `AvgPool(window) Flatten Dense(classes)`.
+///
+/// stax's model ends in `LogSoftmax`; this one ends on the logits, which
+/// [`crate::SoftmaxCrossEntropy`] turns into the same loss (`-sum(one_hot · log_softmax)`, its
+/// mean over the batch: stax's example sums instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResNet {
+    /// Blocks per stage (ResNet-50: `[3, 4, 6, 3]`).
+    pub blocks: [usize; 4],
+    /// Width `w` of each stage (ResNet-50: `[64, 128, 256, 512]`); the stem has `widths[0]`.
+    pub widths: [usize; 4],
+    /// Classes of the dense head.
+    pub classes: usize,
+}
+
+impl ResNet {
+    /// stax's `ResNet50(num_classes)`.
+    pub fn resnet50(classes: usize) -> ResNet {
+        ResNet {
+            blocks: [3, 4, 6, 3],
+            widths: [64, 128, 256, 512],
+            classes,
+        }
+    }
+
+    /// The model for `(height, width, channels)` images. The average pooling's window is the
+    /// final feature map (`(7, 7)` for 224x224, as stax's), so any image size that survives
+    /// the strides works.
+    ///
+    /// # Errors
+    /// [`LayerError::Config`] for a stage of no blocks or a zero width; the shape errors of an
+    /// image too small for the stem.
+    pub fn build(&self, (h, w, c): (usize, usize, usize)) -> Result<Serial, LayerError> {
+        if self.blocks.contains(&0) || self.widths.contains(&0) || self.classes == 0 {
+            return Err(LayerError::Config {
+                path: String::new(),
+                layer: "resnet".into(),
+                reason: format!("every stage needs a block and a width, got {self:?}"),
+            });
+        }
+        let mut layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(Conv::new(self.widths[0], (7, 7), (2, 2), Padding::Same)),
+            Box::new(BatchNorm::new()),
+            Box::new(Relu),
+            Box::new(MaxPool::new((3, 3)).with((2, 2), Padding::Valid)),
+        ];
+        for (stage, (&n, &width)) in self.blocks.iter().zip(&self.widths).enumerate() {
+            let strides = if stage == 0 { (1, 1) } else { (2, 2) };
+            layers.push(Box::new(conv_block(3, [width, width, 4 * width], strides)));
+            for _ in 1..n {
+                layers.push(Box::new(identity_block(3, [width, width], 4 * width)));
+            }
+        }
+        let trunk = Serial(layers);
+        let features = trunk.output_shape(&Tree::leaf(Shape::new([1, h, w, c])))?;
+        let window = match features.as_leaf().map(Shape::dims) {
+            Some(&[_, fh, fw, _]) => (fh, fw),
+            _ => unreachable_shape(&features)?,
+        };
+        let Serial(mut layers) = trunk;
+        layers.push(Box::new(AvgPool::new(window)));
+        layers.push(Box::new(Flatten));
+        layers.push(Box::new(Dense(self.classes)));
+        Ok(Serial(layers))
+    }
+}
+
+/// The trunk's output is one NHWC tensor; anything else is a configuration error.
+fn unreachable_shape(features: &Tree<Shape>) -> Result<(usize, usize), LayerError> {
+    Err(LayerError::Config {
+        path: String::new(),
+        layer: "resnet".into(),
+        reason: format!("the trunk gives {features:?}, not one NHWC tensor"),
+    })
+}

@@ -1,0 +1,120 @@
+//! The calls of the normalization family ([`crate::NormOps`]): batch normalization and a
+//! bias along a middle (channel) axis, each on a `[outer, c, inner]` view
+//! ([`ChannelGeometry`]).
+
+use super::Call;
+use crate::{ChannelGeometry, OpDesc, Tensor};
+
+/// Batch normalization forward (`jax.nn.standardize` then scale and shift, as stax's
+/// `BatchNorm`): per channel `j`, over the `outer · inner` elements of `x`,
+/// `mean = E[x]`, `var = max(E[x²] - mean², 0)` (stax's one-pass variance), `rstd =
+/// 1 / sqrt(var + eps)`, `y = gamma · (x - mean) · rstd + beta` (gamma 1 and beta 0 when not
+/// given), then with `relu` a ReLU in place whose bit mask (`x > 0` of its input) `relu`
+/// receives. `mean` and `rstd` (`[c]`) are written for the backward pass.
+#[derive(Debug)]
+pub struct BatchNorm<'a> {
+    /// The view.
+    pub g: ChannelGeometry,
+    /// Added to the variance.
+    pub eps: f32,
+    /// Input.
+    pub x: &'a Tensor,
+    /// Scale `[c]`, if any.
+    pub gamma: Option<&'a Tensor>,
+    /// Shift `[c]`, if any.
+    pub beta: Option<&'a Tensor>,
+    /// Output (overwritten).
+    pub y: &'a mut Tensor,
+    /// Per-channel mean `[c]` (overwritten).
+    pub mean: &'a mut Tensor,
+    /// Per-channel `1 / sqrt(var + eps)` `[c]` (overwritten).
+    pub rstd: &'a mut Tensor,
+    /// A following ReLU's mask (U32, `ceil(numel / 32)` words), when the ReLU is fused.
+    pub relu: Option<&'a mut Tensor>,
+}
+
+/// Batch normalization backward, from the forward input and its statistics: with `z = (x -
+/// mean) · rstd`, `dbeta = sum dy`, `dgamma = sum dy · z`, and (when `need_dx`) `dx = gamma ·
+/// rstd · (dy - dbeta / m - z · dgamma / m)` written over `dy` (`m = outer · inner`). With
+/// `relu` (a fused ReLU's mask), `dy` is the gradient after the ReLU and is masked first.
+#[derive(Debug)]
+pub struct BatchNormBwd<'a> {
+    /// The view.
+    pub g: ChannelGeometry,
+    /// The forward input.
+    pub x: &'a Tensor,
+    /// Scale `[c]`, if the forward pass had one.
+    pub gamma: Option<&'a Tensor>,
+    /// The forward mean `[c]`.
+    pub mean: &'a Tensor,
+    /// The forward `rstd` `[c]`.
+    pub rstd: &'a Tensor,
+    /// The fused ReLU's mask, if the forward pass had one.
+    pub relu: Option<&'a Tensor>,
+    /// Output gradient in; the input gradient out when `need_dx`.
+    pub dy: &'a mut Tensor,
+    /// Whether to write the input gradient.
+    pub need_dx: bool,
+    /// Scale gradient `[c]`, if wanted.
+    pub dgamma: Option<&'a mut Tensor>,
+    /// Shift gradient `[c]`, if wanted.
+    pub dbeta: Option<&'a mut Tensor>,
+}
+
+/// `y[o, j, i] += b[j]` (a convolution's bias in NCHW).
+#[derive(Debug)]
+pub struct ChannelBiasAdd<'a> {
+    /// The view.
+    pub g: ChannelGeometry,
+    /// Output.
+    pub y: &'a mut Tensor,
+    /// Bias `[c]`.
+    pub b: &'a Tensor,
+}
+
+/// `db[j] = sum over o, i of dy[o, j, i]`, in f64.
+#[derive(Debug)]
+pub struct ChannelBiasGrad<'a> {
+    /// The view.
+    pub g: ChannelGeometry,
+    /// Output gradient.
+    pub dy: &'a Tensor,
+    /// Bias gradient `[c]` (overwritten).
+    pub db: &'a mut Tensor,
+}
+
+impl Call for BatchNorm<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::BatchNorm {
+            geometry: self.g,
+            backward: false,
+        }
+    }
+}
+
+impl Call for BatchNormBwd<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::BatchNorm {
+            geometry: self.g,
+            backward: true,
+        }
+    }
+}
+
+impl Call for ChannelBiasAdd<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::ChannelBias {
+            geometry: self.g,
+            backward: false,
+        }
+    }
+}
+
+impl Call for ChannelBiasGrad<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::ChannelBias {
+            geometry: self.g,
+            backward: true,
+        }
+    }
+}

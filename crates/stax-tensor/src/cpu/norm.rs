@@ -1,0 +1,201 @@
+//! Per-channel ops on the host: batch normalization forward and backward and the channel
+//! bias, on a `[outer, c, inner]` view ([`ChannelGeometry`]), statistics in f64.
+//!
+//! Forward (stax's `BatchNorm`, `jax.nn.standardize`): `mean = E[x]`, `var = max(E[x²] -
+//! mean², 0)`, `rstd = 1 / sqrt(var + eps)`, `y = (x - mean) · (gamma · rstd) + beta`.
+//! Backward, with `z = (x - mean) · rstd` and `m = outer · inner`: `dbeta = Σ dy`, `dgamma =
+//! Σ dy · z = rstd · Σ dy · (x - mean)`, `dx = gamma · rstd · (dy - dbeta / m - z · dgamma /
+//! m)` (the gradient of the one-pass variance is that of the two-pass one: the same function).
+//! A fused ReLU runs after the forward pass and masks `dy` before the backward one.
+
+use super::elementwise::{unary, unary_bwd};
+use super::{data, data_mut};
+use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, Unary, UnaryBwd};
+use crate::{Activation, ChannelGeometry, TensorError};
+
+/// Calls `f(j, run)` for every run of `inner` consecutive elements of channel `j` of `a`.
+fn runs<'a>(g: &ChannelGeometry, a: &'a [f32], mut f: impl FnMut(usize, &'a [f32])) {
+    for (r, run) in a.chunks_exact(g.inner.max(1)).enumerate() {
+        f(r % g.c, run);
+    }
+}
+
+/// `out[j] = Σ a[.., j, ..]` over the view, accumulated in f64.
+pub(super) fn channel_sums(g: &ChannelGeometry, a: &[f32], out: &mut [f32]) {
+    let mut acc = vec![0f64; g.c];
+    runs(g, a, |j, run| {
+        acc[j] += run.iter().map(|&v| f64::from(v)).sum::<f64>()
+    });
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a as f32;
+    }
+}
+
+/// `(Σ a, Σ a · (b - shift))` per channel over the view, in f64 (`shift` 0 when `None`).
+fn moments(g: &ChannelGeometry, a: &[f32], b: &[f32], shift: Option<&[f32]>) -> [Vec<f64>; 2] {
+    let (mut s, mut t) = (vec![0f64; g.c], vec![0f64; g.c]);
+    let inner = g.inner.max(1);
+    for (r, (ra, rb)) in a.chunks_exact(inner).zip(b.chunks_exact(inner)).enumerate() {
+        let j = r % g.c;
+        let sh = shift.map_or(0.0, |m| f64::from(m[j]));
+        for (&va, &vb) in ra.iter().zip(rb) {
+            s[j] += f64::from(va);
+            t[j] += f64::from(va) * (f64::from(vb) - sh);
+        }
+    }
+    [s, t]
+}
+
+/// A per-channel parameter, or `default` everywhere when absent.
+fn or_const(
+    op: &'static str,
+    p: Option<&crate::Tensor>,
+    c: usize,
+    default: f32,
+) -> Result<Vec<f32>, TensorError> {
+    Ok(match p {
+        Some(t) => data(op, t)?.to_vec(),
+        None => vec![default; c],
+    })
+}
+
+/// Batch normalization forward (see the module doc).
+pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm";
+    let BatchNorm {
+        g,
+        eps,
+        x,
+        gamma,
+        beta,
+        y,
+        mean,
+        rstd,
+        relu,
+    } = c;
+    let xs = data(OP, x)?;
+    let [s1, s2] = moments(&g, xs, xs, None);
+    let m = g.per_channel() as f64;
+    let gamma = or_const(OP, gamma, g.c, 1.0)?;
+    let beta = or_const(OP, beta, g.c, 0.0)?;
+    let (means, rstds) = (data_mut(OP, mean)?, data_mut(OP, rstd)?);
+    let mut scale = vec![0f32; g.c];
+    for j in 0..g.c {
+        let mu = s1[j] / m;
+        let var = (s2[j] / m - mu * mu).max(0.0);
+        let r = 1.0 / (var + f64::from(eps)).sqrt();
+        (means[j], rstds[j]) = (mu as f32, r as f32);
+        scale[j] = (f64::from(gamma[j]) * r) as f32;
+    }
+    let ys = data_mut(OP, y)?;
+    let inner = g.inner.max(1);
+    for (r, (yr, xr)) in ys
+        .chunks_exact_mut(inner)
+        .zip(xs.chunks_exact(inner))
+        .enumerate()
+    {
+        let j = r % g.c;
+        for (v, &xv) in yr.iter_mut().zip(xr) {
+            *v = (xv - means[j]) * scale[j] + beta[j];
+        }
+    }
+    match relu {
+        Some(mask) => unary(Unary {
+            act: Activation::Relu,
+            y,
+            aux: Some(mask),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Batch normalization backward (see the module doc); `dx` over `dy` when `need_dx`.
+pub(super) fn batch_norm_bwd(c: BatchNormBwd<'_>) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm_bwd";
+    let BatchNormBwd {
+        g,
+        x,
+        gamma,
+        mean,
+        rstd,
+        relu,
+        dy,
+        need_dx,
+        dgamma,
+        dbeta,
+    } = c;
+    if let Some(mask) = relu {
+        let act = Activation::Relu;
+        unary_bwd(UnaryBwd {
+            act,
+            saved: mask,
+            dy: &mut *dy,
+        })?;
+    }
+    let (xs, means, rstds) = (data(OP, x)?, data(OP, mean)?, data(OP, rstd)?);
+    let gamma = or_const(OP, gamma, g.c, 1.0)?;
+    let [sdy, sdyx] = moments(&g, data(OP, dy)?, xs, Some(means));
+    let dg: Vec<f64> = (0..g.c).map(|j| f64::from(rstds[j]) * sdyx[j]).collect();
+    if let Some(d) = dgamma {
+        for (o, &v) in data_mut(OP, d)?.iter_mut().zip(&dg) {
+            *o = v as f32;
+        }
+    }
+    if let Some(d) = dbeta {
+        for (o, &v) in data_mut(OP, d)?.iter_mut().zip(&sdy) {
+            *o = v as f32;
+        }
+    }
+    if !need_dx {
+        return Ok(());
+    }
+    let m = g.per_channel() as f64;
+    let coef: Vec<[f32; 4]> = (0..g.c)
+        .map(|j| {
+            let r = f64::from(rstds[j]);
+            let a = f64::from(gamma[j]) * r;
+            [
+                a as f32,
+                (sdy[j] / m) as f32,
+                (r * dg[j] / m) as f32,
+                means[j],
+            ]
+        })
+        .collect();
+    let inner = g.inner.max(1);
+    let dys = data_mut(OP, dy)?;
+    for (r, (dr, xr)) in dys
+        .chunks_exact_mut(inner)
+        .zip(xs.chunks_exact(inner))
+        .enumerate()
+    {
+        let [a, b, cz, mu] = coef[r % g.c];
+        for (d, &xv) in dr.iter_mut().zip(xr) {
+            *d = a * (*d - b - (xv - mu) * cz);
+        }
+    }
+    Ok(())
+}
+
+/// `y[o, j, i] += b[j]`.
+pub(super) fn channel_bias_add(c: ChannelBiasAdd<'_>) -> Result<(), TensorError> {
+    const OP: &str = "channel_bias_add";
+    let ChannelBiasAdd { g, y, b } = c;
+    let bias = data(OP, b)?;
+    for (r, run) in data_mut(OP, y)?
+        .chunks_exact_mut(g.inner.max(1))
+        .enumerate()
+    {
+        let v = bias[r % g.c];
+        run.iter_mut().for_each(|e| *e += v);
+    }
+    Ok(())
+}
+
+/// `db[j] = Σ dy[.., j, ..]` in f64.
+pub(super) fn channel_bias_grad(c: ChannelBiasGrad<'_>) -> Result<(), TensorError> {
+    const OP: &str = "channel_bias_grad";
+    let ChannelBiasGrad { g, dy, db } = c;
+    channel_sums(&g, data(OP, dy)?, data_mut(OP, db)?);
+    Ok(())
+}

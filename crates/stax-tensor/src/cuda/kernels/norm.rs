@@ -1,0 +1,198 @@
+//! Launchers of `kernels/norm.cu`: per-channel moments with their finishing kernels (batch
+//! normalization forward and backward, a channel bias's gradient), the elementwise passes
+//! that apply them, and the channel bias.
+
+use super::{Kernels, driver};
+use crate::{ChannelGeometry, TensorError};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Blocks of 32 channels x 8 reducing threads (`channel_moments_f32`'s shared arrays).
+const MOMENT_BLOCK: (u32, u32, u32) = (32, 8, 1);
+
+impl Kernels {
+    /// How many splits the reduction of `g` uses: the partial sums workspace holds
+    /// `splits · c` pairs of doubles ([`Kernels::moments_bytes`]). Enough blocks for one wave of
+    /// at most 4 per multiprocessor, each split at least 256 elements.
+    pub(crate) fn moment_splits(&self, g: &ChannelGeometry) -> usize {
+        let blocks_x = g.c.div_ceil(32).max(1);
+        let want = (4 * self.sms as usize).div_ceil(blocks_x).max(1);
+        g.per_channel().div_ceil(256).clamp(1, want)
+    }
+
+    /// Bytes of the partial sums of `g`'s reduction.
+    pub(crate) fn moments_bytes(&self, g: &ChannelGeometry) -> usize {
+        self.moment_splits(g) * g.c * 16
+    }
+
+    /// Per-split `(sum a, sum a · (b - shift))` of every channel of the view into `partial`
+    /// (`b` and `shift` 0 for none), `a` taken as 0 where the bit of `mask` (a ReLU's; 0 for
+    /// none) is clear.
+    pub(crate) fn channel_moments(
+        &self,
+        g: &ChannelGeometry,
+        (a, b, shift, mask): (u64, u64, u64, u64),
+        partial: u64,
+    ) -> Result<usize, TensorError> {
+        let splits = self.moment_splits(g);
+        let per_split = g.per_channel().div_ceil(splits).max(1);
+        let (outer, c, inner) = (g.outer, g.c, g.inner);
+        let sym = "channel_moments_f32";
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+            block_dim: MOMENT_BLOCK,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `channel_moments_f32(const float *a, const float *b, const float *shift,
+        // const u32 *mask, double *partial, size_t outer, size_t c, size_t inner, size_t
+        // per_split)`; a (and b unless null) hold outer*c*inner floats, shift is null or holds
+        // c, mask null or ceil(outer*c*inner / 32) words, partial splits*c*2 doubles; the grid
+        // has `splits` rows of blocks of 32 x 8 threads, as the kernel's shared arrays need,
+        // and splits * per_split covers outer * inner.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, cfg; &a, &b, &shift, &mask, &partial, &outer, &c, &inner, &per_split)
+        }
+        .map_err(driver(sym))?;
+        Ok(splits)
+    }
+
+    /// `out[j]` = the first sum of channel `j` over `splits` partials.
+    pub(crate) fn channel_sum_finish(
+        &self,
+        partial: u64,
+        splits: usize,
+        c: usize,
+        out: u64,
+    ) -> Result<(), TensorError> {
+        let sym = "channel_sum_finish_f32";
+        // SAFETY: `channel_sum_finish_f32(const double *partial, size_t splits, size_t c, float
+        // *out)`; partial holds splits*c*2 doubles, out c floats.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &out)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
+    /// Batch normalization statistics of `m` elements per channel: mean, rstd and
+    /// `scale = gamma · rstd` (`gamma` 0: 1), `[c]` each.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bn_finish(
+        &self,
+        (partial, splits): (u64, usize),
+        c: usize,
+        m: f64,
+        eps: f32,
+        gamma: u64,
+        (mean, rstd, scale): (u64, u64, u64),
+    ) -> Result<(), TensorError> {
+        let sym = "bn_finish_f32";
+        // SAFETY: `bn_finish_f32(const double *partial, size_t splits, size_t c, double m,
+        // float eps, const float *gamma, float *mean, float *rstd, float *scale)`; partial holds
+        // splits*c*2 doubles, gamma is null or holds c floats, mean, rstd and scale c floats.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &m, &eps, &gamma, &mean, &rstd, &scale)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
+    /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), then, with `mask` (0 for
+    /// none), a ReLU writing its bit mask.
+    pub(crate) fn bn_apply(
+        &self,
+        g: &ChannelGeometry,
+        (x, y, mask): (u64, u64, u64),
+        (mean, scale, beta): (u64, u64, u64),
+    ) -> Result<(), TensorError> {
+        let (n, c, inner) = (g.numel(), g.c, g.inner);
+        if mask != 0 {
+            let sym = "bn_apply_relu_f32";
+            // SAFETY: `bn_apply_relu_f32(const float *x, float *y, const float *mean, const
+            // float *scale, const float *beta, u32 *mask, size_t n, size_t c, size_t inner)`;
+            // x and y hold n = outer*c*inner floats (distinct buffers), mean and scale c, beta
+            // null or c, mask ceil(n/32) words; blocks are whole warps (256 threads), as the
+            // ballot needs.
+            return unsafe {
+                launch!(self.stream, self.function(sym)?, self.grid(n); &x, &y, &mean, &scale, &beta, &mask, &n, &c, &inner)
+                    .map(drop)
+            }
+            .map_err(driver(sym));
+        }
+        let sym = "bn_apply_f32";
+        // SAFETY: `bn_apply_f32(const float *x, float *y, const float *mean, const float
+        // *scale, const float *beta, size_t n, size_t c, size_t inner)`; x and y hold n =
+        // outer*c*inner floats (possibly the same buffer: elementwise), mean and scale c, beta
+        // null or c.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &y, &mean, &scale, &beta, &n, &c, &inner)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
+    /// Batch normalization backward per channel: dgamma, dbeta (each 0 for not wanted) and the
+    /// dx coefficients `coef` (`3 c` floats), from the partial sums of dy and dy · (x - mean).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bn_bwd_finish(
+        &self,
+        (partial, splits): (u64, usize),
+        c: usize,
+        m: f64,
+        (gamma, rstd): (u64, u64),
+        (dgamma, dbeta): (u64, u64),
+        coef: u64,
+    ) -> Result<(), TensorError> {
+        let sym = "bn_bwd_finish_f32";
+        // SAFETY: `bn_bwd_finish_f32(const double *partial, size_t splits, size_t c, double m,
+        // const float *gamma, const float *rstd, float *dgamma, float *dbeta, float *coef)`;
+        // partial holds splits*c*2 doubles, gamma, dgamma, dbeta are null or hold c floats,
+        // rstd c floats, coef 3c floats.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &m, &gamma, &rstd, &dgamma, &dbeta, &coef)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
+    /// `dy = a · (dy - b - (x - mean) · cz)` in place over the view, `(a, b, cz)` from `coef`,
+    /// `dy` taken as 0 where the bit of `mask` (a ReLU's; 0 for none) is clear.
+    pub(crate) fn bn_bwd_apply(
+        &self,
+        g: &ChannelGeometry,
+        (x, dy, mask): (u64, u64, u64),
+        (mean, coef): (u64, u64),
+    ) -> Result<(), TensorError> {
+        let (n, c, inner) = (g.numel(), g.c, g.inner);
+        let sym = "bn_bwd_apply_f32";
+        // SAFETY: `bn_bwd_apply_f32(const float *x, float *dy, const float *mean, const float
+        // *coef, const u32 *mask, size_t n, size_t c, size_t inner)`; x and dy hold n =
+        // outer*c*inner floats (distinct buffers), mean c floats, coef 3c floats, mask null or
+        // ceil(n/32) words.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &dy, &mean, &coef, &mask, &n, &c, &inner)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
+    /// `y[o, j, i] += b[j]` over the view.
+    pub(crate) fn channel_bias_add(
+        &self,
+        g: &ChannelGeometry,
+        y: u64,
+        b: u64,
+    ) -> Result<(), TensorError> {
+        let (n, c, inner) = (g.numel(), g.c, g.inner);
+        if n == 0 {
+            return Ok(());
+        }
+        let sym = "channel_bias_add_f32";
+        // SAFETY: `channel_bias_add_f32(float *y, const float *b, size_t n, size_t c, size_t
+        // inner)`; y holds n = outer*c*inner floats, b c floats.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(n); &y, &b, &n, &c, &inner)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+}

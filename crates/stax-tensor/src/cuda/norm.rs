@@ -1,0 +1,111 @@
+//! The per-channel ops of [`CudaBackend`] (batch normalization, the channel bias): our
+//! `kernels/norm.cu` reductions, each workspace block taken by the op's schedule
+//! ([`CudaBackend::batch_norm_schedule`]).
+
+use super::CudaBackend;
+use crate::backend::{BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, Scratch};
+use crate::{Backend, Checked, NormOps, TensorError};
+
+/// The address of an optional tensor (0 for none).
+fn addr(t: Option<&crate::Tensor>) -> u64 {
+    t.map_or(0, crate::Tensor::addr)
+}
+
+impl NormOps for CudaBackend {
+    fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "batch_norm";
+        let desc = c.get().desc();
+        let BatchNorm {
+            g,
+            eps,
+            x,
+            gamma,
+            beta,
+            y,
+            mean,
+            rstd,
+            relu,
+        } = c.into_inner();
+        self.bind()?;
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let (partial, scale) = (ws.alloc()?, ws.alloc()?);
+        let xa = x.addr();
+        let splits = self
+            .kernels
+            .channel_moments(&g, (xa, xa, 0, 0), ws.addr(partial))?;
+        let stats = (mean.addr(), rstd.addr(), ws.addr(scale));
+        let m = g.per_channel() as f64;
+        self.kernels
+            .bn_finish((ws.addr(partial), splits), g.c, m, eps, addr(gamma), stats)?;
+        ws.free(partial)?;
+        let per_channel = (mean.addr(), ws.addr(scale), addr(beta));
+        let mask = addr(relu.as_deref());
+        self.kernels
+            .bn_apply(&g, (xa, y.addr(), mask), per_channel)?;
+        ws.free(scale)?;
+        ws.finish()
+    }
+
+    fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "batch_norm_bwd";
+        let desc = c.get().desc();
+        let BatchNormBwd {
+            g,
+            x,
+            gamma,
+            mean,
+            rstd,
+            relu,
+            dy,
+            need_dx,
+            dgamma,
+            dbeta,
+        } = c.into_inner();
+        self.bind()?;
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let (partial, coef) = (ws.alloc()?, ws.alloc()?);
+        let (xa, dya) = (x.addr(), dy.addr());
+        let mask = addr(relu);
+        let splits =
+            self.kernels
+                .channel_moments(&g, (dya, xa, mean.addr(), mask), ws.addr(partial))?;
+        let m = g.per_channel() as f64;
+        let grads = (addr(dgamma.as_deref()), addr(dbeta.as_deref()));
+        let (p, k) = (ws.addr(partial), ws.addr(coef));
+        self.kernels
+            .bn_bwd_finish((p, splits), g.c, m, (addr(gamma), rstd.addr()), grads, k)?;
+        ws.free(partial)?;
+        if need_dx {
+            self.kernels
+                .bn_bwd_apply(&g, (xa, dya, mask), (mean.addr(), k))?;
+        }
+        ws.free(coef)?;
+        ws.finish()
+    }
+
+    fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError> {
+        let ChannelBiasAdd { g, y, b } = c.into_inner();
+        self.bind()?;
+        self.kernels.channel_bias_add(&g, y.addr(), b.addr())
+    }
+
+    fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError> {
+        const OP: &str = "channel_bias_grad";
+        let desc = c.get().desc();
+        let ChannelBiasGrad { g, dy, db } = c.into_inner();
+        self.bind()?;
+        if g.c == 0 {
+            return Ok(());
+        }
+        if g.per_channel() == 0 {
+            return self.kernels.fill_u32(db.addr(), 0, g.c);
+        }
+        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
+        let partial = ws.alloc()?;
+        let p = ws.addr(partial);
+        let splits = self.kernels.channel_moments(&g, (dy.addr(), 0, 0, 0), p)?;
+        self.kernels.channel_sum_finish(p, splits, g.c, db.addr())?;
+        ws.free(partial)?;
+        ws.finish()
+    }
+}

@@ -1,0 +1,207 @@
+//! Per-channel ops: batch normalization, and a bias along a channel axis that is not the last
+//! (an NCHW convolution's).
+
+use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
+use crate::{ChannelGeometry, Checked, Shape, Tensor, TensorError};
+
+use super::{F32, backend_of, input, output, supports};
+
+/// Batch normalization's optional scale and shift, `[c]` each (stax's `scale` and `center`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Affine<'a> {
+    /// The scale `gamma`, if any.
+    pub gamma: Option<&'a Tensor>,
+    /// The shift `beta`, if any.
+    pub beta: Option<&'a Tensor>,
+}
+
+/// What [`batch_norm`] saved for [`batch_norm_bwd`]: the per-channel mean and `1 / sqrt(var +
+/// eps)` (`[c]`), and a fused ReLU's mask.
+#[derive(Debug, Clone, Copy)]
+pub struct NormSaved<'a> {
+    /// The mean.
+    pub mean: &'a Tensor,
+    /// `1 / sqrt(var + eps)`.
+    pub rstd: &'a Tensor,
+    /// The fused ReLU's mask, if any.
+    pub relu: Option<&'a Tensor>,
+}
+
+/// The gradients [`batch_norm_bwd`] writes, each if wanted (`[c]`).
+#[derive(Debug, Default)]
+pub struct AffineGrads<'a> {
+    /// The scale's gradient.
+    pub dgamma: Option<&'a mut Tensor>,
+    /// The shift's gradient.
+    pub dbeta: Option<&'a mut Tensor>,
+}
+
+fn check_view(op: &'static str, g: &ChannelGeometry, x: &Tensor) -> Result<(), TensorError> {
+    if x.numel() != g.numel() || g.per_channel() == 0 || g.c == 0 {
+        return Err(TensorError::Shape {
+            op,
+            reason: format!("expected a non-empty view {g:?}"),
+            got: x.shape().clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Batch normalization forward (stax's `BatchNorm`, `jax.nn.standardize` with its one-pass
+/// variance `max(E[x²] - E[x]², 0)`): x and y of `g`'s view (same shape), gamma and beta
+/// `[g.c]` when given, mean and rstd `[g.c]` (overwritten with the per-channel mean and
+/// `1 / sqrt(var + eps)`), f32. Statistics accumulate in f64. With `relu` (a mask of
+/// `ceil(numel / 32)` U32 words), a ReLU follows in place and its mask is written (the fused
+/// pair `BatchNorm Relu`).
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] for a negative or non-finite `eps`; shape (an empty view
+/// or one that does not fit `x`), dtype, device and alias errors; workspace and kernel errors.
+pub fn batch_norm(
+    x: &Tensor,
+    g: &ChannelGeometry,
+    eps: f32,
+    affine: Affine<'_>,
+    y: &mut Tensor,
+    (mean, rstd): (&mut Tensor, &mut Tensor),
+    relu: Option<&mut Tensor>,
+) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm";
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    check_view(OP, g, x)?;
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("epsilon must be finite and non-negative, got {eps}"),
+        });
+    }
+    input(OP, &be, x, x.dtype(), None)?;
+    let c = Shape::new([g.c]);
+    for p in [affine.gamma, affine.beta].into_iter().flatten() {
+        input(OP, &be, p, x.dtype(), Some(&c))?;
+    }
+    output(OP, &be, y, x.dtype(), Some(x.shape()))?;
+    output(OP, &be, mean, x.dtype(), Some(&c))?;
+    output(OP, &be, rstd, x.dtype(), Some(&c))?;
+    if let Some(m) = &relu {
+        super::mask(OP, &be, m, x.numel())?;
+        m.expect_unique(OP)?;
+    }
+    let call = BatchNorm {
+        g: *g,
+        eps,
+        x,
+        gamma: affine.gamma,
+        beta: affine.beta,
+        y,
+        mean,
+        rstd,
+        relu,
+    };
+    be.batch_norm(Checked::new(call))
+}
+
+/// Batch normalization backward from the forward input `x`, its `gamma` (if any) and what
+/// [`batch_norm`] saved: `grads` receives `dgamma = sum dy · z` and `dbeta = sum dy` (`z = (x -
+/// mean) · rstd`), and with `need_dx` the input gradient `gamma · rstd · (dy - mean(dy) - z ·
+/// mean(dy · z))` overwrites `dy`; with a fused ReLU's mask, `dy` (the gradient after the
+/// ReLU) is masked first (so it may be written even without `need_dx`). f32, sums in f64.
+///
+/// # Errors
+/// As [`batch_norm`].
+pub fn batch_norm_bwd(
+    x: &Tensor,
+    g: &ChannelGeometry,
+    gamma: Option<&Tensor>,
+    saved: NormSaved<'_>,
+    dy: &mut Tensor,
+    need_dx: bool,
+    grads: AffineGrads<'_>,
+) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm_bwd";
+    let be = backend_of(x);
+    supports(OP, x.dtype(), F32)?;
+    check_view(OP, g, x)?;
+    input(OP, &be, x, x.dtype(), None)?;
+    let c = Shape::new([g.c]);
+    let NormSaved { mean, rstd, relu } = saved;
+    for p in [gamma, Some(mean), Some(rstd)].into_iter().flatten() {
+        input(OP, &be, p, x.dtype(), Some(&c))?;
+    }
+    if let Some(m) = relu {
+        super::mask(OP, &be, m, x.numel())?;
+    }
+    // dy is written with the input gradient, and (on some backends) masked by a fused ReLU
+    match need_dx || relu.is_some() {
+        true => output(OP, &be, dy, x.dtype(), Some(x.shape()))?,
+        false => input(OP, &be, dy, x.dtype(), Some(x.shape()))?,
+    }
+    let AffineGrads { dgamma, dbeta } = grads;
+    for d in [&dgamma, &dbeta].into_iter().flatten() {
+        output(OP, &be, d, x.dtype(), Some(&c))?;
+    }
+    let call = BatchNormBwd {
+        g: *g,
+        x,
+        gamma,
+        mean,
+        rstd,
+        relu,
+        dy,
+        need_dx,
+        dgamma,
+        dbeta,
+    };
+    be.batch_norm_bwd(Checked::new(call))
+}
+
+/// The view of `shape` with channel axis `axis`, or the error naming `op`.
+fn channel_view(
+    op: &'static str,
+    shape: &Shape,
+    axis: usize,
+) -> Result<ChannelGeometry, TensorError> {
+    ChannelGeometry::of(shape, axis..axis + 1).map_err(|_| TensorError::Shape {
+        op,
+        reason: format!("no channel axis {axis}"),
+        got: shape.clone(),
+    })
+}
+
+/// `y[.., j, ..] += b[j]` along `axis` of y (f32; `b` `[y.dims()[axis]]`): the bias of a
+/// convolution or transposed convolution in any layout. On the last axis it is
+/// [`super::bias_add`].
+///
+/// # Errors
+/// Shape, dtype, device and alias errors; kernel errors.
+pub fn bias_add_channels(y: &mut Tensor, b: &Tensor, axis: usize) -> Result<(), TensorError> {
+    const OP: &str = "bias_add_channels";
+    let g = channel_view(OP, y.shape(), axis)?;
+    if g.inner == 1 {
+        return super::bias_add(y, b);
+    }
+    let be = backend_of(y);
+    supports(OP, y.dtype(), F32)?;
+    output(OP, &be, y, y.dtype(), None)?;
+    input(OP, &be, b, y.dtype(), Some(&Shape::new([g.c])))?;
+    be.channel_bias_add(Checked::new(ChannelBiasAdd { g, y, b }))
+}
+
+/// `db[j] = sum of dy[.., j, ..]` over every axis but `axis` (f32, summed in f64; `db`
+/// `[dy.dims()[axis]]`, overwritten). On the last axis it is [`super::bias_grad`].
+///
+/// # Errors
+/// As [`bias_add_channels`]; workspace allocation errors.
+pub fn bias_grad_channels(dy: &Tensor, db: &mut Tensor, axis: usize) -> Result<(), TensorError> {
+    const OP: &str = "bias_grad_channels";
+    let g = channel_view(OP, dy.shape(), axis)?;
+    if g.inner == 1 {
+        return super::bias_grad(dy, db);
+    }
+    let be = backend_of(dy);
+    supports(OP, dy.dtype(), F32)?;
+    input(OP, &be, dy, dy.dtype(), None)?;
+    output(OP, &be, db, dy.dtype(), Some(&Shape::new([g.c])))?;
+    be.channel_bias_grad(Checked::new(ChannelBiasGrad { g, dy, db }))
+}

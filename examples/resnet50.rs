@@ -1,0 +1,71 @@
+//! stax's ResNet-50 (`examples/resnet50.py` of the JAX repository, NHWC), or a shallower or
+//! narrower one of the same blocks, trained with Adam on the embedded two-class Fashion-MNIST
+//! resized to `--img`, with the memory line of every step.
+//!
+//! ```text
+//! cargo run --example resnet50 --release                                 # ResNet-50 at 224x224 on CUDA
+//! cargo run --example resnet50 --release -- --batch 128 --classes 1000 --max-steps 20
+//! cargo run --example resnet50 --release -- --batch auto                 # the largest batch that fits
+//! cargo run --example resnet50 --release -- --plan --batch 128           # the step's memory plan
+//! cargo run --example resnet50 --release -- --device cpu --blocks 1,1,1,1 --widths 8,16,16,16 --epochs 4
+//! ```
+//!
+//! Model: `Conv(w0, (7, 7), (2, 2), SAME) BatchNorm Relu MaxPool((3, 3), (2, 2))`, four stages
+//! of a `ConvBlock` and `blocks - 1` `IdentityBlock`s (filters `[w, w, 4w]`), `AvgPool` over
+//! the final feature map (`(7, 7)` at 224, as stax's), `Flatten`, `Dense(classes)`
+//! (`stax::models::ResNet`). stax's model ends in `LogSoftmax` and sums `-logits * targets`;
+//! here the logits go to softmax cross-entropy (its mean): the same gradients up to the batch
+//! size. BatchNorm normalizes with the batch's statistics in training and evaluation alike, as
+//! stax's does. The flags, the loop and the exports (`--plan`, `--plot`, `--trace`, `--json`)
+//! are `examples/support/example.rs`, shared with `stax_cnn`.
+
+#[path = "support/example.rs"]
+mod example;
+
+use clap::Parser;
+use example::{Common, Error, Example, exit_code, run};
+use stax::models::ResNet;
+
+/// Train stax's ResNet-50 (or a shallower variant) and report exact memory every step.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: Common,
+    /// Blocks per stage (ResNet-50: 3,4,6,3; one ConvBlock and blocks - 1 IdentityBlocks).
+    #[arg(long, default_value = "3,4,6,3")]
+    blocks: String,
+    /// Width of each stage (ResNet-50: 64,128,256,512; the blocks' last convs have 4x).
+    #[arg(long, default_value = "64,128,256,512")]
+    widths: String,
+}
+
+/// Four comma-separated positive numbers.
+fn four(flag: &str, s: &str) -> Result<[usize; 4], Error> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{flag} {s:?}: {e}"))?;
+    v.try_into().map_err(|v: Vec<usize>| {
+        format!("{flag} {s:?}: expected 4 numbers, got {}", v.len()).into()
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let net = |classes: usize| -> Result<ResNet, Error> {
+        Ok(ResNet {
+            blocks: four("--blocks", &args.blocks)?,
+            widths: four("--widths", &args.widths)?,
+            classes,
+        })
+    };
+    let example = Example {
+        name: "resnet50",
+        gpu_img: 224,
+    };
+    exit_code(run(&args.common, example, &|classes, image| {
+        Ok(net(classes)?.build(image)?)
+    }))
+}

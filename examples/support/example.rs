@@ -1,0 +1,658 @@
+//! What the training examples share (`stax_cnn`, `resnet50`): the device, data and memory
+//! flags ([`Common`]), the memory plan (`--plan`), `--batch auto`, the training loop with its
+//! per-step memory line, the exports (`--trace`, `--plot`, `--json`) and the test evaluation.
+//! Each example is its model and this; it includes the file with `#[path]`.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use stax::alloc::{human_bytes, parse_size};
+use stax::tensor::cpu::CpuBackend;
+use stax::tensor::cuda::CudaBackend;
+use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
+use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
+use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
+use stax::train::{StepReport, TrainError};
+use stax::{Adam, BackendOptions, Device, Precision, Serial, Shape};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// An example's error: printed with its full diagnosis.
+pub type Error = Box<dyn std::error::Error>;
+
+/// The model of an example for `classes` classes and `(height, width, channels)` images.
+pub type ModelFn<'a> = &'a dyn Fn(usize, (usize, usize, usize)) -> Result<Serial, Error>;
+
+#[path = "resume.rs"]
+mod resume;
+
+/// The flags every training example takes.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("from").args(["resume", "init_from"])))]
+pub struct Common {
+    /// auto (CUDA device 0 if usable, else CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Examples per step, or `auto`: the largest batch whose memory plan fits the device's
+    /// free memory (or --budget), at most the training set.
+    #[arg(long, default_value = "100")]
+    pub batch: String,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    /// Model input height and width; images are resized (bilinear). Default: the example's,
+    /// the native 28 on the CPU.
+    #[arg(long)]
+    pub img: Option<usize>,
+    /// Classes of the model's head (default: the data's); labels are one-hot over this many.
+    #[arg(long)]
+    pub classes: Option<usize>,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// Seed for parameters and batch order.
+    #[arg(long, default_value_t = 2793)]
+    pub seed: u64,
+    /// Training data as .npz (arrays x/y or images/labels); default: the embedded set.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Test data as .npz; required with --data.
+    #[arg(long)]
+    pub test_data: Option<PathBuf>,
+    /// tf32 (JAX's default on this GPU) or highest (full f32).
+    #[arg(long, default_value = "tf32")]
+    pub precision: String,
+    /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform,
+    /// async[:release_threshold=SIZE]; bfc and async are device strategies.
+    #[arg(long)]
+    pub allocator: Option<String>,
+    /// Stop after this many steps in total (for timing runs).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Write one JSON object per step to this file (with --plan: the plan as JSON).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Print the memory plan of one step (every buffer, the peak and where it falls) and exit
+    /// without training; works without a GPU for any --img/--batch.
+    #[arg(long)]
+    pub plan: bool,
+    /// Memory budget for "largest batch that fits" and `--batch auto` (bytes, or with
+    /// KiB/MiB/GiB/KB/MB/GB); default: the device's free memory. On the CPU it also caps the
+    /// host memory the backend may use.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Write every allocation and free as Chrome trace / Perfetto JSON to this file (with
+    /// --plan: the plan's step).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Draw one step's memory, stacked by category, as SVG to this file (with --plan: the
+    /// plan's step; otherwise the last step run).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print the full memory breakdown (by category, cache, outside the allocator, host) after
+    /// every step.
+    #[arg(long)]
+    pub breakdown: bool,
+    /// Place each batch just before its step instead of prefetching it (the next batch's copy
+    /// overlapping the current step): one batch fewer on the device, less overlap.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// How stored pixels become the model's inputs: `unit` divides 8-bit pixels by 255 (to
+    /// [0, 1]), `raw` feeds them as stored. Default: `unit` for 8-bit data, `raw` for f32.
+    #[arg(long)]
+    pub pixel_scale: Option<String>,
+    /// Record every allocation and free (the set-up and every step; with --plan: the planned
+    /// set-up and step) as JSON lines to this file, the trace format `alloc_bench --trace`
+    /// replays (stax-alloc's crate docs).
+    #[arg(long)]
+    pub record_trace: Option<PathBuf>,
+    /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/KB/MB/GB):
+    /// on CUDA what cuDNN's search may pick algorithms within (default 256 MiB), on the CPU the
+    /// im2col column chunk (default 4 MiB).
+    #[arg(long)]
+    pub workspace_limit: Option<String>,
+    /// Collect the dense weights' gradients for the one update after the backward pass (as
+    /// JAX and PyTorch do) instead of applying Adam to them in their backward pass: more
+    /// memory (the seed's 1.31 GB weight gradient), for comparison.
+    #[arg(long)]
+    pub collect_grads: bool,
+    /// Write a checkpoint (parameters, Adam's state, step, data position) here at the end.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// With --save: also save every N steps.
+    #[arg(long, requires = "save")]
+    pub save_every: Option<u64>,
+    /// Resume from this checkpoint (its data order's seed overrides --seed; --epochs and
+    /// --max-steps count the steps before it too).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Start from this checkpoint's parameters (a JAX one too) with a fresh optimizer.
+    #[arg(long, conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
+    /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
+    #[arg(long, requires = "from")]
+    pub eval_only: bool,
+    /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
+    #[arg(long)]
+    pub deterministic: bool,
+}
+
+/// What distinguishes one example: its name and input size on the GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Example {
+    /// The example's name, for its header line.
+    pub name: &'static str,
+    /// The default `--img` on a GPU (on the CPU: 28).
+    pub gpu_img: usize,
+}
+
+impl Common {
+    /// Adam with `--lr`, updating dense weights in their backward pass unless
+    /// `--collect-grads`.
+    fn adam(&self) -> Adam {
+        let adam = Adam::new(self.lr);
+        if self.collect_grads {
+            adam.collecting()
+        } else {
+            adam
+        }
+    }
+
+    /// How the loop feeds batches.
+    fn feed(&self) -> Feed {
+        if self.no_prefetch {
+            Feed::Placed
+        } else {
+            Feed::Prefetched
+        }
+    }
+
+    fn budget(&self) -> Result<Option<u64>, Error> {
+        size_flag("--budget", self.budget.as_deref())
+    }
+}
+
+/// A size flag's value in bytes, `None` when not given.
+fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
+    match value {
+        Some(b) => Ok(Some(parse_size(b).ok_or(format!(
+            "{flag} {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
+        ))?)),
+        None => Ok(None),
+    }
+}
+
+/// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
+/// device of that size: `bfc` works, and running out of memory is the real, typed error).
+fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Backend>, Error> {
+    Ok(match args.budget()? {
+        Some(b) => CpuBackend::with_capacity(options, b)?,
+        None => Device::Cpu.open(options)?,
+    })
+}
+
+fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
+    // --allocator overrides STAX_ALLOCATOR, which is then not read at all
+    let mut options = match &args.allocator {
+        Some(s) => BackendOptions {
+            strategy: s.parse().map_err(|e| format!("--allocator: {e}"))?,
+            ..BackendOptions::default()
+        },
+        None => BackendOptions::from_env()?,
+    };
+    options.precision = args.precision.parse::<Precision>()?;
+    let limit = size_flag("--workspace-limit", args.workspace_limit.as_deref())?;
+    options.workspace_limit = limit
+        .map(|b| usize::try_from(b).map_err(|_| format!("--workspace-limit {b}: too large")))
+        .transpose()?;
+    if args.device != "auto" {
+        return match args.device.parse::<Device>()? {
+            Device::Cpu => open_cpu(args, &options),
+            Device::Cuda(n) => open_cuda(args, n, &options),
+        };
+    }
+    match open_cuda(args, 0, &options) {
+        Ok(b) => Ok(b),
+        Err(e) => {
+            eprintln!("note: CUDA not usable ({e}); training on the CPU");
+            open_cpu(args, &options)
+        }
+    }
+}
+
+/// CUDA device `ordinal`, with `--deterministic` cuDNN choices.
+fn open_cuda(
+    args: &Common,
+    ordinal: usize,
+    options: &BackendOptions,
+) -> Result<Arc<dyn stax::Backend>, Error> {
+    let cuda = CudaBackend::new(ordinal, options)?;
+    cuda.set_deterministic(args.deterministic);
+    Ok(cuda)
+}
+
+/// `--pixel-scale`, parsed (None: each data set's default).
+fn pixel_scale(args: &Common) -> Result<Option<PixelScaling>, Error> {
+    match args.pixel_scale.as_deref() {
+        None => Ok(None),
+        Some("unit") => Ok(Some(PixelScaling::Divide255)),
+        Some("raw") => Ok(Some(PixelScaling::AsStored)),
+        Some(other) => Err(format!("--pixel-scale {other:?}: expected unit or raw").into()),
+    }
+}
+
+/// The training and test sets, scaled, with `--classes` classes when given.
+fn load(args: &Common) -> Result<(Dataset, Dataset), Error> {
+    let (train, test) = load_sets(args)?;
+    let (train, test) = match pixel_scale(args)? {
+        Some(s) => (train.with_scaling(s), test.with_scaling(s)),
+        None => (train, test),
+    };
+    Ok(match args.classes {
+        Some(k) => (train.with_num_classes(k)?, test.with_num_classes(k)?),
+        None => (train, test),
+    })
+}
+
+fn load_sets(args: &Common) -> Result<(Dataset, Dataset), Error> {
+    match (&args.data, &args.test_data) {
+        (None, None) => Ok(fashion_mnist_2class()?),
+        (Some(train), Some(test)) => {
+            let (train, test) = (
+                Dataset::from_npz(train, None, None)?,
+                Dataset::from_npz(test, None, None)?,
+            );
+            // One model for both splits: as many classes as either split names.
+            let k = train.num_classes().max(test.num_classes());
+            Ok((train.with_num_classes(k)?, test.with_num_classes(k)?))
+        }
+        _ => Err("--data and --test-data go together".into()),
+    }
+}
+
+/// The model's input channels: the data's (gray is replicated to 3, as the seed's RGB input),
+/// checked for both splits before anything trains.
+fn input_channels(train: &Dataset, test: &Dataset) -> Result<usize, Error> {
+    let (ct, cv) = (train.image_shape().2, test.image_shape().2);
+    let channels = ct.max(cv).max(3);
+    for (split, c) in [("training", ct), ("test", cv)] {
+        if c != 1 && c != channels {
+            return Err(format!(
+                "{split} images have {c} channels but the model takes {channels} \
+                 (channel counts must match, or be 1 for gray)"
+            )
+            .into());
+        }
+    }
+    Ok(channels)
+}
+
+/// The batch size: `--batch N`, or with `auto` the largest whose plan fits (at most the
+/// training set's size).
+fn batch_size(
+    args: &Common,
+    model: &Serial,
+    image: (usize, usize, usize),
+    backend: &Arc<dyn stax::Backend>,
+    examples: usize,
+) -> Result<usize, Error> {
+    if args.batch != "auto" {
+        return Ok(args
+            .batch
+            .parse()
+            .map_err(|e| format!("--batch {:?}: expected a number or auto ({e})", args.batch))?);
+    }
+    let (h, w, c) = image;
+    let adam = args.adam();
+    let one = Shape::new([1, h, w, c]);
+    let budget = args.budget()?;
+    let n = max_batch_that_fits(model, &one, &adam, backend, args.feed(), budget)?;
+    if n == 0 {
+        return Err("--batch auto: not even a batch of one fits".into());
+    }
+    println!(
+        "--batch auto: {n} fits {} (allocator {}){}",
+        budget.map_or("the free device memory".into(), human_bytes),
+        backend.allocator().strategy(),
+        if n > examples {
+            format!("; using the training set's {examples}")
+        } else {
+            String::new()
+        }
+    );
+    Ok(n.min(examples))
+}
+
+/// `--plan`: the table, the largest batch for the budget, and the plan's exports.
+fn show_plan(
+    args: &Common,
+    plan: &MemoryPlan,
+    model: &Serial,
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(), Error> {
+    println!("{plan}");
+    println!(
+        "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
+        backend.allocator().strategy(),
+        human_bytes(plan.min_budget()?)
+    );
+    let budget = args.budget()?;
+    let adam = args.adam();
+    match max_batch_that_fits(model, &plan.input, &adam, backend, args.feed(), budget) {
+        Ok(n) => println!(
+            "largest batch that fits {}: {n} (allocator {})",
+            budget.map_or("the free device memory".into(), human_bytes),
+            backend.allocator().strategy()
+        ),
+        Err(TrainError::NoBudget { device }) => {
+            println!(
+                "largest batch that fits: give --budget (the {device} backend has no memory size)"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(plan)?)?;
+    }
+    let title = format!(
+        "memory plan: one step, batch {}, input {}",
+        plan.batch(),
+        plan.input
+    );
+    record(args, plan.trace())?;
+    let t = &plan.timeline;
+    export(args, (t, &[]), (t, XAxis::Events), &title)
+}
+
+/// Writes `--record-trace`: `trace` as JSON lines.
+fn record(args: &Common, trace: &stax::alloc::Trace) -> Result<(), Error> {
+    if let Some(path) = &args.record_trace {
+        let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        trace.write_jsonl(std::io::BufWriter::new(file))?;
+        println!(
+            "allocation trace: {} ({} events; replay it with alloc_bench --trace)",
+            path.display(),
+            trace.events.len()
+        );
+    }
+    Ok(())
+}
+
+/// Writes `--trace` (a timeline and its step starts) and `--plot` (one step's timeline).
+fn export(
+    args: &Common,
+    (trace, steps): (&Timeline, &[usize]),
+    (step, axis): (&Timeline, XAxis),
+    title: &str,
+) -> Result<(), Error> {
+    if let Some(path) = &args.trace {
+        write_perfetto(trace, steps, title, path)?;
+        println!("trace: {} (open in ui.perfetto.dev)", path.display());
+    }
+    if let Some(path) = &args.plot {
+        write_svg(&stacked_series(step, axis), title, path)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The last step of a named run, with the bytes live before it as baseline.
+fn last_step(named: &NamedTrace) -> Timeline {
+    let events = &named.timeline.events;
+    let start = named.step_starts.last().copied().unwrap_or(0);
+    let before = Timeline {
+        baseline: [0; 7],
+        events: events[..start].to_vec(),
+    };
+    Timeline {
+        baseline: before.live_by_category().last().copied().unwrap_or([0; 7]),
+        events: events[start..].to_vec(),
+    }
+}
+
+fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
+    if let Some(dir) = p
+        .as_deref()
+        .and_then(Path::parent)
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        if !dir.is_dir() {
+            return Err(format!("{flag}: {} is not a directory", dir.display()).into());
+        }
+    }
+    Ok(())
+}
+
+/// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
+fn say(bar: &ProgressBar, text: String) {
+    if bar.is_hidden() {
+        println!("{text}");
+    } else {
+        bar.println(text);
+    }
+}
+
+fn line(r: &StepReport, total: u64) -> String {
+    format!(
+        "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}",
+        r.step, r.loss, r.step_ms, r.memory
+    )
+}
+
+/// Runs `run`, and prints an error with its full diagnosis (`Display`, not `Debug`).
+pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--plan`, or the training run of `example`'s `model`: the header, every step's loss, time
+/// and memory line (each step's peak compared with the plan), the loop's summary, the
+/// exports, and the test set's loss and accuracy.
+pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Error> {
+    let backend = open_backend(args)?;
+    let (train, test) = load(args)?;
+    let img = args.img.unwrap_or(if backend.device() == Device::Cpu {
+        28
+    } else {
+        example.gpu_img
+    });
+    let channels = input_channels(&train, &test)?;
+    for (flag, p) in [
+        ("--json", &args.json),
+        ("--trace", &args.trace),
+        ("--plot", &args.plot),
+        ("--record-trace", &args.record_trace),
+        ("--save", &args.save),
+    ] {
+        check_path(flag, p)?;
+    }
+    let image = (img, img, channels);
+    let make = || model(train.num_classes(), image);
+    let batch = batch_size(args, &make()?, image, &backend, train.len())?;
+    let input = Shape::new([batch, img, img, channels]);
+    let adam = args.adam();
+    if args.plan {
+        let plan = MemoryPlan::with_feed(&make()?, &input, &adam, &backend, args.feed())?;
+        if !plan.exact {
+            // the explicit step that allocates: cuDNN's algorithm search for each conv pass
+            println!("calibrating the step's ops (cuDNN's algorithm search; scratch released)");
+            plan.calibrate(&backend)?;
+        }
+        let plan = MemoryPlan::with_feed(&make()?, &input, &adam, &backend, args.feed())?;
+        return show_plan(args, &plan, &make()?, &backend);
+    }
+    train_and_test(args, example, (make()?, input), &backend, (&train, &test))
+}
+
+/// The training loop and the evaluation (see [`run`]).
+fn train_and_test(
+    args: &Common,
+    example: Example,
+    (model, input): (Serial, Shape),
+    backend: &Arc<dyn stax::Backend>,
+    (train, test): (&Dataset, &Dataset),
+) -> Result<(), Error> {
+    let (batch, img, channels) = (input.dims()[0], input.dims()[1], input.dims()[3]);
+    let adam = args.adam();
+    let tracing = args.trace.is_some() || args.plot.is_some() || args.record_trace.is_some();
+    if tracing {
+        backend.allocator().start_trace();
+    }
+    let (mut trainer, position) = resume::build_trainer(args, (model, &input, adam), backend)?;
+    if args.eval_only {
+        println!("test: {}", trainer.evaluate(test, batch)?);
+        return Ok(());
+    }
+    let loader = Loader::new(train.len(), batch, position.map_or(args.seed, |p| p.seed))?;
+    let start = position.unwrap_or(loader.start());
+    let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
+    let saver = resume::Saver::new(args, &loader, start, first);
+    let plan = MemoryPlan::with_feed(trainer.model(), &input, &adam, backend, args.feed())?;
+    // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
+    let last_peak = match args.feed() {
+        Feed::Prefetched => {
+            MemoryPlan::new(trainer.model(), &input, &adam, backend)?
+                .peak
+                .bytes
+        }
+        Feed::Placed | Feed::Accumulated(_) => plan.peak.bytes,
+    };
+    println!(
+        "{}: {} train / {} test images at {img}x{img}x{channels}, batch {batch}, {} step(s) on {} ({}, allocator {})",
+        example.name,
+        train.len(),
+        test.len(),
+        total,
+        backend.device(),
+        match backend.device() {
+            Device::Cpu => "f32".to_string(),
+            _ => format!("{:?}", backend.precision()),
+        },
+        backend.allocator().strategy().in_effect()
+    );
+    println!(
+        "pixels: training {}, test {} (--pixel-scale unit|raw)",
+        train.scaling(),
+        test.scaling()
+    );
+    println!(
+        "parameters: {} ({} bytes)",
+        trainer.params().numel(),
+        trainer.params().bytes()
+    );
+    println!(
+        "plan: peak {} = persistent {} + step {} (--plan for every buffer)",
+        human_bytes(plan.peak.bytes),
+        human_bytes(plan.persistent_bytes()),
+        human_bytes(plan.peak.bytes - plan.persistent_bytes())
+    );
+    let mut json = match &args.json {
+        Some(p) => {
+            Some(std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    let bar = ProgressBar::new(total.saturating_sub(first));
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
+    )?);
+    // Each step's peak against its plan, from step 1 on (the trainer calibrated at set-up):
+    // the count compared and the first that differs.
+    let first_compared = 1;
+    let planned = |step: u64| {
+        if step < total {
+            plan.peak.bytes
+        } else {
+            last_peak
+        }
+    };
+    let mut compared = (0u64, None);
+    let batches = loader
+        .batches_from(start)?
+        .take(total.saturating_sub(first) as usize);
+    let started = Instant::now();
+    let mut show = |report: StepReport| -> Result<(), Error> {
+        say(&bar, line(&report, total));
+        if args.breakdown {
+            say(&bar, report.memory.breakdown());
+        }
+        if report.step >= first_compared {
+            compared.0 += 1;
+            if report.memory.peak != planned(report.step) && compared.1.is_none() {
+                compared.1 = Some((report.step, report.memory.peak));
+            }
+        }
+        bar.set_message(format!("loss {:.4}", report.loss));
+        bar.inc(1);
+        if let Some(f) = json.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&report)?)?;
+        }
+        Ok(())
+    };
+    if args.no_prefetch {
+        for indices in batches {
+            let (x, y) = trainer.place_batch(train, &indices)?;
+            show(trainer.step(&x, &y)?)?;
+            if let Some(line) = saver.maybe(&trainer, false)? {
+                say(&bar, line);
+            }
+        }
+    } else {
+        let mut feed = trainer.prefetch(train, batches);
+        while let Some(report) = trainer.step_prefetched(&mut feed)? {
+            show(report)?;
+            if let Some(line) = saver.maybe(&trainer, false)? {
+                say(&bar, line);
+            }
+        }
+    }
+    let loop_s = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    println!(
+        "loop: {} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
+        trainer.steps() - first,
+        loop_s * 1e3 / (trainer.steps() - first).max(1) as f64,
+        match args.feed() {
+            Feed::Prefetched => "next batch prefetched",
+            Feed::Placed | Feed::Accumulated(_) => "each batch placed before its step",
+        }
+    );
+    match compared {
+        (0, _) => {}
+        (n, None) => println!(
+            "step peaks: measured = planned on all {n} steps from step {first_compared} ({}; the \
+             last step {})",
+            human_bytes(plan.peak.bytes),
+            human_bytes(last_peak)
+        ),
+        (_, Some((step, peak))) => println!(
+            "step peaks: step {step} differs from its plan: measured {}, planned {}",
+            human_bytes(peak),
+            human_bytes(planned(step))
+        ),
+    }
+    if tracing {
+        let recorded = backend.allocator().stop_trace();
+        record(args, &recorded)?;
+        let named = NamedTrace::of(&recorded);
+        let title = format!(
+            "{} on {}, batch {batch}: step {}",
+            example.name,
+            backend.device(),
+            named.step_starts.len()
+        );
+        let step = last_step(&named);
+        let trace = (&named.timeline, &named.step_starts[..]);
+        export(args, trace, (&step, XAxis::Events), &title)?;
+    }
+    if let Some(line) = saver.maybe(&trainer, true)? {
+        println!("{line}");
+    }
+    println!("test: {}", trainer.evaluate(test, batch)?);
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! Checkpoints in the training examples: `--resume` (the run continues to the bit),
+//! `--init-from` (parameters only, a fresh Adam), `--save` at the end and every
+//! `--save-every` steps, with the loop's data position (`stax::train::data::DataPosition`).
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use stax::train::data::{DataPosition, Loader};
+use stax::train::{Checkpoint, Trainer};
+use stax::{Adam, Serial, Shape};
+
+use super::{Common, Error};
+
+/// The trainer: resumed (`--resume`), from given parameters (`--init-from`) or fresh; with
+/// the data position a resumed run continues from.
+pub fn build_trainer(
+    args: &Common,
+    (model, input, adam): (Serial, &Shape, Adam),
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(Trainer<Serial>, Option<DataPosition>), Error> {
+    let input = input.clone();
+    if let Some(path) = &args.resume {
+        let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
+        println!("resumed: {} at step {}", path.display(), trainer.steps());
+        return Ok((trainer, at));
+    }
+    if let Some(path) = &args.init_from {
+        let params = Checkpoint::open(path)?.params(&model, &input, backend)?;
+        println!("parameters: from {}", path.display());
+        let trainer = Trainer::from_params(model, input, adam, backend, params, None)?;
+        return Ok((trainer, None));
+    }
+    // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
+    Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
+}
+
+/// `--save` and `--save-every`: where the loop stands in its data order, and the last step
+/// saved (each step is saved once).
+pub struct Saver<'a> {
+    args: &'a Common,
+    loader: &'a Loader,
+    /// The position the run started from, and the trainer's step count then.
+    start: (DataPosition, u64),
+    saved: Cell<Option<u64>>,
+}
+
+impl<'a> Saver<'a> {
+    /// A saver for a loop over `loader` from `start`, after `first` steps.
+    pub fn new(args: &'a Common, loader: &'a Loader, start: DataPosition, first: u64) -> Self {
+        Saver {
+            args,
+            loader,
+            start: (start, first),
+            saved: Cell::new(None),
+        }
+    }
+
+    /// Saves `t` when due (`end`, or a multiple of `--save-every` steps), returning the line
+    /// to print.
+    pub fn maybe(&self, t: &Trainer<Serial>, end: bool) -> Result<Option<String>, Error> {
+        let every = self.args.save_every;
+        let due = end || every.is_some_and(|n| n > 0 && t.steps() % n == 0);
+        let Some(path) = self
+            .args
+            .save
+            .as_ref()
+            .filter(|_| due && self.saved.get() != Some(t.steps()))
+        else {
+            return Ok(None);
+        };
+        let (from, first) = self.start;
+        t.save(path, Some(self.loader.advance(from, t.steps() - first)))?;
+        self.saved.set(Some(t.steps()));
+        let line = format!("checkpoint: {} (step {})", path.display(), t.steps());
+        Ok(Some(line))
+    }
+}

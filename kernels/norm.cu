@@ -1,0 +1,179 @@
+// norm.cu: per-channel reductions on a [outer, c, inner] view (element (o, j, i) at
+// (o * c + j) * inner + i): batch normalization forward and backward and a channel bias, f32
+// data, f64 statistics. See crates/stax-tensor/src/cpu/norm.rs for the formulas.
+//
+// A reduction runs in two kernels: channel_moments_f32 writes per-split partial sums (grid
+// (ceil(c / 32), splits), blocks of 32 x 8 threads: x over channels, y over the reduced
+// elements, so an NHWC view with inner == 1 reads coalesced rows), then a finish kernel adds
+// the splits per channel. Deterministic: no atomics.
+
+// Whether bit e of a ReLU mask is set (no mask: every bit is).
+__device__ __forceinline__ bool kept(const u32 *mask, size_t e) {
+    return !mask || ((mask[e >> 5] >> (e & 31)) & 1u);
+}
+
+// partial[(split * c + j) * 2 + {0, 1}] = (sum a, sum a * (b - shift[j])) over split `split` of
+// channel j's outer * inner elements (b null: the second is 0; shift null: 0), a taken as 0
+// where a non-null mask's bit is clear (a fused ReLU's backward).
+extern "C" __global__ void channel_moments_f32(const float *a, const float *b, const float *shift,
+                                               const u32 *mask, double *partial, size_t outer,
+                                               size_t c, size_t inner, size_t per_split) {
+    __shared__ double ss[8][32];
+    __shared__ double tt[8][32];
+    size_t j = (size_t)blockIdx.x * 32 + threadIdx.x;
+    size_t total = outer * inner;
+    size_t r0 = (size_t)blockIdx.y * per_split;
+    size_t r1 = r0 + per_split < total ? r0 + per_split : total;
+    double s = 0.0, t = 0.0;
+    if (j < c) {
+        double sh = shift ? (double)shift[j] : 0.0;
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            // NHWC (inner == 1) needs no 64-bit division
+            size_t e = inner == 1 ? r * c + j : ((r / inner) * c + j) * inner + r % inner;
+            double v = kept(mask, e) ? (double)a[e] : 0.0;
+            s += v;
+            if (b) t += v * ((double)b[e] - sh);
+        }
+    }
+    ss[threadIdx.y][threadIdx.x] = s;
+    tt[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        for (int k = 1; k < 8; ++k) {
+            s += ss[k][threadIdx.x];
+            t += tt[k][threadIdx.x];
+        }
+        partial[((size_t)blockIdx.y * c + j) * 2] = s;
+        partial[((size_t)blockIdx.y * c + j) * 2 + 1] = t;
+    }
+}
+
+// The two sums of channel j over the splits.
+__device__ void split_sums(const double *partial, size_t splits, size_t c, size_t j, double *s,
+                           double *t) {
+    *s = 0.0;
+    *t = 0.0;
+    for (size_t k = 0; k < splits; ++k) {
+        *s += partial[(k * c + j) * 2];
+        *t += partial[(k * c + j) * 2 + 1];
+    }
+}
+
+// out[j] = sum of a over channel j (from channel_moments_f32 with b null).
+extern "C" __global__ void channel_sum_finish_f32(const double *partial, size_t splits, size_t c,
+                                                  float *out) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        out[j] = (float)s;
+    }
+}
+
+// Forward statistics from the sums of x and x * x over m elements per channel:
+// mean = s / m, var = max(t / m - mean^2, 0), rstd = 1 / sqrt(var + eps),
+// scale = gamma * rstd (gamma null: 1).
+extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, size_t c, double m,
+                                         float eps, const float *gamma, float *mean, float *rstd,
+                                         float *scale) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        double mu = s / m;
+        double var = t / m - mu * mu;
+        if (var < 0.0) var = 0.0;
+        double r = 1.0 / sqrt(var + (double)eps);
+        mean[j] = (float)mu;
+        rstd[j] = (float)r;
+        scale[j] = (float)((gamma ? (double)gamma[j] : 1.0) * r);
+    }
+}
+
+// Walks element indices i of a [outer, c, inner] view in a grid-stride loop with j, the
+// channel of i: with inner == 1 (NHWC) j advances by the stride modulo c, no division per
+// element; otherwise j = (i / inner) % c.
+#define CHANNEL_STRIDE(i, j, n, c, inner)                                                      \
+    size_t stride_##i = (size_t)blockDim.x * gridDim.x;                                        \
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                  \
+    size_t j = (i / (inner)) % (c), step_##j = stride_##i % (c);                               \
+    for (; i < (n); i += stride_##i,                                                           \
+                    j = (inner) == 1 ? (j + step_##j >= (c) ? j + step_##j - (c) : j + step_##j) \
+                                     : (i / (inner)) % (c))
+
+// y = (x - mean) * scale + beta over the view (beta null: 0).
+extern "C" __global__ void bn_apply_f32(const float *x, float *y, const float *mean,
+                                        const float *scale, const float *beta, size_t n,
+                                        size_t c, size_t inner) {
+    CHANNEL_STRIDE(i, j, n, c, inner) {
+        y[i] = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+    }
+}
+
+// The channel of element base + lane of an NHWC view (inner == 1), jb < c being base's.
+__device__ __forceinline__ size_t lane_channel(size_t jb, size_t lane, size_t c) {
+    size_t j = jb + lane;  // < c + 31
+    if (j < c) return j;
+    return c >= 32 ? j - c : (size_t)((unsigned)j % (unsigned)c);
+}
+
+// bn_apply_f32 followed by a ReLU (relu_f32's: NaN stays, its bit clear), mask[w] receiving
+// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31: one warp ballot per 32 elements; the
+// loop bound is warp-uniform, so blocks must be whole warps.
+extern "C" __global__ void bn_apply_relu_f32(const float *x, float *y, const float *mean,
+                                             const float *scale, const float *beta, u32 *mask,
+                                             size_t n, size_t c, size_t inner) {
+    size_t lane = threadIdx.x & 31;
+    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
+    // with inner == 1 (NHWC), jb is the channel of base, advanced without a division
+    size_t jb = (warp * 32) % c, step = (warps * 32) % c;
+    for (size_t base = warp * 32; base < n;
+         base += warps * 32, jb = jb + step >= c ? jb + step - c : jb + step) {
+        size_t i = base + lane;
+        float v = 0.0f;
+        if (i < n) {
+            size_t j = inner == 1 ? lane_channel(jb, lane, c) : (i / inner) % c;
+            v = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+        }
+        u32 bits = __ballot_sync(FULL_MASK, v > 0.0f);
+        if (i < n) y[i] = v <= 0.0f ? 0.0f : v;
+        if (lane == 0) mask[base >> 5] = bits;
+    }
+}
+
+// Backward per-channel values from s = sum dy and t = sum dy * (x - mean) over m elements:
+// dgamma = rstd * t, dbeta = s (each written when non-null), and coef[3 j ..] = (gamma * rstd,
+// s / m, rstd * dgamma / m), the dx kernel's coefficients.
+extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t splits, size_t c,
+                                             double m, const float *gamma, const float *rstd,
+                                             float *dgamma, float *dbeta, float *coef) {
+    GRID_STRIDE(j, c) {
+        double s, t;
+        split_sums(partial, splits, c, j, &s, &t);
+        double r = (double)rstd[j];
+        double dg = r * t;
+        if (dgamma) dgamma[j] = (float)dg;
+        if (dbeta) dbeta[j] = (float)s;
+        coef[3 * j] = (float)((gamma ? (double)gamma[j] : 1.0) * r);
+        coef[3 * j + 1] = (float)(s / m);
+        coef[3 * j + 2] = (float)(r * dg / m);
+    }
+}
+
+// dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..], dy taken as 0
+// where a non-null mask's bit is clear (a fused ReLU's backward).
+extern "C" __global__ void bn_bwd_apply_f32(const float *x, float *dy, const float *mean,
+                                            const float *coef, const u32 *mask, size_t n,
+                                            size_t c, size_t inner) {
+    CHANNEL_STRIDE(i, j, n, c, inner) {
+        float d = kept(mask, i) ? dy[i] : 0.0f;
+        dy[i] = coef[3 * j] * (d - coef[3 * j + 1] - (x[i] - mean[j]) * coef[3 * j + 2]);
+    }
+}
+
+// y[i] += b[(i / inner) % c].
+extern "C" __global__ void channel_bias_add_f32(float *y, const float *b, size_t n, size_t c,
+                                                size_t inner) {
+    GRID_STRIDE(i, n) {
+        y[i] += b[(i / inner) % c];
+    }
+}

@@ -1,0 +1,627 @@
+//! The ops of issue 10 on CUDA against the CPU backend, on fresh seeded random inputs with
+//! outputs poisoned first: convolutions in every layout with dilation, explicit padding and
+//! without a bias, transposed convolutions, batch normalization, the channel bias, sum and
+//! average pooling; and their workspace schedules, to the byte. Highest precision: norm-wise
+//! relative error <= 1e-5 (TF32 convs: 5e-3). Without a GPU every test prints a skip notice.
+
+mod common;
+
+use common::*;
+use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue, NormSaved};
+use stax_tensor::{
+    Activation, Backend, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec, DType, FilterLayout,
+    Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
+};
+use std::sync::Arc;
+
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::Highest => 1e-5,
+        Precision::Tf32 => 5e-3,
+    }
+}
+
+fn vec(t: &Tensor) -> Vec<f32> {
+    t.to_vec().expect("download")
+}
+
+/// Convolutions: NHWC-ordered input dims, kernel `(kh, kw)`, `c_out`, and the spec.
+fn conv_cases() -> Vec<Conv2dGeometry> {
+    let spec = |strides, padding, dilation, layout, filter| ConvSpec {
+        strides,
+        padding,
+        dilation,
+        layout,
+        filter,
+    };
+    let cases = [
+        (
+            [2, 9, 7, 3],
+            (3, 3),
+            5,
+            spec(
+                (1, 1),
+                Padding::Same,
+                (1, 1),
+                Layout::Nchw,
+                FilterLayout::Oihw,
+            ),
+        ),
+        (
+            [1, 8, 8, 4],
+            (3, 3),
+            6,
+            spec(
+                (2, 2),
+                Padding::Same,
+                (1, 1),
+                Layout::Nchw,
+                FilterLayout::Oihw,
+            ),
+        ),
+        (
+            [2, 10, 11, 16],
+            (3, 3),
+            8,
+            spec(
+                (1, 1),
+                Padding::Same,
+                (2, 2),
+                Layout::Nhwc,
+                FilterLayout::Hwio,
+            ),
+        ),
+        (
+            [2, 12, 9, 3],
+            (3, 2),
+            4,
+            spec(
+                (2, 1),
+                Padding::Same,
+                (2, 3),
+                Layout::Nchw,
+                FilterLayout::Hwio,
+            ),
+        ),
+        (
+            [1, 7, 9, 5],
+            (2, 3),
+            3,
+            spec(
+                (1, 2),
+                Padding::Explicit([(2, 0), (1, 3)]),
+                (1, 1),
+                Layout::Nhwc,
+                FilterLayout::Oihw,
+            ),
+        ),
+        (
+            [3, 6, 6, 2],
+            (3, 3),
+            7,
+            spec(
+                (1, 1),
+                Padding::Explicit([(1, 1), (2, 2)]),
+                (1, 2),
+                Layout::Nchw,
+                FilterLayout::Oihw,
+            ),
+        ),
+        (
+            [2, 16, 16, 32],
+            (3, 3),
+            32,
+            spec(
+                (1, 1),
+                Padding::Same,
+                (1, 1),
+                Layout::Nchw,
+                FilterLayout::Oihw,
+            ),
+        ),
+        (
+            [2, 9, 1, 3],
+            (3, 1),
+            4,
+            spec(
+                (2, 1),
+                Padding::Same,
+                (1, 1),
+                Layout::Nhwc,
+                FilterLayout::Hwio,
+            ),
+        ),
+        (
+            [1, 5, 5, 2],
+            (1, 1),
+            3,
+            spec(
+                (2, 2),
+                Padding::Valid,
+                (1, 1),
+                Layout::Nchw,
+                FilterLayout::Hwio,
+            ),
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|([n, h, w, c], (kh, kw), co, s)| {
+            let x = Shape::new(s.layout.dims(n, h, w, c));
+            let k = Shape::new(s.filter.dims(kh, kw, c, co));
+            Conv2dGeometry::with_spec(&x, &k, &s).unwrap()
+        })
+        .collect()
+}
+
+/// Transposed convolutions (as the geometry of the convolution they run as).
+fn transposed_cases() -> Vec<Conv2dGeometry> {
+    let cases = [
+        (
+            [2, 4, 3, 2],
+            (3, 3),
+            3,
+            (2, 2),
+            Padding::Same,
+            (1, 1),
+            Layout::Nhwc,
+        ),
+        (
+            [1, 3, 4, 3],
+            (3, 2),
+            2,
+            (2, 3),
+            Padding::Valid,
+            (1, 1),
+            Layout::Nhwc,
+        ),
+        (
+            [2, 3, 3, 2],
+            (2, 2),
+            2,
+            (1, 2),
+            Padding::Explicit([(1, 0), (0, 1)]),
+            (2, 1),
+            Layout::Nhwc,
+        ),
+        (
+            [1, 4, 5, 2],
+            (3, 3),
+            3,
+            (2, 2),
+            Padding::Same,
+            (1, 1),
+            Layout::Nchw,
+        ),
+        (
+            [2, 8, 8, 16],
+            (4, 4),
+            8,
+            (2, 2),
+            Padding::Same,
+            (1, 1),
+            Layout::Nhwc,
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(
+            |([n, h, w, c], (kh, kw), co, strides, padding, dilation, layout)| {
+                let filter = match layout {
+                    Layout::Nhwc => FilterLayout::Hwio,
+                    Layout::Nchw => FilterLayout::Oihw,
+                };
+                let spec = ConvSpec {
+                    strides,
+                    padding,
+                    dilation,
+                    layout,
+                    filter,
+                };
+                let x = Shape::new(layout.dims(n, h, w, c));
+                let k = Shape::new(filter.dims(kh, kw, c, co));
+                Conv2dGeometry::transposed(&x, &k, &spec).unwrap()
+            },
+        )
+        .collect()
+}
+
+/// The three passes of `g` on both backends (with and without the bias, and the forward with
+/// a fused ReLU), compared.
+fn conv_passes_match(g: &Conv2dGeometry, gpu: &Arc<dyn Backend>, precision: Precision) {
+    let cpu = cpu();
+    let what = |pass: &str| format!("{pass} {precision:?} {g:?}");
+    let mut rng = Rng::new(seed_for(
+        "gpu_convs",
+        &[g.n, g.h, g.w, g.c_in, g.kh, g.c_out],
+    ));
+    let x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+    let w = rng.vec(g.filter_shape().numel(), -1.0, 1.0);
+    let b = rng.vec(g.c_out, -1.0, 1.0);
+    let dy = rng.vec(g.output_shape().numel(), -1.0, 1.0);
+    let (xg, xc) = on_both(gpu, &cpu, &x, g.input_shape());
+    let (wg, wc) = on_both(gpu, &cpu, &w, g.filter_shape());
+    let (bg, bc) = on_both(gpu, &cpu, &b, [g.c_out]);
+    let (dyg, dyc) = on_both(gpu, &cpu, &dy, g.output_shape());
+    let tol = tolerance(precision);
+    let out = |be: &Arc<dyn Backend>| poisoned(be, g.output_shape(), DType::F32);
+    for bias in [true, false] {
+        let (mut yg, mut yc) = (out(gpu), out(&cpu));
+        let (bgo, bco) = if bias {
+            (Some(&bg), Some(&bc))
+        } else {
+            (None, None)
+        };
+        ops::conv2d(&xg, &wg, bgo, g, &mut yg, Default::default()).unwrap();
+        ops::conv2d(&xc, &wc, bco, g, &mut yc, Default::default()).unwrap();
+        assert_rel_close(
+            &vec(&yg),
+            &vec(&yc),
+            tol,
+            &what(&format!("forward bias {bias}")),
+        );
+    }
+    let words = g.output_shape().numel().div_ceil(32);
+    let (mut yg, mut yc) = (out(gpu), out(&cpu));
+    let (mut mg, mut mc) = (
+        poisoned(gpu, [words], DType::U32),
+        poisoned(&cpu, [words], DType::U32),
+    );
+    let relu = |m| Epilogue {
+        act: Some(Activation::Relu),
+        aux: Some(m),
+    };
+    ops::conv2d(&xg, &wg, &bg, g, &mut yg, relu(&mut mg)).unwrap();
+    ops::conv2d(&xc, &wc, &bc, g, &mut yc, relu(&mut mc)).unwrap();
+    assert_rel_close(&vec(&yg), &vec(&yc), tol, &what("forward + relu"));
+
+    let (mut dxg, mut dxc) = (
+        poisoned(gpu, g.input_shape(), DType::F32),
+        poisoned(&cpu, g.input_shape(), DType::F32),
+    );
+    ops::conv2d_bwd_data(&dyg, &wg, g, &mut dxg).unwrap();
+    ops::conv2d_bwd_data(&dyc, &wc, g, &mut dxc).unwrap();
+    assert_rel_close(&vec(&dxg), &vec(&dxc), tol, &what("backward data"));
+
+    for bias in [true, false] {
+        let filter = |be: &Arc<dyn Backend>| poisoned(be, g.filter_shape(), DType::F32);
+        let (mut dwg, mut dwc) = (filter(gpu), filter(&cpu));
+        let (mut dbg, mut dbc) = (
+            poisoned(gpu, [g.c_out], DType::F32),
+            poisoned(&cpu, [g.c_out], DType::F32),
+        );
+        let (dbgo, dbco) = if bias {
+            (Some(&mut dbg), Some(&mut dbc))
+        } else {
+            (None, None)
+        };
+        ops::conv2d_bwd_filter(&xg, &mut dyg.clone(), g, &mut dwg, dbgo, None).unwrap();
+        ops::conv2d_bwd_filter(&xc, &mut dyc.clone(), g, &mut dwc, dbco, None).unwrap();
+        assert_rel_close(
+            &vec(&dwg),
+            &vec(&dwc),
+            tol,
+            &what(&format!("backward filter bias {bias}")),
+        );
+        if bias {
+            assert_rel_close(&vec(&dbg), &vec(&dbc), 1e-5, &what("bias gradient"));
+        }
+    }
+}
+
+#[test]
+fn convs_in_every_layout_match_cpu() {
+    for precision in [Precision::Highest, Precision::Tf32] {
+        let Some(gpu) = cuda_or_skip(&with_precision(precision)) else {
+            return;
+        };
+        for g in conv_cases().iter().chain(&transposed_cases()) {
+            conv_passes_match(g, &gpu, precision);
+        }
+    }
+}
+
+/// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, and
+/// one with many splits.
+const NORM_CASES: [[usize; 3]; 6] = [
+    [4 * 9 * 7, 16, 1],
+    [3, 5, 42],
+    [37, 10, 1],
+    [2 * 5 * 5, 70, 1],
+    [16 * 28 * 28, 64, 1],
+    [1, 3, 2],
+];
+
+/// Batch normalization's forward and backward passes on `be`: `(y, mean, rstd, dx, dgamma,
+/// dbeta, relu mask)`, the ReLU after it `fused` into its kernels, or run as its own ops
+/// (`Some(false)`), or not at all (`None`).
+fn batch_norm_run(
+    be: &Arc<dyn Backend>,
+    g: &ChannelGeometry,
+    (x, affine): (&Tensor, Option<(&Tensor, &Tensor)>),
+    dy: &[f32],
+    relu: Option<bool>,
+) -> Vec<Vec<f32>> {
+    let (c, shape) = (g.c, x.shape().clone());
+    let mut y = poisoned(be, shape.clone(), DType::F32);
+    let (mut mean, mut rstd) = (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+    let a = Affine {
+        gamma: affine.map(|p| p.0),
+        beta: affine.map(|p| p.1),
+    };
+    let words = shape.numel().div_ceil(32);
+    let mut mask = relu.map(|_| poisoned(be, [words], DType::U32));
+    let fused = relu == Some(true);
+    let stats = (&mut mean, &mut rstd);
+    let fused_mask = mask.as_mut().filter(|_| fused);
+    ops::batch_norm(x, g, 1e-5, a, &mut y, stats, fused_mask).unwrap();
+    if let (Some(m), false) = (&mut mask, fused) {
+        ops::unary(Activation::Relu, &mut y, Some(m)).unwrap();
+    }
+    let mut d = Tensor::from_slice(be, dy, shape, stax_tensor::Category::Gradient).unwrap();
+    if let (Some(m), false) = (&mask, fused) {
+        ops::unary_bwd(Activation::Relu, m, &mut d).unwrap();
+    }
+    let (mut dgm, mut dbt) = (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+    let grads = AffineGrads {
+        dgamma: affine.map(|_| &mut dgm),
+        dbeta: affine.map(|_| &mut dbt),
+    };
+    let saved = NormSaved {
+        mean: &mean,
+        rstd: &rstd,
+        relu: mask.as_ref().filter(|_| fused),
+    };
+    ops::batch_norm_bwd(x, g, a.gamma, saved, &mut d, true, grads).unwrap();
+    let mut out = vec![vec(&y), vec(&mean), vec(&rstd), vec(&d)];
+    if affine.is_some() {
+        out.extend([vec(&dgm), vec(&dbt)]);
+    }
+    if let Some(m) = &mask {
+        let bits = m.to_vec_u32().unwrap();
+        // each word as two exact 16-bit halves
+        let halves = bits
+            .iter()
+            .flat_map(|&w| [(w & 0xffff) as f32, (w >> 16) as f32]);
+        out.push(halves.collect());
+    }
+    out
+}
+
+/// Batch normalization on CUDA equals the CPU's, with and without scale and shift; with the
+/// ReLU fused into its kernels it equals the unfused pair on the same device (the masks to the
+/// bit: the CPU's may differ where a value rounds to the other side of 0).
+#[test]
+fn batch_norm_matches_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for [outer, c, inner] in NORM_CASES {
+        let g = ChannelGeometry { outer, c, inner };
+        let shape = Shape::new([outer, c, inner]);
+        let mut rng = Rng::new(seed_for("batch_norm", &[outer, c, inner]));
+        let x: Vec<f32> = rng.vec(shape.numel(), -2.0, 3.0);
+        let (gamma, beta, dy) = (
+            rng.vec(c, 0.5, 1.5),
+            rng.vec(c, -1.0, 1.0),
+            rng.vec(shape.numel(), -1.0, 1.0),
+        );
+        let (xg, xc) = on_both(&gpu, &cpu, &x, shape.clone());
+        let (gg, gc) = on_both(&gpu, &cpu, &gamma, [c]);
+        let (bg, bc) = on_both(&gpu, &cpu, &beta, [c]);
+        for affine in [true, false] {
+            let what = |i: usize| format!("batch_norm output {i} {g:?} affine {affine}");
+            let on = |x, gm, bt| (x, affine.then_some((gm, bt)));
+            let og = batch_norm_run(&gpu, &g, on(&xg, &gg, &bg), &dy, None);
+            let oc = batch_norm_run(&cpu, &g, on(&xc, &gc, &bc), &dy, None);
+            for (i, (a, b)) in og.iter().zip(&oc).enumerate() {
+                assert_rel_close(a, b, 1e-5, &what(i));
+            }
+        }
+        let fused = batch_norm_run(&gpu, &g, (&xg, Some((&gg, &bg))), &dy, Some(true));
+        let apart = batch_norm_run(&gpu, &g, (&xg, Some((&gg, &bg))), &dy, Some(false));
+        assert_eq!(fused.len(), apart.len());
+        for (i, (a, b)) in fused.iter().zip(&apart).enumerate() {
+            assert_rel_close(a, b, 1e-6, &format!("fused relu, output {i} {g:?}"));
+        }
+        assert_eq!(fused.last(), apart.last(), "fused relu mask {g:?}");
+    }
+}
+
+/// A pooling: input NHWC, window, strides, padding.
+type PoolCase = ([usize; 4], (usize, usize), (usize, usize), Padding);
+
+#[test]
+fn channel_bias_and_pooling_match_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for dims in [[2, 5, 4, 3], [1, 7, 1, 9], [3, 2, 6, 6]] {
+        let mut rng = Rng::new(seed_for("channel_bias", &dims));
+        let (y, b) = (
+            rng.vec(dims.iter().product(), -1.0, 1.0),
+            rng.vec(dims[1], -1.0, 1.0),
+        );
+        let (mut yg, mut yc) = on_both(&gpu, &cpu, &y, dims);
+        let (bg, bc) = on_both(&gpu, &cpu, &b, [dims[1]]);
+        ops::bias_add_channels(&mut yg, &bg, 1).unwrap();
+        ops::bias_add_channels(&mut yc, &bc, 1).unwrap();
+        assert_rel_close(
+            &vec(&yg),
+            &vec(&yc),
+            1e-6,
+            &format!("bias_add_channels {dims:?}"),
+        );
+        let (mut dbg, mut dbc) = (
+            poisoned(&gpu, [dims[1]], DType::F32),
+            poisoned(&cpu, [dims[1]], DType::F32),
+        );
+        ops::bias_grad_channels(&yg, &mut dbg, 1).unwrap();
+        ops::bias_grad_channels(&yc, &mut dbc, 1).unwrap();
+        assert_rel_close(
+            &vec(&dbg),
+            &vec(&dbc),
+            1e-6,
+            &format!("bias_grad_channels {dims:?}"),
+        );
+    }
+    let pools: [PoolCase; 5] = [
+        ([2, 5, 4, 3], (2, 2), (1, 1), Padding::Valid),
+        ([1, 7, 6, 2], (3, 3), (2, 2), Padding::Same),
+        ([2, 9, 8, 5], (3, 2), (2, 3), Padding::Same),
+        ([2, 7, 7, 64], (7, 7), (1, 1), Padding::Valid),
+        (
+            [1, 6, 5, 2],
+            (2, 3),
+            (1, 2),
+            Padding::Explicit([(1, 2), (0, 1)]),
+        ),
+    ];
+    for (x_dims, window, strides, padding) in pools {
+        let [n, h, w, c] = x_dims;
+        let g = Conv2dGeometry::new(
+            &[n, h, w, c].into(),
+            &[window.0, window.1, c, c].into(),
+            strides,
+            padding,
+        )
+        .unwrap();
+        let mut rng = Rng::new(seed_for("sum_pool", &x_dims));
+        let x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+        let dy = rng.vec(g.output_shape().numel(), -1.0, 1.0);
+        let (xg, xc) = on_both(&gpu, &cpu, &x, g.input_shape());
+        let (dyg, dyc) = on_both(&gpu, &cpu, &dy, g.output_shape());
+        for kind in [PoolKind::Sum, PoolKind::Avg] {
+            let what = format!("{kind:?} pool {g:?}");
+            let (mut yg, mut yc) = (
+                poisoned(&gpu, g.output_shape(), DType::F32),
+                poisoned(&cpu, g.output_shape(), DType::F32),
+            );
+            ops::pool2d(kind, &g, &xg, &mut yg).unwrap();
+            ops::pool2d(kind, &g, &xc, &mut yc).unwrap();
+            assert_rel_close(&vec(&yg), &vec(&yc), 1e-6, &what);
+            let (mut dxg, mut dxc) = (
+                poisoned(&gpu, g.input_shape(), DType::F32),
+                poisoned(&cpu, g.input_shape(), DType::F32),
+            );
+            ops::pool2d_bwd(kind, &g, None, &dyg, &mut dxg).unwrap();
+            ops::pool2d_bwd(kind, &g, None, &dyc, &mut dxc).unwrap();
+            assert_rel_close(&vec(&dxg), &vec(&dxc), 1e-6, &format!("{what} backward"));
+        }
+    }
+}
+
+/// The new ops allocate exactly their workspace schedules: convs whose kernel is copied into
+/// cuDNN's layout or read as it is (NCHW/OIHW), NCHW bias partials, backward filter without a
+/// bias, asymmetric padding in NCHW, batch normalization and a channel bias's gradient.
+#[test]
+fn workspace_schedules_of_the_new_ops_are_exact() {
+    let Some(gpu) = private_gpu_or_skip() else {
+        return;
+    };
+    let mut rng = Rng::new(seed_for("workspace_convs", &[]));
+    let cases = conv_cases();
+    for g in [
+        &cases[0],
+        &cases[1],
+        &cases[3],
+        &cases[4],
+        &transposed_cases()[0],
+    ] {
+        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
+        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+        let mut dx = poisoned(&gpu, g.input_shape(), DType::F32);
+        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
+        let op = |pass, bias| OpDesc::Conv {
+            geometry: *g,
+            pass,
+            dtype: DType::F32,
+            bias,
+        };
+        let check = |what: &str, op, run: &mut dyn FnMut()| {
+            assert_workspace_is_the_schedule(&gpu, &format!("{what} {g:?}"), op, run)
+        };
+        check("conv fwd", op(ConvPass::Forward, true), &mut || {
+            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
+        });
+        check(
+            "conv fwd no bias",
+            op(ConvPass::Forward, false),
+            &mut || ops::conv2d(&x, &w, None, g, &mut y, Default::default()).unwrap(),
+        );
+        check(
+            "conv bwd data",
+            op(ConvPass::BackwardData, false),
+            &mut || ops::conv2d_bwd_data(&dy, &w, g, &mut dx).unwrap(),
+        );
+        check(
+            "conv bwd filter",
+            op(ConvPass::BackwardFilter, true),
+            &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap(),
+        );
+        check(
+            "conv bwd filter no bias",
+            op(ConvPass::BackwardFilter, false),
+            &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, None, None).unwrap(),
+        );
+    }
+    for [outer, c, inner] in NORM_CASES {
+        let g = ChannelGeometry { outer, c, inner };
+        let shape = Shape::new([outer, c, inner]);
+        let (x, _) = random_tensor(&gpu, shape.clone(), &mut rng);
+        let mut y = poisoned(&gpu, shape.clone(), DType::F32);
+        let (mut mean, mut rstd) = (
+            poisoned(&gpu, [c], DType::F32),
+            poisoned(&gpu, [c], DType::F32),
+        );
+        let fwd = OpDesc::BatchNorm {
+            geometry: g,
+            backward: false,
+        };
+        assert_workspace_is_the_schedule(&gpu, &format!("batch_norm {g:?}"), fwd, &mut || {
+            ops::batch_norm(
+                &x,
+                &g,
+                1e-5,
+                Affine::default(),
+                &mut y,
+                (&mut mean, &mut rstd),
+                None,
+            )
+            .unwrap()
+        });
+        let bwd = OpDesc::BatchNorm {
+            geometry: g,
+            backward: true,
+        };
+        let mut d = y.duplicate().unwrap();
+        assert_workspace_is_the_schedule(&gpu, &format!("batch_norm_bwd {g:?}"), bwd, &mut || {
+            let grads = AffineGrads::default();
+            let saved = NormSaved {
+                mean: &mean,
+                rstd: &rstd,
+                relu: None,
+            };
+            ops::batch_norm_bwd(&x, &g, None, saved, &mut d, true, grads).unwrap()
+        });
+        if inner > 1 {
+            let mut db = poisoned(&gpu, [c], DType::F32);
+            let op = OpDesc::ChannelBias {
+                geometry: g,
+                backward: true,
+            };
+            assert_workspace_is_the_schedule(
+                &gpu,
+                &format!("channel bias grad {g:?}"),
+                op,
+                &mut || ops::bias_grad_channels(&x, &mut db, 1).unwrap(),
+            );
+        }
+    }
+}
