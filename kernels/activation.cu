@@ -34,6 +34,11 @@ __device__ __forceinline__ float gelu_inner(float x) {
     return SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x));
 }
 
+// 0.5 (1 + tanh(u)) as the identical 1 / (1 + exp(-2u)): no cancellation near tanh(u) = -1.
+__device__ __forceinline__ float gelu_gate(float x) {
+    return 1.0f / (1.0f + expf(-2.0f * gelu_inner(x)));
+}
+
 // f(x), as `Activation::apply`. The ReLU propagates NaN (NaN <= 0 is false), as
 // jnp.maximum(x, 0); alpha is Elu's alpha or LeakyRelu's negative slope.
 __device__ __forceinline__ float act_forward(int op, float x, float alpha) {
@@ -50,7 +55,7 @@ __device__ __forceinline__ float act_forward(int op, float x, float alpha) {
     case ACT_ELU: return elu_f(x, alpha);
     case ACT_LEAKY_RELU: return x >= 0.0f ? x : alpha * x;
     case ACT_SELU: return SELU_SCALE * elu_f(x, SELU_ALPHA);
-    case ACT_GELU: return x * (0.5f * (1.0f + tanhf(gelu_inner(x))));
+    case ACT_GELU: return x * gelu_gate(x);
     }
     return x;
 }
@@ -73,9 +78,9 @@ __device__ __forceinline__ float act_backward(int op, float saved, float dy, flo
     case ACT_LEAKY_RELU: return saved > 0.0f ? dy : alpha * dy;
     case ACT_SELU: return elu_grad(saved, dy, SELU_SCALE, SELU_SCALE * SELU_ALPHA);
     case ACT_GELU: {
-        float t = tanhf(gelu_inner(saved));
+        float s = gelu_gate(saved);
         float du = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * (saved * saved));
-        return dy * (0.5f * (1.0f + t) + saved * (0.5f * (1.0f - t * t)) * du);
+        return dy * (s + saved * (2.0f * s * (1.0f - s)) * du);
     }
     }
     return dy;

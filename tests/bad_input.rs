@@ -153,3 +153,27 @@ fn a_wrong_rank_names_the_layer_path_and_both_shapes() {
         assert!(text.contains(want), "{want} missing from: {text}");
     }
 }
+
+/// A max or average pooling with a window wholly in the padding (JAX: -inf or 0/0 there) is
+/// refused when the model is built, naming the layer and the window; sum pooling's is 0.
+#[test]
+fn a_pooling_window_wholly_in_the_padding_fails_in_init() {
+    use stax::layers::{AvgPool, MaxPool, SumPool};
+    let be = cpu();
+    let padding = stax::Padding::Explicit([(1, 2), (0, 1)]);
+    let input = Shape::new([1, 6, 5, 2]);
+    let tail = |k: usize| serial![Flatten, Dense(k)];
+    let avg = serial![AvgPool::new((2, 3)).with((1, 2), padding), tail(2)];
+    let err = Trainer::new(avg, input.clone(), Adam::new(1e-3), &be, 0).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("avg_pool"), "{text}");
+    assert!(
+        text.contains("output row 7 lies wholly in the padding"),
+        "{text}"
+    );
+    let max = serial![MaxPool::new((2, 3)).with((1, 2), padding), tail(2)];
+    let err = Trainer::new(max, input.clone(), Adam::new(1e-3), &be, 0).unwrap_err();
+    assert!(err.to_string().contains("wholly in the padding"), "{err}");
+    let sum = serial![SumPool::new((2, 3)).with((1, 2), padding), tail(2)];
+    Trainer::new(sum, input, Adam::new(1e-3), &be, 0).unwrap();
+}

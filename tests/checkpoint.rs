@@ -48,12 +48,14 @@ fn python_has(module: &str) -> bool {
     ok
 }
 
-/// Runs `scripts/jax_checkpoint.py` with `args`; its stdout.
+/// Runs `scripts/jax_checkpoint.py` with `args` on JAX's CPU backend (on a GPU, JAX's default
+/// matmul precision is TF32, 1e-5 away from f32); its stdout.
 fn script(args: &[&str]) -> String {
     let script = repo_file("scripts/jax_checkpoint.py");
     let out = Command::new("python3")
         .arg(script)
         .args(args)
+        .env("JAX_PLATFORMS", "cpu")
         .output()
         .expect("python3");
     let stderr = String::from_utf8_lossy(&out.stderr);

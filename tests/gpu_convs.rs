@@ -416,7 +416,16 @@ fn batch_norm_matches_cpu() {
             let og = batch_norm_run(&gpu, &g, on(&xg, &gg, &bg), &dy, None);
             let oc = batch_norm_run(&cpu, &g, on(&xc, &gc, &bc), &dy, None);
             for (i, (a, b)) in og.iter().zip(&oc).enumerate() {
-                assert_rel_close(a, b, 1e-5, &what(i));
+                if i == 3 {
+                    // dx = gamma rstd (dy - mean(dy) - x̂ mean(dy x̂)) cancels to rounding noise
+                    // in a channel of few elements (of two, [1, 3, 2], it is exactly 0): its
+                    // error is at the scale of the terms, gamma rstd |dy| (|dy| < 1)
+                    let rstd = oc[2].iter().fold(0f32, |m, &r| m.max(r.abs()));
+                    let terms = 1.5 * f64::from(rstd);
+                    assert_close(a, b, 1e-4, 1e-5 * terms, &what(i));
+                } else {
+                    assert_rel_close(a, b, 1e-5, &what(i));
+                }
             }
         }
         let fused = batch_norm_run(&gpu, &g, (&xg, Some((&gg, &bg))), &dy, Some(true));
@@ -467,7 +476,7 @@ fn channel_bias_and_pooling_match_cpu() {
             &format!("bias_grad_channels {dims:?}"),
         );
     }
-    let pools: [PoolCase; 5] = [
+    let pools: [PoolCase; 6] = [
         ([2, 5, 4, 3], (2, 2), (1, 1), Padding::Valid),
         ([1, 7, 6, 2], (3, 3), (2, 2), Padding::Same),
         ([2, 9, 8, 5], (3, 2), (2, 3), Padding::Same),
@@ -475,6 +484,12 @@ fn channel_bias_and_pooling_match_cpu() {
         (
             [1, 6, 5, 2],
             (2, 3),
+            (1, 2),
+            Padding::Explicit([(1, 2), (0, 1)]),
+        ),
+        (
+            [1, 6, 5, 2],
+            (3, 3),
             (1, 2),
             Padding::Explicit([(1, 2), (0, 1)]),
         ),
@@ -495,6 +510,13 @@ fn channel_bias_and_pooling_match_cpu() {
         let (dyg, dyc) = on_both(&gpu, &cpu, &dy, g.output_shape());
         for kind in [PoolKind::Sum, PoolKind::Avg] {
             let what = format!("{kind:?} pool {g:?}");
+            if kind == PoolKind::Avg && g.window_in_padding().is_some() {
+                // a window of no in-image position: JAX's average is 0/0; ours is refused
+                let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+                let e = ops::pool2d(kind, &g, &xg, &mut y).unwrap_err();
+                assert!(e.to_string().contains("wholly in the padding"), "{e}");
+                continue;
+            }
             let (mut yg, mut yc) = (
                 poisoned(&gpu, g.output_shape(), DType::F32),
                 poisoned(&cpu, g.output_shape(), DType::F32),

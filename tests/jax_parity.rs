@@ -389,50 +389,9 @@ fn dropout_masks_are_the_scripts() {
     }
 }
 
-/// Where `python3` with jax runs, `scripts/jax_fixtures.py` writes exactly the committed
-/// fixtures (so they are JAX's numbers, not edited ones); skipped with a notice elsewhere.
+/// Where `python3` with jax runs, `scripts/jax_fixtures.py` writes the committed fixtures
+/// again (they are JAX's numbers, not edited ones); skipped with a notice elsewhere.
 #[test]
 fn fixtures_are_what_the_script_writes() {
-    use std::io::Write;
-    use std::process::Command;
-    let skip = |why: String| {
-        let _ = writeln!(std::io::stderr(), "skipped: {why}");
-    };
-    let probe = Command::new("python3")
-        .args(["-c", "import jax, optax"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        return skip("python3 with jax and optax is not available".into());
-    }
-    let out = std::env::temp_dir().join(format!("stax_fixtures_{}", std::process::id()));
-    let script = std::path::Path::new("scripts/jax_fixtures.py");
-    let run = Command::new("python3")
-        .arg(script)
-        .env("STAX_FIXTURES_OUT", &out)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let read = |p: std::path::PathBuf| -> Json {
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-    };
-    let mut count = 0;
-    for entry in std::fs::read_dir(fixtures_dir()).unwrap() {
-        let name = entry.unwrap().file_name();
-        let (committed, fresh) = (read(fixtures_dir().join(&name)), read(out.join(&name)));
-        assert!(
-            committed == fresh,
-            "{name:?} differs from what the script writes now"
-        );
-        count += 1;
-    }
-    assert_eq!(
-        count,
-        std::fs::read_dir(&out).unwrap().count(),
-        "the script writes other files"
-    );
-    let _ = std::fs::remove_dir_all(&out);
+    common::fixtures::regenerated_fixtures_agree("scripts/jax_fixtures.py", &fixtures_dir());
 }

@@ -132,7 +132,7 @@ const LAYERS: &[Entry] = &[
 ];
 
 fn fixtures_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jax_convs")
+    std::path::PathBuf::from("tests/fixtures/jax_convs")
 }
 
 fn fixture(name: &str) -> Json {
@@ -268,41 +268,9 @@ fn every_fixture_has_an_entry() {
     assert_eq!(files, names, "fixtures and entries differ");
 }
 
-/// Where `python3` with jax runs, the script writes exactly the committed fixtures (they are
-/// JAX's numbers, not edited ones); skipped with a notice elsewhere.
+/// Where `python3` with jax runs, `scripts/jax_fixtures_convs.py` writes the committed
+/// fixtures again (they are JAX's numbers, not edited ones); skipped with a notice elsewhere.
 #[test]
 fn fixtures_are_what_the_script_writes() {
-    use std::io::Write;
-    use std::process::Command;
-    let probe = Command::new("python3").args(["-c", "import jax"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: python3 with jax is not available"
-        );
-        return;
-    }
-    let out = std::env::temp_dir().join(format!("stax_fixtures_convs_{}", std::process::id()));
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/jax_fixtures_convs.py");
-    let run = Command::new("python3")
-        .arg(&script)
-        .env("STAX_FIXTURES_OUT", &out)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    for entry in LAYERS {
-        let file = format!("{}.json", entry.name);
-        let fresh = std::fs::read_to_string(out.join(&file)).unwrap();
-        let committed = std::fs::read_to_string(fixtures_dir().join(&file)).unwrap();
-        assert_eq!(
-            fresh, committed,
-            "{file} differs from what the script writes"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&out);
+    common::fixtures::regenerated_fixtures_agree("scripts/jax_fixtures_convs.py", &fixtures_dir());
 }

@@ -13,6 +13,7 @@
 //! - [`init`], [`apply`], [`apply_train`], [`vjp`]: one layer's parameters, forward pass
 //!   (evaluation or training mode) and backward pass (gradients collected into a tree like the
 //!   parameters); [`layers`]: finite differences and GPU-vs-CPU for one layer.
+//! - [`fixtures`]: the JAX fixtures agree with what their scripts write now.
 //! - [`assert_workspace_is_the_schedule`], [`private_gpu_or_skip`]: an op's workspace
 //!   allocations are its schedule, on a backend of its own.
 //! - [`two_steps_match_cpu`]: two training steps on the GPU equal the CPU's; [`train`]: a
@@ -20,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod checkpoint;
+pub mod fixtures;
 pub mod layers;
 
 use stax_tensor::cuda::CudaBackend;

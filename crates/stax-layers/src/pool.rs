@@ -94,6 +94,7 @@ impl<K: PoolKindOf> Pool<K> {
         let (kh, kw) = self.window;
         let w = Shape::new([kh, kw, c, c]);
         Conv2dGeometry::new(input, &w, self.strides, self.padding)
+            .and_then(|g| ops::check_pool_padding(K::KIND.name(), K::KIND, &g).map(|()| g))
             .map_err(|e| self.shape_error(reason(e), &shapes))
     }
 }

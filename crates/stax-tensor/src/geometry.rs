@@ -435,6 +435,32 @@ impl Conv2dGeometry {
         Ok(())
     }
 
+    /// The first output position whose window lies wholly in the padding, as (axis, index):
+    /// `("row", oy)` or `("column", ox)`; `None` when every window covers part of the image.
+    /// The windows that miss the image are a prefix and a suffix of each axis, so the first
+    /// and last of each are all that is looked at.
+    pub fn window_in_padding(&self) -> Option<(&'static str, usize)> {
+        let (kh, kw) = self.dilated_kernel();
+        let axes = [
+            ("row", self.out_h, self.stride_h, self.pad_top, self.h, kh),
+            (
+                "column",
+                self.out_w,
+                self.stride_w,
+                self.pad_left,
+                self.w,
+                kw,
+            ),
+        ];
+        axes.into_iter().find_map(|(axis, out, s, pad, len, k)| {
+            let misses = |o: usize| o * s + k <= pad || o * s >= pad + len;
+            [0, out.saturating_sub(1)]
+                .into_iter()
+                .find(|&o| misses(o))
+                .map(|o| (axis, o))
+        })
+    }
+
     /// Whether the padding is the same on both sides in each direction (cuDNN needs this).
     pub fn symmetric_padding(&self) -> bool {
         self.pad_top == self.pad_bottom && self.pad_left == self.pad_right

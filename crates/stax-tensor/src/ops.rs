@@ -23,7 +23,9 @@ mod norm;
 mod rows;
 mod update;
 
-pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd};
+pub use conv::{
+    Epilogue, check_pool_padding, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd,
+};
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
     axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,

@@ -47,17 +47,25 @@ fn gelu_inner(x: f32) -> f32 {
     SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))
 }
 
-/// `x · 0.5 (1 + tanh(u))` (`jax.nn.gelu(x, approximate=True)`).
+/// `x · 0.5 (1 + tanh(u))` (`jax.nn.gelu(x, approximate=True)`), computed as the identical
+/// `x · s` with `s = 1 / (1 + exp(-2u))`: no cancellation where `tanh(u)` nears -1, so the
+/// result keeps f32's relative precision for negative `x` too.
 pub fn gelu(x: f32) -> f32 {
-    x * (0.5 * (1.0 + gelu_inner(x).tanh()))
+    x * gelu_gate(x)
+}
+
+/// `s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))`.
+fn gelu_gate(x: f32) -> f32 {
+    1.0 / (1.0 + (-2.0 * gelu_inner(x)).exp())
 }
 
 /// `dy · d gelu / dx` from the input: `0.5 (1 + t) + x · 0.5 (1 - t²) · sqrt(2/π)
-/// (1 + 3 · 0.044715 x²)` with `t = tanh(u)`, the derivative JAX's autodiff takes.
+/// (1 + 3 · 0.044715 x²)` with `t = tanh(u)`, the derivative JAX's autodiff takes, computed
+/// through `s` of [`gelu`]: `0.5 (1 + t) = s` and `0.5 (1 - t²) = 2 s (1 - s)`.
 pub fn gelu_grad(x: f32, dy: f32) -> f32 {
-    let t = gelu_inner(x).tanh();
+    let s = gelu_gate(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * (x * x));
-    dy * (0.5 * (1.0 + t) + x * (0.5 * (1.0 - t * t)) * du)
+    dy * (s + x * (2.0 * s * (1.0 - s)) * du)
 }
 
 #[cfg(test)]

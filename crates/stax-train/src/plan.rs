@@ -218,7 +218,7 @@ impl MemoryPlan {
         target: &Arc<dyn Backend>,
         feed: Feed,
     ) -> Result<MemoryPlan, TrainError> {
-        let parts = Parts { model, loss, opt };
+        let parts = Parts::new(model, loss, opt);
         MemoryPlan::of(parts, input, target, feed)
     }
 

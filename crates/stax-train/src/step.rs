@@ -53,6 +53,22 @@ pub(crate) struct Parts<'a> {
     pub model: &'a dyn Layer,
     pub loss: &'a dyn Loss,
     pub opt: &'a dyn Optimizer,
+    /// Whether the optimizer may update parameters in the backward pass (when it offers to,
+    /// [`Optimizer::in_backward`]); off for a batch larger than the one whose memory the
+    /// trainer reserved, so that running out of memory cannot follow an update.
+    pub in_backward: bool,
+}
+
+impl<'a> Parts<'a> {
+    /// The parts, with the optimizer applied in the backward pass where it offers to be.
+    pub fn new(model: &'a dyn Layer, loss: &'a dyn Loss, opt: &'a dyn Optimizer) -> Self {
+        Parts {
+            model,
+            loss,
+            opt,
+            in_backward: true,
+        }
+    }
 }
 
 /// One training step on placed batches (see the module docs): one `(x, y)`, or several
@@ -185,7 +201,7 @@ fn take_in_backward(
 ) -> Result<Updates, TrainError> {
     let mut updates = Updates::new();
     let t = state.count.saturating_add(1);
-    let Some(h) = parts.opt.in_backward(t) else {
+    let Some(h) = parts.opt.in_backward(t).filter(|_| parts.in_backward) else {
         return Ok(updates);
     };
     let specs = parts.model.param_specs(&Tree::leaf(input.clone()))?;

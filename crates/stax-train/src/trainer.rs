@@ -208,11 +208,22 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     fn parts(&self) -> Parts<'_> {
+        Parts::new(&self.model, &self.loss, &self.opt)
+    }
+
+    /// The parts of a step of `batch` examples: a batch larger than the one this trainer was
+    /// set up for (whose memory [`Trainer::rehearse`] reserved) collects every gradient and
+    /// updates after the backward pass, so that running out of memory changes nothing.
+    fn parts_for(&self, batch: usize) -> Parts<'_> {
         Parts {
-            model: &self.model,
-            loss: &self.loss,
-            opt: &self.opt,
+            in_backward: self.in_backward_for(batch),
+            ..self.parts()
         }
+    }
+
+    /// See [`Trainer::parts_for`].
+    fn in_backward_for(&self, batch: usize) -> bool {
+        batch <= self.input.dims()[0]
     }
 
     /// The model.
@@ -336,9 +347,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let start = Instant::now();
         let step = self.steps + 1;
         let parts = Parts {
-            model: &self.model,
-            loss: &self.loss,
-            opt: &self.opt,
+            in_backward: self.in_backward_for(x.dims()[0]),
+            ..Parts::new(&self.model, &self.loss, &self.opt)
         };
         let run = run_step(
             parts,
@@ -437,7 +447,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Shape errors; [`stax_tensor::TensorError`]s when the backend cannot size a workspace.
     pub fn plan(&self, batch: usize) -> Result<MemoryPlan, TrainError> {
         let input = self.input_with(batch);
-        MemoryPlan::of(self.parts(), &input, &self.backend, self.feed)
+        MemoryPlan::of(self.parts_for(batch), &input, &self.backend, self.feed)
     }
 
     /// The largest batch whose step fits `budget` bytes of this backend's memory (by the

@@ -161,7 +161,8 @@ pub fn conv2d_bwd_filter<'d>(
 /// `g.kh x g.kw`, `g.c_out == g.c_in`, no dilation), f32.
 ///
 /// # Errors
-/// As [`conv2d`]; [`TensorError::InvalidArgument`] when `c_out != c_in`.
+/// As [`conv2d`]; [`TensorError::InvalidArgument`] when `c_out != c_in`, or for a window
+/// wholly in the padding of a max or average pooling ([`check_pool_padding`]).
 pub fn pool2d(
     kind: PoolKind,
     g: &Conv2dGeometry,
@@ -169,12 +170,42 @@ pub fn pool2d(
     y: &mut Tensor,
 ) -> Result<(), TensorError> {
     const OP: &str = "pool2d";
-    check_pool(OP, g)?;
+    check_pool(OP, kind, g)?;
     let be = backend_of(x);
     supports(OP, x.dtype(), F32)?;
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
     be.pool2d(Checked::new(Pool2d { kind, g: *g, x, y }))
+}
+
+/// Refuses a max or average pooling with a window wholly in the padding: there JAX's
+/// `MaxPool` gives -inf and `AvgPool` 0/0 = NaN (its divisor counts in-image positions).
+/// Sum pooling's such windows are 0, and allowed.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] naming the first such window's output row or column.
+pub fn check_pool_padding(
+    op: &'static str,
+    kind: PoolKind,
+    g: &Conv2dGeometry,
+) -> Result<(), TensorError> {
+    match g.window_in_padding() {
+        Some((axis, o)) if kind != PoolKind::Sum => Err(TensorError::InvalidArgument {
+            op,
+            reason: format!(
+                "the window of output {axis} {o} lies wholly in the padding (pad top {}, \
+                 bottom {}, left {}, right {}; window {}x{}): {} has no value there",
+                g.pad_top,
+                g.pad_bottom,
+                g.pad_left,
+                g.pad_right,
+                g.kh,
+                g.kw,
+                kind.name()
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy NHWC
@@ -191,7 +222,7 @@ pub fn pool2d_bwd(
     dx: &mut Tensor,
 ) -> Result<(), TensorError> {
     const OP: &str = "pool2d_bwd";
-    check_pool(OP, g)?;
+    check_pool(OP, kind, g)?;
     let be = backend_of(dy);
     supports(OP, dy.dtype(), F32)?;
     match x {
@@ -215,8 +246,9 @@ pub fn pool2d_bwd(
     }))
 }
 
-fn check_pool(op: &'static str, g: &Conv2dGeometry) -> Result<(), TensorError> {
+fn check_pool(op: &'static str, kind: PoolKind, g: &Conv2dGeometry) -> Result<(), TensorError> {
     g.validate(op)?;
+    check_pool_padding(op, kind, g)?;
     if g.c_out != g.c_in {
         return Err(TensorError::InvalidArgument {
             op,

@@ -1,0 +1,97 @@
+//! The JAX fixtures are JAX's numbers: where `python3` with jax runs, their script writes the
+//! committed files again. The same jax version must write them to the byte; another version
+//! (the GPU machine's jax is newer than the one that wrote them) may differ in the last bits
+//! of a transcendental function, so there every number must agree to 2e-6 relative (1e-7
+//! absolute) and everything else exactly.
+
+use serde_json::Value as Json;
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `script` (relative to the package root, where cargo and the GPU bundle run tests) with `STAX_FIXTURES_OUT` set to a fresh
+/// directory and checks that it writes exactly the files of `committed` and that each agrees
+/// with the committed one (see the module docs). Prints a skip notice and returns where
+/// `python3` cannot import jax and optax.
+pub fn regenerated_fixtures_agree(script: &str, committed: &Path) {
+    let probe = Command::new("python3")
+        .args(["-c", "import jax, optax"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: python3 with jax and optax is not available"
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!(
+        "stax_fixtures_{}_{}",
+        Path::new(script).file_stem().unwrap().to_string_lossy(),
+        std::process::id()
+    ));
+    let run = Command::new("python3")
+        .arg(script)
+        .env("STAX_FIXTURES_OUT", &out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let names = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(committed), names(&out), "{script} writes other files");
+    let read = |p: &Path| -> (String, Json) {
+        let text = std::fs::read_to_string(p).unwrap();
+        let json = serde_json::from_str(&text).unwrap();
+        (text, json)
+    };
+    for name in names(committed) {
+        let (text_c, json_c) = read(&committed.join(&name));
+        let (text_f, json_f) = read(&out.join(&name));
+        if json_c["jax"] == json_f["jax"] {
+            assert!(text_c == text_f, "{name} differs from what {script} writes");
+        } else if let Err(at) = agree(&json_c, &json_f, "") {
+            panic!(
+                "{name}: jax {} wrote {at} apart from the committed (jax {})",
+                json_f["jax"], json_c["jax"]
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `a` and `b` agree: numbers to 2e-6 relative (1e-7 absolute), the `jax` version ignored,
+/// everything else equal. The error names the first place (a JSON path) that does not.
+fn agree(a: &Json, b: &Json, at: &str) -> Result<(), String> {
+    match (a, b) {
+        (Json::Number(x), Json::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            let ok = (x - y).abs() <= 1e-7 + 2e-6 * x.abs().max(y.abs());
+            ok.then_some(()).ok_or_else(|| format!("{at}: {x} vs {y}"))
+        }
+        (Json::Array(x), Json::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .try_for_each(|(i, (x, y))| agree(x, y, &format!("{at}[{i}]"))),
+        (Json::Object(x), Json::Object(y)) if x.len() == y.len() => {
+            x.iter()
+                .try_for_each(|(k, v)| match (k.as_str(), y.get(k)) {
+                    ("jax", Some(_)) => Ok(()),
+                    (_, Some(w)) => agree(v, w, &format!("{at}.{k}")),
+                    (_, None) => Err(format!("{at}.{k}: missing")),
+                })
+        }
+        _ => (a == b)
+            .then_some(())
+            .ok_or_else(|| format!("{at}: {a} vs {b}")),
+    }
+}
