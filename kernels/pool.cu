@@ -8,11 +8,13 @@ struct PoolGeometry {
     size_t n, h, w, c, kh, kw, sh, sw, pad_top, pad_left, out_h, out_w;
 };
 
-// Image-relative index of the first maximum of window (oy, ox) in channel c of image x, or
-// (size_t)-1 when the window lies wholly in the padding; its value in *best.
-__device__ size_t window_argmax(const PoolGeometry &g, const float *x, size_t oy, size_t ox,
-                                size_t c, float *best) {
-    size_t arg = (size_t)-1;
+#define NO_MAX 0xffffffffu
+
+// The window offset (ky * kw + kx) of the first maximum of window (oy, ox) in channel c of
+// image x, or NO_MAX when the window lies wholly in the padding; its value in *best.
+__device__ unsigned window_argmax(const PoolGeometry &g, const float *x, size_t oy, size_t ox,
+                                  size_t c, float *best) {
+    unsigned arg = NO_MAX;
     float b = __int_as_float(0xff800000); // -inf
     for (size_t ky = 0; ky < g.kh; ++ky) {
         long long iy = (long long)(oy * g.sh + ky) - (long long)g.pad_top;
@@ -20,10 +22,9 @@ __device__ size_t window_argmax(const PoolGeometry &g, const float *x, size_t oy
         for (size_t kx = 0; kx < g.kw; ++kx) {
             long long ix = (long long)(ox * g.sw + kx) - (long long)g.pad_left;
             if (ix < 0 || ix >= (long long)g.w) continue;
-            size_t i = ((size_t)iy * g.w + (size_t)ix) * g.c + c;
-            float v = x[i];
-            if (arg == (size_t)-1 || v > b || (isnan(v) && !isnan(b))) {
-                arg = i;
+            float v = x[((size_t)iy * g.w + (size_t)ix) * g.c + c];
+            if (arg == NO_MAX || v > b || (isnan(v) && !isnan(b))) {
+                arg = (unsigned)(ky * g.kw + kx);
                 b = v;
             }
         }
@@ -46,28 +47,42 @@ extern "C" __global__ void max_pool_f32(const float *x, float *y, PoolGeometry g
     }
 }
 
-// dx[i] = sum of dy over the windows whose first maximum is i (one thread an input element,
-// gathering over the windows that cover it: deterministic, no atomics).
-extern "C" __global__ void max_pool_bwd_f32(const float *x, const float *dy, float *dx,
+// arg[n, oy, ox, c] = the window offset of the window's first maximum (one thread an output
+// element): the first half of the backward pass, which then reads one word per window.
+extern "C" __global__ void max_pool_argmax_f32(const float *x, unsigned *arg, PoolGeometry g) {
+    size_t total = g.n * g.out_h * g.out_w * g.c;
+    size_t image = g.h * g.w * g.c;
+    GRID_STRIDE(o, total) {
+        size_t c = o % g.c, r = o / g.c;
+        size_t ox = r % g.out_w, r2 = r / g.out_w;
+        size_t oy = r2 % g.out_h, n = r2 / g.out_h;
+        float best;
+        arg[o] = window_argmax(g, x + n * image, oy, ox, c, &best);
+    }
+}
+
+// dx[i] = sum of dy over the windows whose first maximum is i, from the windows' argmax
+// offsets (one thread an input element, gathering over the windows that cover it:
+// deterministic, no atomics).
+extern "C" __global__ void max_pool_bwd_f32(const unsigned *arg, const float *dy, float *dx,
                                             PoolGeometry g) {
     size_t total = g.n * g.h * g.w * g.c;
-    size_t image = g.h * g.w * g.c;
     GRID_STRIDE(t, total) {
         size_t c = t % g.c, r = t / g.c;
         size_t ix = r % g.w, r2 = r / g.w;
         size_t iy = r2 % g.h, n = r2 / g.h;
-        size_t own = (iy * g.w + ix) * g.c + c;
         // windows oy with oy*sh <= iy + pad_top < oy*sh + kh
         long long py = (long long)(iy + g.pad_top), px = (long long)(ix + g.pad_left);
         long long oy0 = py >= (long long)g.kh ? (py - (long long)g.kh) / (long long)g.sh + 1 : 0;
         long long ox0 = px >= (long long)g.kw ? (px - (long long)g.kw) / (long long)g.sw + 1 : 0;
         float acc = 0.0f;
         for (long long oy = oy0; oy <= py / (long long)g.sh && oy < (long long)g.out_h; ++oy) {
+            size_t ky = (size_t)(py - oy * (long long)g.sh);
             for (long long ox = ox0; ox <= px / (long long)g.sw && ox < (long long)g.out_w;
                  ++ox) {
-                float best;
-                size_t arg = window_argmax(g, x + n * image, (size_t)oy, (size_t)ox, c, &best);
-                if (arg == own) acc += dy[((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c];
+                size_t kx = (size_t)(px - ox * (long long)g.sw);
+                size_t o = ((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c;
+                if (arg[o] == (unsigned)(ky * g.kw + kx)) acc += dy[o];
             }
         }
         dx[t] = acc;

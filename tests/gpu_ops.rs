@@ -10,7 +10,7 @@ use stax_tensor::cuda::CudaBackend;
 use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
     Activation, AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType,
-    Device, OpDesc, Padding, Precision, Strategy, Tensor, TensorError,
+    Device, OpDesc, Padding, PoolKind, Precision, Strategy, Tensor, TensorError,
 };
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ fn tolerance(p: Precision) -> f64 {
 /// Conv cases: input NHWC, kernel (kh, kw), c_out, strides, padding.
 type ConvCase = ([usize; 4], (usize, usize), usize, (usize, usize), Padding);
 
-const CONV_CASES: [ConvCase; 9] = [
+const CONV_CASES: [ConvCase; 10] = [
     ([2, 9, 7, 3], (3, 3), 5, (1, 1), Padding::Same), // odd sizes, c_in 3
     ([1, 8, 8, 4], (3, 3), 6, (2, 2), Padding::Same), // stride 2: asymmetric (0, 1)
     ([3, 10, 11, 64], (3, 3), 16, (1, 1), Padding::Valid), // c_in 64
@@ -36,6 +36,7 @@ const CONV_CASES: [ConvCase; 9] = [
     ([4, 12, 12, 3], (3, 3), 64, (1, 1), Padding::Same), // seed's conv1, small
     ([2, 11, 10, 3], (5, 5), 7, (2, 2), Padding::Same), // 5x5 stride 2, odd/even
     ([1, 1, 1, 3], (1, 1), 2, (1, 1), Padding::Valid), // 1x1 everything
+    ([3, 7, 9, 64], (1, 1), 96, (1, 1), Padding::Same), // ResNet's 1x1: dW one GEMM
 ];
 
 fn geometry(case: &ConvCase) -> Conv2dGeometry {
@@ -763,6 +764,7 @@ fn workspace_schedules_match_what_ops_allocate() {
         &CONV_CASES[2],
         &CONV_CASES[3],
         &CONV_CASES[6],
+        &CONV_CASES[9],
     ] {
         let g = geometry(case);
         let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
@@ -834,6 +836,26 @@ fn workspace_schedules_match_what_ops_allocate() {
             },
         );
     }
+    // max pooling's backward pass: one argmax word per output element
+    let g = Conv2dGeometry::new(
+        &[2, 9, 8, 5].into(),
+        &[3, 3, 5, 5].into(),
+        (2, 2),
+        Padding::Same,
+    )
+    .unwrap();
+    let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+    let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+    let mut dx = poisoned(&gpu, g.input_shape(), DType::F32);
+    check(
+        &format!("max pool bwd {g:?}"),
+        OpDesc::Pool {
+            kind: PoolKind::Max,
+            geometry: g,
+            backward: true,
+        },
+        &mut || ops::pool2d_bwd(PoolKind::Max, &g, Some(&x), &dy, &mut dx).unwrap(),
+    );
     let (a, _) = random_tensor(&gpu, [33, 70], &mut rng);
     let mut c = poisoned(&gpu, [33, 33], DType::F32);
     check(

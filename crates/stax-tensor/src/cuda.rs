@@ -322,10 +322,7 @@ impl Backend for CudaBackend {
 
     fn is_calibrated(&self, op: &OpDesc) -> bool {
         match op {
-            OpDesc::Conv { geometry, pass, .. } => self
-                .dnn
-                .chosen_workspace(geometry, self.precision, *pass)
-                .is_some(),
+            OpDesc::Conv { geometry, pass, .. } => self.conv_is_calibrated(geometry, *pass),
             _ => true,
         }
     }

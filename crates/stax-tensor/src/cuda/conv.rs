@@ -17,8 +17,8 @@ use super::cudnn::{CudnnConv, Epilogue, Operands};
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
-    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout, PoolKind, Saves,
-    TensorError,
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout, OpDesc, PoolKind,
+    Saves, TensorError,
 };
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -100,6 +100,20 @@ fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
         g.n * conv.h * conv.w * g.c_in * F32
     };
     filter_copy_bytes(g) + ext
+}
+
+/// Whether the filter gradient of `g` is one cuBLAS GEMM instead of a cuDNN pass: a 1x1
+/// kernel, stride 1, no padding, an NHWC input and an HWIO kernel, where `dW [c_in, c_out] =
+/// xᵀ · dy` over the `n·h·w` positions (at most `i32::MAX` of them, cuBLAS's limit). For
+/// ResNet-50's 1x1 convs in TF32 cuDNN's timed search picks its FFMA `wgrad_alg0` kernels
+/// (about 0.8 ms each at batch 128 on the H200, measured with ncu, 2026-12-01); a
+/// tensor-core GEMM runs at about the bandwidth of reading x and dy.
+pub(super) fn filter_grad_is_gemm(g: &Conv2dGeometry) -> bool {
+    (g.kh, g.kw, g.stride_h, g.stride_w) == (1, 1, 1, 1)
+        && (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right) == (0, 0, 0, 0)
+        && g.layout == Layout::Nhwc
+        && g.filter == FilterLayout::Hwio
+        && g.n * g.h * g.w <= i32::MAX as usize
 }
 
 /// The buffers of one pass taken from its schedule: the kernel copy when the kernel is not
@@ -336,6 +350,7 @@ impl CudaBackend {
         self.bind()?;
         let pass = ConvPass::BackwardFilter;
         self.calibrate_conv(&g, pass)?;
+        let gemm = filter_grad_is_gemm(&g);
         let mut mask = 0;
         let fuse_mask = db.is_some()
             && g.layout == Layout::Nhwc
@@ -352,6 +367,9 @@ impl CudaBackend {
             let partial = ws.alloc()?;
             self.conv_bias_grad(&g, (dy.addr(), mask), ws.addr(partial), db.addr())?;
             ws.free(partial)?;
+        }
+        if gemm {
+            return self.filter_grad_gemm(&g, (x.addr(), dy.addr(), dw.addr()), ws);
         }
         let (conv, ext) = layout(&g);
         let ext_i = self.extended_input(&mut ws, &g, ext, Some(x.addr()))?;
@@ -380,6 +398,26 @@ impl CudaBackend {
                 cudnn_filter(&g),
                 g.filter.code(),
             )?;
+            ws.free(i)?;
+        }
+        ws.finish()
+    }
+
+    /// `dw = xᵀ · dy` for a conv of [`filter_grad_is_gemm`], with cuBLAS's workspace the
+    /// schedule's next block.
+    fn filter_grad_gemm(
+        &self,
+        g: &Conv2dGeometry,
+        (x, dy, dw): (u64, u64, u64),
+        mut ws: Scratch,
+    ) -> Result<(), TensorError> {
+        let positions = g.n * g.h * g.w;
+        let bytes = self.matmul_bytes(g.c_in, g.c_out, positions);
+        let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
+        let gemm = super::cublas::Gemm::new(g.c_in, g.c_out, positions, true, false);
+        let at = i.map_or(0, |i| ws.addr(i));
+        self.blas.sgemm(gemm, x, dy, dw, at, bytes)?;
+        if let Some(i) = i {
             ws.free(i)?;
         }
         ws.finish()
@@ -447,8 +485,19 @@ impl ConvOps for CudaBackend {
         self.bind()?;
         match (kind, x) {
             (PoolKind::Max, Some(x)) => {
-                self.kernels
-                    .max_pool_bwd(&g, x.addr(), dy.addr(), dx.addr())
+                let desc = OpDesc::Pool {
+                    kind,
+                    geometry: g,
+                    backward: true,
+                };
+                let mut ws = Scratch::new("pool2d_bwd", &self.allocator, {
+                    self.op_workspace_schedule(&desc)?
+                });
+                let i = ws.alloc()?;
+                let addrs = (x.addr(), dy.addr(), dx.addr());
+                self.kernels.max_pool_bwd(&g, addrs, ws.addr(i))?;
+                ws.free(i)?;
+                ws.finish()
             }
             (PoolKind::Max, None) => Err(TensorError::InvalidArgument {
                 op: "pool2d_bwd",

@@ -34,7 +34,7 @@ mod spatial;
 
 pub use source::KernelModule;
 use source::compile;
-pub(crate) use spatial::OHWI;
+pub(crate) use spatial::{OHWI, max_pool_bwd_bytes};
 
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;

@@ -3,10 +3,10 @@
 //! [`crate::Backend::workspace_schedule`] read, so a memory plan built on the answer matches
 //! what the op does, to the byte and in order.
 
-use super::conv::{extended_bytes, filter_copy_bytes, layout};
+use super::conv::{extended_bytes, filter_copy_bytes, filter_grad_is_gemm, layout};
 use super::cudnn::Operands;
 use super::{CudaBackend, cublas};
-use crate::{Conv2dGeometry, ConvPass, Layout, OpDesc, TensorError, WorkspaceStep};
+use crate::{Conv2dGeometry, ConvPass, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep};
 use stax_alloc::Category;
 
 /// A workspace schedule being written down.
@@ -124,6 +124,13 @@ impl CudaBackend {
                 // row losses, the mean (padded to 8 bytes) and the first bad row (a u64)
                 one(Self::softmax_loss_offset(rows) + 16)
             }
+            OpDesc::Pool {
+                kind: PoolKind::Max,
+                geometry,
+                backward: true,
+            } if geometry.input_shape().numel() > 0 => {
+                one(super::kernels::max_pool_bwd_bytes(&geometry).max(4))
+            }
             OpDesc::Pool { .. }
             | OpDesc::Unary { .. }
             | OpDesc::Binary { .. }
@@ -165,7 +172,12 @@ impl CudaBackend {
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
         let (_, ext) = layout(g);
-        let cudnn = self.cudnn_workspace(g, pass)?;
+        let gemm = pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g);
+        let cudnn = if gemm {
+            0
+        } else {
+            self.cudnn_workspace(g, pass)?
+        };
         let filter = Some(filter_copy_bytes(g)).filter(|&b| b > 0);
         let ext_bytes = ext.map(|e| extended_bytes(g, &e));
         let mut s = Schedule::default();
@@ -186,6 +198,10 @@ impl CudaBackend {
                 if bias {
                     let p = s.alloc(self.conv_bias_partials(g).max(1));
                     s.free(p);
+                }
+                if filter_grad_is_gemm(g) {
+                    s.scoped(self.matmul_bytes(g.c_in, g.c_out, g.n * g.h * g.w));
+                    return Ok(s.finish());
                 }
                 let e = ext_bytes.map(|b| s.alloc(b));
                 let d = filter.map(|b| s.alloc(b));
@@ -228,6 +244,13 @@ impl CudaBackend {
         Ok(s.finish())
     }
 
+    /// Whether `pass` of `g` needs no search: its algorithm is chosen, or it is not cuDNN's
+    /// ([`filter_grad_is_gemm`]).
+    pub(super) fn conv_is_calibrated(&self, g: &Conv2dGeometry, pass: ConvPass) -> bool {
+        (pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g))
+            || self.dnn.chosen_workspace(g, self.precision, pass).is_some()
+    }
+
     /// Chooses the algorithm of `pass` for `g`, if not chosen yet, by timing the candidates
     /// on temporary buffers of its shapes, then releases them and what the search left cached
     /// (see [`crate::Backend::calibrate`]).
@@ -236,7 +259,7 @@ impl CudaBackend {
         g: &Conv2dGeometry,
         pass: ConvPass,
     ) -> Result<(), TensorError> {
-        if self.dnn.chosen_workspace(g, self.precision, pass).is_some() {
+        if self.conv_is_calibrated(g, pass) {
             return Ok(());
         }
         g.validate("calibrate")?;

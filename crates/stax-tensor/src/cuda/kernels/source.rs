@@ -80,6 +80,7 @@ impl KernelModule {
             ],
             KernelModule::Pool => &[
                 "max_pool_f32",
+                "max_pool_argmax_f32",
                 "max_pool_bwd_f32",
                 "sum_pool_f32",
                 "sum_pool_bwd_f32",

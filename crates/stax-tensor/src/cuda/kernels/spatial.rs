@@ -214,26 +214,42 @@ impl Kernels {
     }
 
     /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling, from the
-    /// forward input x and dy (NHWC `g.output_shape()`), f32.
+    /// forward input x and dy (NHWC `g.output_shape()`), f32: each window's argmax offset
+    /// into `arg` (one u32 per output element, [`max_pool_bwd_bytes`]), then a gather of dy.
     pub(crate) fn max_pool_bwd(
         &self,
         g: &Conv2dGeometry,
-        x: u64,
-        dy: u64,
-        dx: u64,
+        (x, dy, dx): (u64, u64, u64),
+        arg: u64,
     ) -> Result<(), TensorError> {
-        let n = g.input_shape().numel();
+        let (n, outputs) = (g.input_shape().numel(), g.output_shape().numel());
         if n == 0 {
             return Ok(());
         }
-        let (k, pg) = ("max_pool_bwd_f32", PoolGeometry::of(g));
-        // SAFETY: `max_pool_bwd_f32(const float *x, const float *dy, float *dx, PoolGeometry
-        // g)`; x and dx hold g.input_shape() floats, dy g.output_shape(); distinct buffers.
+        let pg = PoolGeometry::of(g);
+        if outputs > 0 {
+            let k = "max_pool_argmax_f32";
+            // SAFETY: `max_pool_argmax_f32(const float *x, unsigned *arg, PoolGeometry g)`; x
+            // holds g.input_shape() floats, arg g.output_shape() u32 words.
+            unsafe {
+                launch!(self.stream, self.function(k)?, self.grid(outputs); &x, &arg, &pg).map(drop)
+            }
+            .map_err(driver(k))?;
+        }
+        let k = "max_pool_bwd_f32";
+        // SAFETY: `max_pool_bwd_f32(const unsigned *arg, const float *dy, float *dx,
+        // PoolGeometry g)`; arg and dy hold g.output_shape() elements, dx g.input_shape()
+        // floats; distinct buffers.
         unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &x, &dy, &dx, &pg).map(drop)
+            launch!(self.stream, self.function(k)?, self.grid(n); &arg, &dy, &dx, &pg).map(drop)
         }
         .map_err(driver(k))
     }
+}
+
+/// Workspace bytes of max pooling's backward pass: one u32 argmax offset per output element.
+pub(crate) fn max_pool_bwd_bytes(g: &Conv2dGeometry) -> usize {
+    g.output_shape().numel() * 4
 }
 
 impl Kernels {
