@@ -17,7 +17,7 @@ mod scratch;
 
 pub use call::{
     Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, ChannelBiasAdd,
-    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
+    Cast, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
     CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
     UnaryBwd,
 };

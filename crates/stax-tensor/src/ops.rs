@@ -26,7 +26,7 @@ mod update;
 pub use conv::{Epilogue, conv2d, conv2d_bwd_data, conv2d_bwd_filter, pool2d, pool2d_bwd};
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
-    axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
+    axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };
 pub use norm::{
     Affine, AffineGrads, NormSaved, batch_norm, batch_norm_bwd, bias_add_channels,

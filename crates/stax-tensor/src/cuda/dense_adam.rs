@@ -6,7 +6,7 @@
 
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
-use crate::{Backend, OpDesc, TensorError, dense_chunk_rows};
+use crate::{Backend, DType, OpDesc, TensorError, dense_chunk_rows};
 
 const OP: &str = "dense_adam";
 
@@ -69,7 +69,7 @@ impl CudaBackend {
             }
             let h = &c.h;
             self.kernels
-                .adam(w + off, g_addr, mu + off, nu + off, h, r * n)?;
+                .adam(w + off, (g_addr, DType::F32), mu + off, nu + off, h, r * n)?;
         }
         if let Some(i) = blas {
             ws.free(i)?;

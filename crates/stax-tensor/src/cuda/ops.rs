@@ -5,7 +5,7 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
+    Adam, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
     Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
@@ -96,6 +96,17 @@ impl MemoryOps for CudaBackend {
             off += inner;
         }
         Ok(())
+    }
+
+    fn cast(&self, c: Checked<Cast<'_>>) -> Result<(), TensorError> {
+        let Cast { src, dst } = c.into_inner();
+        self.bind()?;
+        self.kernels.cast(
+            (src.dtype(), dst.dtype()),
+            src.addr(),
+            dst.addr(),
+            src.numel(),
+        )
     }
 }
 
@@ -290,7 +301,7 @@ impl OptimOps for CudaBackend {
         let Adam { p, g, m, v, h } = c.into_inner();
         self.bind()?;
         self.kernels
-            .adam(p.addr(), g.addr(), m.addr(), v.addr(), &h, p.numel())
+            .adam(p.addr(), (g.addr(), g.dtype()), m.addr(), v.addr(), &h, p.numel())
     }
 
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {
