@@ -58,14 +58,14 @@ impl CudaBackend {
                 let mut dw = Gemm::new(r, n, m, true, false);
                 dw.row_strides[0] = k;
                 self.blas
-                    .sgemm(dw, x + col, dy, g_addr, blas_addr, blas_bytes)?;
+                    .gemm(dw, DType::F32, (x + col, dy, g_addr), blas_addr, blas_bytes)?;
             }
             if let Some(d) = dx.filter(|_| m > 0) {
                 // dx[:, r0..r0 + r] = dy · w_chunkᵀ from the old weight; dx's rows are k apart
                 let mut dxg = Gemm::new(m, r, n, false, true);
                 dxg.row_strides[2] = k;
                 self.blas
-                    .sgemm(dxg, dy, w + off, d + col, blas_addr, blas_bytes)?;
+                    .gemm(dxg, DType::F32, (dy, w + off, d + col), blas_addr, blas_bytes)?;
             }
             let h = &c.h;
             self.kernels

@@ -129,7 +129,10 @@ impl MatmulOps for CudaBackend {
             return Ok(());
         }
         if k == 0 {
-            return self.kernels.fill_u32(c.addr(), 0, m * n);
+            return match c.dtype() {
+                DType::F32 => self.kernels.fill_u32(c.addr(), 0, m * n),
+                _ => self.kernels.fill_u16(c.addr(), 0, m * n),
+            };
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let bytes = self.matmul_bytes(m, n, k);
@@ -137,7 +140,7 @@ impl MatmulOps for CudaBackend {
         let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
         let ws_addr = i.map_or(0, |i| ws.addr(i));
         self.blas
-            .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, bytes)?;
+            .gemm(gemm, c.dtype(), (a.addr(), b.addr(), c.addr()), ws_addr, bytes)?;
         if let Some(i) = i {
             ws.free(i)?;
         }

@@ -78,8 +78,11 @@ impl CudaBackend {
                 geometry,
                 pass,
                 bias,
-                ..
-            } => self.conv_schedule(&geometry, pass, bias)?,
+                dtype,
+            } => {
+                super::conv::f32_only("conv2d", dtype)?;
+                self.conv_schedule(&geometry, pass, bias)?
+            }
             OpDesc::BatchNorm { geometry, backward } => {
                 self.batch_norm_schedule(&geometry, backward)?
             }
