@@ -88,7 +88,13 @@ impl Dense {
                 let (rows, k) = as_matrix(&in_shape);
                 Tensor::empty(&be, [rows, k], dtype, grad("dx"))?
             };
-            ops::matmul(&dy2, &compute_copy(w, dtype, "cast_w")?, false, true, &mut dx)?;
+            ops::matmul(
+                &dy2,
+                &compute_copy(w, dtype, "cast_w")?,
+                false,
+                true,
+                &mut dx,
+            )?;
             Some(Tree::leaf(dx.reshape(in_shape)?))
         } else {
             None

@@ -41,9 +41,9 @@ mod softmax;
 mod testing;
 
 use crate::backend::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd, ChannelBiasGrad,
-    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut, DenseAdam, Fill, Matmul,
-    Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
+    DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{

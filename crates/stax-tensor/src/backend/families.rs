@@ -6,9 +6,9 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
-    Cast, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
-    Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
+    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use super::rows::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 

@@ -35,9 +35,15 @@ pub(super) fn copies(op: &OpDesc) -> Vec<usize> {
             );
             let b = bias.then_some(g.c_out);
             match pass {
-                ConvPass::Forward => [Some(x), Some(w), b, Some(y)].into_iter().flatten().collect(),
+                ConvPass::Forward => [Some(x), Some(w), b, Some(y)]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
                 ConvPass::BackwardData => vec![y, w, x],
-                ConvPass::BackwardFilter => [Some(x), Some(y), Some(w), b].into_iter().flatten().collect(),
+                ConvPass::BackwardFilter => [Some(x), Some(y), Some(w), b]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
             }
         }
         OpDesc::Matmul { m, n, k, dtype } if dtype != DType::F32 => vec![m * k, k * n, m * n],
@@ -77,9 +83,17 @@ pub(super) fn around(elements: Vec<usize>, inner: Vec<WorkspaceStep>) -> Vec<Wor
 
 /// An f32 workspace copy of `t` (its values when `read`).
 fn widen(t: &Tensor, read: bool) -> Result<Tensor, TensorError> {
-    let mut w = Tensor::empty(t.backend(), t.shape().clone(), DType::F32, Category::Workspace)?;
+    let mut w = Tensor::empty(
+        t.backend(),
+        t.shape().clone(),
+        DType::F32,
+        Category::Workspace,
+    )?;
     if read {
-        cast(Cast { src: t, dst: &mut w })?;
+        cast(Cast {
+            src: t,
+            dst: &mut w,
+        })?;
     }
     Ok(w)
 }

@@ -17,8 +17,8 @@ use super::cudnn::{CudnnConv, Epilogue, Operands};
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
-    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, FilterLayout, Layout, PoolKind, Saves,
-    TensorError,
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, FilterLayout, Layout, PoolKind,
+    Saves, TensorError,
 };
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.

@@ -64,8 +64,13 @@ impl CudaBackend {
                 // dx[:, r0..r0 + r] = dy · w_chunkᵀ from the old weight; dx's rows are k apart
                 let mut dxg = Gemm::new(m, r, n, false, true);
                 dxg.row_strides[2] = k;
-                self.blas
-                    .gemm(dxg, DType::F32, (dy, w + off, d + col), blas_addr, blas_bytes)?;
+                self.blas.gemm(
+                    dxg,
+                    DType::F32,
+                    (dy, w + off, d + col),
+                    blas_addr,
+                    blas_bytes,
+                )?;
             }
             let h = &c.h;
             self.kernels

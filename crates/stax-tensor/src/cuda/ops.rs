@@ -5,8 +5,8 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
-    Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
+    Fill, Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::dtype::{bf16, f16};
@@ -139,8 +139,13 @@ impl MatmulOps for CudaBackend {
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
         let ws_addr = i.map_or(0, |i| ws.addr(i));
-        self.blas
-            .gemm(gemm, c.dtype(), (a.addr(), b.addr(), c.addr()), ws_addr, bytes)?;
+        self.blas.gemm(
+            gemm,
+            c.dtype(),
+            (a.addr(), b.addr(), c.addr()),
+            ws_addr,
+            bytes,
+        )?;
         if let Some(i) = i {
             ws.free(i)?;
         }
@@ -303,8 +308,14 @@ impl OptimOps for CudaBackend {
     fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError> {
         let Adam { p, g, m, v, h } = c.into_inner();
         self.bind()?;
-        self.kernels
-            .adam(p.addr(), (g.addr(), g.dtype()), m.addr(), v.addr(), &h, p.numel())
+        self.kernels.adam(
+            p.addr(),
+            (g.addr(), g.dtype()),
+            m.addr(),
+            v.addr(),
+            &h,
+            p.numel(),
+        )
     }
 
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {

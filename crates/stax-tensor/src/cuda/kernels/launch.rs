@@ -43,8 +43,10 @@ impl Kernels {
         let sym = format!("cast_{}_{}", from.name(), to.name());
         // SAFETY: `cast_<from>_<to>(const S *src, D *dst, size_t n)`; src holds n elements of
         // `from`, dst n elements of `to` (distinct buffers).
-        unsafe { launch!(self.stream, self.function(&sym)?, self.grid(n); &src, &dst, &n).map(drop) }
-            .map_err(driver("cast"))
+        unsafe {
+            launch!(self.stream, self.function(&sym)?, self.grid(n); &src, &dst, &n).map(drop)
+        }
+        .map_err(driver("cast"))
     }
 
     /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (f32: 16 bytes per
