@@ -129,8 +129,13 @@ impl<L: Layer> Layer for Mixed<L> {
         self.layer.kind()
     }
 
+    /// The layer's description, with the policy unless it is the default (full f32: the
+    /// layer as it is, so f32 checkpoints and plans read the same).
     fn describe(&self) -> String {
-        format!("{} under {}", self.layer.describe(), self.policy)
+        match self.policy == Policy::default() {
+            true => self.layer.describe(),
+            false => format!("{} under {}", self.layer.describe(), self.policy),
+        }
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
