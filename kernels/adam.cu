@@ -28,17 +28,26 @@ __device__ __forceinline__ void adam_one(float &p, float g, float &m, float &v,
     p = __fadd_rn(p, __fmul_rn(-h.lr, __fdiv_rn(mhat, denom)));
 }
 
-// One element per thread and iteration (any alignment).
-extern "C" __global__ void adam_f32(float *p, const float *g, float *m, float *v, AdamHyper h,
-                                    size_t n) {
+// One element per thread and iteration (any alignment): f32 parameters and moments, the
+// gradient in its own dtype G (read as f32), adam_<G's dtype>.
+template <typename G>
+__device__ __forceinline__ void adam_t(float *p, const G *g, float *m, float *v, AdamHyper h,
+                                       size_t n) {
     GRID_STRIDE(i, n) {
         float pi = p[i], mi = m[i], vi = v[i];
-        adam_one(pi, g[i], mi, vi, h);
+        adam_one(pi, to_f32(g[i]), mi, vi, h);
         m[i] = mi;
         v[i] = vi;
         p[i] = pi;
     }
 }
+
+#define ADAM(T, s)                                                                             \
+    extern "C" __global__ void adam_##s(float *p, const T *g, float *m, float *v, AdamHyper h, \
+                                        size_t n) {                                            \
+        adam_t<T>(p, g, m, v, h, n);                                                           \
+    }
+FOR_FLOATS(ADAM)
 
 // The same on n floats, 16 bytes per array and thread: n / 4 float4s, then the last n % 4
 // elements by the first threads of block 0. All four arrays 16-byte aligned.

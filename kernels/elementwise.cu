@@ -1,4 +1,4 @@
-// elementwise.cu: fills, and the vectorized f32 fast paths of the ReLU (forward with a packed
+// elementwise.cu: fills, casts between float dtypes, and the vectorized f32 fast paths of the ReLU (forward with a packed
 // bit mask, and backward) and of the bias add and gradient. The scalar kernels of every dtype
 // (and the tails of these) are in activation.cu. Row-major f32 unless noted.
 
@@ -11,6 +11,24 @@ extern "C" __global__ void fill_u32(u32 *p, u32 value, size_t n) {
 extern "C" __global__ void fill_u16(unsigned short *p, unsigned short value, size_t n) {
     GRID_STRIDE(i, n) { p[i] = value; }
 }
+
+// dst[i] = src[i] converted (read as f32, rounded once to nearest even: from_f32), i < n.
+template <typename S, typename D> __device__ __forceinline__ void cast_t(const S *src, D *dst,
+                                                                         size_t n) {
+    GRID_STRIDE(i, n) { dst[i] = from_f32<D>(to_f32(src[i])); }
+}
+
+// cast_<from>_<to> for every ordered pair of distinct float dtypes.
+#define CAST(S, s, D, d)                                                                       \
+    extern "C" __global__ void cast_##s##_##d(const S *src, D *dst, size_t n) {                \
+        cast_t<S, D>(src, dst, n);                                                             \
+    }
+CAST(float, f32, bf16_t, bf16)
+CAST(float, f32, f16_t, f16)
+CAST(bf16_t, bf16, float, f32)
+CAST(f16_t, f16, float, f32)
+CAST(bf16_t, bf16, f16_t, f16)
+CAST(f16_t, f16, bf16_t, bf16)
 
 // In-place x = max(x, 0) (NaN propagates, as jnp.maximum: the trainer must see it in the loss);
 // when mask is not null, bit i%32 of mask[i/32] = x[i] > 0 (bits past n are 0). With apply == 0

@@ -853,6 +853,7 @@ fn workspace_schedules_match_what_ops_allocate() {
             kind: PoolKind::Max,
             geometry: g,
             backward: true,
+            dtype: DType::F32,
         },
         &mut || ops::pool2d_bwd(PoolKind::Max, &g, Some(&x), &dy, &mut dx).unwrap(),
     );

@@ -5,13 +5,14 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
+use stax::layers::{Mixed, Policy};
 use stax::tensor::cpu::CpuBackend;
 use stax::tensor::cuda::CudaBackend;
 use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
 use stax::train::{StepReport, TrainError};
-use stax::{Adam, BackendOptions, Device, Precision, Serial, Shape};
+use stax::{Adam, BackendOptions, DType, Device, Precision, Serial, Shape};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +20,9 @@ use std::time::Instant;
 
 /// An example's error: printed with its full diagnosis.
 pub type Error = Box<dyn std::error::Error>;
+
+/// An example's model under the dtype policy of `--precision` (f32: the model as it is).
+pub type Model = Mixed<Serial>;
 
 /// The model of an example for `classes` classes and `(height, width, channels)` images.
 pub type ModelFn<'a> = &'a dyn Fn(usize, (usize, usize, usize)) -> Result<Serial, Error>;
@@ -59,7 +63,9 @@ pub struct Common {
     /// Test data as .npz; required with --data.
     #[arg(long)]
     pub test_data: Option<PathBuf>,
-    /// tf32 (JAX's default on this GPU) or highest (full f32).
+    /// tf32 (JAX's default on this GPU), highest (full f32), bf16 (stax_layers::Policy::BF16:
+    /// f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (refused until
+    /// dynamic loss scaling exists).
     #[arg(long, default_value = "tf32")]
     pub precision: String,
     /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform,
@@ -191,6 +197,24 @@ fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Bac
     })
 }
 
+impl Common {
+    /// `--precision`: the backend's f32 matmul precision and the model's dtype policy.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn precision(&self) -> Result<(Precision, Policy), Error> {
+        let f16 = Policy {
+            compute: DType::F16,
+            ..Policy::BF16
+        };
+        Ok(match self.precision.as_str() {
+            "bf16" => (Precision::Tf32, Policy::BF16),
+            "f16" => (Precision::Tf32, f16),
+            other => (other.parse::<Precision>()?, Policy::default()),
+        })
+    }
+}
+
 fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
     // --allocator overrides STAX_ALLOCATOR, which is then not read at all
     let mut options = match &args.allocator {
@@ -200,7 +224,7 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
         },
         None => BackendOptions::from_env()?,
     };
-    options.precision = args.precision.parse::<Precision>()?;
+    options.precision = args.precision()?.0;
     let limit = size_flag("--workspace-limit", args.workspace_limit.as_deref())?;
     options.workspace_limit = limit
         .map(|b| usize::try_from(b).map_err(|_| format!("--workspace-limit {b}: too large")))
@@ -291,7 +315,7 @@ fn input_channels(train: &Dataset, test: &Dataset) -> Result<usize, Error> {
 /// training set's size).
 fn batch_size(
     args: &Common,
-    model: &Serial,
+    model: &Model,
     image: (usize, usize, usize),
     backend: &Arc<dyn stax::Backend>,
     examples: usize,
@@ -327,7 +351,7 @@ fn batch_size(
 fn show_plan(
     args: &Common,
     plan: &MemoryPlan,
-    model: &Serial,
+    model: &Model,
     backend: &Arc<dyn stax::Backend>,
 ) -> Result<(), Error> {
     println!("{plan}");
@@ -472,7 +496,9 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         check_path(flag, p)?;
     }
     let image = (img, img, channels);
-    let make = || model(train.num_classes(), image);
+    let policy = args.precision()?.1;
+    policy.check()?;
+    let make = || model(train.num_classes(), image).map(|m| Mixed::new(m, policy));
     let batch = batch_size(args, &make()?, image, &backend, train.len())?;
     let input = Shape::new([batch, img, img, channels]);
     let adam = args.adam();
@@ -493,7 +519,7 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
 fn train_and_test(
     args: &Common,
     example: Example,
-    (model, input): (Serial, Shape),
+    (model, input): (Model, Shape),
     backend: &Arc<dyn stax::Backend>,
     (train, test): (&Dataset, &Dataset),
 ) -> Result<(), Error> {
@@ -529,8 +555,9 @@ fn train_and_test(
         test.len(),
         total,
         backend.device(),
-        match backend.device() {
-            Device::Cpu => "f32".to_string(),
+        match (backend.device(), args.precision.as_str()) {
+            (_, "bf16") => "bf16 compute, f32 master weights".to_string(),
+            (Device::Cpu, _) => "f32".to_string(),
             _ => format!("{:?}", backend.precision()),
         },
         backend.allocator().strategy().in_effect()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use stax::train::data::{DataPosition, Loader};
 use stax::train::{Checkpoint, Trainer};
-use stax::{Adam, Serial, Shape};
+use stax::{Adam, Shape};
 
 use super::{Common, Error};
 
@@ -15,9 +15,9 @@ use super::{Common, Error};
 /// the data position a resumed run continues from.
 pub fn build_trainer(
     args: &Common,
-    (model, input, adam): (Serial, &Shape, Adam),
+    (model, input, adam): (super::Model, &Shape, Adam),
     backend: &Arc<dyn stax::Backend>,
-) -> Result<(Trainer<Serial>, Option<DataPosition>), Error> {
+) -> Result<(Trainer<super::Model>, Option<DataPosition>), Error> {
     let input = input.clone();
     if let Some(path) = &args.resume {
         let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
@@ -57,7 +57,7 @@ impl<'a> Saver<'a> {
 
     /// Saves `t` when due (`end`, or a multiple of `--save-every` steps), returning the line
     /// to print.
-    pub fn maybe(&self, t: &Trainer<Serial>, end: bool) -> Result<Option<String>, Error> {
+    pub fn maybe(&self, t: &Trainer<super::Model>, end: bool) -> Result<Option<String>, Error> {
         let every = self.args.save_every;
         let due = end || every.is_some_and(|n| n > 0 && t.steps() % n == 0);
         let Some(path) = self

@@ -2,13 +2,13 @@
 
 use stax_alloc::Tag;
 use stax_tensor::ops::{self, Epilogue};
-use stax_tensor::{Category, Conv2dGeometry, DType, Padding, Params, Shape, Tensor, Tree};
+use stax_tensor::{Category, Conv2dGeometry, Padding, Params, Shape, Tensor, Tree};
 
 use crate::conv_dims::{ConvConfig, dx_over, hand_gradients, reason};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
     Activation, ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
-    activation,
+    activation, compute_copy,
 };
 
 /// stax's `GeneralConv(dimension_numbers, out_chan, filter_shape, strides, padding)`:
@@ -90,9 +90,11 @@ impl GeneralConv {
         let g = self.geometry(x.shape())?;
         let x = x.reshape(g.input_shape())?;
         let wb = expect_params(params, self, &self.specs(&g))?;
-        let (w, b) = (wb[0].reshape(g.filter_shape())?, wb[1].reshape([g.c_out])?);
+        let dtype = x.dtype();
+        let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
+        let b = compute_copy(wb[1], dtype, "cast_b")?.reshape([g.c_out])?;
         let tag = Tag::new(Category::Activation, "output");
-        let mut y = Tensor::empty(x.backend(), g.output_shape(), DType::F32, tag)?;
+        let mut y = Tensor::empty(x.backend(), g.output_shape(), dtype, tag)?;
         let (act, mut aux) = match act {
             Some((a, aux)) => (Some(a), aux),
             None => (None, None),
@@ -102,6 +104,7 @@ impl GeneralConv {
             aux: aux.as_mut(),
         };
         ops::conv2d(&x, &w, &b, &g, &mut y, epi)?;
+        drop((w, b));
         let out = Tree::leaf(y.reshape(self.0.dims.from_4d(&g.output_shape()))?);
         if !cx.is_training() {
             return Ok((out, Tree::empty()));
@@ -127,8 +130,8 @@ impl GeneralConv {
     ) -> Result<Option<Value>, LayerError> {
         let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
         let wb = expect_params(params, self, &self.specs(&g))?;
-        let w = wb[0].reshape(g.filter_shape())?;
         let dy = one_tensor(self, dy)?;
+        let dtype = dy.dtype();
         let dy = {
             let view = dy.reshape(g.output_shape())?;
             drop(dy);
@@ -136,8 +139,8 @@ impl GeneralConv {
         };
         let be = dy.backend().clone();
         let grad = |role| Tag::new(Category::Gradient, role);
-        let mut dw = Tensor::empty(&be, g.filter_shape(), DType::F32, grad("dw"))?;
-        let mut db = Tensor::empty(&be, [g.c_out], DType::F32, grad("db"))?;
+        let mut dw = Tensor::empty(&be, g.filter_shape(), dtype, grad("dw"))?;
+        let mut db = Tensor::empty(&be, [g.c_out], dtype, grad("db"))?;
         let dy = match act {
             Some((act, saved)) => {
                 let mut dy = dy.into_unique()?;
@@ -153,6 +156,7 @@ impl GeneralConv {
         };
         let dx = if need_dx {
             let mut dx = dx_over(x)?;
+            let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
             ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
             Some(Tree::leaf(
                 dx.reshape(self.0.dims.from_4d(&g.input_shape()))?,

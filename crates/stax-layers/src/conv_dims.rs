@@ -4,7 +4,7 @@
 
 use stax_alloc::Tag;
 use stax_tensor::{
-    Category, ConvSpec, DType, FilterLayout, Key, Layout, Padding, Shape, Tensor, TensorError, Tree,
+    Category, ConvSpec, FilterLayout, Key, Layout, Padding, Shape, Tensor, TensorError, Tree,
 };
 
 use crate::{Cx, Init, LayerError, ParamSpec};
@@ -289,10 +289,10 @@ pub(crate) fn dx_over(x: Tensor) -> Result<Tensor, LayerError> {
         x.note_role("dx");
         return Ok(x);
     }
-    let (be, shape) = (x.backend().clone(), x.shape().clone());
+    let (be, shape, dtype) = (x.backend().clone(), x.shape().clone(), x.dtype());
     drop(x);
     let tag = Tag::new(Category::Gradient, "dx");
-    Ok(Tensor::empty(&be, shape, DType::F32, tag)?)
+    Ok(Tensor::empty(&be, shape, dtype, tag)?)
 }
 
 /// Hands the kernel and bias gradients (as the ops computed them) to the sink in the shapes of

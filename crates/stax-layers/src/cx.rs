@@ -17,7 +17,8 @@ pub enum Mode {
 }
 
 /// The dtypes a model computes in (after jmp's `Policy`): where parameters are stored, what
-/// the ops compute in, and what the model outputs. Today every op computes in f32.
+/// the ops compute in, and what the model outputs. [`crate::Mixed`] applies one to a model or
+/// a layer ([`Policy::check`] says which ones train); [`Policy::BF16`] is the usual choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     /// Parameter storage dtype.
@@ -107,6 +108,12 @@ impl<'a> Cx<'a> {
     pub fn with_policy(mut self, policy: Policy) -> Cx<'a> {
         self.policy = policy;
         self
+    }
+
+    /// Sets the dtype policy of what runs next (a [`crate::Mixed`] layer's, for its layer) and
+    /// returns the one it replaces.
+    pub fn set_policy(&mut self, policy: Policy) -> Policy {
+        std::mem::replace(&mut self.policy, policy)
     }
 
     /// Training or evaluation.

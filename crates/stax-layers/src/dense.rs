@@ -5,7 +5,10 @@ use stax_tensor::backend::DenseDx;
 use stax_tensor::{Category, DType, Key, Params, Path, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
-use crate::{Cx, InBackward, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
+use crate::{
+    Cx, InBackward, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
+    compute_copy,
+};
 
 /// stax's `Dense(out_dim)`: `y = x · w + b` over the last axis.
 ///
@@ -61,6 +64,44 @@ impl Dense {
 }
 
 impl Dense {
+    /// The backward pass in the dtype of `dy2`: `dw = x2ᵀ · dy2`, `db`, and with `need_dx`
+    /// `dx = dy2 · wᵀ` (over `x2`'s buffer when nothing else holds it), reading `w` cast to
+    /// that dtype.
+    fn backward(
+        &self,
+        w: &Tensor,
+        (x2, dy2, in_shape): (Tensor, Tensor, Shape),
+        need_dx: bool,
+    ) -> Result<(Tensor, Tensor, Option<Value>), LayerError> {
+        let (be, dtype) = (dy2.backend().clone(), dy2.dtype());
+        let grad = |role| Tag::new(Category::Gradient, role);
+        let mut dw = Tensor::empty(&be, w.shape().clone(), dtype, grad("dw"))?;
+        let mut db = Tensor::empty(&be, [self.0], dtype, grad("db"))?;
+        ops::matmul(&x2, &dy2, true, false, &mut dw)?;
+        ops::bias_grad(&dy2, &mut db)?;
+        let dx = if need_dx {
+            let mut dx = if x2.is_unique() {
+                x2.note_role("dx");
+                x2
+            } else {
+                drop(x2);
+                let (rows, k) = as_matrix(&in_shape);
+                Tensor::empty(&be, [rows, k], dtype, grad("dx"))?
+            };
+            ops::matmul(
+                &dy2,
+                &compute_copy(w, dtype, "cast_w")?,
+                false,
+                true,
+                &mut dx,
+            )?;
+            Some(Tree::leaf(dx.reshape(in_shape)?))
+        } else {
+            None
+        };
+        Ok((dw, db, dx))
+    }
+
     /// The backward pass with Adam applied to `w` as its gradient is made (the step took `w`
     /// out of `params`, which hold only `b` here): `db = Σ dy` to the sink, then
     /// [`ops::dense_adam`] writes `dx` (over `x` when nothing else holds it) and updates `w`
@@ -85,6 +126,14 @@ impl Dense {
                 return Err(self.mismatch("parameters", reason));
             }
             expect_params(params, self, &specs)?;
+            if dy2.dtype() != DType::F32 {
+                // dense_adam is f32: a low-precision weight gradient is made whole, then Adam
+                // (from the old weight's dx) reads it as f32
+                let (dw, db, dx) = self.backward(&slot.p, (x2, dy2, in_shape.clone()), need_dx)?;
+                let InBackward { p, mu, nu, h, .. } = slot;
+                ops::adam(p, &dw, mu, nu, h)?;
+                return Ok((dx, db));
+            }
             let be = dy2.backend().clone();
             let grad = |role| Tag::new(Category::Gradient, role);
             let mut db = Tensor::empty(&be, [self.0], DType::F32, grad("db"))?;
@@ -155,10 +204,13 @@ impl Layer for Dense {
         let x2 = x.reshape([rows, k])?;
         drop(x);
         let be = x2.backend().clone();
+        let dtype = x2.dtype();
         let tag = Tag::new(Category::Activation, "output");
-        let mut y = Tensor::empty(&be, [rows, self.0], DType::F32, tag)?;
-        ops::matmul(&x2, wb[0], false, false, &mut y)?;
-        ops::bias_add(&mut y, wb[1])?;
+        let mut y = Tensor::empty(&be, [rows, self.0], dtype, tag)?;
+        let w = compute_copy(wb[0], dtype, "cast_w")?;
+        ops::matmul(&x2, &w, false, false, &mut y)?;
+        drop(w);
+        ops::bias_add(&mut y, &compute_copy(wb[1], dtype, "cast_b")?)?;
         let saved = match cx.is_training() {
             true => residuals([("x", Saved::Tensor(x2))]),
             false => Tree::empty(),
@@ -185,26 +237,7 @@ impl Layer for Dense {
             return self.vjp_updating(params, (x2, dy2, in_shape), slot, cx, need_dx);
         }
         let wb = expect_params(params, self, &self.specs(x2.shape()))?;
-        let be = dy2.backend().clone();
-        let grad = |role| Tag::new(Category::Gradient, role);
-        let mut dw = Tensor::empty(&be, wb[0].shape().clone(), DType::F32, grad("dw"))?;
-        let mut db = Tensor::empty(&be, [self.0], DType::F32, grad("db"))?;
-        ops::matmul(&x2, &dy2, true, false, &mut dw)?;
-        ops::bias_grad(&dy2, &mut db)?;
-        let dx = if need_dx {
-            let mut dx = if x2.is_unique() {
-                x2.note_role("dx");
-                x2
-            } else {
-                drop(x2);
-                let (rows, k) = as_matrix(&in_shape);
-                Tensor::empty(&be, [rows, k], DType::F32, grad("dx"))?
-            };
-            ops::matmul(&dy2, wb[0], false, true, &mut dx)?;
-            Some(Tree::leaf(dx.reshape(in_shape)?))
-        } else {
-            None
-        };
+        let (dw, db, dx) = self.backward(wb[0], (x2, dy2, in_shape), need_dx)?;
         cx.gradients(Tree::fields([("w", dw), ("b", db)]))?;
         Ok(dx)
     }

@@ -34,19 +34,20 @@ mod layout;
 mod matmul;
 mod norm;
 mod pool;
+mod promote;
 mod rows;
 mod softmax;
 #[cfg(test)]
 mod testing;
 
 use crate::backend::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
-    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut, DenseAdam, Fill, Matmul,
-    Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
+    DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{
-    Backend, BackendId, BackendOptions, Checked, ConvOps, Device, ElementwiseOps, LossOps,
+    Backend, BackendId, BackendOptions, Checked, ConvOps, DType, Device, ElementwiseOps, LossOps,
     MatmulOps, MemoryOps, NormOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
 };
 use host::{bytes_of, bytes_of_mut, data, data_mut};
@@ -139,14 +140,17 @@ impl Backend for CpuBackend {
 
     /// Convolutions allocate one im2col column buffer per call (none when pointwise), after
     /// an HWIO copy of a kernel stored otherwise; no other op allocates.
+    /// A bf16 or f16 convolution, GEMM or pooling first allocates f32 copies of its operands
+    /// (`promote.rs`), around the f32 body's workspace.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
-        match op {
-            OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry),
-            OpDesc::DenseAdam { n, k, .. } => Ok(WorkspaceStep::single(
-                dense_adam::chunk_rows(self, *k, *n) * n * 4,
-            )),
-            _ => Ok(Vec::new()),
-        }
+        let inner = match op {
+            OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry)?,
+            OpDesc::DenseAdam { n, k, .. } => {
+                WorkspaceStep::single(dense_adam::chunk_rows(self, *k, *n) * n * 4)
+            }
+            _ => Vec::new(),
+        };
+        Ok(promote::around(promote::copies(op), inner))
     }
 }
 
@@ -181,33 +185,61 @@ impl MemoryOps for CpuBackend {
     fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError> {
         layout::split(c.into_inner())
     }
+
+    fn cast(&self, c: Checked<Cast<'_>>) -> Result<(), TensorError> {
+        elementwise::cast(c.into_inner())
+    }
 }
 
 impl ConvOps for CpuBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
-        conv::forward(self, c.into_inner())
+        let c = c.into_inner();
+        match c.x.dtype() {
+            DType::F32 => conv::forward(self, c),
+            _ => promote::conv2d(self, c),
+        }
     }
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
-        conv::backward_data(self, c.into_inner())
+        let c = c.into_inner();
+        match c.dy.dtype() {
+            DType::F32 => conv::backward_data(self, c),
+            _ => promote::conv2d_bwd_data(self, c),
+        }
     }
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
-        conv::backward_filter(self, c.into_inner())
+        let c = c.into_inner();
+        match c.x.dtype() {
+            DType::F32 => conv::backward_filter(self, c),
+            _ => promote::conv2d_bwd_filter(self, c),
+        }
     }
 
     fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
-        pool::forward(c.into_inner())
+        let c = c.into_inner();
+        match c.x.dtype() {
+            DType::F32 => pool::forward(c),
+            _ => promote::pool2d(c),
+        }
     }
 
     fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
-        pool::backward(c.into_inner())
+        let c = c.into_inner();
+        match c.dy.dtype() {
+            DType::F32 => pool::backward(c),
+            _ => promote::pool2d_bwd(c),
+        }
     }
 }
 
 impl MatmulOps for CpuBackend {
     fn matmul(&self, c: Checked<Matmul<'_>>) -> Result<(), TensorError> {
-        matmul::matmul(c.into_inner())
+        let c = c.into_inner();
+        match c.a.dtype() {
+            DType::F32 => matmul::matmul(c),
+            _ => promote::matmul(c),
+        }
     }
 }
 

@@ -304,6 +304,8 @@ pub enum OpDesc {
         geometry: Conv2dGeometry,
         /// Whether it is the backward pass.
         backward: bool,
+        /// Element type.
+        dtype: DType,
     },
     /// `op(a) · op(b)` with `op(a)` `[m, k]`, `op(b)` `[k, n]`, in `dtype`.
     Matmul {

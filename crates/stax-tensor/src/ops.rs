@@ -28,7 +28,7 @@ pub use conv::{
 };
 pub use elementwise::{bias_add, bias_grad, binary, matmul, unary, unary_bwd};
 pub use memory::{
-    axis_of, concat, concat_shape, copy, download, fill, split, upload, upload_async,
+    axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };
 pub use norm::{
     Affine, AffineGrads, NormSaved, batch_norm, batch_norm_bwd, bias_add_channels,

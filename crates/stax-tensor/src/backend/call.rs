@@ -47,6 +47,16 @@ pub struct Copy<'a> {
     pub dst: &'a mut Tensor,
 }
 
+/// `dst = src` converted to `dst`'s float dtype (same shape; read as f32, rounded to nearest
+/// even): the casts of a mixed-precision step.
+#[derive(Debug)]
+pub struct Cast<'a> {
+    /// The source.
+    pub src: &'a Tensor,
+    /// The destination, of another float dtype.
+    pub dst: &'a mut Tensor,
+}
+
 /// Every element of `t` set to `value` rounded to `t`'s dtype (a U32 tensor: `value == 0`).
 #[derive(Debug)]
 pub struct Fill<'a> {
@@ -119,7 +129,7 @@ fn blocks<'t>(
     (outer, pieces.map(inner).collect(), inner(whole))
 }
 
-memory_calls!(CopyIn, CopyOut, Copy, Fill, Concat, Split);
+memory_calls!(CopyIn, CopyOut, Copy, Cast, Fill, Concat, Split);
 
 mod norm;
 pub use norm::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
@@ -394,6 +404,7 @@ impl Call for Pool2d<'_> {
             kind: self.kind,
             geometry: self.g,
             backward: false,
+            dtype: self.x.dtype(),
         }
     }
 }
@@ -404,6 +415,7 @@ impl Call for Pool2dBwd<'_> {
             kind: self.kind,
             geometry: self.g,
             backward: true,
+            dtype: self.dy.dtype(),
         }
     }
 }

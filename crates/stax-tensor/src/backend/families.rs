@@ -6,9 +6,9 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, ChannelBiasAdd, ChannelBiasGrad,
-    Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
-    Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
+    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use super::rows::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 
@@ -68,6 +68,12 @@ pub trait MemoryOps {
     /// # Errors
     /// The device's errors.
     fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError>;
+
+    /// Converts between float dtypes.
+    ///
+    /// # Errors
+    /// The device's errors.
+    fn cast(&self, c: Checked<Cast<'_>>) -> Result<(), TensorError>;
 }
 
 /// Convolutions and pooling.

@@ -7,14 +7,17 @@
 //! `p = p + (-lr) · m̂ / (sqrt(v̂ + eps_root) + eps)` (`apply_updates`). The caller passes the
 //! bias corrections in [`AdamHyper`].
 
-use super::{data, data_mut};
+use super::data_mut;
+use super::elementwise::not_float;
+use super::host::view;
 use crate::backend::Adam;
-use crate::{AdamHyper, TensorError};
+use crate::{AdamHyper, Float, TensorError, with_float};
 
 const OP: &str = "adam_update";
 
-/// One Adam step in place: reads `p`, `g`, `m`, `v` (all the same shape, f32) and writes `p`,
-/// `m`, `v` (see the module doc for the formula).
+/// One Adam step in place: reads `p`, `g`, `m`, `v` (all the same shape; `p`, `m`, `v` f32,
+/// `g` any float dtype, read as f32) and writes `p`, `m`, `v` (see the module doc for the
+/// formula).
 ///
 /// Nothing is written when an error is returned.
 ///
@@ -24,16 +27,17 @@ const OP: &str = "adam_update";
 /// or `v` shares its buffer; dtype and device errors.
 pub(crate) fn adam_update(c: Adam<'_>) -> Result<(), TensorError> {
     let Adam { p, g, m, v, h } = c;
-    let g = data(OP, g)?;
     let (p, m, v) = (data_mut(OP, p)?, data_mut(OP, m)?, data_mut(OP, v)?);
-    step(p, g, m, v, &h);
+    let dtype = g.dtype();
+    with_float!(dtype, G => step(p, view::<G>(OP, g)?, m, v, &h), return Err(not_float(OP, dtype)));
     Ok(())
 }
 
-/// The Adam step of the module doc over equal-length slices.
-pub(crate) fn step(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: &AdamHyper) {
+/// The Adam step of the module doc over equal-length slices, the gradient read as f32.
+pub(crate) fn step<G: Float>(p: &mut [f32], g: &[G], m: &mut [f32], v: &mut [f32], h: &AdamHyper) {
     let lr = -h.lr;
-    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        let g = g.to_f32();
         *m = (1.0 - h.b1) * g + h.b1 * *m;
         *v = (1.0 - h.b2) * (g * g) + h.b2 * *v;
         let m_hat = *m / h.bias_correction1;

@@ -1,6 +1,6 @@
 //! Elementwise ops on the host, written once over the element type ([`Float`]: f32, bf16,
-//! f16, each read as f32, computed in f32 and rounded back once): fill, activations and their
-//! backward passes, binary ops, bias add and its gradient.
+//! f16, each read as f32, computed in f32 and rounded back once): fill, casts, activations and
+//! their backward passes, binary ops, bias add and its gradient.
 //!
 //! Masks are packed bits, as the CUDA kernels keep them: a `U32` tensor of `ceil(numel / 32)`
 //! words where bit `i % 32` of word `i / 32` is the activation's bit for `x[i]`
@@ -8,7 +8,7 @@
 //! the last word are zero.
 
 use super::host::{view, view_mut, words, words_mut};
-use crate::backend::{BiasAdd, BiasGrad, Binary, Fill, Unary, UnaryBwd};
+use crate::backend::{BiasAdd, BiasGrad, Binary, Cast, Fill, Unary, UnaryBwd};
 use crate::{Float, Saves, TensorError, with_float};
 
 /// The dtype error of an op given U32 where it needs a float (the front end refuses it).
@@ -27,6 +27,20 @@ pub(super) fn fill(c: Fill<'_>) -> Result<(), TensorError> {
     with_float!(t.dtype(), T => view_mut::<T>(OP, t)?.fill(T::from_f32(value)),
         words_mut(OP, t)?.fill(0));
     Ok(())
+}
+
+/// `dst = src` converted between float dtypes (through f32, rounded once).
+pub(super) fn cast(c: Cast<'_>) -> Result<(), TensorError> {
+    const OP: &str = "cast";
+    let Cast { src, dst } = c;
+    let (from, to) = (src.dtype(), dst.dtype());
+    with_float!(from, S => with_float!(to, D => {
+        let s = view::<S>(OP, src)?;
+        for (d, v) in view_mut::<D>(OP, dst)?.iter_mut().zip(s) {
+            *d = D::from_f32(v.to_f32());
+        }
+        Ok(())
+    }, Err(not_float(OP, to))), Err(not_float(OP, from)))
 }
 
 /// In place `y = act(y)`; for an activation that saves a mask, `aux` receives it.

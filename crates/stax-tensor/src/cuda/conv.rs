@@ -17,8 +17,8 @@ use super::cudnn::{CudnnConv, Epilogue, Operands};
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
-    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, FilterLayout, Layout, OpDesc, PoolKind,
-    Saves, TensorError,
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, FilterLayout, Layout, OpDesc,
+    PoolKind, Saves, TensorError,
 };
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -416,7 +416,7 @@ impl CudaBackend {
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = super::cublas::Gemm::new(g.c_in, g.c_out, positions, true, false);
         let at = i.map_or(0, |i| ws.addr(i));
-        self.blas.sgemm(gemm, x, dy, dw, at, bytes)?;
+        self.blas.gemm(gemm, DType::F32, (x, dy, dw), at, bytes)?;
         if let Some(i) = i {
             ws.free(i)?;
         }
@@ -458,20 +458,37 @@ impl CudaBackend {
     }
 }
 
+/// The error of a convolution or pooling in a dtype the CUDA backend does not compute yet
+/// (bf16 and f16 convolutions and poolings run on the CPU backend only, for now).
+pub(super) fn f32_only(op: &'static str, dtype: DType) -> Result<(), TensorError> {
+    match dtype {
+        DType::F32 => Ok(()),
+        _ => Err(TensorError::UnsupportedDType {
+            op,
+            dtype,
+            supported: "f32 on CUDA (bf16 and f16 convolutions and poolings: CPU only)",
+        }),
+    }
+}
+
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
+        f32_only("conv2d", c.get().x.dtype())?;
         self.conv_forward(c.into_inner())
     }
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
+        f32_only("conv2d_bwd_data", c.get().dy.dtype())?;
         self.conv_backward_data(c.into_inner())
     }
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
+        f32_only("conv2d_bwd_filter", c.get().x.dtype())?;
         self.conv_backward_filter(c.into_inner())
     }
 
     fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
+        f32_only("pool2d", c.get().x.dtype())?;
         let Pool2d { kind, g, x, y } = c.into_inner();
         self.bind()?;
         match kind {
@@ -481,6 +498,7 @@ impl ConvOps for CudaBackend {
     }
 
     fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
+        f32_only("pool2d_bwd", c.get().dy.dtype())?;
         let Pool2dBwd { kind, g, x, dy, dx } = c.into_inner();
         self.bind()?;
         match (kind, x) {
@@ -489,6 +507,7 @@ impl ConvOps for CudaBackend {
                     kind,
                     geometry: g,
                     backward: true,
+                    dtype: DType::F32,
                 };
                 let mut ws = Scratch::new("pool2d_bwd", &self.allocator, {
                     self.op_workspace_schedule(&desc)?

@@ -1,4 +1,5 @@
-//! Row-major GEMM through column-major cuBLAS, with TF32 or full-f32 math.
+//! Row-major GEMM through column-major cuBLAS: f32 with TF32 or full-f32 math, bf16 and f16
+//! with f32 accumulation.
 //!
 //! A row-major matrix `X [r, c]` is, to cuBLAS, the column-major matrix `Xᵀ [c, r]` with
 //! leading dimension `c`. So `C = op(A) · op(B)` (row-major) is computed as the column-major
@@ -8,10 +9,10 @@
 //! cuBLAS gets its workspace from our allocator on every call (`cublasSetWorkspace_v2`), so it
 //! never allocates device memory behind the allocator's back.
 
-use crate::{Precision, TensorError};
+use crate::{DType, Precision, TensorError};
 use cudarc::cublas::{result, sys};
 use cudarc::driver::CudaStream;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 /// Workspace bytes handed to cuBLAS per GEMM (what NVIDIA recommends for Hopper), unless the
@@ -107,19 +108,20 @@ impl Blas {
         })
     }
 
-    /// Runs `c = op(a) · op(b)` (row-major, f32, c overwritten) on the compute stream, with
-    /// `workspace` (`workspace_bytes` bytes of device memory, alive until the GEMM completed
-    /// in stream order) as cuBLAS's workspace.
+    /// Runs `c = op(a) · op(b)` (row-major, all three of `dtype`, c overwritten) on the compute
+    /// stream, with `workspace` (`workspace_bytes` bytes of device memory, alive until the GEMM
+    /// completed in stream order) as cuBLAS's workspace. f32 is `cublasSgemm` in the handle's
+    /// math mode (TF32 or full f32); bf16 and f16 are `cublasGemmEx` with `CUBLAS_COMPUTE_32F`
+    /// (f32 products and sums, one rounding to `dtype`, as cuBLAS documents for these types).
     ///
     /// # Errors
     /// [`TensorError::InvalidArgument`] when a dimension exceeds `i32`;
-    /// [`TensorError::Cublas`] when cuBLAS fails.
-    pub(crate) fn sgemm(
+    /// [`TensorError::UnsupportedDType`] for U32; [`TensorError::Cublas`] when cuBLAS fails.
+    pub(crate) fn gemm(
         &self,
         g: Gemm,
-        a: u64,
-        b: u64,
-        c: u64,
+        dtype: DType,
+        (a, b, c): (u64, u64, u64),
         workspace: u64,
         workspace_bytes: usize,
     ) -> Result<(), TensorError> {
@@ -152,6 +154,48 @@ impl Blas {
         unsafe { sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes) }
             .result()
             .map_err(cublas("cublasSetWorkspace"))?;
+        let data = match dtype {
+            DType::F32 => None,
+            DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+            DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
+            DType::U32 => {
+                return Err(TensorError::UnsupportedDType {
+                    op: "matmul",
+                    dtype,
+                    supported: "f32, bf16, f16",
+                });
+            }
+        };
+        if let Some(t) = data {
+            // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n]
+            // elements of `dtype` at their row strides (checked by the caller); alpha and beta
+            // are host f32 scalars, as CUBLAS_COMPUTE_32F takes them (the default pointer mode);
+            // the leading dimensions follow the mapping above.
+            return unsafe {
+                result::gemm_ex(
+                    handle.0,
+                    op(g.transpose_b),
+                    op(g.transpose_a),
+                    n,
+                    m,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    b as *const c_void,
+                    t,
+                    ldb,
+                    a as *const c_void,
+                    t,
+                    lda,
+                    (&beta as *const f32).cast(),
+                    c as *mut c_void,
+                    t,
+                    ldc,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(cublas("cublasGemmEx"));
+        }
         // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 at
         // their row strides (checked by the caller); alpha and beta are host scalars (the
         // default pointer mode); the leading dimensions follow the mapping above.

@@ -6,7 +6,7 @@
 
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
-use crate::{Backend, OpDesc, TensorError, dense_chunk_rows};
+use crate::{Backend, DType, OpDesc, TensorError, dense_chunk_rows};
 
 const OP: &str = "dense_adam";
 
@@ -58,18 +58,23 @@ impl CudaBackend {
                 let mut dw = Gemm::new(r, n, m, true, false);
                 dw.row_strides[0] = k;
                 self.blas
-                    .sgemm(dw, x + col, dy, g_addr, blas_addr, blas_bytes)?;
+                    .gemm(dw, DType::F32, (x + col, dy, g_addr), blas_addr, blas_bytes)?;
             }
             if let Some(d) = dx.filter(|_| m > 0) {
                 // dx[:, r0..r0 + r] = dy · w_chunkᵀ from the old weight; dx's rows are k apart
                 let mut dxg = Gemm::new(m, r, n, false, true);
                 dxg.row_strides[2] = k;
-                self.blas
-                    .sgemm(dxg, dy, w + off, d + col, blas_addr, blas_bytes)?;
+                self.blas.gemm(
+                    dxg,
+                    DType::F32,
+                    (dy, w + off, d + col),
+                    blas_addr,
+                    blas_bytes,
+                )?;
             }
             let h = &c.h;
             self.kernels
-                .adam(w + off, g_addr, mu + off, nu + off, h, r * n)?;
+                .adam(w + off, (g_addr, DType::F32), mu + off, nu + off, h, r * n)?;
         }
         if let Some(i) = blas {
             ws.free(i)?;

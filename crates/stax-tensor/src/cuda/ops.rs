@@ -5,8 +5,8 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam, Fill,
-    Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
+    Fill, Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::dtype::{bf16, f16};
@@ -97,6 +97,17 @@ impl MemoryOps for CudaBackend {
         }
         Ok(())
     }
+
+    fn cast(&self, c: Checked<Cast<'_>>) -> Result<(), TensorError> {
+        let Cast { src, dst } = c.into_inner();
+        self.bind()?;
+        self.kernels.cast(
+            (src.dtype(), dst.dtype()),
+            src.addr(),
+            dst.addr(),
+            src.numel(),
+        )
+    }
 }
 
 impl MatmulOps for CudaBackend {
@@ -118,15 +129,23 @@ impl MatmulOps for CudaBackend {
             return Ok(());
         }
         if k == 0 {
-            return self.kernels.fill_u32(c.addr(), 0, m * n);
+            return match c.dtype() {
+                DType::F32 => self.kernels.fill_u32(c.addr(), 0, m * n),
+                _ => self.kernels.fill_u16(c.addr(), 0, m * n),
+            };
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let bytes = self.matmul_bytes(m, n, k);
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
         let ws_addr = i.map_or(0, |i| ws.addr(i));
-        self.blas
-            .sgemm(gemm, a.addr(), b.addr(), c.addr(), ws_addr, bytes)?;
+        self.blas.gemm(
+            gemm,
+            c.dtype(),
+            (a.addr(), b.addr(), c.addr()),
+            ws_addr,
+            bytes,
+        )?;
         if let Some(i) = i {
             ws.free(i)?;
         }
@@ -289,8 +308,14 @@ impl OptimOps for CudaBackend {
     fn adam(&self, c: Checked<Adam<'_>>) -> Result<(), TensorError> {
         let Adam { p, g, m, v, h } = c.into_inner();
         self.bind()?;
-        self.kernels
-            .adam(p.addr(), g.addr(), m.addr(), v.addr(), &h, p.numel())
+        self.kernels.adam(
+            p.addr(),
+            (g.addr(), g.dtype()),
+            m.addr(),
+            v.addr(),
+            &h,
+            p.numel(),
+        )
     }
 
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {

@@ -78,8 +78,11 @@ impl CudaBackend {
                 geometry,
                 pass,
                 bias,
-                ..
-            } => self.conv_schedule(&geometry, pass, bias)?,
+                dtype,
+            } => {
+                super::conv::f32_only("conv2d", dtype)?;
+                self.conv_schedule(&geometry, pass, bias)?
+            }
             OpDesc::BatchNorm { geometry, backward } => {
                 self.batch_norm_schedule(&geometry, backward)?
             }
@@ -128,6 +131,7 @@ impl CudaBackend {
                 kind: PoolKind::Max,
                 geometry,
                 backward: true,
+                ..
             } if geometry.input_shape().numel() > 0 => {
                 one(super::kernels::max_pool_bwd_bytes(&geometry).max(4))
             }

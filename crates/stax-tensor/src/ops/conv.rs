@@ -3,7 +3,7 @@
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd};
 use crate::{Activation, Checked, Conv2dGeometry, PoolKind, Saves, Shape, Tensor, TensorError};
 
-use super::{F32, backend_of, input, mask, output, supports};
+use super::{FLOATS, backend_of, input, mask, output, supports};
 
 /// What a forward convolution adds after the convolution and its bias: an activation, and
 /// where it keeps its mask when it keeps one (training).
@@ -49,14 +49,14 @@ pub(super) fn check_aux(
 }
 
 /// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (`&b`,
-/// or `None` for no bias), y `g.output_shape()`, f32 (cross-correlation with kernel dilation,
+/// or `None` for no bias), y `g.output_shape()`, all of one float dtype (accumulated in f32; cross-correlation with kernel dilation,
 /// as `lax.conv_general_dilated`; layouts as `g` says). With `epi.act`, the activation runs in
 /// the epilogue (fused by the backend where it can); `epi.aux` receives a ReLU's mask, or an
 /// activation that saves its output reads `y` later.
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for an inconsistent geometry; shape, dtype
-/// ([`TensorError::UnsupportedDType`] for anything but f32), device and alias errors;
+/// ([`TensorError::UnsupportedDType`] for U32), device and alias errors;
 /// workspace allocation and library errors.
 pub fn conv2d<'b>(
     x: &Tensor,
@@ -69,7 +69,7 @@ pub fn conv2d<'b>(
     const OP: &str = "conv2d";
     g.validate(OP)?;
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    supports(OP, x.dtype(), FLOATS)?;
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     input(OP, &be, w, x.dtype(), Some(&g.filter_shape()))?;
     let b = b.into();
@@ -94,7 +94,7 @@ pub fn conv2d<'b>(
 }
 
 /// `dx = conv_transpose(dy, w)`: dy `g.output_shape()`, w `g.filter_shape()`, dx
-/// `g.input_shape()` (overwritten), f32. A transposed convolution's forward pass is this op on
+/// `g.input_shape()` (overwritten), one float dtype. A transposed convolution's forward pass is this op on
 /// its geometry ([`Conv2dGeometry::transposed`]).
 ///
 /// # Errors
@@ -108,7 +108,7 @@ pub fn conv2d_bwd_data(
     const OP: &str = "conv2d_bwd_data";
     g.validate(OP)?;
     let be = backend_of(dy);
-    supports(OP, dy.dtype(), F32)?;
+    supports(OP, dy.dtype(), FLOATS)?;
     input(OP, &be, dy, dy.dtype(), Some(&g.output_shape()))?;
     input(OP, &be, w, dy.dtype(), Some(&g.filter_shape()))?;
     output(OP, &be, dx, dy.dtype(), Some(&g.input_shape()))?;
@@ -116,7 +116,7 @@ pub fn conv2d_bwd_data(
 }
 
 /// Kernel and bias gradients: dw `g.filter_shape()` and db `[c_out]` (`&mut db`, or `None`
-/// for no bias; both overwritten), from x `g.input_shape()` and dy `g.output_shape()`, f32.
+/// for no bias; both overwritten), from x `g.input_shape()` and dy `g.output_shape()`, one float dtype.
 /// With `act` (the forward epilogue's activation and what it saved), `dy` is first turned, in
 /// place, into the gradient before that activation (fused with the bias gradient where the
 /// backend can).
@@ -134,7 +134,7 @@ pub fn conv2d_bwd_filter<'d>(
     const OP: &str = "conv2d_bwd_filter";
     g.validate(OP)?;
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    supports(OP, x.dtype(), FLOATS)?;
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
     output(OP, &be, dw, x.dtype(), Some(&g.filter_shape()))?;
@@ -158,7 +158,7 @@ pub fn conv2d_bwd_filter<'d>(
 }
 
 /// A 2-D pooling of `kind`: x NHWC `g.input_shape()`, y NHWC `g.output_shape()` (window
-/// `g.kh x g.kw`, `g.c_out == g.c_in`, no dilation), f32.
+/// `g.kh x g.kw`, `g.c_out == g.c_in`, no dilation), one float dtype.
 ///
 /// # Errors
 /// As [`conv2d`]; [`TensorError::InvalidArgument`] when `c_out != c_in`, or for a window
@@ -172,7 +172,7 @@ pub fn pool2d(
     const OP: &str = "pool2d";
     check_pool(OP, kind, g)?;
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    supports(OP, x.dtype(), FLOATS)?;
     input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
     output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
     be.pool2d(Checked::new(Pool2d { kind, g: *g, x, y }))
@@ -210,7 +210,7 @@ pub fn check_pool_padding(
 
 /// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy NHWC
 /// `g.output_shape()` and, for max pooling, the forward input `x` (sum and average pooling
-/// need none: their gradient depends on the shapes alone), f32.
+/// need none: their gradient depends on the shapes alone), one float dtype.
 ///
 /// # Errors
 /// As [`pool2d`]; [`TensorError::InvalidArgument`] for max pooling without `x`.
@@ -224,7 +224,7 @@ pub fn pool2d_bwd(
     const OP: &str = "pool2d_bwd";
     check_pool(OP, kind, g)?;
     let be = backend_of(dy);
-    supports(OP, dy.dtype(), F32)?;
+    supports(OP, dy.dtype(), FLOATS)?;
     match x {
         Some(x) => input(OP, &be, x, dy.dtype(), Some(&g.input_shape()))?,
         None if kind == PoolKind::Max => {

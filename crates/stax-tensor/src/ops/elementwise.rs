@@ -4,7 +4,7 @@ use crate::backend::{BiasAdd, BiasGrad, Binary, Matmul, Unary, UnaryBwd};
 use crate::{Activation, BinaryOp, Checked, Shape, Tensor, TensorError, matmul_dims};
 
 use super::conv::{check_aux, check_saved};
-use super::{F32, FLOATS, backend_of, input, output, rows_cols, supports};
+use super::{FLOATS, backend_of, input, output, rows_cols, supports};
 
 /// In place `y = act(y)`, any shape, any float dtype. `aux` receives, for an activation that
 /// keeps one ([`crate::Saves::Mask`]: the ReLU), its bit mask: U32 of `ceil(numel / 32)`
@@ -81,7 +81,8 @@ pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
     be.bias_grad(Checked::new(BiasGrad { rows, cols, dy, db }))
 }
 
-/// `c = op(a) · op(b)` for 2-D row-major f32 matrices, where `op` transposes when its flag is
+/// `c = op(a) · op(b)` for 2-D row-major matrices of one float dtype (products
+/// summed in f32, rounded once), where `op` transposes when its flag is
 /// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
 ///
 /// # Errors
@@ -95,7 +96,7 @@ pub fn matmul(
 ) -> Result<(), TensorError> {
     const OP: &str = "matmul";
     let be = backend_of(a);
-    supports(OP, a.dtype(), F32)?;
+    supports(OP, a.dtype(), FLOATS)?;
     let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
     input(OP, &be, a, a.dtype(), None)?;
     input(OP, &be, b, a.dtype(), None)?;

@@ -2,7 +2,7 @@
 
 use stax_alloc::Allocation;
 
-use crate::backend::{Concat, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Split};
+use crate::backend::{Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, Fill, Split};
 use crate::upload::host_source;
 use crate::{Checked, DType, Shape, Tensor, TensorError, Upload};
 
@@ -67,6 +67,27 @@ pub fn copy(src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
     let be = backend_of(src);
     output(OP, &be, dst, src.dtype(), Some(src.shape()))?;
     be.copy(Checked::new(Copy { src, dst }))
+}
+
+/// `dst = src` converted to `dst`'s float dtype, element by element (read as f32, rounded to
+/// nearest even; values beyond f16's range become infinities, NaN stays NaN): the cast of a
+/// mixed-precision step (`jmp`'s `cast_to_compute`). Same shape, any two float dtypes (the same
+/// dtype is a [`copy`]).
+///
+/// # Errors
+/// [`TensorError::UnsupportedDType`] naming `cast` for a U32 operand; shape, device and alias
+/// errors.
+pub fn cast(src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "cast";
+    let be = backend_of(src);
+    super::supports(OP, src.dtype(), super::FLOATS)?;
+    super::supports(OP, dst.dtype(), super::FLOATS)?;
+    if src.dtype() == dst.dtype() {
+        return copy(src, dst);
+    }
+    input(OP, &be, src, src.dtype(), None)?;
+    output(OP, &be, dst, dst.dtype(), Some(src.shape()))?;
+    be.cast(Checked::new(Cast { src, dst }))
 }
 
 /// Sets every element of `t` to `value` rounded to its dtype; a U32 tensor (a mask) only takes

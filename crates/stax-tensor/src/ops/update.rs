@@ -3,7 +3,7 @@
 use crate::backend::{Adam, DenseAdam, DenseDx, SoftmaxXent};
 use crate::{AdamHyper, Checked, DType, Shape, Tensor, TensorError, softmax_xent_dims};
 
-use super::{F32, backend_of, input, output, supports};
+use super::{F32, FLOATS, backend_of, input, output, supports};
 
 /// Softmax cross-entropy with optax's semantics, fused with its gradient: logits and labels
 /// `[n, k]` f32 (labels are probabilities, e.g. one-hot). Returns
@@ -66,7 +66,9 @@ fn validate(h: &AdamHyper) -> Result<(), TensorError> {
 }
 
 /// One fused, in-place Adam step on one parameter tensor (see [`AdamHyper`]): reads p, g, m,
-/// v and writes p, m, v; all four f32 of one shape.
+/// v and writes p, m, v, all of one shape; p, m and v f32 (the master weights and optax's
+/// default f32 moments), g in any float dtype (a bf16 or f16 step's weight gradient, read as
+/// f32: the cast at the update).
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for a non-finite hyper-parameter or a bias correction
@@ -82,9 +84,10 @@ pub fn adam(
     let be = backend_of(p);
     supports(OP, p.dtype(), F32)?;
     validate(h)?;
+    supports(OP, g.dtype(), FLOATS)?;
     let shape = p.shape().clone();
     output(OP, &be, p, p.dtype(), None)?;
-    input(OP, &be, g, p.dtype(), Some(&shape))?;
+    input(OP, &be, g, g.dtype(), Some(&shape))?;
     output(OP, &be, m, p.dtype(), Some(&shape))?;
     output(OP, &be, v, p.dtype(), Some(&shape))?;
     be.adam(Checked::new(Adam { p, g, m, v, h: *h }))

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, ChannelBiasAdd,
+    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast, ChannelBiasAdd,
     ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
     DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
@@ -178,6 +178,10 @@ impl MemoryOps for PlanBackend {
     }
 
     fn split(&self, c: Checked<Split<'_>>) -> Result<(), TensorError> {
+        self.replay(&c)
+    }
+
+    fn cast(&self, c: Checked<Cast<'_>>) -> Result<(), TensorError> {
         self.replay(&c)
     }
 }

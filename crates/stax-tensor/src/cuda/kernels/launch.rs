@@ -1,4 +1,4 @@
-//! Launchers of the elementwise kernels: fills, bias add and gradient, activations (the ReLU's
+//! Launchers of the elementwise kernels: fills, casts, bias add and gradient, activations (the ReLU's
 //! vectorized f32 path and every dtype's generic kernels) and binary ops.
 
 use super::{Kernels, aligned16, driver};
@@ -27,6 +27,26 @@ impl Kernels {
         // 16-bit words.
         unsafe { launch!(self.stream, self.function(sym)?, self.grid(n); &p, &value, &n).map(drop) }
             .map_err(driver(sym))
+    }
+
+    /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements.
+    pub(crate) fn cast(
+        &self,
+        (from, to): (DType, DType),
+        src: u64,
+        dst: u64,
+        n: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let sym = format!("cast_{}_{}", from.name(), to.name());
+        // SAFETY: `cast_<from>_<to>(const S *src, D *dst, size_t n)`; src holds n elements of
+        // `from`, dst n elements of `to` (distinct buffers).
+        unsafe {
+            launch!(self.stream, self.function(&sym)?, self.grid(n); &src, &dst, &n).map(drop)
+        }
+        .map_err(driver("cast"))
     }
 
     /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (f32: 16 bytes per

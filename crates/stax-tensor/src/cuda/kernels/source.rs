@@ -12,7 +12,7 @@ const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 /// One `.cu` file: a module loaded once per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
-    /// `kernels/elementwise.cu`: fills and the vectorized f32 ReLU and bias paths.
+    /// `kernels/elementwise.cu`: fills, casts and the vectorized f32 ReLU and bias paths.
     Elementwise,
     /// `kernels/activation.cu`: activations, binary ops, bias add and gradient, dropout, every
     /// float dtype.
@@ -62,6 +62,12 @@ impl KernelModule {
             KernelModule::Elementwise => &[
                 "fill_u32",
                 "fill_u16",
+                "cast_f32_bf16",
+                "cast_f32_f16",
+                "cast_bf16_f32",
+                "cast_f16_f32",
+                "cast_bf16_f16",
+                "cast_f16_bf16",
                 "relu_f32",
                 "relu_vec_f32",
                 "relu_bwd_vec_f32",
@@ -70,7 +76,7 @@ impl KernelModule {
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
-            KernelModule::Adam => &["adam_f32", "adam_vec_f32"],
+            KernelModule::Adam => &["adam_vec_f32"],
             KernelModule::Layout => &[
                 "filter_permute_f32",
                 "pad_nhwc_f32",
@@ -108,6 +114,7 @@ impl KernelModule {
                 "dropout_bwd",
             ],
             KernelModule::SoftmaxXent => &["softmax", "softmax_bwd"],
+            KernelModule::Adam => &["adam"],
             _ => &[],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());

@@ -2,7 +2,7 @@
 //! cuDNN, pooling, softmax cross-entropy and Adam.
 
 use super::{Kernels, aligned16, driver};
-use crate::{AdamHyper, Conv2dGeometry, PoolKind, TensorError};
+use crate::{AdamHyper, Conv2dGeometry, DType, PoolKind, TensorError};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// `kernels/layout.cu`'s code of cuDNN's NHWC filter layout KRSC = OHWI `[co, kh, kw, ci]`.
@@ -87,11 +87,11 @@ impl Kernels {
             .map_err(driver(kern))
     }
 
-    /// One Adam step over `n` elements of p, g, m, v.
+    /// One Adam step over `n` elements of p, m, v (f32) and g (`g_dtype`).
     pub(crate) fn adam(
         &self,
         p: u64,
-        g: u64,
+        (g, g_dtype): (u64, DType),
         m: u64,
         v: u64,
         h: &AdamHyper,
@@ -100,21 +100,19 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let vec = aligned16(&[p, g, m, v]);
-        let (k, threads) = if vec {
-            ("adam_vec_f32", (n / 4).max(n % 4))
+        let (f, k, threads) = if g_dtype == DType::F32 && aligned16(&[p, g, m, v]) {
+            let k = "adam_vec_f32";
+            (self.function(k)?, k, (n / 4).max(n % 4))
         } else {
-            ("adam_f32", n)
+            (self.typed("adam", g_dtype)?, "adam", n)
         };
-        // SAFETY: `adam_f32` / `adam_vec_f32(float *p, const float *g, float *m, float *v,
-        // AdamHyper h, size_t n)`; the four arrays hold n floats (16-byte aligned for the vector
-        // kernel, whose grid has at least n % 4 threads in block 0 for the tail); AdamHyper's
-        // layout matches (see the DeviceRepr impl above).
-        unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(threads); &p, &g, &m, &v, h, &n)
-                .map(drop)
-        }
-        .map_err(driver(k))
+        // SAFETY: `adam_<g dtype>(float *p, const G *g, float *m, float *v, AdamHyper h,
+        // size_t n)` / `adam_vec_f32` (the same, f32 g); p, m, v hold n floats and g n elements
+        // of `g_dtype` (16-byte aligned for the vector kernel, whose grid has at least n % 4
+        // threads in block 0 for the tail); AdamHyper's layout matches (see the DeviceRepr impl
+        // above).
+        unsafe { launch!(self.stream, f, self.grid(threads); &p, &g, &m, &v, h, &n).map(drop) }
+            .map_err(driver(k))
     }
 
     /// A `(kh, kw, ci, co)` kernel copied from layout `from` to layout `to` (the codes of
