@@ -29,9 +29,9 @@ use crate::step::{Parts, check_input_shape, one_output, output_shape, run_step};
 #[derive(Debug)]
 pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy> {
     model: L,
-    params: Params,
+    pub(crate) params: Params,
     opt: O,
-    state: OptState,
+    pub(crate) state: OptState,
     loss: F,
     backend: Arc<dyn Backend>,
     input: Shape,
@@ -42,6 +42,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     rehearsed: Option<Feed>,
     /// The seed of the parameters and of every step's RNG key.
     pub(crate) seed: u64,
+    /// This rank's part in data-parallel training ([`Trainer::data_parallel`]).
+    pub(crate) dp: Option<crate::DataParallel>,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -167,6 +169,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             staging: HostStaging::new()?,
             feed: Feed::Placed,
             seed: 0,
+            dp: None,
         };
         let mut trainer = trainer;
         trainer.calibrate(trainer.input.dims()[0])?;
@@ -212,6 +215,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             model: &self.model,
             loss: &self.loss,
             opt: &self.opt,
+            dp: self.dp.as_ref(),
         }
     }
 
@@ -339,6 +343,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             model: &self.model,
             loss: &self.loss,
             opt: &self.opt,
+            dp: self.dp.as_ref(),
         };
         let run = run_step(
             parts,
@@ -386,6 +391,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Driver errors from [`Backend::driver_memory`].
     pub fn memory_report(&self) -> Result<MemoryReport, TrainError> {
         let report = MemoryReport::read(&*self.backend)?.with_host(self.staging.allocator());
+        let report = MemoryReport {
+            comm: self.dp.as_ref().map(crate::DataParallel::report),
+            ..report
+        };
         self.staging.allocator().reset_peak();
         if let Some(pinned) = self.backend.staging_allocator() {
             pinned.reset_peak();

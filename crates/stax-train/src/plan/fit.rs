@@ -165,6 +165,7 @@ pub fn max_batch_that_fits<L: Layer, O: Optimizer>(
         model,
         loss: &SoftmaxCrossEntropy,
         opt,
+        dp: None,
     };
     largest_batch(parts, input, target, feed, budget)
 }
