@@ -126,7 +126,9 @@ impl DataParallel {
             Arc::new(root.accept(backend, world, timeout)?)
         } else {
             let addr = String::from_utf8_lossy(&rv.get("tcp", 0)?).into_owned();
-            Arc::new(TcpCollective::connect(backend, rank, world, &addr, timeout)?)
+            Arc::new(TcpCollective::connect(
+                backend, rank, world, &addr, timeout,
+            )?)
         };
         Ok(DataParallel {
             comm,
@@ -180,7 +182,11 @@ impl DataParallel {
             rank: self.rank(),
             world: self.world(),
             bucket_bytes: self.bucket_bytes,
-            buckets: self.buckets.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            buckets: self
+                .buckets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             device_bytes: outside.device,
             host_bytes: outside.host,
         }
@@ -267,7 +273,12 @@ impl std::fmt::Display for CommReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let outside = self.device_bytes.map_or_else(
             || format!("{} host bytes", self.host_bytes),
-            |d| format!("{d} device bytes (measured), {} host bytes", self.host_bytes),
+            |d| {
+                format!(
+                    "{d} device bytes (measured), {} host bytes",
+                    self.host_bytes
+                )
+            },
         );
         writeln!(
             f,
@@ -276,7 +287,12 @@ impl std::fmt::Display for CommReport {
             self.rank, self.world, self.library, self.bucket_bytes
         )?;
         for (i, b) in self.buckets.iter().enumerate() {
-            writeln!(f, "    bucket {i}: {} bytes: {}", b.bytes, b.tensors.join(", "))?;
+            writeln!(
+                f,
+                "    bucket {i}: {} bytes: {}",
+                b.bytes,
+                b.tensors.join(", ")
+            )?;
         }
         Ok(())
     }

@@ -12,7 +12,11 @@ use super::rendezvous::{LOCAL_RANK, RANK, RENDEZVOUS, WORLD_SIZE};
 use crate::TrainError;
 
 /// Forwards `from` to stdout (or stderr) line by line, each prefixed `[rank r] `.
-fn forward(from: impl Read + Send + 'static, rank: usize, to_stderr: bool) -> std::thread::JoinHandle<()> {
+fn forward(
+    from: impl Read + Send + 'static,
+    rank: usize,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         for line in BufReader::new(from).lines() {
             let Ok(line) = line else { break };

@@ -52,7 +52,11 @@ impl<'a> ReduceSink<'a> {
     }
 
     /// Reduces `tensors` as one bucket named by `paths`.
-    fn reduce(&mut self, paths: Vec<String>, tensors: &mut [&mut Tensor]) -> Result<(), LayerError> {
+    fn reduce(
+        &mut self,
+        paths: Vec<String>,
+        tensors: &mut [&mut Tensor],
+    ) -> Result<(), LayerError> {
         let Some(dp) = self.dp else {
             return Ok(());
         };
@@ -60,7 +64,10 @@ impl<'a> ReduceSink<'a> {
             dp.collective().all_reduce_mean(tensors)?;
         }
         let bytes = tensors.iter().map(|t| t.bytes() as u64).sum();
-        self.buckets.push(Bucket { bytes, tensors: paths });
+        self.buckets.push(Bucket {
+            bytes,
+            tensors: paths,
+        });
         Ok(())
     }
 
@@ -99,7 +106,10 @@ impl<'a> ReduceSink<'a> {
                 paths.push(name);
                 tensors.push(t);
                 if bytes >= dp.bucket_bytes() {
-                    self.reduce(std::mem::take(&mut paths), &mut std::mem::take(&mut tensors))?;
+                    self.reduce(
+                        std::mem::take(&mut paths),
+                        &mut std::mem::take(&mut tensors),
+                    )?;
                     bytes = 0;
                 }
             }
@@ -120,8 +130,13 @@ impl GradSink for ReduceSink<'_> {
         let Some(dp) = self.dp.filter(|_| !self.summing) else {
             return self.inner.accept(path, grads);
         };
-        let leaves: Vec<Path> = grads.paths().into_iter().map(|(p, _)| path.join(&p)).collect();
-        self.open.extend(leaves.into_iter().zip(grads.into_leaves()));
+        let leaves: Vec<Path> = grads
+            .paths()
+            .into_iter()
+            .map(|(p, _)| path.join(&p))
+            .collect();
+        self.open
+            .extend(leaves.into_iter().zip(grads.into_leaves()));
         let open: u64 = self.open.iter().map(|(_, t)| t.bytes() as u64).sum();
         if open >= dp.bucket_bytes() {
             self.flush()?;
