@@ -297,3 +297,28 @@ impl std::fmt::Display for CommReport {
         Ok(())
     }
 }
+
+impl<L: Layer, O: Optimizer, F: stax_layers::Loss> Trainer<L, O, F> {
+    /// The memory plan of this trainer's step (a data-parallel rank's included: its buckets
+    /// and no update in the backward pass with more than one rank) at batch `batch`, fed as
+    /// `feed` says, whatever feed the trainer has run with so far.
+    ///
+    /// # Errors
+    /// As [`Trainer::plan`].
+    pub fn plan_with_feed(
+        &self,
+        batch: usize,
+        feed: crate::Feed,
+    ) -> Result<crate::MemoryPlan, TrainError> {
+        let parts = crate::step::Parts {
+            model: self.model(),
+            loss: self.loss(),
+            opt: self.optimizer(),
+            dp: self.dp.as_ref(),
+        };
+        let mut dims = self.input_shape().dims().to_vec();
+        dims[0] = batch;
+        let input = stax_tensor::Shape::new(dims);
+        crate::MemoryPlan::of(parts, &input, self.backend(), feed)
+    }
+}
