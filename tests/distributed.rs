@@ -313,3 +313,47 @@ fn rank_zero_writes_the_checkpoint_a_single_process_reads() {
     assert_eq!(host_values(params.leaves()), *results[0].as_ref().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_example_launches_its_ranks_and_each_step_peaks_at_its_plan() {
+    let Some(bin) = common::checkpoint::example_binary() else {
+        return;
+    };
+    let args = [
+        "--ranks",
+        "2",
+        "--img",
+        "8",
+        "--batch",
+        "4",
+        "--max-steps",
+        "2",
+        "--no-prefetch",
+    ];
+    let out = std::process::Command::new(&bin)
+        .args(args)
+        .env("STAX_TIMEOUT_S", "30")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let test_line = |r: usize| {
+        let prefix = format!("[rank {r}] test: ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+    };
+    for r in 0..2 {
+        let peaks = format!("[rank {r}] step peaks: measured = planned on all 2 steps");
+        assert!(text.contains(&peaks), "rank {r}:\n{text}");
+        assert!(
+            text.contains(&format!("[rank {r}]     bucket 0: ")),
+            "rank {r} lists its buckets:\n{text}"
+        );
+    }
+    assert!(
+        test_line(0).is_some() && test_line(0) == test_line(1),
+        "the ranks end equal:\n{text}"
+    );
+}
