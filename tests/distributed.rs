@@ -152,12 +152,12 @@ fn train(rv: &Rendezvous) -> Result<Vec<f32>, stax::train::TrainError> {
     Ok(host_values(t.params().leaves()))
 }
 
+/// The launcher's result, each rank's parameters or error, and how long it took.
+type Launched = (Result<(), String>, Vec<Result<Vec<f32>, String>>, Duration);
+
 /// Launches `world` ranks of the `rank` test with `vars`; the launcher's result, each rank's
 /// parameters or error, and how long it took.
-fn run(
-    world: usize,
-    vars: &[(&str, &str)],
-) -> (Result<(), String>, Vec<Result<Vec<f32>, String>>, Duration) {
+fn run(world: usize, vars: &[(&str, &str)]) -> Launched {
     let out = std::env::temp_dir().join(format!(
         "stax-dp-test-{}-{}",
         std::process::id(),

@@ -9,9 +9,9 @@
 //! their models (paths, shapes and dtypes of every parameter, the model, the input, the
 //! optimizer and the step; a difference is [`TrainError::ModelMismatch`] on every rank) and
 //! rank 0's parameters and optimizer state are broadcast. In each step the gradients are
-//! all-reduced in buckets as the backward pass makes them ([`sink`]); with more than one rank
-//! nothing is updated inside the backward pass (Adam's dense-weight update waits for the
-//! reduced gradient). [`launch`] starts the ranks of one host.
+//! all-reduced in buckets as the backward pass makes them (the step's `ReduceSink`); with
+//! more than one rank nothing is updated inside the backward pass (Adam's dense-weight
+//! update waits for the reduced gradient). [`launch`] starts the ranks of one host.
 //!
 //! Memory: the all-reduce is in place, so a rank's plan and measured peak are those of a
 //! single process at its batch with its gradients collected; what the library holds outside

@@ -4,7 +4,7 @@
 //! The library is loaded at run time, as cudarc loads the others, but by this module:
 //! cudarc's NCCL loader looks for `libnccl.so` and `libnccl.so.<CUDA major>`, while NCCL 2
 //! (the pip package `nvidia-nccl-cu13`, what PyTorch uses) installs `libnccl.so.2`. So
-//! [`load`] opens `libnccl.so.2` (then `libnccl.so`) from the loader path
+//! `load` opens `libnccl.so.2` (then `libnccl.so`) from the loader path
 //! (`LD_LIBRARY_PATH`) and resolves the dozen entry points used here; without it, NCCL is
 //! [`TensorError::CudaUnavailable`] and nothing else changes (the backend never needs it).
 //!
