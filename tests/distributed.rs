@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_rel_close, cpu, host_values};
 use stax::train::distributed::{DataParallel, Rendezvous, launch};
-use stax::train::{Checkpoint, Trainer};
+use stax::train::{Checkpoint, Feed, Trainer};
 use stax::{Adam, Backend, Category, Serial, Shape, Tensor, models::mlp};
 
 const FEATURES: usize = 8;
@@ -111,7 +111,11 @@ fn train(rv: &Rendezvous) -> Result<Vec<f32>, stax::train::TrainError> {
     let t = Trainer::new(model, input, opt, &be, 100 + rv.rank as u64)?;
     let dp = DataParallel::connect(rv, &be)?.with_bucket_bytes(num("DP_BUCKET", 256) as u64);
     let mut t = t.data_parallel(dp)?;
-    let plan = t.plan(b)?;
+    let feed = match num("DP_MICRO", 1) {
+        1 => Feed::Placed,
+        m => Feed::Accumulated(m),
+    };
+    let plan = t.plan_with_feed(b / num("DP_MICRO", 1), feed)?;
     let comm = plan
         .comm
         .clone()
@@ -127,8 +131,27 @@ fn train(rv: &Rendezvous) -> Result<Vec<f32>, stax::train::TrainError> {
         if env("DP_HANG").is_some_and(|v| v == format!("{}@{step}", rv.rank)) {
             std::thread::sleep(Duration::from_secs(600));
         }
-        let (x, y) = batch(&be, step, rv.rank * b..(rv.rank + 1) * b);
-        let report = t.step(&x, &y)?;
+        let rows = rv.rank * b..(rv.rank + 1) * b;
+        let report = match num("DP_MICRO", 1) {
+            1 => {
+                let (x, y) = batch(&be, step, rows);
+                t.step(&x, &y)?
+            }
+            // the shard as micro-batches of b / m rows: their sums are reduced once
+            m => {
+                let micro: Vec<(Tensor, Tensor)> = (0..m)
+                    .map(|i| {
+                        batch(
+                            &be,
+                            step,
+                            rows.start + i * b / m..rows.start + (i + 1) * b / m,
+                        )
+                    })
+                    .collect();
+                let refs: Vec<(&Tensor, &Tensor)> = micro.iter().map(|(x, y)| (x, y)).collect();
+                t.step_accumulated(&refs)?
+            }
+        };
         assert_eq!(
             report.memory.peak, plan.peak.bytes,
             "rank {} step {step}",
@@ -199,8 +222,8 @@ fn run(world: usize, vars: &[(&str, &str)]) -> Launched {
 }
 
 /// N ranks at batch 4 equal one process at batch 4N, and each other bit for bit.
-fn equals_big_batch(world: usize) {
-    let (launched, results, _) = run(world, &[("DP_COLLECTING", "1")]);
+fn equals_big_batch(world: usize, micro: &str) {
+    let (launched, results, _) = run(world, &[("DP_COLLECTING", "1"), ("DP_MICRO", micro)]);
     assert_eq!(launched, Ok(()), "{results:?}");
     let params: Vec<Vec<f32>> = results.into_iter().map(Result::unwrap).collect();
     let reference = plain(4 * world, 3, true);
@@ -222,12 +245,17 @@ fn equals_big_batch(world: usize) {
 
 #[test]
 fn two_ranks_equal_one_process_at_twice_the_batch() {
-    equals_big_batch(2);
+    equals_big_batch(2, "1");
 }
 
 #[test]
 fn three_ranks_equal_one_process_at_three_times_the_batch() {
-    equals_big_batch(3);
+    equals_big_batch(3, "1");
+}
+
+#[test]
+fn two_ranks_accumulating_two_micro_batches_equal_one_process_at_twice_the_batch() {
+    equals_big_batch(2, "2");
 }
 
 #[test]

@@ -6,7 +6,9 @@
 //! (`((x0 + x1) + x2) ...`, then divides by the world size) into its own tensors through one
 //! receive chunk ([`CHUNK_BYTES`]) and sends the result back: every rank gets rank 0's bits.
 //! Every message starts with a header (collective, sequence number, byte count) that the
-//! receiver checks, so ranks calling different collectives fail instead of misreading.
+//! receiver checks; every collective starts with each rank's header to rank 0, so ranks
+//! calling different collectives (or the same one on other sizes) fail at once, on rank 0
+//! with both named, instead of misreading or waiting.
 //! Reads and writes time out ([`TcpStream::set_read_timeout`]); a dead peer is an
 //! end-of-stream at once. Any failure shuts every connection of the rank down, so its peers
 //! fail at their next read instead of waiting out the timeout, and makes every later call
@@ -419,8 +421,12 @@ impl Collective for TcpCollective {
         self.run(OP, |(seq, _)| {
             let header = (BROADCAST, *seq, len);
             if self.rank != 0 {
+                write_header(&self.peers[0], header)?;
                 expect(&self.peers[0], 0, header)?;
                 return recv_all(&self.peers[0], tensors, OP);
+            }
+            for (i, p) in self.peers.iter().enumerate() {
+                expect(p, i + 1, header)?;
             }
             for p in &self.peers {
                 write_header(p, header)?;
@@ -461,5 +467,77 @@ impl Collective for TcpCollective {
 
     fn timeout(&self) -> Duration {
         self.timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BackendOptions, Category, Device};
+
+    /// Rank 0 and rank 1 of a TCP collective in this process (rank 1 on a thread's end).
+    fn pair(timeout: Duration) -> (TcpCollective, TcpCollective) {
+        let be = Device::Cpu.open(&BackendOptions::default()).unwrap();
+        let root = TcpRoot::bind("127.0.0.1:0").unwrap();
+        let addr = root.local_addr().unwrap();
+        let other = be.clone();
+        let peer = std::thread::spawn(move || TcpCollective::connect(&other, 1, 2, &addr, timeout));
+        let zero = root.accept(&be, 2, timeout).unwrap();
+        (zero, peer.join().unwrap().unwrap())
+    }
+
+    fn tensor(c: &TcpCollective, v: &[f32]) -> Tensor {
+        Tensor::from_slice(&c.backend, v, [v.len()], Category::Gradient).unwrap()
+    }
+
+    #[test]
+    fn the_mean_and_the_broadcast_reach_both_ranks() {
+        let (zero, one) = pair(Duration::from_secs(5));
+        let (mut a, mut b) = (
+            tensor(&zero, &[1.0, 2.0, 3.0]),
+            tensor(&one, &[3.0, 6.0, -1.0]),
+        );
+        let t = std::thread::spawn(move || {
+            one.all_reduce_mean(&mut [&mut b]).unwrap();
+            one.broadcast(&mut [&mut b]).unwrap();
+            one.barrier().unwrap();
+            b.to_vec().unwrap()
+        });
+        zero.all_reduce_mean(&mut [&mut a]).unwrap();
+        assert_eq!(a.to_vec().unwrap(), [2.0, 4.0, 1.0]);
+        let mut c = tensor(&zero, &[7.0, 8.0, 9.0]);
+        zero.broadcast(&mut [&mut c]).unwrap();
+        zero.barrier().unwrap();
+        assert_eq!(t.join().unwrap(), [7.0, 8.0, 9.0]);
+        assert_eq!(zero.outside_bytes().host, CHUNK_BYTES as u64);
+    }
+
+    #[test]
+    fn ranks_calling_different_collectives_both_fail_naming_them() {
+        let (zero, one) = pair(Duration::from_secs(5));
+        let mut b = tensor(&one, &[1.0; 4]);
+        let t = std::thread::spawn(move || one.broadcast(&mut [&mut b]).unwrap_err().to_string());
+        let mut a = tensor(&zero, &[1.0; 2]);
+        let e = zero.all_reduce_mean(&mut [&mut a]).unwrap_err().to_string();
+        let said = "rank 1 called broadcast #0 of 16 bytes where this rank called all_reduce_mean #0 of 8 bytes";
+        assert!(e.contains(said), "{e}");
+        let theirs = t.join().unwrap();
+        assert!(
+            theirs.starts_with("collective broadcast on rank 1:")
+                && theirs.contains("exited or failed"),
+            "{theirs}"
+        );
+        // the communicator stays failed
+        let later = zero.barrier().unwrap_err().to_string();
+        assert!(later.contains("failed earlier"), "{later}");
+    }
+
+    #[test]
+    fn a_silent_peer_is_a_timeout() {
+        let (zero, _one) = pair(Duration::from_millis(300));
+        let start = Instant::now();
+        let e = zero.barrier().unwrap_err().to_string();
+        assert!(e.contains("timed out"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(3));
     }
 }
