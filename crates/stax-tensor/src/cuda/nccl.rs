@@ -1,5 +1,13 @@
-//! NCCL for the CUDA backend: one communicator per process (per rank), its collectives queued
-//! on the backend's compute stream, in place.
+//! NCCL for the CUDA backend: one communicator per process (per rank), its collectives in
+//! place on a stream of their own.
+//!
+//! Each group first makes the communication stream wait for the work queued on the compute
+//! stream so far (the bucket's gradients exist), then runs there while the compute stream goes
+//! on (the backward pass of earlier layers: the overlap DDP gets); [`Collective::wait`] makes
+//! the compute stream wait for the communication stream (what follows, the update, reads the
+//! reduced gradients) and waits on the host until the collectives are done. The tensors a
+//! collective reads must stay alive until then (the step's sink holds them, and waits before
+//! letting go of them on every path, failures included): the allocator is not stream-aware.
 //!
 //! The library is loaded at run time, as cudarc loads the others, but by this module:
 //! cudarc's NCCL loader looks for `libnccl.so` and `libnccl.so.<CUDA major>`, while NCCL 2
@@ -10,7 +18,7 @@
 //!
 //! Deadlines: `ncclCommInitRank` blocks until every rank joined, so it runs on a helper thread
 //! waited for at most the timeout (a rank that never comes leaves that thread blocked, and
-//! the error names the timeout); [`Collective::wait`] polls the stream and
+//! the error names the timeout); [`Collective::wait`] polls the communication stream and
 //! `ncclCommGetAsyncError` and aborts the communicator at the deadline, so a dead peer is an
 //! error on every live rank.
 
@@ -19,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
+use cudarc::driver::{CudaStream, sys};
 
 use crate::collective::{Collective, CommMemory, check_tensors, failed};
 use crate::{Backend, BackendId, Category, Tensor, TensorError};
@@ -172,6 +180,8 @@ pub struct NcclCollective {
     rank: usize,
     world: usize,
     comm: Mutex<Handle>,
+    /// The stream the collectives run on.
+    stream: Arc<CudaStream>,
     timeout: Duration,
     broken: AtomicBool,
     /// The driver's free memory that set-up took (`None`: could not be told apart).
@@ -229,6 +239,7 @@ impl NcclCollective {
         backend.synchronize()?;
         let (free0, reserved0) = (free()?, reserved());
         let ctx = cuda.ctx.clone();
+        let stream = cuda.stream.fork().map_err(driver("cuStreamCreate"))?;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let joined = ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"));
@@ -255,6 +266,7 @@ impl NcclCollective {
             rank,
             world,
             comm: Mutex::new(comm),
+            stream,
             timeout,
             broken: AtomicBool::new(false),
             device_bytes: None,
@@ -269,8 +281,8 @@ impl NcclCollective {
         Ok(nccl)
     }
 
-    /// Queues `each` for every tensor inside one NCCL group on the compute stream; on failure
-    /// the communicator is aborted.
+    /// Queues `each` for every tensor inside one NCCL group on the communication stream, after
+    /// the compute stream's work so far; on failure the communicator is aborted.
     fn group(
         &self,
         op: &'static str,
@@ -289,7 +301,12 @@ impl NcclCollective {
                 op: "cuCtxSetCurrent",
                 source,
             })?;
-        let stream = cuda.stream.cu_stream() as Stream;
+        let ordered = self.stream.join(&cuda.stream);
+        ordered.map_err(|source| TensorError::Driver {
+            op: "cuStreamWaitEvent",
+            source,
+        })?;
+        let stream = self.stream.cu_stream() as Stream;
         let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         let api = self.api;
         // SAFETY: no arguments.
@@ -371,13 +388,22 @@ impl Collective for NcclCollective {
 
     fn wait(&self) -> Result<(), TensorError> {
         const OP: &str = "wait";
+        // an aborted communicator's work is gone (ncclCommAbort ends it), its handle too
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(failed(OP, self.rank, "the communicator failed earlier"));
+        }
         let Some(cuda) = self.backend.as_cuda() else {
             return Err(failed(OP, self.rank, "the backend is no longer CUDA"));
         };
         let deadline = Instant::now() + self.timeout;
-        let stream = cuda.stream.cu_stream();
+        let ordered = cuda.stream.join(&self.stream);
+        ordered.map_err(|source| TensorError::Driver {
+            op: "cuStreamWaitEvent",
+            source,
+        })?;
+        let stream = self.stream.cu_stream();
         loop {
-            // SAFETY: the backend's live stream.
+            // SAFETY: the communication stream, alive with `self`.
             match unsafe { sys::cuStreamQuery(stream) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}

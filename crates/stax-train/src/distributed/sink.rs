@@ -92,7 +92,7 @@ impl<'a> ReduceSink<'a> {
     /// when a peer died or timed out).
     pub(crate) fn finish(mut self, params: &Params) -> Result<Grads, LayerError> {
         let Some(dp) = self.dp else {
-            return self.inner.finish(params);
+            return std::mem::take(&mut self.inner).finish(params);
         };
         if !self.open.is_empty() {
             self.flush()?;
@@ -122,6 +122,19 @@ impl<'a> ReduceSink<'a> {
         }
         dp.record_buckets(std::mem::take(&mut self.buckets));
         Ok(grads)
+    }
+}
+
+impl Drop for ReduceSink<'_> {
+    /// A step that failed after a bucket was queued waits for the collectives before the
+    /// gradients they write are freed (their memory could be reused while NCCL writes it).
+    fn drop(&mut self) {
+        if self.live && !self.buckets.is_empty() {
+            if let Some(dp) = self.dp {
+                // the step's own error is the one reported
+                let _ = dp.collective().wait();
+            }
+        }
     }
 }
 
