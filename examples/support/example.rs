@@ -30,8 +30,11 @@ pub type ModelFn<'a> = &'a dyn Fn(usize, (usize, usize, usize)) -> Result<Serial
 #[path = "resume.rs"]
 mod resume;
 
+#[path = "distributed.rs"]
+mod distributed;
+
 /// The flags every training example takes.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 #[command(group(clap::ArgGroup::new("from").args(["resume", "init_from"])))]
 pub struct Common {
     /// auto (CUDA device 0 if usable, else CPU), cpu, cuda or cuda:N.
@@ -141,6 +144,8 @@ pub struct Common {
     /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
     #[arg(long)]
     pub deterministic: bool,
+    #[command(flatten)]
+    pub dist: distributed::Distributed,
 }
 
 /// What distinguishes one example: its name and input size on the GPU.
@@ -232,10 +237,10 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
             Device::Cpu => open_cpu(args, &options),
-            Device::Cuda(n) => open_cuda(args, n, &options),
+            Device::Cuda(n) => open_cuda(args, distributed::ordinal(n), &options),
         };
     }
-    match open_cuda(args, 0, &options) {
+    match open_cuda(args, distributed::ordinal(0), &options) {
         Ok(b) => Ok(b),
         Err(e) => {
             eprintln!("note: CUDA not usable ({e}); training on the CPU");
@@ -478,6 +483,10 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
 /// and memory line (each step's peak compared with the plan), the loop's summary, the
 /// exports, and the test set's loss and accuracy.
 pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Error> {
+    if distributed::launch_if_asked(&args.dist)? {
+        return Ok(());
+    }
+    let args = &distributed::for_rank(args)?;
     let backend = open_backend(args)?;
     let (train, test) = load(args)?;
     let img = args.img.unwrap_or(if backend.device() == Device::Cpu {
@@ -529,23 +538,21 @@ fn train_and_test(
     if tracing {
         backend.allocator().start_trace();
     }
-    let (mut trainer, position) = resume::build_trainer(args, (model, &input, adam), backend)?;
+    let (trainer, position) = resume::build_trainer(args, (model, &input, adam), backend)?;
+    let (mut trainer, rank, world) = distributed::join(&args.dist, trainer, backend)?;
     if args.eval_only {
         println!("test: {}", trainer.evaluate(test, batch)?);
         return Ok(());
     }
-    let loader = Loader::new(train.len(), batch, position.map_or(args.seed, |p| p.seed))?;
+    let seed = position.map_or(args.seed, |p| p.seed);
+    let loader = Loader::new(train.len(), batch * world, seed)?;
     let start = position.unwrap_or(loader.start());
     let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
     let saver = resume::Saver::new(args, &loader, start, first);
-    let plan = MemoryPlan::with_feed(trainer.model(), &input, &adam, backend, args.feed())?;
+    let plan = trainer.plan_with_feed(batch, args.feed())?;
     // A prefetched loop's last step has no batch left to prefetch: it peaks as a placed one.
     let last_peak = match args.feed() {
-        Feed::Prefetched => {
-            MemoryPlan::new(trainer.model(), &input, &adam, backend)?
-                .peak
-                .bytes
-        }
+        Feed::Prefetched => trainer.plan_with_feed(batch, Feed::Placed)?.peak.bytes,
         Feed::Placed | Feed::Accumulated(_) => plan.peak.bytes,
     };
     println!(
@@ -578,6 +585,9 @@ fn train_and_test(
         human_bytes(plan.persistent_bytes()),
         human_bytes(plan.peak.bytes - plan.persistent_bytes())
     );
+    if let Some(comm) = &plan.comm {
+        print!("{comm}");
+    }
     let mut json = match &args.json {
         Some(p) => {
             Some(std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))?)
@@ -601,7 +611,8 @@ fn train_and_test(
     let mut compared = (0u64, None);
     let batches = loader
         .batches_from(start)?
-        .take(total.saturating_sub(first) as usize);
+        .take(total.saturating_sub(first) as usize)
+        .map(move |ix| distributed::shard(ix, rank, batch));
     let started = Instant::now();
     let mut show = |report: StepReport| -> Result<(), Error> {
         say(&bar, line(&report, total));

@@ -209,6 +209,12 @@ pub trait Backend:
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {
         None
     }
+
+    /// This backend as the CUDA backend, for what only CUDA has (NCCL's communicator runs on
+    /// its stream: [`crate::cuda::nccl::NcclCollective`]); `None` (the default) elsewhere.
+    fn as_cuda(&self) -> Option<&crate::cuda::CudaBackend> {
+        None
+    }
 }
 
 /// `(m, n, k)` of a matmul's `op(a) · op(b)` for operands of shapes `a` and `b`:

@@ -30,6 +30,7 @@ pub mod cudnn;
 mod dense_adam;
 pub mod kernels;
 pub mod memory;
+pub mod nccl;
 mod norm;
 mod ops;
 mod transfer;
@@ -279,6 +280,10 @@ impl Drop for CudaBackend {
 impl Backend for CudaBackend {
     fn id(&self) -> BackendId {
         self.id
+    }
+
+    fn as_cuda(&self) -> Option<&CudaBackend> {
+        Some(self)
     }
 
     fn device(&self) -> Device {

@@ -122,6 +122,29 @@ pub enum TensorError {
     #[error(transparent)]
     Alloc(#[from] AllocError),
 
+    // ---- collectives ----
+    /// A collective across ranks failed: a peer died, timed out or called another
+    /// collective, or the communicator failed earlier.
+    #[error("collective {op} on rank {rank}: {reason}")]
+    Collective {
+        /// The collective (`all_reduce_mean`, `broadcast`, `barrier`, `connect`, `wait`).
+        op: &'static str,
+        /// The rank that reports it.
+        rank: usize,
+        /// What happened.
+        reason: String,
+    },
+    /// An NCCL call failed.
+    #[error("nccl: {op}: {message} (ncclResult_t {code})")]
+    Nccl {
+        /// The call.
+        op: &'static str,
+        /// NCCL's result code.
+        code: i32,
+        /// `ncclGetErrorString` and, where there is one, `ncclGetLastError`.
+        message: String,
+    },
+
     // ---- CUDA ----
     /// No such CUDA device.
     #[error("cuda: device {ordinal} requested but {count} CUDA device(s) found")]

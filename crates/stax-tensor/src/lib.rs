@@ -17,6 +17,7 @@
 pub mod backend;
 mod checked;
 pub mod codes;
+pub mod collective;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -38,6 +39,7 @@ pub use backend::{
 };
 pub use checked::Checked;
 pub use codes::{IndexLoss, SoftmaxKind};
+pub use collective::{Collective, CommMemory};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;

@@ -269,6 +269,43 @@ pub enum TrainError {
     #[error(transparent)]
     Tensor(#[from] stax_tensor::TensorError),
 
+    // ---- data parallel ----
+    /// The data-parallel set-up is wrong or could not finish: a bad or missing environment
+    /// variable, a rendezvous directory already used, a peer that did not publish in time.
+    #[error("rendezvous (rank {rank}): {reason}")]
+    Rendezvous {
+        /// The rank that reports it.
+        rank: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The ranks of a data-parallel run do not train the same model: every rank reports it,
+    /// with the first line where its description and rank `other`'s differ.
+    #[error(
+        "data parallel (rank {rank}): rank {other} has another model: {difference} (model hashes {this_hash:016x} here, {other_hash:016x} there)"
+    )]
+    ModelMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The first rank whose model differs from rank 0's (or rank 0, on a rank that differs).
+        other: usize,
+        /// `here: ... / there: ...`, the first differing line (path, shape, dtype, model,
+        /// optimizer or input).
+        difference: String,
+        /// FNV-1a of this rank's description.
+        this_hash: u64,
+        /// FNV-1a of the other rank's description.
+        other_hash: u64,
+    },
+    /// A rank started by [`crate::distributed::launch`] failed (the first to fail).
+    #[error("launch: rank {rank} failed ({status})")]
+    RankFailed {
+        /// The rank.
+        rank: usize,
+        /// Its exit status, or why it could not start.
+        status: String,
+    },
+
     // ---- checkpoints ----
     /// A checkpoint could not be read, written or used: the file, the member (the array's
     /// name in the `.npz`, when the problem is one member's) and what is wrong.

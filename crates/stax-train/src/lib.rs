@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod distributed;
 pub mod error;
 pub mod export;
 pub mod plan;
@@ -14,6 +15,7 @@ pub mod step;
 pub mod trainer;
 
 pub use checkpoint::Checkpoint;
+pub use distributed::{CommReport, DataParallel, Rendezvous};
 pub use error::{CheckpointProblem, TrainError};
 pub use plan::{Feed, MemoryPlan, max_batch_that_fits};
 pub use prefetch::Prefetcher;

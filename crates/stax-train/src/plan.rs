@@ -147,6 +147,10 @@ pub struct MemoryPlan {
     /// calibrated ([`Backend::calibrate`]: cuDNN's algorithm choice), whose workspace is then
     /// the documented bound: the plan's peak is at least the step's.
     pub exact: bool,
+    /// A data-parallel rank's communication: the buckets its step reduces (in place) and
+    /// what the library holds outside the allocator ([`crate::distributed`]); `None` for a
+    /// single process.
+    pub comm: Option<crate::CommReport>,
     /// Every op of the step (and of the set-up), in order of first appearance: what
     /// [`MemoryPlan::calibrate`] calibrates.
     #[serde(skip)]
@@ -301,7 +305,9 @@ impl MemoryPlan {
             loop_start,
             ops,
         };
-        Ok(planned.assemble(trace))
+        let plan = planned.assemble(trace);
+        let comm = parts.dp.map(crate::DataParallel::report);
+        Ok(MemoryPlan { comm, ..plan })
     }
 
     /// Makes every op of this plan exact on `target` ([`Backend::calibrate`]: on CUDA,
@@ -484,6 +490,7 @@ impl Planned<'_> {
             peak,
             phases: self.phases,
             allocator: AllocatorModel::of(self.target.allocator()),
+            comm: None,
             exact: self.ops.iter().all(|op| self.target.is_calibrated(op)),
             ops: self.ops,
             timeline,

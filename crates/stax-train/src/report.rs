@@ -61,6 +61,10 @@ pub struct MemoryReport {
     pub by_category: Vec<CategoryBytes>,
     /// Host memory beside it: pageable staging and (CUDA) pinned staging.
     pub host: HostReport,
+    /// A data-parallel rank's communication (buckets, the library's own memory); `None` for
+    /// a single process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<crate::CommReport>,
 }
 
 /// One allocator's figures in a report (host memory). All sizes are bytes.
@@ -172,6 +176,7 @@ impl MemoryReport {
             outside_allocator: driver_used.map(|u| u.saturating_sub(held)),
             by_category,
             host,
+            comm: None,
         })
     }
 
@@ -247,6 +252,9 @@ impl MemoryReport {
                 }
             }
         }
+        if let Some(comm) = &self.comm {
+            let _ = write!(out, "{comm}");
+        }
         out
     }
 }
@@ -268,7 +276,21 @@ impl fmt::Display for MemoryReport {
             write!(f, " | driver used {}", short(u))?;
         }
         let host = self.host.pageable.peak + self.host.pinned.as_ref().map_or(0, |p| p.peak);
-        write!(f, " | host {} | allocator {}", short(host), self.allocator)
+        write!(f, " | host {} | allocator {}", short(host), self.allocator)?;
+        match &self.comm {
+            Some(c) => write!(
+                f,
+                " | {} rank {}/{}: {} bucket(s) {} in place{}",
+                c.library,
+                c.rank,
+                c.world,
+                c.buckets.len(),
+                short(c.buckets.iter().map(|b| b.bytes).sum()),
+                c.device_bytes
+                    .map_or(String::new(), |d| format!(", {} outside", short(d)))
+            ),
+            None => Ok(()),
+        }
     }
 }
 

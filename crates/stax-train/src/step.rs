@@ -17,6 +17,8 @@
 //! is [`TrainError::UpdatedBeforeFailure`], naming what was updated.
 
 use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Rng, Updates};
+
+use crate::distributed::{DataParallel, sink::ReduceSink};
 use stax_optim::{OptState, Optimizer};
 use stax_tensor::{BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
 
@@ -57,6 +59,9 @@ pub(crate) struct Parts<'a> {
     /// [`Optimizer::in_backward`]); off for a batch larger than the one whose memory the
     /// trainer reserved, so that running out of memory cannot follow an update.
     pub in_backward: bool,
+    /// This rank's data parallelism: gradients reduced across the ranks
+    /// ([`crate::distributed`]).
+    pub dp: Option<&'a DataParallel>,
 }
 
 impl<'a> Parts<'a> {
@@ -67,6 +72,7 @@ impl<'a> Parts<'a> {
             loss,
             opt,
             in_backward: true,
+            dp: None,
         }
     }
 }
@@ -99,7 +105,7 @@ pub(crate) fn run_step(
     if batches.len() > 1 {
         return accumulate(parts, (params, state), batches, (step, seed), on_phase);
     }
-    let mut sink = Collect::new();
+    let mut sink = ReduceSink::new(parts.dp, be.id(), false);
     let key = Rng::fold_in(seed, step);
     let (loss, residuals, dlogits) = forward(parts, params, batches[0], (1, key), on_phase)?;
     // Known before anything is updated, in the backward pass or after it.
@@ -107,7 +113,10 @@ pub(crate) fn run_step(
         return Err(TrainError::NonFiniteLoss { step, loss });
     }
     on_phase(Phase::Backward);
-    let mut updates = take_in_backward(parts, params, state, x.shape())?;
+    let mut updates = match ReduceSink::reduces(parts.dp) {
+        true => Updates::new(),
+        false => take_in_backward(parts, params, state, x.shape())?,
+    };
     let run = (|| {
         let mut cx = Cx::train(&be, &mut sink).with_updates(&mut updates);
         parts
@@ -168,7 +177,7 @@ fn accumulate(
     (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
 ) -> Result<f32, TrainError> {
-    let mut sink = Collect::summing();
+    let mut sink = ReduceSink::new(parts.dp, batches[0].0.backend().id(), true);
     let (mut total, n) = (0.0f32, batches.len());
     for (i, &batch) in batches.iter().enumerate() {
         let key = Rng::fold_in(seed, step.wrapping_mul(n as u64).wrapping_add(i as u64));

@@ -29,9 +29,9 @@ use crate::step::{Parts, check_input_shape, one_output, output_shape, run_step};
 #[derive(Debug)]
 pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy> {
     model: L,
-    params: Params,
+    pub(crate) params: Params,
     opt: O,
-    state: OptState,
+    pub(crate) state: OptState,
     loss: F,
     backend: Arc<dyn Backend>,
     input: Shape,
@@ -42,6 +42,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     rehearsed: Option<Feed>,
     /// The seed of the parameters and of every step's RNG key.
     pub(crate) seed: u64,
+    /// This rank's part in data-parallel training ([`Trainer::data_parallel`]).
+    pub(crate) dp: Option<crate::DataParallel>,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -167,6 +169,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             staging: HostStaging::new()?,
             feed: Feed::Placed,
             seed: 0,
+            dp: None,
         };
         let mut trainer = trainer;
         trainer.calibrate(trainer.input.dims()[0])?;
@@ -208,13 +211,16 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     fn parts(&self) -> Parts<'_> {
-        Parts::new(&self.model, &self.loss, &self.opt)
+        Parts {
+            dp: self.dp.as_ref(),
+            ..Parts::new(&self.model, &self.loss, &self.opt)
+        }
     }
 
     /// The parts of a step of `batch` examples: a batch larger than the one this trainer was
     /// set up for (whose memory [`Trainer::rehearse`] reserved) collects every gradient and
     /// updates after the backward pass, so that running out of memory changes nothing.
-    fn parts_for(&self, batch: usize) -> Parts<'_> {
+    pub(crate) fn parts_for(&self, batch: usize) -> Parts<'_> {
         Parts {
             in_backward: self.in_backward_for(batch),
             ..self.parts()
@@ -348,6 +354,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let step = self.steps + 1;
         let parts = Parts {
             in_backward: self.in_backward_for(x.dims()[0]),
+            dp: self.dp.as_ref(),
             ..Parts::new(&self.model, &self.loss, &self.opt)
         };
         let run = run_step(
@@ -396,6 +403,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Driver errors from [`Backend::driver_memory`].
     pub fn memory_report(&self) -> Result<MemoryReport, TrainError> {
         let report = MemoryReport::read(&*self.backend)?.with_host(self.staging.allocator());
+        let report = MemoryReport {
+            comm: self.dp.as_ref().map(crate::DataParallel::report),
+            ..report
+        };
         self.staging.allocator().reset_peak();
         if let Some(pinned) = self.backend.staging_allocator() {
             pinned.reset_peak();

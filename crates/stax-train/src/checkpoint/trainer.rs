@@ -106,7 +106,9 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// Saves parameters, optimizer state, the step count and, when given, the loop's data
     /// position to `path` (the members of the module docs), atomically: until the new file
     /// is complete and synced, `path` keeps its previous contents. Arrays are staged through
-    /// this trainer's host staging one at a time.
+    /// this trainer's host staging one at a time. In a data-parallel run
+    /// ([`Trainer::data_parallel`]) rank 0 writes it (the file a single process writes) and
+    /// every rank returns once it is complete (a barrier).
     ///
     /// # Errors
     /// [`TrainError::Io`] when the directory cannot take the file;
@@ -122,8 +124,19 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             data,
             staging: self.staging(),
         };
-        npz::write_atomic(path, |out| contents.write(out, path))?;
-        release(self.staging())
+        // Data parallel: every rank holds the same state; rank 0 writes it, and no rank goes
+        // on before the file is complete.
+        let Some(dp) = self.data_parallel_rank() else {
+            npz::write_atomic(path, |out| contents.write(out, path))?;
+            return release(self.staging());
+        };
+        let written = match dp.rank() {
+            0 => npz::write_atomic(path, |out| contents.write(out, path))
+                .and_then(|()| release(self.staging())),
+            _ => Ok(()),
+        };
+        dp.collective().barrier()?;
+        written
     }
 
     /// The description written as `stax.json`.

@@ -44,6 +44,9 @@ impl fmt::Display for MemoryPlan {
                 super::Feed::Accumulated(n) => format!("{n} micro-batches accumulated, all placed"),
             }
         )?;
+        if let Some(comm) = &self.comm {
+            write!(f, "{comm}")?;
+        }
         writeln!(
             f,
             "  {:<22} {:<22} {:<5} {:>16}  {:<16} {:<11} later roles",
