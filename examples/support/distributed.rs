@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stax::Serial;
 use stax::alloc::parse_size;
 use stax::train::distributed::{DataParallel, Rendezvous, launch, rendezvous::LOCAL_RANK};
 use stax::train::{TrainError, Trainer};
@@ -109,9 +108,9 @@ pub fn for_rank(args: &Common) -> Result<Common, Error> {
 /// Joins the data-parallel run the environment describes, if any: `(trainer, rank, world)`.
 pub fn join(
     d: &Distributed,
-    trainer: Trainer<Serial>,
+    trainer: Trainer<super::Model>,
     backend: &Arc<dyn stax::Backend>,
-) -> Result<(Trainer<Serial>, usize, usize), Error> {
+) -> Result<(Trainer<super::Model>, usize, usize), Error> {
     let Some(rv) = Rendezvous::from_env()? else {
         return Ok((trainer, 0, 1));
     };
