@@ -9,7 +9,10 @@
 //!
 //! Inputs are random (never zeros), activations and gradients come from running the ops on
 //! them. The `bytes` column is the least device traffic of the op (each input read once,
-//! each output written once); `GB/s` is that over the median time. Without a CUDA device it
+//! each output written once); `GB/s` is that over the median time. `floor` is the least time
+//! the op could take on this GPU: its bytes at the measured copy bandwidth (the "device copy"
+//! row) or its FLOPs at the measured GEMM rate in the run's precision (the 8192³ "GEMM rate"
+//! row), whichever is longer; `x floor` is the median over it. Without a CUDA device it
 //! prints a skip notice and exits 0.
 
 use clap::Parser;
@@ -51,8 +54,14 @@ struct Row {
     median_ms: f32,
     min_ms: f32,
     bytes: f64,
+    flops: f64,
     in_step: bool,
 }
+
+/// The reference row whose bytes over its time are the copy bandwidth of the floors.
+const COPY_ROW: &str = "device copy of one activation";
+/// The reference row whose FLOPs over its time are the GEMM rate of the floors.
+const GEMM_ROW: &str = "GEMM rate: matmul 8192x8192x8192";
 
 /// Fills `n` floats in `[lo, hi)` from a SplitMix64 stream, in parallel chunks.
 fn random(n: usize, lo: f32, hi: f32, seed: u64) -> Vec<f32> {
@@ -82,9 +91,17 @@ struct Profiler {
     gpu: Arc<CudaBackend>,
     reps: usize,
     rows: Vec<Row>,
+    /// FLOPs of the next row timed ([`Profiler::flops`]); 0 for memory-bound ops.
+    next_flops: f64,
 }
 
 impl Profiler {
+    /// Sets the FLOPs (multiply-adds counted as 2) of the next row timed.
+    fn flops(&mut self, flops: f64) -> &mut Self {
+        self.next_flops = flops;
+        self
+    }
+
     /// Times `f` (3 warm-up calls, then `reps` timed ones) and records a row.
     fn time(
         &mut self,
@@ -105,6 +122,7 @@ impl Profiler {
             t.sort_by(f32::total_cmp);
             Ok((t[t.len() / 2], t[0]))
         };
+        let flops = std::mem::take(&mut self.next_flops);
         match run() {
             Ok((median_ms, min_ms)) => {
                 println!("  {name:<44} {median_ms:>8.3} ms");
@@ -113,6 +131,7 @@ impl Profiler {
                     median_ms,
                     min_ms,
                     bytes,
+                    flops,
                     in_step,
                 });
             }
@@ -120,11 +139,25 @@ impl Profiler {
         }
     }
 
+    /// A reference row's quantity per second (`per` of it over its median time).
+    fn rate(&self, name: &str, per: fn(&Row) -> f64) -> Option<f64> {
+        let r = self.rows.iter().find(|r| r.name == name)?;
+        Some(per(r) / (r.median_ms as f64 * 1e-3))
+    }
+
     fn print(&self) {
-        println!();
+        let bandwidth = self.rate(COPY_ROW, |r| r.bytes);
+        let gemm = self.rate(GEMM_ROW, |r| r.flops);
+        if let (Some(bw), Some(f)) = (bandwidth, gemm) {
+            println!(
+                "\nfloors from this run: copy {:.0} GB/s, GEMM {:.1} TFLOP/s",
+                bw / 1e9,
+                f / 1e12
+            );
+        }
         println!(
-            "{:<46}{:>10}{:>10}{:>14}{:>10}",
-            "op (seed step, per call)", "median ms", "min ms", "bytes", "GB/s"
+            "{:<46}{:>10}{:>10}{:>14}{:>10}{:>10}{:>9}",
+            "op (seed step, per call)", "median ms", "min ms", "bytes", "GB/s", "floor", "x floor"
         );
         let mut sum = 0f32;
         for r in &self.rows {
@@ -133,14 +166,28 @@ impl Profiler {
             } else {
                 "-".into()
             };
+            let floor_ms = match (bandwidth, gemm) {
+                (Some(bw), Some(f)) if r.bytes + r.flops > 0.0 => {
+                    Some((r.bytes / bw).max(r.flops / f) * 1e3)
+                }
+                _ => None,
+            };
+            let (floor, times) = floor_ms.map_or(("-".into(), "-".into()), |fl| {
+                (
+                    format!("{fl:.3}"),
+                    format!("{:.1}", r.median_ms as f64 / fl),
+                )
+            });
             let mark = if r.in_step { "" } else { " (ref)" };
             println!(
-                "{:<46}{:>10.3}{:>10.3}{:>14.3e}{:>10}",
+                "{:<46}{:>10.3}{:>10.3}{:>14.3e}{:>10}{:>10}{:>9}",
                 format!("{}{mark}", r.name),
                 r.median_ms,
                 r.min_ms,
                 r.bytes,
-                gbs
+                gbs,
+                floor,
+                times
             );
             if r.in_step {
                 sum += r.median_ms;
@@ -221,12 +268,18 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     be.synchronize()?;
 
     println!("timing each op alone ({} reps):", p.reps);
+    let positions = (b * h * h) as f64;
+    let (conv1_f, conv2_f) = (
+        2.0 * positions * 27.0 * c as f64,
+        2.0 * positions * 576.0 * c as f64,
+    );
+    let dense_f = 2.0 * b as f64 * feat as f64 * 128.0;
     let in_act = (b * h * h * 3 * 4) as f64;
     let mask = (words * 4) as f64;
     let gpu = p.gpu.clone();
     // Each fused op, then (as references) its parts alone and the same with the epilogues
     // unfused (bias and ReLU as their own passes).
-    p.time(
+    p.flops(conv1_f).time(
         "conv1 forward + bias + relu1 (fused)",
         in_act + act + mask,
         true,
@@ -245,7 +298,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         },
     );
     gpu.set_fused_epilogues(false);
-    p.time(
+    p.flops(conv1_f).time(
         "conv1 forward + bias + relu1, unfused",
         in_act + act + mask,
         false,
@@ -263,20 +316,21 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    p.time(
+    p.flops(conv1_f).time(
         "conv1 forward (+bias), unfused",
         in_act + act,
         false,
         &mut || ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default()),
     );
     gpu.set_fused_epilogues(true);
-    p.time("conv1 forward (+bias)", in_act + act, false, &mut || {
-        ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default())
-    });
+    p.flops(conv1_f)
+        .time("conv1 forward (+bias)", in_act + act, false, &mut || {
+            ops::conv2d(&x, &w1, &b1, &g1, &mut y1, Default::default())
+        });
     p.time("relu1 (+bit mask)", 2.0 * act + mask, false, &mut || {
         ops::unary(Activation::Relu, &mut y1, Some(&mut m1))
     });
-    p.time(
+    p.flops(conv2_f).time(
         "conv2 forward + bias + relu2 (fused)",
         2.0 * act + mask,
         true,
@@ -295,7 +349,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         },
     );
     gpu.set_fused_epilogues(false);
-    p.time(
+    p.flops(conv2_f).time(
         "conv2 forward + bias + relu2, unfused",
         2.0 * act + mask,
         false,
@@ -313,22 +367,23 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    p.time(
+    p.flops(conv2_f).time(
         "conv2 forward (+bias), unfused",
         2.0 * act,
         false,
         &mut || ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default()),
     );
     gpu.set_fused_epilogues(true);
-    p.time("conv2 forward (+bias)", 2.0 * act, false, &mut || {
-        ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default())
-    });
+    p.flops(conv2_f)
+        .time("conv2 forward (+bias)", 2.0 * act, false, &mut || {
+            ops::conv2d(&y1, &w2, &b2, &g2, &mut y2, Default::default())
+        });
     p.time("relu2 (+bit mask)", 2.0 * act + mask, false, &mut || {
         ops::unary(Activation::Relu, &mut y2, Some(&mut m2))
     });
     let mut y2f = y2.reshape([b, feat])?;
     let wbytes = (feat * 128 * 4) as f64;
-    p.time(
+    p.flops(dense_f).time(
         "dense1 forward (matmul + bias)",
         act + wbytes,
         true,
@@ -352,7 +407,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             ops::unary_bwd(Activation::Relu, &m3, &mut dz)
         },
     );
-    p.time(
+    p.flops(dense_f).time(
         "dense1 weight gradient (+bias grad)",
         act + wbytes,
         false,
@@ -361,12 +416,13 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             ops::bias_grad(&dz, &mut dbd)
         },
     );
-    p.time("dense1 input gradient", act + wbytes, false, &mut || {
-        ops::matmul(&dz, &wd, false, true, &mut dy2)
-    });
+    p.flops(dense_f)
+        .time("dense1 input gradient", act + wbytes, false, &mut || {
+            ops::matmul(&dz, &wd, false, true, &mut dy2)
+        });
     let mut dy2v = dy2.reshape([b, h, h, c])?;
     drop(dy2);
-    p.time(
+    p.flops(conv2_f).time(
         "relu2 bwd + conv2 bwd filter + bias grad (fused)",
         4.0 * act + mask,
         true,
@@ -382,7 +438,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         },
     );
     gpu.set_fused_epilogues(false);
-    p.time(
+    p.flops(conv2_f).time(
         "relu2 bwd + conv2 bwd filter + bias grad, unfused",
         4.0 * act + mask,
         false,
@@ -401,16 +457,17 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     p.time("relu2 backward", 2.0 * act + mask, false, &mut || {
         ops::unary_bwd(Activation::Relu, &m2, &mut dy2v)
     });
-    p.time(
+    p.flops(conv2_f).time(
         "conv2 backward filter (+bias grad)",
         2.0 * act,
         false,
         &mut || ops::conv2d_bwd_filter(&y1, &mut dy2v.clone(), &g2, &mut dw2, &mut db, None),
     );
-    p.time("conv2 backward data", 2.0 * act, true, &mut || {
-        ops::conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
-    });
-    p.time(
+    p.flops(conv2_f)
+        .time("conv2 backward data", 2.0 * act, true, &mut || {
+            ops::conv2d_bwd_data(&dy2v, &w2, &g2, &mut dy1)
+        });
+    p.flops(conv1_f).time(
         "relu1 bwd + conv1 bwd filter + bias grad (fused)",
         3.0 * act + in_act + mask,
         true,
@@ -426,7 +483,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         },
     );
     gpu.set_fused_epilogues(false);
-    p.time(
+    p.flops(conv1_f).time(
         "relu1 bwd + conv1 bwd filter + bias grad, unfused",
         3.0 * act + in_act + mask,
         false,
@@ -445,7 +502,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     p.time("relu1 backward", 2.0 * act + mask, false, &mut || {
         ops::unary_bwd(Activation::Relu, &m1, &mut dy1)
     });
-    p.time(
+    p.flops(conv1_f).time(
         "conv1 backward filter (+bias grad)",
         in_act + act,
         false,
@@ -458,13 +515,21 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         ops::bias_add(&mut dy1, &b1)
     });
     let mut copy_dst = empty(&be, &[b, h, h, c], DType::F32);
-    p.time(
-        "device copy of one activation",
-        2.0 * act,
-        false,
-        &mut || ops::copy(&y2, &mut copy_dst),
-    );
+    p.time(COPY_ROW, 2.0 * act, false, &mut || {
+        ops::copy(&y2, &mut copy_dst)
+    });
     drop(copy_dst);
+    let big = 8192;
+    let (ga, gb) = (
+        tensor(&be, &[big, big], -1.0, 1.0, 10),
+        tensor(&be, &[big, big], -1.0, 1.0, 11),
+    );
+    let mut gc = empty(&be, &[big, big], DType::F32);
+    p.flops(2.0 * (big as f64).powi(3))
+        .time(GEMM_ROW, 0.0, false, &mut || {
+            ops::matmul(&ga, &gb, false, false, &mut gc)
+        });
+    drop((ga, gb, gc));
 
     // Adam: the large Dense(128) weight, then the 7 small tensors as one row.
     let mut m = wd.duplicate()?;
@@ -481,7 +546,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     );
     // What the step runs instead of the three rows above: Adam in dense1's backward pass.
     let mut dx1 = empty(&be, &[b, feat], DType::F32);
-    p.time(
+    p.flops(2.0 * dense_f).time(
         "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
         2.0 * act + 24.0 * n,
         true,
@@ -587,6 +652,7 @@ fn main() {
         gpu: gpu.clone(),
         reps: args.reps.max(1),
         rows: Vec::new(),
+        next_flops: 0.0,
     };
     if let Err(e) = ops(&mut p, args.batch, args.img) {
         println!("op timing stopped: {e}");
