@@ -267,6 +267,7 @@ fn adam_reads_low_precision_gradients_as_f32() {
         eps_root: 0.0,
         bias_correction1: 0.1,
         bias_correction2: 1.0 - 0.999,
+        grad_scale: 1.0,
     };
     let gv = [0.3f32, -1.7, 2.0e-3];
     let run = |g: &Tensor| {

@@ -70,6 +70,7 @@ impl Adam {
             eps_root: self.eps_root,
             bias_correction1: bc(self.b1),
             bias_correction2: bc(self.b2),
+            grad_scale: 1.0,
         }
     }
 }
