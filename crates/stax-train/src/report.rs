@@ -351,6 +351,9 @@ pub struct StepReport {
     pub step_ms: f64,
     /// Memory counters of the step.
     pub memory: MemoryReport,
+    /// The loss scale the step used, whether it was skipped (gradients not all finite:
+    /// nothing updated) and the next step's scale; `None` without loss scaling.
+    pub loss_scale: Option<crate::LossScaleStep>,
 }
 
 /// Loss and accuracy on a held-out split.

@@ -42,6 +42,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     rehearsed: Option<Feed>,
     /// The seed of the parameters and of every step's RNG key.
     pub(crate) seed: u64,
+    /// The dynamic loss scale of the next step ([`crate::loss_scale`]).
+    pub(crate) loss_scale: Option<crate::DynamicLossScale>,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -155,6 +157,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             None => opt.init(&params)?,
         };
         let trainer = Trainer {
+            loss_scale: crate::DynamicLossScale::for_model(&model),
             rehearsed: None,
             model,
             params,
@@ -208,7 +211,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     fn parts(&self) -> Parts<'_> {
-        Parts::new(&self.model, &self.loss, &self.opt)
+        Parts {
+            loss_scale: self.loss_scale.map(|s| s.scale),
+            ..Parts::new(&self.model, &self.loss, &self.opt)
+        }
     }
 
     /// The parts of a step of `batch` examples: a batch larger than the one this trainer was
@@ -346,19 +352,19 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         allocator.reset_peak();
         let start = Instant::now();
         let step = self.steps + 1;
-        let parts = Parts {
-            in_backward: self.in_backward_for(x.dims()[0]),
-            ..Parts::new(&self.model, &self.loss, &self.opt)
-        };
         let run = run_step(
-            parts,
+            Parts {
+                in_backward: self.in_backward_for(x.dims()[0]),
+                loss_scale: self.loss_scale.map(|s| s.scale),
+                ..Parts::new(&self.model, &self.loss, &self.opt)
+            },
             &mut self.params,
             &mut self.state,
             batches,
             (step, self.seed),
             &mut |_| {},
         );
-        let loss = run.map_err(|e| {
+        let (loss, finite) = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live
             // buffers define, not from the order the unwinding freed them in.
             allocator.coalesce();
@@ -373,6 +379,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             loss,
             step_ms,
             memory: self.memory_report()?,
+            loss_scale: self.adjust_loss_scale(finite),
         })
     }
 
