@@ -12,7 +12,7 @@ use stax_layers::Layer;
 use stax_optim::Optimizer;
 use stax_tensor::DType;
 
-use crate::{Trainer, TrainError};
+use crate::{TrainError, Trainer};
 
 /// The state of jmp's `DynamicLossScale`: the scale, the count of finite steps since it last
 /// changed, and its settings.
@@ -85,10 +85,25 @@ impl DynamicLossScale {
     pub fn validate(&self) -> Result<(), TrainError> {
         let positive = |v: f32| v.is_finite() && v > 0.0;
         let checks = [
-            ("scale", self.scale as f64, positive(self.scale), "finite and > 0"),
-            ("min_scale", self.min_scale as f64, positive(self.min_scale), "finite and > 0"),
+            (
+                "scale",
+                self.scale as f64,
+                positive(self.scale),
+                "finite and > 0",
+            ),
+            (
+                "min_scale",
+                self.min_scale as f64,
+                positive(self.min_scale),
+                "finite and > 0",
+            ),
             ("period", self.period as f64, self.period >= 1, ">= 1"),
-            ("counter", self.counter as f64, self.counter < self.period, "below period"),
+            (
+                "counter",
+                self.counter as f64,
+                self.counter < self.period,
+                "below period",
+            ),
             (
                 "factor",
                 self.factor as f64,

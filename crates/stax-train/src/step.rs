@@ -169,7 +169,9 @@ fn update(
             return Ok(false);
         }
     }
-    parts.opt.update_unscaled(state, grads, params, 1.0 / scale)?;
+    parts
+        .opt
+        .update_unscaled(state, grads, params, 1.0 / scale)?;
     Ok(true)
 }
 
