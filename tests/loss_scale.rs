@@ -318,3 +318,47 @@ fn adam_with_a_bf16_mu_trains_with_exact_memory() {
     }));
     assert!(host_values(t.state().field("nu")).iter().any(|&x| x != 0.0));
 }
+
+/// The plan's bytes by dtype sum to its peak and its state bytes, every step's measured peak
+/// equals the plan's and its measured state by dtype the planned one, in f32, bf16 and f16
+/// (an MLP, and the seed CNN at a small size).
+#[test]
+fn bytes_by_dtype_sum_to_the_plan_and_the_peaks_are_exact_in_bf16_and_f16() {
+    let (train, _) = fashion_mnist_2class().unwrap();
+    for policy in [Policy::default(), Policy::BF16, Policy::F16] {
+        let cases = [
+            (Mixed::new(mlp(&[64], 2), policy), input()),
+            (
+                Mixed::new(stax::models::seed_cnn(2), policy),
+                Shape::new([10, 28, 28, 3]),
+            ),
+        ];
+        for (model, shape) in cases {
+            let what = format!("{} under {policy}", model.describe());
+            let n = shape.dims()[0];
+            let mut t = Trainer::new(model, shape, Adam::new(1e-3), &cpu(), 5).unwrap();
+            let plan = t.plan(n).unwrap();
+            let (at_peak, state) = (plan.by_dtype(), plan.state_by_dtype());
+            assert_eq!(plan.peak_by_dtype, at_peak, "{what}");
+            assert_eq!(at_peak.total(), plan.peak.bytes, "{what}: {at_peak:?}");
+            assert_eq!(state.total(), plan.state_bytes(), "{what}: {state:?}");
+            // f32 master weights and moments whatever the compute dtype
+            assert_eq!(state.f32, plan.state_bytes(), "{what}");
+            let (low, other) = match policy.compute {
+                DType::BF16 => (at_peak.bf16, at_peak.f16),
+                DType::F16 => (at_peak.f16, at_peak.bf16),
+                _ => (0, at_peak.bf16 + at_peak.f16),
+            };
+            assert_eq!(other, 0, "{what}: {at_peak:?}");
+            assert_eq!(low > 0, policy.compute != DType::F32, "{what}: {at_peak:?}");
+            let loader = Loader::new(train.len(), n, 5).unwrap();
+            for indices in loader.batches(0).take(2) {
+                let (x, y) = t.place_batch(&train, &indices).unwrap();
+                let r = t.step(&x, &y).unwrap();
+                assert_eq!(r.memory.peak, plan.peak.bytes, "{what}: step {}", r.step);
+                assert_eq!(r.state_by_dtype, state, "{what}");
+                assert_eq!(r.loss_scale.is_some(), policy.compute == DType::F16);
+            }
+        }
+    }
+}

@@ -379,6 +379,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             loss,
             step_ms,
             memory: self.memory_report()?,
+            state_by_dtype: self.state_by_dtype(),
             loss_scale: self.adjust_loss_scale(finite),
         })
     }
