@@ -362,3 +362,31 @@ fn bytes_by_dtype_sum_to_the_plan_and_the_peaks_are_exact_in_bf16_and_f16() {
         }
     }
 }
+
+/// A checkpoint's `stax.json` records the policy the model trained under.
+#[test]
+fn checkpoints_record_the_policy_used() {
+    let dir = std::env::temp_dir().join(format!("stax-loss-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (policy, compute) in [
+        (Policy::default(), "f32"),
+        (Policy::BF16, "bf16"),
+        (Policy::F16, "f16"),
+    ] {
+        let t = trainer(Mixed::new(mlp(&[8], 2), policy), Adam::new(1e-3), &cpu());
+        let path = dir.join(format!("{compute}.npz"));
+        t.save(&path, None).unwrap();
+        let ckpt = stax::train::Checkpoint::open(&path).unwrap();
+        let meta = ckpt.meta().unwrap();
+        let got = &meta.policy;
+        assert_eq!(
+            (
+                got.param.as_str(),
+                got.compute.as_str(),
+                got.output.as_str()
+            ),
+            ("f32", compute, "f32")
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
