@@ -1,7 +1,7 @@
 // adam.cu: one fused, in-place Adam step (optax.adam: scale_by_adam then
 // scale_by_learning_rate; Kingma & Ba 2014, Algorithm 1, eps outside the square root).
 
-// Must match `AdamHyper` in crates/stax-tensor/src/backend.rs (#[repr(C)], seven f32).
+// Must match `AdamHyper` in crates/stax-tensor/src/backend.rs (#[repr(C)], eight f32).
 struct AdamHyper {
     float lr;
     float b1;
@@ -10,14 +10,17 @@ struct AdamHyper {
     float eps_root;
     float bias_correction1;
     float bias_correction2;
+    float grad_scale;
 };
 
+// g *= grad_scale (1, or 1 / loss_scale: jmp's unscale in f32);
 // m = (1 - b1) g + b1 m; v = (1 - b2) g^2 + b2 v;
 // p += (-lr) * (m / bc1) / (sqrt(v / bc2 + eps_root) + eps).
 // Explicitly rounded operations (no FMA contraction), in the CPU backend's order, so both
 // backends give the same bits.
 __device__ __forceinline__ void adam_one(float &p, float g, float &m, float &v,
                                          const AdamHyper &h) {
+    g = __fmul_rn(g, h.grad_scale);
     float mi = __fadd_rn(__fmul_rn(1.0f - h.b1, g), __fmul_rn(h.b1, m));
     float vi = __fadd_rn(__fmul_rn(1.0f - h.b2, __fmul_rn(g, g)), __fmul_rn(h.b2, v));
     m = mi;
@@ -28,15 +31,16 @@ __device__ __forceinline__ void adam_one(float &p, float g, float &m, float &v,
     p = __fadd_rn(p, __fmul_rn(-h.lr, __fdiv_rn(mhat, denom)));
 }
 
-// One element per thread and iteration (any alignment): f32 parameters and moments, the
-// gradient in its own dtype G (read as f32), adam_<G's dtype>.
-template <typename G>
-__device__ __forceinline__ void adam_t(float *p, const G *g, float *m, float *v, AdamHyper h,
+// One element per thread and iteration (any alignment): f32 parameters and second moment,
+// the gradient in its own dtype G (read as f32), the first moment in M (optax's mu_dtype:
+// read as f32, rounded once when stored): adam_<G> (M = f32), adam_mu_<M>_<G>.
+template <typename G, typename M>
+__device__ __forceinline__ void adam_t(float *p, const G *g, M *m, float *v, AdamHyper h,
                                        size_t n) {
     GRID_STRIDE(i, n) {
-        float pi = p[i], mi = m[i], vi = v[i];
+        float pi = p[i], mi = to_f32(m[i]), vi = v[i];
         adam_one(pi, to_f32(g[i]), mi, vi, h);
-        m[i] = mi;
+        m[i] = from_f32<M>(mi);
         v[i] = vi;
         p[i] = pi;
     }
@@ -45,9 +49,41 @@ __device__ __forceinline__ void adam_t(float *p, const G *g, float *m, float *v,
 #define ADAM(T, s)                                                                             \
     extern "C" __global__ void adam_##s(float *p, const T *g, float *m, float *v, AdamHyper h, \
                                         size_t n) {                                            \
-        adam_t<T>(p, g, m, v, h, n);                                                           \
+        adam_t<T, float>(p, g, m, v, h, n);                                                    \
     }
 FOR_FLOATS(ADAM)
+
+#define ADAM_MU_BF16(T, s)                                                                     \
+    extern "C" __global__ void adam_mu_bf16_##s(float *p, const T *g, bf16_t *m, float *v,     \
+                                                AdamHyper h, size_t n) {                       \
+        adam_t<T, bf16_t>(p, g, m, v, h, n);                                                   \
+    }
+FOR_FLOATS(ADAM_MU_BF16)
+
+#define ADAM_MU_F16(T, s)                                                                      \
+    extern "C" __global__ void adam_mu_f16_##s(float *p, const T *g, f16_t *m, float *v,       \
+                                               AdamHyper h, size_t n) {                        \
+        adam_t<T, f16_t>(p, g, m, v, h, n);                                                    \
+    }
+FOR_FLOATS(ADAM_MU_F16)
+
+// nonfinite[0] = 1 when an element of x is NaN or infinite (the loss scale's check, jmp's
+// all_finite); every writer writes the same value, so no atomics are needed.
+template <typename T>
+__device__ __forceinline__ void all_finite_t(const T *x, unsigned int *nonfinite, size_t n) {
+    GRID_STRIDE(i, n) {
+        // exponent all ones: an infinity or a NaN (widening to f32 keeps both)
+        if ((__float_as_uint(to_f32(x[i])) & 0x7f800000u) == 0x7f800000u) {
+            *nonfinite = 1u;
+        }
+    }
+}
+
+#define ALL_FINITE(T, s)                                                                       \
+    extern "C" __global__ void all_finite_##s(const T *x, unsigned int *nonfinite, size_t n) { \
+        all_finite_t<T>(x, nonfinite, n);                                                      \
+    }
+FOR_FLOATS(ALL_FINITE)
 
 // The same on n floats, 16 bytes per array and thread: n / 4 float4s, then the last n % 4
 // elements by the first threads of block 0. All four arrays 16-byte aligned.

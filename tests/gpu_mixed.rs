@@ -118,6 +118,7 @@ fn adam_from_low_precision_gradients_matches_the_cpu() {
         eps_root: 0.0,
         bias_correction1: 1.0 - 0.9f32.powi(3),
         bias_correction2: 1.0 - 0.999f32.powi(3),
+        grad_scale: 1.0,
     };
     for dtype in [DType::BF16, DType::F16] {
         let n = 10_007;

@@ -482,6 +482,7 @@ fn adam_update_matches_cpu() {
                 eps_root: 0.0,
                 bias_correction1: 1.0 - b1.powi(t),
                 bias_correction2: 1.0 - b2.powi(t),
+                grad_scale: 1.0,
             };
             let (gg, gc) = on_both(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), [n]);
             ops::adam(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();

@@ -267,6 +267,7 @@ fn adam_reads_low_precision_gradients_as_f32() {
         eps_root: 0.0,
         bias_correction1: 0.1,
         bias_correction2: 1.0 - 0.999,
+        grad_scale: 1.0,
     };
     let gv = [0.3f32, -1.7, 2.0e-3];
     let run = |g: &Tensor| {
@@ -347,7 +348,7 @@ fn bad_policies_and_dtypes_are_typed_errors() {
         param: DType::F16,
         ..Policy::BF16
     };
-    let e = f16_params.check().unwrap_err();
+    let e = f16_params.check(false).unwrap_err();
     assert!(
         matches!(e, LayerError::Config { .. }) && e.to_string().contains("loss scaling"),
         "{e}"
@@ -358,12 +359,12 @@ fn bad_policies_and_dtypes_are_typed_errors() {
     };
     assert!(
         f16_compute
-            .check()
+            .check(false)
             .unwrap_err()
             .to_string()
             .contains("DynamicLossScale")
     );
-    assert!(Policy::BF16.check().is_ok());
+    assert!(Policy::BF16.check(false).is_ok());
     // a model under a refused policy fails before it allocates a thing
     let be = cpu();
     let input = Shape::new([2, 8, 8, 3]);

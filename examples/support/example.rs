@@ -67,8 +67,8 @@ pub struct Common {
     #[arg(long)]
     pub test_data: Option<PathBuf>,
     /// tf32 (JAX's default on this GPU), highest (full f32), bf16 (stax_layers::Policy::BF16:
-    /// f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (refused until
-    /// dynamic loss scaling exists).
+    /// f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (Policy::F16, with
+    /// jmp's dynamic loss scale: 2^15, period 2000, factor 2).
     #[arg(long, default_value = "tf32")]
     pub precision: String,
     /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform,
@@ -208,13 +208,9 @@ impl Common {
     /// # Errors
     /// An unknown name.
     pub fn precision(&self) -> Result<(Precision, Policy), Error> {
-        let f16 = Policy {
-            compute: DType::F16,
-            ..Policy::BF16
-        };
         Ok(match self.precision.as_str() {
             "bf16" => (Precision::Tf32, Policy::BF16),
-            "f16" => (Precision::Tf32, f16),
+            "f16" => (Precision::Tf32, Policy::F16),
             other => (other.parse::<Precision>()?, Policy::default()),
         })
     }
@@ -506,7 +502,8 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     }
     let image = (img, img, channels);
     let policy = args.precision()?.1;
-    policy.check()?;
+    // f16 compute trains with jmp's dynamic loss scale (the trainer's default for it)
+    policy.check(policy.compute == DType::F16)?;
     let make = || model(train.num_classes(), image).map(|m| Mixed::new(m, policy));
     let batch = batch_size(args, &make()?, image, &backend, train.len())?;
     let input = Shape::new([batch, img, img, channels]);
@@ -564,6 +561,7 @@ fn train_and_test(
         backend.device(),
         match (backend.device(), args.precision.as_str()) {
             (_, "bf16") => "bf16 compute, f32 master weights".to_string(),
+            (_, "f16") => "f16 compute, f32 master weights, dynamic loss scale".to_string(),
             (Device::Cpu, _) => "f32".to_string(),
             _ => format!("{:?}", backend.precision()),
         },

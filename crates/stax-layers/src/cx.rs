@@ -50,6 +50,7 @@ pub struct Cx<'a> {
     mode: Mode,
     rng: Option<Rng>,
     policy: Policy,
+    loss_scaled: bool,
     path: Path,
     sink: Option<&'a mut dyn GradSink>,
     updates: Option<&'a mut Updates>,
@@ -73,6 +74,7 @@ impl<'a> Cx<'a> {
             mode: Mode::Train,
             rng: None,
             policy: Policy::default(),
+            loss_scaled: false,
             path: Path::root(),
             sink: Some(sink),
             updates: None,
@@ -86,6 +88,7 @@ impl<'a> Cx<'a> {
             mode: Mode::Eval,
             rng: None,
             policy: Policy::default(),
+            loss_scaled: false,
             path: Path::root(),
             sink: None,
             updates: None,
@@ -108,6 +111,19 @@ impl<'a> Cx<'a> {
     pub fn with_policy(mut self, policy: Policy) -> Cx<'a> {
         self.policy = policy;
         self
+    }
+
+    /// This context with the loss scaled (`true`: the step multiplies the loss gradient by a
+    /// dynamic loss scale and skips non-finite updates, so [`Policy::check`] lets f16 compute
+    /// train).
+    pub fn with_loss_scaling(mut self, on: bool) -> Cx<'a> {
+        self.loss_scaled = on;
+        self
+    }
+
+    /// Whether the step scales its loss (see [`Cx::with_loss_scaling`]).
+    pub fn loss_scaled(&self) -> bool {
+        self.loss_scaled
     }
 
     /// Sets the dtype policy of what runs next (a [`crate::Mixed`] layer's, for its layer) and

@@ -101,6 +101,14 @@ pub trait Layer: fmt::Debug + Send + Sync {
         self.kind().to_string()
     }
 
+    /// The dtype policy this layer runs under as a whole: a [`crate::Mixed`] layer's own,
+    /// `None` (the default) for a layer that does not choose one (it runs under its caller's).
+    /// The trainer reads the model's: f16 compute turns on dynamic loss scaling, and
+    /// checkpoints record it.
+    fn policy(&self) -> Option<crate::Policy> {
+        None
+    }
+
     /// The output shapes for `input`, computed from shapes alone (no memory touched).
     ///
     /// # Errors

@@ -50,14 +50,25 @@ impl Policy {
         output: DType::F32,
     };
 
-    /// Checks that stax-rs can train under this policy.
+    /// Computing in f16 with f32 master weights and f32 outputs (jmp's
+    /// `"params=float32,compute=float16,output=float32"`); it trains only with dynamic loss
+    /// scaling ([`Policy::check`]).
+    pub const F16: Policy = Policy {
+        param: DType::F32,
+        compute: DType::F16,
+        output: DType::F32,
+    };
+
+    /// Checks that stax-rs can train under this policy, with the loss scaled
+    /// (`loss_scaling`: jmp's `DynamicLossScale` in the trainer) or not.
     ///
     /// # Errors
     /// [`LayerError::Config`] with the reason: parameters stored in f16 without loss scaling
     /// (updates below 2^-24 vanish, gradients above 65504 overflow), parameters stored in any
-    /// dtype but f32 (Adam updates f32 master weights), f16 compute (it needs dynamic loss
-    /// scaling, not implemented yet: use bf16), or a U32 dtype.
-    pub fn check(&self) -> Result<(), LayerError> {
+    /// dtype but f32 (Adam updates f32 master weights), f16 compute without loss scaling
+    /// (gradients below 2^-24 flush to zero and above 65504 overflow: use bf16 or turn on
+    /// dynamic loss scaling), or a U32 dtype.
+    pub fn check(&self, loss_scaling: bool) -> Result<(), LayerError> {
         let refuse = |reason: String| LayerError::Config {
             path: String::new(),
             layer: format!("policy {self}"),
@@ -69,20 +80,21 @@ impl Policy {
         {
             return Err(refuse(format!("{d} is not a float dtype")));
         }
-        match (self.param, self.compute) {
-            (DType::F16, _) => Err(refuse(
+        match (self.param, self.compute, loss_scaling) {
+            (DType::F16, _, false) => Err(refuse(
                 "parameters stored in f16 without loss scaling lose every update below 2^-24 \
                  and overflow above 65504; keep f32 master weights (param=f32)"
                     .into(),
             )),
-            (DType::BF16, _) => Err(refuse(
+            (DType::F16 | DType::BF16, _, _) => Err(refuse(
                 "Adam updates f32 master weights: store parameters in f32 (param=f32) and \
-                 compute in bf16"
+                 compute in bf16 or f16"
                     .into(),
             )),
-            (_, DType::F16) => Err(refuse(
-                "f16 compute needs dynamic loss scaling (jmp's DynamicLossScale), which is not \
-                 implemented yet; compute in bf16, which needs none"
+            (_, DType::F16, false) => Err(refuse(
+                "f16 compute needs dynamic loss scaling (jmp's DynamicLossScale: the trainer's \
+                 with_loss_scale, on with --precision f16), or gradients below 2^-24 vanish \
+                 and above 65504 overflow; compute in bf16, which needs none"
                     .into(),
             )),
             _ => Ok(()),
@@ -113,7 +125,8 @@ impl std::fmt::Display for Policy {
 pub struct Mixed<L: Layer> {
     /// The layer.
     pub layer: L,
-    /// Its policy (checked by [`Policy::check`] on every apply).
+    /// Its policy (checked by [`Policy::check`] on every apply: with the step's loss scaling
+    /// in training, [`Cx::loss_scaled`], as loss-scaled in evaluation).
     pub policy: Policy,
 }
 
@@ -138,6 +151,10 @@ impl<L: Layer> Layer for Mixed<L> {
         }
     }
 
+    fn policy(&self) -> Option<Policy> {
+        Some(self.policy)
+    }
+
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         self.layer.output_shape(input)
     }
@@ -152,7 +169,8 @@ impl<L: Layer> Layer for Mixed<L> {
         x: Value,
         cx: &mut Cx<'_>,
     ) -> Result<(Value, Residuals), LayerError> {
-        self.policy.check()?;
+        // evaluation computes no gradient: nothing for a loss scale to protect
+        self.policy.check(cx.loss_scaled() || !cx.is_training())?;
         let x = cast_value(x, self.policy.compute, "cast_input")?;
         let outer = cx.set_policy(self.policy);
         let out = self.layer.apply(params, x, cx);

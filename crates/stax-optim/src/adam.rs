@@ -1,7 +1,7 @@
 //! Adam, with optax's semantics and defaults.
 
 use crate::{OptimError, Optimizer};
-use stax_tensor::{AdamHyper, Tensor};
+use stax_tensor::{AdamHyper, DType, Tensor};
 
 /// Adam (Kingma & Ba 2014, Algorithm 1), exactly as `optax.adam(learning_rate, b1, b2, eps)`:
 ///
@@ -21,6 +21,12 @@ use stax_tensor::{AdamHyper, Tensor};
 /// backward pass, chunk by chunk as its gradient is made (`stax_tensor::ops::dense_adam`): the
 /// same arithmetic, without the weight gradient ever existing whole (1.31 GB of the seed
 /// model's peak).
+///
+/// `mu_dtype` is optax's `adam(mu_dtype=..)`: the first moment stored in that float dtype
+/// (bf16 halves it), read as f32, the step computed in f32 and the new moment rounded once
+/// (`optax.scale_by_adam` casts `mu` to `mu_dtype` after `update_moment`; `nu` stays f32).
+/// A first moment of another dtype than f32 is updated after the backward pass (the fused
+/// dense update keeps f32 moments).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Adam {
     /// Learning rate.
@@ -35,6 +41,8 @@ pub struct Adam {
     pub eps_root: f32,
     /// Whether dense weights are updated in their layers' backward passes (default true).
     pub update_in_backward: bool,
+    /// The first moment's dtype (default f32; bf16 or f16: optax's `mu_dtype`).
+    pub mu_dtype: DType,
 }
 
 impl Adam {
@@ -47,6 +55,16 @@ impl Adam {
             eps: 1e-8,
             eps_root: 0.0,
             update_in_backward: true,
+            mu_dtype: DType::F32,
+        }
+    }
+
+    /// This Adam with its first moment `mu` stored in `dtype` (optax's `mu_dtype`; see the
+    /// type's docs). [`Optimizer::validate`] refuses a dtype that is not a float.
+    pub fn with_mu_dtype(self, dtype: DType) -> Self {
+        Adam {
+            mu_dtype: dtype,
+            ..self
         }
     }
 
@@ -59,7 +77,8 @@ impl Adam {
         }
     }
 
-    /// The kernel's hyper-parameters at step `t >= 1`, bias corrections computed in f64.
+    /// The kernel's hyper-parameters at step `t >= 1`, bias corrections computed in f64, the
+    /// gradient taken as it is (`grad_scale` 1).
     pub fn hyper(&self, t: u32) -> AdamHyper {
         let bc = |b: f32| (1.0 - (b as f64).powi(t.min(i32::MAX as u32) as i32)) as f32;
         AdamHyper {
@@ -70,6 +89,7 @@ impl Adam {
             eps_root: self.eps_root,
             bias_correction1: bc(self.b1),
             bias_correction2: bc(self.b2),
+            grad_scale: 1.0,
         }
     }
 }
@@ -97,6 +117,14 @@ impl Optimizer for Adam {
                 "finite and >= 0",
             ),
         ];
+        if !self.mu_dtype.is_float() {
+            return Err(OptimError::Hyper {
+                optimizer: self.name(),
+                name: "mu_dtype",
+                value: f32::NAN,
+                reason: "a float dtype (f32, bf16, f16)",
+            });
+        }
         match checks.into_iter().find(|c| !c.2) {
             Some((name, value, _, reason)) => Err(OptimError::Hyper {
                 optimizer: self.name(),
@@ -108,8 +136,16 @@ impl Optimizer for Adam {
         }
     }
 
+    fn state_dtype(&self, field: &str, param: DType) -> DType {
+        match field {
+            "mu" => self.mu_dtype,
+            _ => param,
+        }
+    }
+
     fn in_backward(&self, t: u32) -> Option<AdamHyper> {
-        self.update_in_backward.then(|| self.hyper(t))
+        let fused = self.update_in_backward && self.mu_dtype == DType::F32;
+        fused.then(|| self.hyper(t))
     }
 
     fn update_leaf(
@@ -118,6 +154,7 @@ impl Optimizer for Adam {
         p: &mut Tensor,
         g: &Tensor,
         state: &mut [&mut Tensor],
+        grad_scale: f32,
     ) -> Result<(), OptimError> {
         let [m, v] = state else {
             return Err(OptimError::Tensor(
@@ -130,6 +167,10 @@ impl Optimizer for Adam {
                 },
             ));
         };
-        Ok(stax_tensor::ops::adam(p, g, m, v, &self.hyper(t))?)
+        let h = AdamHyper {
+            grad_scale,
+            ..self.hyper(t)
+        };
+        Ok(stax_tensor::ops::adam(p, g, m, v, &h)?)
     }
 }

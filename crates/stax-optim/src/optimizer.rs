@@ -4,7 +4,9 @@
 
 use std::fmt;
 
-use stax_tensor::{AdamHyper, Category, Grads, Params, Path, Tag, Tensor, TensorError, Tree};
+use stax_tensor::{
+    AdamHyper, Category, DType, Grads, Params, Path, Tag, Tensor, TensorError, Tree, ops,
+};
 
 use crate::OptimError;
 
@@ -48,8 +50,14 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
     fn name(&self) -> &'static str;
 
     /// The names of the state tensors kept per parameter, each of the parameter's shape and
-    /// dtype, zero at the start (Adam: `["mu", "nu"]`).
+    /// of [`Optimizer::state_dtype`], zero at the start (Adam: `["mu", "nu"]`).
     fn state_fields(&self) -> &'static [&'static str];
+
+    /// The dtype of state field `field` of a parameter of dtype `param`: the parameter's
+    /// by default (Adam: `mu` in its `mu_dtype`, optax's option).
+    fn state_dtype(&self, _field: &str, param: DType) -> DType {
+        param
+    }
 
     /// Checks the hyper-parameters.
     ///
@@ -57,9 +65,10 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
     /// [`OptimError::Hyper`] naming the first invalid one.
     fn validate(&self) -> Result<(), OptimError>;
 
-    /// Updates parameter `p` in place at step `t >= 1` from its gradient `g` and its state
-    /// tensors (in [`Optimizer::state_fields`] order), also updated in place. The caller has
-    /// checked shapes, devices and sole ownership ([`Optimizer::update`] does).
+    /// Updates parameter `p` in place at step `t >= 1` from its gradient `g` times
+    /// `grad_scale` (1, or `1 / loss_scale` under loss scaling: the gradient unscaled in f32)
+    /// and its state tensors (in [`Optimizer::state_fields`] order), also updated in place.
+    /// The caller has checked shapes, devices and sole ownership ([`Optimizer::update`] does).
     ///
     /// # Errors
     /// Tensor errors from the backend's kernels.
@@ -69,6 +78,7 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         p: &mut Tensor,
         g: &Tensor,
         state: &mut [&mut Tensor],
+        grad_scale: f32,
     ) -> Result<(), OptimError>;
 
     /// The Adam hyper-parameters of step `t` when this optimizer is Adam applied during the
@@ -91,7 +101,10 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
             move |path: &Path, p: &Tensor| {
                 let _scope = p.backend().allocator().scope(&path.to_string());
                 let tag = Tag::new(Category::OptimizerState, field);
-                Tensor::zeros(p.backend(), p.shape().clone(), tag)
+                let dtype = self.state_dtype(field, p.dtype());
+                let mut t = Tensor::empty(p.backend(), p.shape().clone(), dtype, tag)?;
+                ops::fill(&mut t, 0.0)?;
+                Ok(t)
             }
         };
         let per_field = self
@@ -137,6 +150,21 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         grads: &Grads,
         params: &mut Params,
     ) -> Result<(), OptimError> {
+        self.update_unscaled(state, grads, params, 1.0)
+    }
+
+    /// [`Optimizer::update`] from `grads` times `grad_scale`, applied in f32 as each gradient
+    /// is read (jmp's `loss_scale.unscale(grads)` fused into the update: `1 / loss_scale`).
+    ///
+    /// # Errors
+    /// As [`Optimizer::update`].
+    fn update_unscaled(
+        &self,
+        state: &mut OptState,
+        grads: &Grads,
+        params: &mut Params,
+        grad_scale: f32,
+    ) -> Result<(), OptimError> {
         self.validate()?;
         if let Some(e) = params.structure_differs(grads) {
             return Err(OptimError::Structure {
@@ -163,7 +191,7 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         let mut states = state.tree.leaves_mut().into_iter();
         for (p, g) in params.leaves_mut().into_iter().zip(grads.leaves()) {
             let mut s: Vec<&mut Tensor> = states.by_ref().take(k).collect();
-            self.update_leaf(t, p, g, &mut s)?;
+            self.update_leaf(t, p, g, &mut s, grad_scale)?;
         }
         state.count = t;
         Ok(())
@@ -190,7 +218,8 @@ pub trait Optimizer: fmt::Debug + Send + Sync {
         }
         let (k, states) = (fields.len(), state.tree.leaves());
         for (i, (path, p)) in params.paths().into_iter().enumerate() {
-            check_state_leaf(p, &states[i * k..(i + 1) * k]).map_err(|source| {
+            let dtypes = fields.iter().map(|f| self.state_dtype(f, p.dtype()));
+            check_state_leaf(p, &states[i * k..(i + 1) * k], dtypes).map_err(|source| {
                 OptimError::Leaf {
                     optimizer: self.name(),
                     path: path.to_string(),
@@ -214,12 +243,16 @@ fn check_grad(p: &Tensor, g: &Tensor) -> Result<(), TensorError> {
     g.expect_backend(OP, p)
 }
 
-/// The checks of [`Optimizer::check_state`] for one parameter's state tensors.
-fn check_state_leaf(p: &Tensor, state: &[&Tensor]) -> Result<(), TensorError> {
+/// The checks of [`Optimizer::check_state`] for one parameter's state tensors, of `dtypes`.
+fn check_state_leaf(
+    p: &Tensor,
+    state: &[&Tensor],
+    dtypes: impl Iterator<Item = DType>,
+) -> Result<(), TensorError> {
     const OP: &str = "update";
-    for t in state {
+    for (t, dtype) in state.iter().zip(dtypes) {
         t.expect_shape(OP, p.shape())?;
-        t.expect_dtype(OP, p.dtype())?;
+        t.expect_dtype(OP, dtype)?;
         t.expect_backend(OP, p)?;
         t.expect_unique(OP)?;
     }

@@ -16,10 +16,10 @@ mod rows;
 mod scratch;
 
 pub use call::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast, ChannelBiasAdd,
-    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
-    CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
-    UnaryBwd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast,
+    ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split,
+    Unary, UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, NormOps, OptimOps};
 pub use rows::{AxisDims, Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
@@ -87,7 +87,9 @@ impl BackendOptions {
 /// Kingma & Ba 2014 with `eps` outside the square root:
 /// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g²`,
 /// `p -= lr · (m / bias_correction1) / (sqrt(v / bias_correction2 + eps_root) + eps)`,
-/// where `bias_correction1 = 1 - b1^t`, `bias_correction2 = 1 - b2^t` at step `t >= 1`.
+/// where `bias_correction1 = 1 - b1^t`, `bias_correction2 = 1 - b2^t` at step `t >= 1`, and
+/// `g` is the gradient read as f32 times `grad_scale` (1, or `1 / loss_scale` under dynamic
+/// loss scaling: jmp's `DynamicLossScale.unscale`, done in f32 at the update).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(C)]
 pub struct AdamHyper {
@@ -105,6 +107,9 @@ pub struct AdamHyper {
     pub bias_correction1: f32,
     /// `1 - b2^t`.
     pub bias_correction2: f32,
+    /// The gradient's factor, applied in f32 before anything else (1: the gradient as it is;
+    /// a power of two is exact).
+    pub grad_scale: f32,
 }
 
 /// The identity of one opened backend: unique in the process, so that tensors of two

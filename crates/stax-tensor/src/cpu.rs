@@ -41,7 +41,7 @@ mod softmax;
 mod testing;
 
 use crate::backend::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
     ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
     DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
@@ -316,6 +316,10 @@ impl OptimOps for CpuBackend {
 
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {
         dense_adam::dense_adam(self, c.into_inner())
+    }
+
+    fn all_finite(&self, c: Checked<AllFinite<'_>>) -> Result<(), TensorError> {
+        adam::all_finite(c.into_inner())
     }
 }
 

@@ -360,6 +360,14 @@ pub enum OpDesc {
         /// Elements.
         n: usize,
     },
+    /// Whether `n` elements of `dtype` are all finite, into a flag (no workspace: the loss
+    /// scaling's check, [`crate::ops::all_finite`]).
+    AllFinite {
+        /// Elements.
+        n: usize,
+        /// Element type.
+        dtype: DType,
+    },
     /// A dense layer's weight gradient `xᵀ · dy` (`[k, n]` from `[m, k]` and `[m, n]`) consumed
     /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one chunk of
     /// the gradient ([`dense_chunk_rows`]).

@@ -38,7 +38,7 @@ pub use rows::{
     check_keep_rate, dropout, dropout_bits, dropout_bwd, index_loss, keep_threshold,
     label_out_of_range, mix64, softmax, softmax_bwd,
 };
-pub use update::{adam, dense_adam, softmax_xent};
+pub use update::{adam, all_finite, dense_adam, softmax_xent};
 
 use crate::{Backend, DType, Shape, Tensor, TensorError};
 use std::sync::Arc;

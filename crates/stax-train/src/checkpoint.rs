@@ -91,7 +91,8 @@ pub struct Meta {
     pub model: String,
     /// The input shape `[batch, ...]` the trainer was built for.
     pub input: Vec<usize>,
-    /// The dtype policy: parameter, compute and output dtypes (`f32` today).
+    /// The dtype policy the model trained under: parameter, compute and output dtypes (the
+    /// model's [`stax_layers::Layer::policy`], full f32 for a model that chooses none).
     pub policy: Policy,
     /// The optimizer and its hyper-parameters, as `Debug` prints them.
     pub optimizer: String,

@@ -220,6 +220,16 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
+    /// A dynamic loss scale's settings cannot work (see [`crate::DynamicLossScale`]).
+    #[error("loss scale: {name} = {value} must be {expected}")]
+    LossScale {
+        /// The setting (`scale`, `period`, `factor`, `min_scale`).
+        name: &'static str,
+        /// Its value.
+        value: f64,
+        /// What it must be.
+        expected: &'static str,
+    },
     /// A step ran out of memory: the breakdown, the request that failed and the largest batch
     /// that fits (see [`crate::report::StepOom`]); parameters and optimizer state are those of
     /// the last finished step.

@@ -6,6 +6,7 @@ pub mod data;
 pub mod distributed;
 pub mod error;
 pub mod export;
+pub mod loss_scale;
 pub mod plan;
 pub mod prefetch;
 pub mod report;
@@ -17,6 +18,7 @@ pub mod trainer;
 pub use checkpoint::Checkpoint;
 pub use distributed::{CommReport, DataParallel, Rendezvous};
 pub use error::{CheckpointProblem, TrainError};
+pub use loss_scale::{DynamicLossScale, LossScaleStep};
 pub use plan::{Feed, MemoryPlan, max_batch_that_fits};
 pub use prefetch::Prefetcher;
 pub use report::{

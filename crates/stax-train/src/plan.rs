@@ -36,6 +36,7 @@
 //! ```
 
 mod backend;
+mod dtypes;
 pub(crate) mod fit;
 mod table;
 mod timeline;
@@ -53,6 +54,7 @@ use crate::TrainError;
 use crate::staging::input_tensors;
 use crate::step::{Parts, Phase, check_input_shape, output_shape, run_step};
 use backend::PlanBackend;
+pub use dtypes::DTypeBytes;
 pub(crate) use fit::AllocatorModel;
 pub use fit::{MAX_BATCH, default_budget, max_batch_that_fits};
 pub use timeline::{NamedTrace, Peak, Timeline, TimelineEvent};
@@ -141,6 +143,8 @@ pub struct MemoryPlan {
     pub timeline: Timeline,
     /// The step's peak (requested bytes live, persistent included) and where it falls.
     pub peak: Peak,
+    /// The bytes live at the peak by dtype ([`MemoryPlan::by_dtype`]; in the JSON export).
+    pub peak_by_dtype: DTypeBytes,
     /// First step event of each phase.
     pub phases: Vec<(Phase, usize)>,
     /// Whether every op's workspace is exact. False when the target has ops not yet
@@ -480,7 +484,8 @@ impl Planned<'_> {
                 .collect(),
         };
         let peak = timeline.peak();
-        MemoryPlan {
+        let mut plan = MemoryPlan {
+            peak_by_dtype: DTypeBytes::default(),
             model: self.model,
             feed: self.feed,
             device: self.target.device(),
@@ -496,6 +501,8 @@ impl Planned<'_> {
             timeline,
             trace,
             loop_start: self.loop_start,
-        }
+        };
+        plan.peak_by_dtype = plan.by_dtype();
+        plan
     }
 }

@@ -373,6 +373,12 @@ pub struct StepReport {
     pub step_ms: f64,
     /// Memory counters of the step.
     pub memory: MemoryReport,
+    /// Bytes of the parameters and the optimizer's state by dtype after the step (the
+    /// plan's [`crate::MemoryPlan::state_by_dtype`]).
+    pub state_by_dtype: crate::plan::DTypeBytes,
+    /// The loss scale the step used, whether it was skipped (gradients not all finite:
+    /// nothing updated) and the next step's scale; `None` without loss scaling.
+    pub loss_scale: Option<crate::LossScaleStep>,
 }
 
 /// Loss and accuracy on a held-out split.

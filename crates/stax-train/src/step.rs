@@ -15,6 +15,11 @@
 //! trainer's set-up reserved the loop's memory ([`crate::plan::MemoryPlan::rehearse`]), so no
 //! allocation after an update can run out. Should anything still fail after one, the error
 //! is [`TrainError::UpdatedBeforeFailure`], naming what was updated.
+//!
+//! With a loss scale ([`crate::DynamicLossScale`]) the loss gradient is multiplied by it, every
+//! gradient is collected (nothing is updated in the backward pass), and the update runs only
+//! when every gradient is finite ([`ops::all_finite`], one download of one flag), reading the
+//! gradients times `1 / scale`; otherwise the step changes nothing and says so.
 
 use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Rng, Updates};
 
@@ -22,7 +27,7 @@ use crate::distributed::{DataParallel, sink::ReduceSink};
 use stax_optim::{OptState, Optimizer};
 use stax_tensor::{BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
 
-use crate::TrainError;
+use crate::{DynamicLossScale, TrainError};
 
 /// The parts of a step, in order (the plan says in which one the peak falls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -62,10 +67,13 @@ pub(crate) struct Parts<'a> {
     /// This rank's data parallelism: gradients reduced across the ranks
     /// ([`crate::distributed`]).
     pub dp: Option<&'a DataParallel>,
+    /// The loss scale of the step (jmp's dynamic loss scaling; `None`: the loss as it is).
+    pub loss_scale: Option<f32>,
 }
 
 impl<'a> Parts<'a> {
-    /// The parts, with the optimizer applied in the backward pass where it offers to be.
+    /// The parts, with the optimizer applied in the backward pass where it offers to be and
+    /// the loss scale a model starts with ([`DynamicLossScale::for_model`]).
     pub fn new(model: &'a dyn Layer, loss: &'a dyn Loss, opt: &'a dyn Optimizer) -> Self {
         Parts {
             model,
@@ -73,6 +81,7 @@ impl<'a> Parts<'a> {
             opt,
             in_backward: true,
             dp: None,
+            loss_scale: DynamicLossScale::for_model(model).map(|s| s.scale),
         }
     }
 }
@@ -81,7 +90,9 @@ impl<'a> Parts<'a> {
 /// micro-batches whose gradients are summed in place ([`Collect::summing`]; each
 /// micro-batch's loss gradient scaled by `1 / batches.len()`, so the sum is the mean, as
 /// optax's `MultiSteps` averages) before one update. `on_phase` is called as each [`Phase`]
-/// starts (for every micro-batch). Returns the loss, the mean over micro-batches.
+/// starts (for every micro-batch). Returns the loss, the mean over micro-batches, and whether
+/// the update was applied (false: a loss-scaled step whose gradients were not all finite,
+/// after which `params` and `state` are unchanged).
 /// The RNG key of the step (what `Dropout` draws from) is [`Rng::fold_in`]`(seed, step)`,
 /// split per layer by the combinators; micro-batch `i` of `n` gets `fold_in(seed, step * n + i)`.
 ///
@@ -96,7 +107,7 @@ pub(crate) fn run_step(
     batches: &[(&Tensor, &Tensor)],
     (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
-) -> Result<f32, TrainError> {
+) -> Result<(f32, bool), TrainError> {
     let Some(&(x, _)) = batches.first() else {
         return Err(TrainError::ZeroBatchSize { op: "step" });
     };
@@ -118,15 +129,16 @@ pub(crate) fn run_step(
         false => take_in_backward(parts, params, state, x.shape())?,
     };
     let run = (|| {
-        let mut cx = Cx::train(&be, &mut sink).with_updates(&mut updates);
+        let mut cx = Cx::train(&be, &mut sink)
+            .with_updates(&mut updates)
+            .with_loss_scaling(parts.loss_scale.is_some());
         parts
             .model
             .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
         drop(cx);
         let grads = sink.finish(params)?;
         on_phase(Phase::Update);
-        parts.opt.update(state, &grads, params)?;
-        Ok::<_, TrainError>(())
+        update(parts, state, &grads, params)
     })();
     let applied = restore(params, state, updates, run.is_ok())?;
     match run {
@@ -134,13 +146,47 @@ pub(crate) fn run_step(
             applied,
             source: Box::new(e),
         }),
-        other => other.map(|()| loss),
+        other => other.map(|finite| (loss, finite)),
     }
 }
 
+/// The optimizer's update from `grads`; under a loss scale only when every gradient is finite
+/// (jmp's `all_finite`), reading them unscaled. Returns whether it was applied.
+fn update(
+    parts: Parts<'_>,
+    state: &mut OptState,
+    grads: &stax_tensor::Grads,
+    params: &mut Params,
+) -> Result<bool, TrainError> {
+    let Some(scale) = parts.loss_scale else {
+        parts.opt.update(state, grads, params)?;
+        return Ok(true);
+    };
+    let leaves = grads.leaves();
+    if let Some(first) = leaves.first() {
+        let be = first.backend().clone();
+        let _scope = be.allocator().scope("loss_scale");
+        let tag = stax_alloc::Tag::new(stax_alloc::Category::Gradient, "nonfinite");
+        let mut flag = Tensor::empty(&be, [1], stax_tensor::DType::U32, tag)?;
+        ops::fill(&mut flag, 0.0)?;
+        for g in leaves {
+            ops::all_finite(g, &mut flag)?;
+        }
+        let mut word = [0u8; 4];
+        ops::download(&flag, &mut word)?;
+        if u32::from_le_bytes(word) != 0 {
+            return Ok(false);
+        }
+    }
+    parts
+        .opt
+        .update_unscaled(state, grads, params, 1.0 / scale)?;
+    Ok(true)
+}
+
 /// The forward pass and the loss of one (micro-)batch: the loss, the residuals and the loss
-/// gradient, scaled by `1 / of` when the batch is one of `of` micro-batches; `key` is its RNG
-/// key.
+/// gradient, scaled by `1 / of` when the batch is one of `of` micro-batches and by the loss
+/// scale if any; `key` is its RNG key.
 fn forward(
     parts: Parts<'_>,
     params: &Params,
@@ -151,17 +197,20 @@ fn forward(
     let be = x.backend().clone();
     on_phase(Phase::Forward);
     let mut unused = Collect::new();
-    let mut cx = Cx::train(&be, &mut unused).with_rng(key);
+    let mut cx = Cx::train(&be, &mut unused)
+        .with_rng(key)
+        .with_loss_scaling(parts.loss_scale.is_some());
     let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
     on_phase(Phase::Loss);
     let logits = one_output(parts.model, logits)?;
     let _scope = be.allocator().scope("loss");
     let (loss, mut dlogits) = parts.loss.value_and_grad(&logits, y)?;
     drop(logits);
-    if of > 1 {
+    let factor = parts.loss_scale.unwrap_or(1.0) / of as f32;
+    if factor != 1.0 {
         let tag = stax_alloc::Tag::new(stax_alloc::Category::Gradient, "scale");
         let mut scale = Tensor::empty(&be, dlogits.shape().clone(), dlogits.dtype(), tag)?;
-        ops::fill(&mut scale, 1.0 / of as f32)?;
+        ops::fill(&mut scale, factor)?;
         ops::binary(BinaryOp::Mul, &mut dlogits, &scale)?;
     }
     Ok((loss, residuals, dlogits))
@@ -176,7 +225,7 @@ fn accumulate(
     batches: &[(&Tensor, &Tensor)],
     (step, seed): (u64, u64),
     on_phase: &mut dyn FnMut(Phase),
-) -> Result<f32, TrainError> {
+) -> Result<(f32, bool), TrainError> {
     let mut sink = ReduceSink::new(parts.dp, batches[0].0.backend().id(), true);
     let (mut total, n) = (0.0f32, batches.len());
     for (i, &batch) in batches.iter().enumerate() {
@@ -188,15 +237,15 @@ fn accumulate(
         total += loss;
         on_phase(Phase::Backward);
         let be = batch.0.backend().clone();
-        let mut cx = Cx::train(&be, &mut sink);
+        let mut cx = Cx::train(&be, &mut sink).with_loss_scaling(parts.loss_scale.is_some());
         parts
             .model
             .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
     }
     let grads = sink.finish(params)?;
     on_phase(Phase::Update);
-    parts.opt.update(state, &grads, params)?;
-    Ok(total / n as f32)
+    let finite = update(parts, state, &grads, params)?;
+    Ok((total / n as f32, finite))
 }
 
 /// Moves the parameters Adam updates in their layers' backward passes (and their moments) out
@@ -210,7 +259,9 @@ fn take_in_backward(
 ) -> Result<Updates, TrainError> {
     let mut updates = Updates::new();
     let t = state.count.saturating_add(1);
-    let Some(h) = parts.opt.in_backward(t).filter(|_| parts.in_backward) else {
+    // a loss-scaled update may have to be skipped after the pass: nothing is fused into it
+    let fused = parts.in_backward && parts.loss_scale.is_none();
+    let Some(h) = parts.opt.in_backward(t).filter(|_| fused) else {
         return Ok(updates);
     };
     let specs = parts.model.param_specs(&Tree::leaf(input.clone()))?;

@@ -44,6 +44,8 @@ pub struct Trainer<L: Layer, O: Optimizer = Adam, F: Loss = SoftmaxCrossEntropy>
     pub(crate) seed: u64,
     /// This rank's part in data-parallel training ([`Trainer::data_parallel`]).
     pub(crate) dp: Option<crate::DataParallel>,
+    /// The dynamic loss scale of the next step ([`crate::loss_scale`]).
+    pub(crate) loss_scale: Option<crate::DynamicLossScale>,
 }
 
 impl<L: Layer, O: Optimizer> Trainer<L, O> {
@@ -157,6 +159,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             None => opt.init(&params)?,
         };
         let trainer = Trainer {
+            loss_scale: crate::DynamicLossScale::for_model(&model),
             rehearsed: None,
             model,
             params,
@@ -213,6 +216,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     fn parts(&self) -> Parts<'_> {
         Parts {
             dp: self.dp.as_ref(),
+            loss_scale: self.loss_scale.map(|s| s.scale),
             ..Parts::new(&self.model, &self.loss, &self.opt)
         }
     }
@@ -352,20 +356,20 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         allocator.reset_peak();
         let start = Instant::now();
         let step = self.steps + 1;
-        let parts = Parts {
-            in_backward: self.in_backward_for(x.dims()[0]),
-            dp: self.dp.as_ref(),
-            ..Parts::new(&self.model, &self.loss, &self.opt)
-        };
         let run = run_step(
-            parts,
+            Parts {
+                in_backward: self.in_backward_for(x.dims()[0]),
+                loss_scale: self.loss_scale.map(|s| s.scale),
+                dp: self.dp.as_ref(),
+                ..Parts::new(&self.model, &self.loss, &self.opt)
+            },
             &mut self.params,
             &mut self.state,
             batches,
             (step, self.seed),
             &mut |_| {},
         );
-        let loss = run.map_err(|e| {
+        let (loss, finite) = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live
             // buffers define, not from the order the unwinding freed them in.
             allocator.coalesce();
@@ -380,6 +384,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             loss,
             step_ms,
             memory: self.memory_report()?,
+            state_by_dtype: self.state_by_dtype(),
+            loss_scale: self.adjust_loss_scale(finite),
         })
     }
 

@@ -328,6 +328,16 @@ pub struct Adam<'a> {
     pub h: AdamHyper,
 }
 
+/// Whether every element of a float tensor is finite, folded into a flag (see
+/// [`crate::ops::all_finite`]).
+#[derive(Debug)]
+pub struct AllFinite<'a> {
+    /// The tensor checked (any float dtype).
+    pub x: &'a Tensor,
+    /// A U32 `[1]` flag, set to 1 when an element of `x` is NaN or infinite, else unchanged.
+    pub nonfinite: &'a mut Tensor,
+}
+
 /// Where [`DenseAdam`] writes the input gradient `dx = dy · wᵀ` `[m, k]`.
 #[derive(Debug)]
 pub enum DenseDx<'a> {
@@ -490,6 +500,15 @@ impl Call for SoftmaxXent<'_> {
 impl Call for Adam<'_> {
     fn desc(&self) -> OpDesc {
         OpDesc::Adam { n: self.p.numel() }
+    }
+}
+
+impl Call for AllFinite<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::AllFinite {
+            n: self.x.numel(),
+            dtype: self.x.dtype(),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
     ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
     CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
@@ -205,6 +205,12 @@ pub trait OptimOps {
     /// # Errors
     /// Workspace allocation (before anything is written) and kernel errors.
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError>;
+
+    /// Sets a flag when a tensor has a non-finite element (see [`crate::ops::all_finite`]).
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn all_finite(&self, c: Checked<AllFinite<'_>>) -> Result<(), TensorError>;
 }
 
 /// Per-channel ops on a `[outer, c, inner]` view: batch normalization and a channel bias.

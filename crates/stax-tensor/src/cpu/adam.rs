@@ -9,15 +9,16 @@
 
 use super::data_mut;
 use super::elementwise::not_float;
-use super::host::view;
-use crate::backend::Adam;
+use super::host::{view, view_mut, words_mut};
+use crate::backend::{Adam, AllFinite};
 use crate::{AdamHyper, Float, TensorError, with_float};
 
 const OP: &str = "adam_update";
 
-/// One Adam step in place: reads `p`, `g`, `m`, `v` (all the same shape; `p`, `m`, `v` f32,
-/// `g` any float dtype, read as f32) and writes `p`, `m`, `v` (see the module doc for the
-/// formula).
+/// One Adam step in place: reads `p`, `g`, `m`, `v` (all the same shape; `p`, `v` f32, `g`
+/// any float dtype, read as f32 and multiplied by `h.grad_scale`, `m` any float dtype: optax's
+/// `mu_dtype`, read as f32 and rounded once when written) and writes `p`, `m`, `v` (see the
+/// module doc for the formula).
 ///
 /// Nothing is written when an error is returned.
 ///
@@ -27,23 +28,47 @@ const OP: &str = "adam_update";
 /// or `v` shares its buffer; dtype and device errors.
 pub(crate) fn adam_update(c: Adam<'_>) -> Result<(), TensorError> {
     let Adam { p, g, m, v, h } = c;
-    let (p, m, v) = (data_mut(OP, p)?, data_mut(OP, m)?, data_mut(OP, v)?);
-    let dtype = g.dtype();
-    with_float!(dtype, G => step(p, view::<G>(OP, g)?, m, v, &h), return Err(not_float(OP, dtype)));
-    Ok(())
+    let (gd, md) = (g.dtype(), m.dtype());
+    let (p, v) = (data_mut(OP, p)?, data_mut(OP, v)?);
+    with_float!(gd, G => with_float!(md, M => {
+        step(p, view::<G>(OP, g)?, view_mut::<M>(OP, m)?, v, &h);
+        Ok(())
+    }, Err(not_float(OP, md))), Err(not_float(OP, gd)))
 }
 
-/// The Adam step of the module doc over equal-length slices, the gradient read as f32.
-pub(crate) fn step<G: Float>(p: &mut [f32], g: &[G], m: &mut [f32], v: &mut [f32], h: &AdamHyper) {
+/// The Adam step of the module doc over equal-length slices, the gradient read as f32 (times
+/// `h.grad_scale`), the first moment read as f32 and rounded to `M` once written.
+pub(crate) fn step<G: Float, M: Float>(
+    p: &mut [f32],
+    g: &[G],
+    m: &mut [M],
+    v: &mut [f32],
+    h: &AdamHyper,
+) {
     let lr = -h.lr;
     for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-        let g = g.to_f32();
-        *m = (1.0 - h.b1) * g + h.b1 * *m;
+        let g = g.to_f32() * h.grad_scale;
+        let mi = (1.0 - h.b1) * g + h.b1 * m.to_f32();
         *v = (1.0 - h.b2) * (g * g) + h.b2 * *v;
-        let m_hat = *m / h.bias_correction1;
+        // optax computes the update from the f32 moment, then stores it in mu_dtype
+        *m = M::from_f32(mi);
+        let m_hat = mi / h.bias_correction1;
         let v_hat = *v / h.bias_correction2;
         *p += lr * (m_hat / ((v_hat + h.eps_root).sqrt() + h.eps));
     }
+}
+
+/// `nonfinite[0] = 1` when an element of `x` is NaN or infinite (see [`crate::ops::all_finite`]).
+pub(crate) fn all_finite(c: AllFinite<'_>) -> Result<(), TensorError> {
+    const OP: &str = "all_finite";
+    let AllFinite { x, nonfinite } = c;
+    let dtype = x.dtype();
+    let finite = with_float!(dtype, T => view::<T>(OP, x)?.iter().all(|v| v.to_f32().is_finite()),
+        return Err(not_float(OP, dtype)));
+    if !finite {
+        words_mut(OP, nonfinite)?.fill(1);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -62,6 +87,7 @@ mod tests {
             eps_root: 0.0,
             bias_correction1: 1.0 - b1.powi(t),
             bias_correction2: 1.0 - b2.powi(t),
+            grad_scale: 1.0,
         }
     }
 

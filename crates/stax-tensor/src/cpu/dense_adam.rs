@@ -121,6 +121,7 @@ mod tests {
             eps_root: 0.0,
             bias_correction1: 1.0 - b1.powi(t),
             bias_correction2: 1.0 - b2.powi(t),
+            grad_scale: 1.0,
         }
     }
 

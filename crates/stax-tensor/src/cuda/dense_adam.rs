@@ -73,8 +73,14 @@ impl CudaBackend {
                 )?;
             }
             let h = &c.h;
-            self.kernels
-                .adam(w + off, (g_addr, DType::F32), mu + off, nu + off, h, r * n)?;
+            self.kernels.adam(
+                w + off,
+                (g_addr, DType::F32),
+                (mu + off, DType::F32),
+                nu + off,
+                h,
+                r * n,
+            )?;
         }
         if let Some(i) = blas {
             ws.free(i)?;

@@ -40,7 +40,7 @@ use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-// SAFETY: `AdamHyper` is `#[repr(C)]` with seven f32 fields, the layout of `struct AdamHyper`
+// SAFETY: `AdamHyper` is `#[repr(C)]` with eight f32 fields, the layout of `struct AdamHyper`
 // in kernels/adam.cu, and holds no pointers; it is passed by value as a kernel parameter.
 unsafe impl DeviceRepr for AdamHyper {}
 

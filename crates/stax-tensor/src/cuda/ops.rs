@@ -5,8 +5,8 @@
 
 use super::{CudaBackend, cublas, driver};
 use crate::backend::{
-    Adam, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut, DenseAdam,
-    Fill, Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, AllFinite, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut,
+    DenseAdam, Fill, Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::dtype::{bf16, f16};
@@ -311,11 +311,18 @@ impl OptimOps for CudaBackend {
         self.kernels.adam(
             p.addr(),
             (g.addr(), g.dtype()),
-            m.addr(),
+            (m.addr(), m.dtype()),
             v.addr(),
             &h,
             p.numel(),
         )
+    }
+
+    fn all_finite(&self, c: Checked<AllFinite<'_>>) -> Result<(), TensorError> {
+        let AllFinite { x, nonfinite } = c.into_inner();
+        self.bind()?;
+        self.kernels
+            .all_finite((x.addr(), x.dtype()), nonfinite.addr(), x.numel())
     }
 
     fn dense_adam(&self, c: Checked<DenseAdam<'_>>) -> Result<(), TensorError> {

@@ -140,6 +140,7 @@ impl CudaBackend {
             | OpDesc::Binary { .. }
             | OpDesc::BiasAdd { .. }
             | OpDesc::Adam { .. }
+            | OpDesc::AllFinite { .. }
             | OpDesc::Memory
             | OpDesc::Softmax { .. }
             | OpDesc::Dropout { .. }

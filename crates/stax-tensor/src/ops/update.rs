@@ -1,6 +1,6 @@
 //! The loss and the optimizer's update.
 
-use crate::backend::{Adam, DenseAdam, DenseDx, SoftmaxXent};
+use crate::backend::{Adam, AllFinite, DenseAdam, DenseDx, SoftmaxXent};
 use crate::{AdamHyper, Checked, DType, Shape, Tensor, TensorError, softmax_xent_dims};
 
 use super::{F32, FLOATS, backend_of, input, output, supports};
@@ -46,6 +46,7 @@ fn validate(h: &AdamHyper) -> Result<(), TensorError> {
         ("eps_root", h.eps_root),
         ("bias_correction1", h.bias_correction1),
         ("bias_correction2", h.bias_correction2),
+        ("grad_scale", h.grad_scale),
     ];
     if let Some((name, v)) = fields.iter().find(|(_, v)| !v.is_finite()) {
         return Err(TensorError::InvalidArgument {
@@ -66,9 +67,12 @@ fn validate(h: &AdamHyper) -> Result<(), TensorError> {
 }
 
 /// One fused, in-place Adam step on one parameter tensor (see [`AdamHyper`]): reads p, g, m,
-/// v and writes p, m, v, all of one shape; p, m and v f32 (the master weights and optax's
-/// default f32 moments), g in any float dtype (a bf16 or f16 step's weight gradient, read as
-/// f32: the cast at the update).
+/// v and writes p, m, v, all of one shape; p and v f32 (the master weights and optax's second
+/// moment), g in any float dtype (a bf16 or f16 step's weight gradient, read as f32 and
+/// multiplied by `h.grad_scale`: the cast and the loss scale's unscaling at the update), m in
+/// any float dtype (optax's `mu_dtype`: read as f32, the step computed in f32, the new first
+/// moment rounded once to m's dtype, as `optax.scale_by_adam(mu_dtype=..)` casts `mu` after
+/// `update_moment`).
 ///
 /// # Errors
 /// [`TensorError::InvalidArgument`] for a non-finite hyper-parameter or a bias correction
@@ -88,9 +92,27 @@ pub fn adam(
     let shape = p.shape().clone();
     output(OP, &be, p, p.dtype(), None)?;
     input(OP, &be, g, g.dtype(), Some(&shape))?;
-    output(OP, &be, m, p.dtype(), Some(&shape))?;
+    supports(OP, m.dtype(), FLOATS)?;
+    output(OP, &be, m, m.dtype(), Some(&shape))?;
     output(OP, &be, v, p.dtype(), Some(&shape))?;
     be.adam(Checked::new(Adam { p, g, m, v, h: *h }))
+}
+
+/// Folds `all(isfinite(x))` (jmp's `all_finite` of one leaf) into a flag: `nonfinite`, a U32
+/// `[1]` tensor, is set to 1 when an element of `x` (any float dtype) is NaN or infinite and
+/// left as it is otherwise. Fill it with 0, call this for every tensor of a tree, and read it
+/// once (one download for the whole tree). No workspace.
+///
+/// # Errors
+/// [`TensorError::UnsupportedDType`] for a U32 `x`; [`TensorError::Shape`] unless `nonfinite` is
+/// U32 `[1]`; device and alias errors.
+pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "all_finite";
+    let be = backend_of(x);
+    supports(OP, x.dtype(), FLOATS)?;
+    input(OP, &be, x, x.dtype(), None)?;
+    output(OP, &be, nonfinite, DType::U32, Some(&Shape::new([1])))?;
+    be.all_finite(Checked::new(AllFinite { x, nonfinite }))
 }
 
 /// A dense layer's backward pass with Adam applied to its weight as the weight gradient is

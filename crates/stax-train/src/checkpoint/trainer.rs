@@ -141,7 +141,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
 
     /// The description written as `stax.json`.
     fn meta(&self) -> Meta {
-        let policy = stax_layers::Policy::default();
+        // the model's own policy (a Mixed model's), else full f32
+        let policy = self.model().policy().unwrap_or_default();
         Meta {
             format: "stax-rs checkpoint".into(),
             version: FORMAT_VERSION,

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
-    Adam, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast, ChannelBiasAdd,
-    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
-    DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast,
+    ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use stax_tensor::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use stax_tensor::{
@@ -146,7 +146,7 @@ replay_ops! {
         dropout(Dropout),
         dropout_bwd(DropoutBwd)
     }
-    OptimOps { adam(Adam), dense_adam(DenseAdam) }
+    OptimOps { adam(Adam), dense_adam(DenseAdam), all_finite(AllFinite) }
     NormOps {
         batch_norm(BatchNorm),
         batch_norm_bwd(BatchNormBwd),

@@ -20,7 +20,8 @@ pub enum KernelModule {
     /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, a mean, softmax and
     /// log-softmax over an axis (every float dtype) and the losses with integer labels.
     SoftmaxXent,
-    /// `kernels/adam.cu`: the fused Adam step.
+    /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype) and the
+    /// loss scale's finiteness check.
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
     Layout,
@@ -114,7 +115,7 @@ impl KernelModule {
                 "dropout_bwd",
             ],
             KernelModule::SoftmaxXent => &["softmax", "softmax_bwd"],
-            KernelModule::Adam => &["adam"],
+            KernelModule::Adam => &["adam", "adam_mu_bf16", "adam_mu_f16", "all_finite"],
             _ => &[],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());

@@ -87,12 +87,13 @@ impl Kernels {
             .map_err(driver(kern))
     }
 
-    /// One Adam step over `n` elements of p, m, v (f32) and g (`g_dtype`).
+    /// One Adam step over `n` elements of p, v (f32), g (`g_dtype`) and m (`m_dtype`, optax's
+    /// `mu_dtype`).
     pub(crate) fn adam(
         &self,
         p: u64,
         (g, g_dtype): (u64, DType),
-        m: u64,
+        (m, m_dtype): (u64, DType),
         v: u64,
         h: &AdamHyper,
         n: usize,
@@ -100,19 +101,44 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (f, k, threads) = if g_dtype == DType::F32 && aligned16(&[p, g, m, v]) {
+        let plain = g_dtype == DType::F32 && m_dtype == DType::F32;
+        let (f, k, threads) = if plain && aligned16(&[p, g, m, v]) {
             let k = "adam_vec_f32";
             (self.function(k)?, k, (n / 4).max(n % 4))
         } else {
-            (self.typed("adam", g_dtype)?, "adam", n)
+            let root = match m_dtype {
+                DType::BF16 => "adam_mu_bf16",
+                DType::F16 => "adam_mu_f16",
+                _ => "adam",
+            };
+            (self.typed(root, g_dtype)?, root, n)
         };
         // SAFETY: `adam_<g dtype>(float *p, const G *g, float *m, float *v, AdamHyper h,
-        // size_t n)` / `adam_vec_f32` (the same, f32 g); p, m, v hold n floats and g n elements
-        // of `g_dtype` (16-byte aligned for the vector kernel, whose grid has at least n % 4
-        // threads in block 0 for the tail); AdamHyper's layout matches (see the DeviceRepr impl
-        // above).
+        // size_t n)`, `adam_mu_<m dtype>_<g dtype>` (the same with `M *m`) / `adam_vec_f32`
+        // (f32 g and m); p, v hold n floats, g n elements of `g_dtype` and m n of `m_dtype`
+        // (the front end checked both float dtypes; 16-byte aligned for the vector kernel,
+        // whose grid has at least n % 4 threads in block 0 for the tail); AdamHyper's layout
+        // matches (see the DeviceRepr impl above).
         unsafe { launch!(self.stream, f, self.grid(threads); &p, &g, &m, &v, h, &n).map(drop) }
             .map_err(driver(k))
+    }
+
+    /// Sets the u32 at `flag` to 1 when one of the `n` elements of `dtype` at `x` is NaN or
+    /// infinite.
+    pub(crate) fn all_finite(
+        &self,
+        (x, dtype): (u64, DType),
+        flag: u64,
+        n: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.typed("all_finite", dtype)?;
+        // SAFETY: `all_finite_<dtype>(const T *x, unsigned *nonfinite, size_t n)`; x holds n
+        // elements of `dtype` (a float dtype, checked by the front end), flag one u32.
+        unsafe { launch!(self.stream, f, self.grid(n); &x, &flag, &n).map(drop) }
+            .map_err(driver("all_finite"))
     }
 
     /// A `(kh, kw, ci, co)` kernel copied from layout `from` to layout `to` (the codes of
