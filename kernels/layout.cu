@@ -26,8 +26,9 @@ __device__ size_t filter_index(int layout, size_t kh, size_t kw, size_t ci, size
 }
 
 // dst (layout `to`) = src (layout `from`), a (kh, kw, ci, co) kernel; one thread per tap.
-extern "C" __global__ void filter_permute_f32(const float *src, float *dst, size_t kh, size_t kw,
-                                              size_t ci, size_t co, int from, int to) {
+template <typename T>
+__device__ void filter_permute_impl(const T *src, T *dst, size_t kh, size_t kw, size_t ci,
+                                    size_t co, int from, int to) {
     size_t n = kh * kw * ci * co;
     GRID_STRIDE(i, n) {  // i enumerates the taps in HWIO order
         size_t o = i % co, c = (i / co) % ci, kx = (i / (co * ci)) % kw, ky = i / (co * ci * kw);
@@ -38,16 +39,16 @@ extern "C" __global__ void filter_permute_f32(const float *src, float *dst, size
 
 // dst NHWC [nb, hd, wd, c] = src NHWC [nb, hs, ws, c] placed at row top, column left; zeros
 // elsewhere (hd >= top + hs, wd >= left + ws).
-extern "C" __global__ void pad_nhwc_f32(const float *src, float *dst, size_t nb, size_t hs,
-                                        size_t ws, size_t c, size_t hd, size_t wd, size_t top,
-                                        size_t left) {
+template <typename T>
+__device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t c,
+                              size_t hd, size_t wd, size_t top, size_t left) {
     size_t n = nb * hd * wd * c;
     GRID_STRIDE(i, n) {
         size_t ch = i % c;
         size_t x = (i / c) % wd;
         size_t y = (i / (c * wd)) % hd;
         size_t b = i / (c * wd * hd);
-        float v = 0.0f;
+        T v = from_f32<T>(0.0f);
         if (y >= top && y < top + hs && x >= left && x < left + ws) {
             v = src[((b * hs + (y - top)) * ws + (x - left)) * c + ch];
         }
@@ -56,9 +57,9 @@ extern "C" __global__ void pad_nhwc_f32(const float *src, float *dst, size_t nb,
 }
 
 // dst NHWC [nb, hd, wd, c] = the window of src NHWC [nb, hs, ws, c] at row top, column left.
-extern "C" __global__ void crop_nhwc_f32(const float *src, float *dst, size_t nb, size_t hs,
-                                         size_t ws, size_t c, size_t hd, size_t wd, size_t top,
-                                         size_t left) {
+template <typename T>
+__device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t c,
+                               size_t hd, size_t wd, size_t top, size_t left) {
     size_t n = nb * hd * wd * c;
     GRID_STRIDE(i, n) {
         size_t ch = i % c;
@@ -68,6 +69,25 @@ extern "C" __global__ void crop_nhwc_f32(const float *src, float *dst, size_t nb
         dst[i] = src[((b * hs + (y + top)) * ws + (x + left)) * c + ch];
     }
 }
+
+// The three layout kernels in element type T, named <op>_<suffix>: elements are copied, never
+// converted, so every float dtype moves bit for bit.
+#define LAYOUT_KERNELS(T, S)                                                                   \
+    extern "C" __global__ void filter_permute_##S(const T *src, T *dst, size_t kh, size_t kw,  \
+                                                  size_t ci, size_t co, int from, int to) {    \
+        filter_permute_impl<T>(src, dst, kh, kw, ci, co, from, to);                            \
+    }                                                                                          \
+    extern "C" __global__ void pad_nhwc_##S(const T *src, T *dst, size_t nb, size_t hs,        \
+                                            size_t ws, size_t c, size_t hd, size_t wd,         \
+                                            size_t top, size_t left) {                         \
+        pad_nhwc_impl<T>(src, dst, nb, hs, ws, c, hd, wd, top, left);                          \
+    }                                                                                          \
+    extern "C" __global__ void crop_nhwc_##S(const T *src, T *dst, size_t nb, size_t hs,       \
+                                             size_t ws, size_t c, size_t hd, size_t wd,        \
+                                             size_t top, size_t left) {                        \
+        crop_nhwc_impl<T>(src, dst, nb, hs, ws, c, hd, wd, top, left);                         \
+    }
+FOR_FLOATS(LAYOUT_KERNELS)
 
 // Block copy between row-major matrices of 32-bit (u32) or 16-bit (u16) words: dst[r *
 // dst_pitch + dst_off + j] = src[r * src_pitch + src_off + j] for r < rows, j < width (pitches

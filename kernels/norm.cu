@@ -1,8 +1,10 @@
 // norm.cu: per-channel reductions on a [outer, c, inner] view (element (o, j, i) at
-// (o * c + j) * inner + i): batch normalization forward and backward and a channel bias, f32
-// data, f64 statistics. See crates/stax-tensor/src/cpu/norm.rs for the formulas.
+// (o * c + j) * inner + i): batch normalization forward and backward (f32) and a channel bias
+// (every float dtype: the reduction and the bias add are templates instantiated per dtype as
+// <op>_<dtype> by FOR_FLOATS, elements read as f32), f64 statistics. See
+// crates/stax-tensor/src/cpu/norm.rs for the formulas.
 //
-// A reduction runs in two kernels: channel_moments_f32 writes per-split partial sums (grid
+// A reduction runs in two kernels: channel_moments_<dtype> writes per-split partial sums (grid
 // (ceil(c / 32), splits), blocks of 32 x 8 threads: x over channels, y over the reduced
 // elements, so an NHWC view with inner == 1 reads coalesced rows), then a finish kernel adds
 // the splits per channel. Deterministic: no atomics.
@@ -15,9 +17,10 @@ __device__ __forceinline__ bool kept(const u32 *mask, size_t e) {
 // partial[(split * c + j) * 2 + {0, 1}] = (sum a, sum a * (b - shift[j])) over split `split` of
 // channel j's outer * inner elements (b null: the second is 0; shift null: 0), a taken as 0
 // where a non-null mask's bit is clear (a fused ReLU's backward).
-extern "C" __global__ void channel_moments_f32(const float *a, const float *b, const float *shift,
-                                               const u32 *mask, double *partial, size_t outer,
-                                               size_t c, size_t inner, size_t per_split) {
+template <typename T>
+__device__ void channel_moments_impl(const T *a, const T *b, const float *shift, const u32 *mask,
+                                     double *partial, size_t outer, size_t c, size_t inner,
+                                     size_t per_split) {
     __shared__ double ss[8][32];
     __shared__ double tt[8][32];
     size_t j = (size_t)blockIdx.x * 32 + threadIdx.x;
@@ -30,9 +33,9 @@ extern "C" __global__ void channel_moments_f32(const float *a, const float *b, c
         for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
             // NHWC (inner == 1) needs no 64-bit division
             size_t e = inner == 1 ? r * c + j : ((r / inner) * c + j) * inner + r % inner;
-            double v = kept(mask, e) ? (double)a[e] : 0.0;
+            double v = kept(mask, e) ? (double)to_f32(a[e]) : 0.0;
             s += v;
-            if (b) t += v * ((double)b[e] - sh);
+            if (b) t += v * ((double)to_f32(b[e]) - sh);
         }
     }
     ss[threadIdx.y][threadIdx.x] = s;
@@ -59,13 +62,13 @@ __device__ void split_sums(const double *partial, size_t splits, size_t c, size_
     }
 }
 
-// out[j] = sum of a over channel j (from channel_moments_f32 with b null).
-extern "C" __global__ void channel_sum_finish_f32(const double *partial, size_t splits, size_t c,
-                                                  float *out) {
+// out[j] = sum of a over channel j (from channel_moments with b null), rounded once to T.
+template <typename T>
+__device__ void channel_sum_finish_impl(const double *partial, size_t splits, size_t c, T *out) {
     GRID_STRIDE(j, c) {
         double s, t;
         split_sums(partial, splits, c, j, &s, &t);
-        out[j] = (float)s;
+        out[j] = from_f32<T>((float)s);
     }
 }
 
@@ -170,10 +173,27 @@ extern "C" __global__ void bn_bwd_apply_f32(const float *x, float *dy, const flo
     }
 }
 
-// y[i] += b[(i / inner) % c].
-extern "C" __global__ void channel_bias_add_f32(float *y, const float *b, size_t n, size_t c,
-                                                size_t inner) {
+// y[i] += b[(i / inner) % c], in f32, rounded once to T.
+template <typename T>
+__device__ void channel_bias_add_impl(T *y, const T *b, size_t n, size_t c, size_t inner) {
     GRID_STRIDE(i, n) {
-        y[i] += b[(i / inner) % c];
+        y[i] = from_f32<T>(to_f32(y[i]) + to_f32(b[(i / inner) % c]));
     }
 }
+
+#define CHANNEL_KERNELS(T, S)                                                                  \
+    extern "C" __global__ void channel_moments_##S(const T *a, const T *b, const float *shift,  \
+                                                   const u32 *mask, double *partial,            \
+                                                   size_t outer, size_t c, size_t inner,        \
+                                                   size_t per_split) {                          \
+        channel_moments_impl<T>(a, b, shift, mask, partial, outer, c, inner, per_split);        \
+    }                                                                                          \
+    extern "C" __global__ void channel_sum_finish_##S(const double *partial, size_t splits,    \
+                                                      size_t c, T *out) {                      \
+        channel_sum_finish_impl<T>(partial, splits, c, out);                                   \
+    }                                                                                          \
+    extern "C" __global__ void channel_bias_add_##S(T *y, const T *b, size_t n, size_t c,      \
+                                                    size_t inner) {                            \
+        channel_bias_add_impl<T>(y, b, n, c, inner);                                           \
+    }
+FOR_FLOATS(CHANNEL_KERNELS)

@@ -1,7 +1,9 @@
-// pool.cu: 2-D max, sum and average pooling, NHWC f32, forward and backward (see
+// pool.cu: 2-D max, sum and average pooling, NHWC, forward and backward, in every float dtype:
+// templates instantiated per dtype as <op>_<dtype> by FOR_FLOATS, elements read as f32, sums
+// accumulated in f32 (f64 for the forward sums), each output rounded to its dtype once. See
 // crates/stax-tensor/src/cpu/pool.rs for the semantics: max pooling's padding reads -inf, NaN
 // propagates, the gradient of a window goes to its first maximum in window order; sum pooling's
-// padding reads 0; average pooling divides by the window's positions inside the image).
+// padding reads 0; average pooling divides by the window's positions inside the image.
 
 // Geometry of one pooling, as Conv2dGeometry (the window as kh x kw, c_out == c_in).
 struct PoolGeometry {
@@ -12,7 +14,8 @@ struct PoolGeometry {
 
 // The window offset (ky * kw + kx) of the first maximum of window (oy, ox) in channel c of
 // image x, or NO_MAX when the window lies wholly in the padding; its value in *best.
-__device__ unsigned window_argmax(const PoolGeometry &g, const float *x, size_t oy, size_t ox,
+template <typename T>
+__device__ unsigned window_argmax(const PoolGeometry &g, const T *x, size_t oy, size_t ox,
                                   size_t c, float *best) {
     unsigned arg = NO_MAX;
     float b = __int_as_float(0xff800000); // -inf
@@ -22,7 +25,7 @@ __device__ unsigned window_argmax(const PoolGeometry &g, const float *x, size_t 
         for (size_t kx = 0; kx < g.kw; ++kx) {
             long long ix = (long long)(ox * g.sw + kx) - (long long)g.pad_left;
             if (ix < 0 || ix >= (long long)g.w) continue;
-            float v = x[((size_t)iy * g.w + (size_t)ix) * g.c + c];
+            float v = to_f32(x[((size_t)iy * g.w + (size_t)ix) * g.c + c]);
             if (arg == NO_MAX || v > b || (isnan(v) && !isnan(b))) {
                 arg = (unsigned)(ky * g.kw + kx);
                 b = v;
@@ -34,7 +37,7 @@ __device__ unsigned window_argmax(const PoolGeometry &g, const float *x, size_t 
 }
 
 // y[n, oy, ox, c] = max over the window (one thread an output element).
-extern "C" __global__ void max_pool_f32(const float *x, float *y, PoolGeometry g) {
+template <typename T> __device__ void max_pool_impl(const T *x, T *y, PoolGeometry g) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     size_t image = g.h * g.w * g.c;
     GRID_STRIDE(o, total) {
@@ -42,14 +45,15 @@ extern "C" __global__ void max_pool_f32(const float *x, float *y, PoolGeometry g
         size_t ox = r % g.out_w, r2 = r / g.out_w;
         size_t oy = r2 % g.out_h, n = r2 / g.out_h;
         float best;
-        window_argmax(g, x + n * image, oy, ox, c, &best);
-        y[o] = best;
+        window_argmax<T>(g, x + n * image, oy, ox, c, &best);
+        y[o] = from_f32<T>(best);
     }
 }
 
 // arg[n, oy, ox, c] = the window offset of the window's first maximum (one thread an output
 // element): the first half of the backward pass, which then reads one word per window.
-extern "C" __global__ void max_pool_argmax_f32(const float *x, unsigned *arg, PoolGeometry g) {
+template <typename T>
+__device__ void max_pool_argmax_impl(const T *x, unsigned *arg, PoolGeometry g) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     size_t image = g.h * g.w * g.c;
     GRID_STRIDE(o, total) {
@@ -57,15 +61,15 @@ extern "C" __global__ void max_pool_argmax_f32(const float *x, unsigned *arg, Po
         size_t ox = r % g.out_w, r2 = r / g.out_w;
         size_t oy = r2 % g.out_h, n = r2 / g.out_h;
         float best;
-        arg[o] = window_argmax(g, x + n * image, oy, ox, c, &best);
+        arg[o] = window_argmax<T>(g, x + n * image, oy, ox, c, &best);
     }
 }
 
 // dx[i] = sum of dy over the windows whose first maximum is i, from the windows' argmax
 // offsets (one thread an input element, gathering over the windows that cover it:
 // deterministic, no atomics).
-extern "C" __global__ void max_pool_bwd_f32(const unsigned *arg, const float *dy, float *dx,
-                                            PoolGeometry g) {
+template <typename T>
+__device__ void max_pool_bwd_impl(const unsigned *arg, const T *dy, T *dx, PoolGeometry g) {
     size_t total = g.n * g.h * g.w * g.c;
     GRID_STRIDE(t, total) {
         size_t c = t % g.c, r = t / g.c;
@@ -82,10 +86,10 @@ extern "C" __global__ void max_pool_bwd_f32(const unsigned *arg, const float *dy
                  ++ox) {
                 size_t kx = (size_t)(px - ox * (long long)g.sw);
                 size_t o = ((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c;
-                if (arg[o] == (unsigned)(ky * g.kw + kx)) acc += dy[o];
+                if (arg[o] == (unsigned)(ky * g.kw + kx)) acc += to_f32(dy[o]);
             }
         }
-        dx[t] = acc;
+        dx[t] = from_f32<T>(acc);
     }
 }
 
@@ -102,7 +106,7 @@ __device__ void inside(size_t o, size_t s, size_t pad, size_t len, size_t k, siz
 }
 
 // y[n, oy, ox, c] = the window's sum (avg != 0: divided by its positions inside the image).
-extern "C" __global__ void sum_pool_f32(const float *x, float *y, PoolGeometry g, int avg) {
+template <typename T> __device__ void sum_pool_impl(const T *x, T *y, PoolGeometry g, int avg) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     GRID_STRIDE(o, total) {
         size_t c = o % g.c, r = o / g.c;
@@ -116,18 +120,18 @@ extern "C" __global__ void sum_pool_f32(const float *x, float *y, PoolGeometry g
             size_t iy = oy * g.sh + ky - g.pad_top;
             for (size_t kx = x0; kx < x1; ++kx) {
                 size_t ix = ox * g.sw + kx - g.pad_left;
-                acc += (double)x[((n * g.h + iy) * g.w + ix) * g.c + c];
+                acc += (double)to_f32(x[((n * g.h + iy) * g.w + ix) * g.c + c]);
             }
         }
         float count = (float)((y1 - y0) * (x1 - x0));
-        y[o] = avg ? (float)acc / count : (float)acc;
+        y[o] = from_f32<T>(avg ? (float)acc / count : (float)acc);
     }
 }
 
 // dx[i] = sum of dy over the windows covering i (each divided by its count when avg != 0);
 // one thread an input element, gathering: deterministic, no atomics.
-extern "C" __global__ void sum_pool_bwd_f32(const float *dy, float *dx, PoolGeometry g,
-                                            int avg) {
+template <typename T>
+__device__ void sum_pool_bwd_impl(const T *dy, T *dx, PoolGeometry g, int avg) {
     size_t total = g.n * g.h * g.w * g.c;
     GRID_STRIDE(t, total) {
         size_t c = t % g.c, r = t / g.c;
@@ -145,10 +149,30 @@ extern "C" __global__ void sum_pool_bwd_f32(const float *dy, float *dx, PoolGeom
                  ++ox) {
                 size_t x0, x1;
                 inside((size_t)ox, g.sw, g.pad_left, g.w, g.kw, &x0, &x1);
-                float d = dy[((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c];
+                size_t o = ((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c;
+                float d = to_f32(dy[o]);
                 acc += avg ? d / (float)((y1 - y0) * (x1 - x0)) : d;
             }
         }
-        dx[t] = acc;
+        dx[t] = from_f32<T>(acc);
     }
 }
+
+#define POOL_KERNELS(T, S)                                                                     \
+    extern "C" __global__ void max_pool_##S(const T *x, T *y, PoolGeometry g) {                \
+        max_pool_impl<T>(x, y, g);                                                             \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_argmax_##S(const T *x, unsigned *arg, PoolGeometry g) { \
+        max_pool_argmax_impl<T>(x, arg, g);                                                    \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_bwd_##S(const unsigned *arg, const T *dy, T *dx,       \
+                                                PoolGeometry g) {                              \
+        max_pool_bwd_impl<T>(arg, dy, dx, g);                                                  \
+    }                                                                                          \
+    extern "C" __global__ void sum_pool_##S(const T *x, T *y, PoolGeometry g, int avg) {       \
+        sum_pool_impl<T>(x, y, g, avg);                                                        \
+    }                                                                                          \
+    extern "C" __global__ void sum_pool_bwd_##S(const T *dy, T *dx, PoolGeometry g, int avg) { \
+        sum_pool_bwd_impl<T>(dy, dx, g, avg);                                                  \
+    }
+FOR_FLOATS(POOL_KERNELS)

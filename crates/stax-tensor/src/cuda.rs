@@ -33,6 +33,7 @@ pub mod memory;
 pub mod nccl;
 mod norm;
 mod ops;
+mod pool;
 mod transfer;
 mod workspace;
 
@@ -320,14 +321,24 @@ impl Backend for CudaBackend {
     /// [`Backend::calibrate`]); nothing for any other op.
     fn calibrate(&self, op: &OpDesc) -> Result<(), TensorError> {
         match *op {
-            OpDesc::Conv { geometry, pass, .. } => self.calibrate_conv(&geometry, pass),
+            OpDesc::Conv {
+                geometry,
+                pass,
+                dtype,
+                ..
+            } => self.calibrate_conv(&geometry, dtype, pass),
             _ => Ok(()),
         }
     }
 
     fn is_calibrated(&self, op: &OpDesc) -> bool {
         match op {
-            OpDesc::Conv { geometry, pass, .. } => self.conv_is_calibrated(geometry, *pass),
+            OpDesc::Conv {
+                geometry,
+                pass,
+                dtype,
+                ..
+            } => self.conv_is_calibrated(geometry, *dtype, *pass),
             _ => true,
         }
     }

@@ -1,5 +1,9 @@
-//! The convolution passes and the pooling of [`CudaBackend`]: layout changes around cuDNN, and
-//! our pooling kernels.
+//! The convolution passes of [`CudaBackend`]: layout changes around cuDNN (the poolings are in
+//! `pool.rs`).
+//!
+//! Every pass runs in its operands' dtype: f32, or bf16 and f16 with f32 accumulation (cuDNN's
+//! pseudo configurations, see `cudnn.rs`); the kernel copy, the padded input, the bias and its
+//! gradient (summed in f64, rounded once) are in that dtype too.
 //!
 //! cuDNN reads NHWC tensors with KRSC (= OHWI) filters and NCHW tensors with KCRS (= OIHW)
 //! filters. A kernel stored otherwise (HWIO, OIHW beside NHWC tensors, or a transposed
@@ -17,8 +21,8 @@ use super::cudnn::{CudnnConv, Epilogue, Operands};
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
-    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, FilterLayout, Layout, OpDesc,
-    PoolKind, Saves, TensorError,
+    Activation, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, FilterLayout, Layout, Saves,
+    TensorError,
 };
 
 /// An input extended with explicit zeros: its size and where the real input sits in it.
@@ -30,10 +34,8 @@ pub(super) struct Extended {
     pub left: usize,
 }
 
-const F32: usize = 4;
-
-/// What cuDNN computes for `g`, and the extended input if one is needed.
-pub(super) fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
+/// What cuDNN computes for `g` in `dtype`, and the extended input if one is needed.
+pub(super) fn layout(g: &Conv2dGeometry, dtype: DType) -> (CudnnConv, Option<Extended>) {
     let ph = g.pad_top.min(g.pad_bottom);
     let pw = g.pad_left.min(g.pad_right);
     let ext = (!g.symmetric_padding()).then(|| Extended {
@@ -45,6 +47,7 @@ pub(super) fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
     let (h, w) = ext.map_or((g.h, g.w), |e| (e.h, e.w));
     let conv = CudnnConv {
         geometry: *g,
+        dtype,
         h,
         w,
         pad_h: ph,
@@ -60,9 +63,9 @@ pub(super) fn layout(g: &Conv2dGeometry) -> (CudnnConv, Option<Extended>) {
     )
 }
 
-/// Bytes of the extended input (or its gradient) of an asymmetric padding.
-pub(super) fn extended_bytes(g: &Conv2dGeometry, e: &Extended) -> usize {
-    g.n * e.h * e.w * g.c_in * F32
+/// Bytes of the extended input (or its gradient) of an asymmetric padding, in `dtype`.
+pub(super) fn extended_bytes(g: &Conv2dGeometry, e: &Extended, dtype: DType) -> usize {
+    g.n * e.h * e.w * g.c_in * dtype.size_bytes()
 }
 
 /// The code of the filter layout cuDNN reads beside `g`'s tensors (OHWI or OIHW).
@@ -73,12 +76,13 @@ fn cudnn_filter(g: &Conv2dGeometry) -> i32 {
     }
 }
 
-/// Bytes of the kernel's copy in cuDNN's layout: none when it is stored so already.
-pub(super) fn filter_copy_bytes(g: &Conv2dGeometry) -> usize {
+/// Bytes of the kernel's copy in cuDNN's layout, in `dtype`: none when it is stored so
+/// already.
+pub(super) fn filter_copy_bytes(g: &Conv2dGeometry, dtype: DType) -> usize {
     if cudnn_filter(g) == g.filter.code() {
         0
     } else {
-        g.filter_shape().numel() * F32
+        g.filter_shape().numel() * dtype.size_bytes()
     }
 }
 
@@ -97,9 +101,9 @@ fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
     let ext = if g.symmetric_padding() {
         0
     } else {
-        g.n * conv.h * conv.w * g.c_in * F32
+        g.n * conv.h * conv.w * g.c_in * conv.dtype.size_bytes()
     };
-    filter_copy_bytes(g) + ext
+    filter_copy_bytes(g, conv.dtype) + ext
 }
 
 /// Whether the filter gradient of `g` is one cuBLAS GEMM instead of a cuDNN pass: a 1x1
@@ -138,12 +142,13 @@ impl CudaBackend {
         self.dnn.run(pass, conv, self.precision, ops, workspace)
     }
 
-    /// The extended input of an asymmetrically padded conv (`ext`), the schedule's next
-    /// allocation, with `pad_from` (the input, if given) padded into it; `None` without one.
+    /// The extended input of an asymmetrically padded conv (`ext`) in `dtype`, the schedule's
+    /// next allocation, with `pad_from` (the input, if given) padded into it; `None` without
+    /// one.
     fn extended_input(
         &self,
         ws: &mut Scratch,
-        g: &Conv2dGeometry,
+        (g, dtype): (&Conv2dGeometry, DType),
         ext: Option<Extended>,
         pad_from: Option<u64>,
     ) -> Result<Option<usize>, TensorError> {
@@ -153,8 +158,15 @@ impl CudaBackend {
         let i = ws.alloc()?;
         if let Some(x) = pad_from {
             let big = ws.addr(i);
-            self.kernels
-                .pad_or_crop(true, x, big, pad_dims(g), [e.h, e.w], [e.top, e.left])?;
+            self.kernels.pad_or_crop(
+                dtype,
+                true,
+                x,
+                big,
+                pad_dims(g),
+                [e.h, e.w],
+                [e.top, e.left],
+            )?;
         }
         Ok(Some(i))
     }
@@ -165,14 +177,16 @@ impl CudaBackend {
     fn pass_buffers(
         &self,
         ws: &mut Scratch,
-        g: &Conv2dGeometry,
+        (g, dtype): (&Conv2dGeometry, DType),
         ext: Option<Extended>,
         pad_from: Option<u64>,
         pass: ConvPass,
     ) -> Result<PassBuffers, TensorError> {
-        let filter = (filter_copy_bytes(g) > 0).then(|| ws.alloc()).transpose()?;
-        let ext_i = self.extended_input(ws, g, ext, pad_from)?;
-        let cudnn = match self.cudnn_workspace(g, pass)? {
+        let filter = (filter_copy_bytes(g, dtype) > 0)
+            .then(|| ws.alloc())
+            .transpose()?;
+        let ext_i = self.extended_input(ws, (g, dtype), ext, pad_from)?;
+        let cudnn = match self.cudnn_workspace(g, dtype, pass)? {
             0 => None,
             _ => Some(ws.alloc()?),
         };
@@ -187,7 +201,7 @@ impl CudaBackend {
     fn cudnn_kernel(
         &self,
         ws: &Scratch,
-        g: &Conv2dGeometry,
+        (g, dtype): (&Conv2dGeometry, DType),
         copy: Option<usize>,
         w: u64,
     ) -> Result<u64, TensorError> {
@@ -195,21 +209,22 @@ impl CudaBackend {
             return Ok(w);
         };
         let dims = (g.kh, g.kw, g.c_in, g.c_out);
+        let codes = (g.filter.code(), cudnn_filter(g));
         self.kernels
-            .permute_filter(w, ws.addr(i), dims, g.filter.code(), cudnn_filter(g))?;
+            .permute_filter(dtype, w, ws.addr(i), dims, codes.0, codes.1)?;
         Ok(ws.addr(i))
     }
 
-    /// The bias added to `y` by our own kernels, along `g`'s channel axis.
+    /// The bias (of `y`'s dtype) added to `y` by our own kernels, along `g`'s channel axis.
     fn add_bias(&self, g: &Conv2dGeometry, y: &crate::Tensor, b: u64) -> Result<(), TensorError> {
+        let dtype = y.dtype();
         match g.layout {
-            Layout::Nhwc => {
-                self.kernels
-                    .bias_add(crate::DType::F32, y.addr(), b, y.numel(), g.c_out)
-            }
+            Layout::Nhwc => self
+                .kernels
+                .bias_add(dtype, y.addr(), b, y.numel(), g.c_out),
             Layout::Nchw => self
                 .kernels
-                .channel_bias_add(&g.output_channels(), y.addr(), b),
+                .channel_bias_add(dtype, &g.output_channels(), y.addr(), b),
         }
     }
 
@@ -228,15 +243,16 @@ impl CudaBackend {
             aux,
         } = c;
         self.bind()?;
-        let pass = ConvPass::Forward;
-        self.calibrate_conv(&g, pass)?;
-        let (conv, ext) = layout(&g);
+        let (pass, dtype) = (ConvPass::Forward, x.dtype());
+        self.calibrate_conv(&g, dtype, pass)?;
+        let (conv, ext) = layout(&g, dtype);
         let bias = b.is_some();
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, bias)?);
-        let bufs = self.pass_buffers(&mut ws, &g, ext, Some(x.addr()), pass)?;
+        let schedule = self.conv_schedule(&g, dtype, pass, bias)?;
+        let mut ws = Scratch::new(OP, &self.allocator, schedule);
+        let bufs = self.pass_buffers(&mut ws, (&g, dtype), ext, Some(x.addr()), pass)?;
         let ops = Operands {
             x: bufs.ext.map_or(x.addr(), |i| ws.addr(i)),
-            w: self.cudnn_kernel(&ws, &g, bufs.filter, w.addr())?,
+            w: self.cudnn_kernel(&ws, (&g, dtype), bufs.filter, w.addr())?,
             y: y.addr(),
         };
         let relu = act == Some(Activation::Relu);
@@ -264,9 +280,12 @@ impl CudaBackend {
         }
         let mask = aux.map_or(0, |m| m.addr());
         match act {
-            // cuDNN applied a fused ReLU: the mask is one read-only pass
+            // cuDNN applied a fused ReLU: the mask is one read-only pass (in bf16 and f16 the
+            // ReLU kernel runs again, which leaves a ReLU'd output as it is)
             Some(Activation::Relu) if fused && mask == 0 => Ok(()),
-            Some(Activation::Relu) => self.kernels.relu(y.addr(), mask, y.numel(), !fused),
+            Some(Activation::Relu) if dtype == DType::F32 => {
+                self.kernels.relu(y.addr(), mask, y.numel(), !fused)
+            }
             Some(act) => self.activate(act, mask, y),
             None => Ok(()),
         }
@@ -277,14 +296,15 @@ impl CudaBackend {
         const OP: &str = "conv2d_bwd_data";
         let Conv2dBwdData { g, dy, w, dx } = c;
         self.bind()?;
-        let pass = ConvPass::BackwardData;
-        self.calibrate_conv(&g, pass)?;
-        let (conv, ext) = layout(&g);
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, false)?);
-        let bufs = self.pass_buffers(&mut ws, &g, ext, None, pass)?;
+        let (pass, dtype) = (ConvPass::BackwardData, dy.dtype());
+        self.calibrate_conv(&g, dtype, pass)?;
+        let (conv, ext) = layout(&g, dtype);
+        let schedule = self.conv_schedule(&g, dtype, pass, false)?;
+        let mut ws = Scratch::new(OP, &self.allocator, schedule);
+        let bufs = self.pass_buffers(&mut ws, (&g, dtype), ext, None, pass)?;
         let ops = Operands {
             x: bufs.ext.map_or(dx.addr(), |i| ws.addr(i)),
-            w: self.cudnn_kernel(&ws, &g, bufs.filter, w.addr())?,
+            w: self.cudnn_kernel(&ws, (&g, dtype), bufs.filter, w.addr())?,
             y: dy.addr(),
         };
         self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;
@@ -294,6 +314,7 @@ impl CudaBackend {
         if let (Some(e), Some(i)) = (ext, bufs.ext) {
             let (big, small) = (ws.addr(i), dx.addr());
             self.kernels.pad_or_crop(
+                dtype,
                 false,
                 small,
                 big,
@@ -309,25 +330,26 @@ impl CudaBackend {
         ws.finish()
     }
 
-    /// The bias gradient `db` of `dy` through the partials buffer `partial`; with `mask`
-    /// (NHWC only, where the kernels vectorize), `dy` is masked by the ReLU backward in the
-    /// same pass.
+    /// The bias gradient `db` of `dy` (both of `dtype`; summed in f64 through the partials
+    /// buffer `partial`, rounded once); with `mask` (f32 NHWC only, where the kernels
+    /// vectorize), `dy` is masked by the ReLU backward in the same pass.
     fn conv_bias_grad(
         &self,
-        g: &Conv2dGeometry,
+        (g, dtype): (&Conv2dGeometry, DType),
         (dy, mask): (u64, u64),
         partial: u64,
         db: u64,
     ) -> Result<(), TensorError> {
         let ch = g.output_channels();
         match g.layout {
-            Layout::Nhwc => {
-                self.kernels
-                    .bias_grad(crate::DType::F32, dy, mask, partial, db, ch.outer, ch.c)
-            }
+            Layout::Nhwc => self
+                .kernels
+                .bias_grad(dtype, dy, mask, partial, db, ch.outer, ch.c),
             Layout::Nchw => {
-                let splits = self.kernels.channel_moments(&ch, (dy, 0, 0, 0), partial)?;
-                self.kernels.channel_sum_finish(partial, splits, ch.c, db)
+                let moments = (dy, 0, 0, 0);
+                let splits = self.kernels.channel_moments(dtype, &ch, moments, partial)?;
+                self.kernels
+                    .channel_sum_finish(dtype, partial, splits, ch.c, db)
             }
         }
     }
@@ -348,11 +370,12 @@ impl CudaBackend {
             act,
         } = c;
         self.bind()?;
-        let pass = ConvPass::BackwardFilter;
-        self.calibrate_conv(&g, pass)?;
+        let (pass, dtype) = (ConvPass::BackwardFilter, x.dtype());
+        self.calibrate_conv(&g, dtype, pass)?;
         let gemm = filter_grad_is_gemm(&g);
         let mut mask = 0;
         let fuse_mask = db.is_some()
+            && dtype == DType::F32
             && g.layout == Layout::Nhwc
             && self.fused_epilogues()
             && self.kernels.bias_grad_vectorizes(g.c_out, dy.addr());
@@ -362,21 +385,24 @@ impl CudaBackend {
             None => {}
         }
         let bias = db.is_some();
-        let mut ws = Scratch::new(OP, &self.allocator, self.conv_schedule(&g, pass, bias)?);
+        let schedule = self.conv_schedule(&g, dtype, pass, bias)?;
+        let mut ws = Scratch::new(OP, &self.allocator, schedule);
         if let Some(db) = db {
             let partial = ws.alloc()?;
-            self.conv_bias_grad(&g, (dy.addr(), mask), ws.addr(partial), db.addr())?;
+            let (d, p) = ((dy.addr(), mask), ws.addr(partial));
+            self.conv_bias_grad((&g, dtype), d, p, db.addr())?;
             ws.free(partial)?;
         }
         if gemm {
-            return self.filter_grad_gemm(&g, (x.addr(), dy.addr(), dw.addr()), ws);
+            let addrs = (x.addr(), dy.addr(), dw.addr());
+            return self.filter_grad_gemm((&g, dtype), addrs, ws);
         }
-        let (conv, ext) = layout(&g);
-        let ext_i = self.extended_input(&mut ws, &g, ext, Some(x.addr()))?;
-        let filter = (filter_copy_bytes(&g) > 0)
+        let (conv, ext) = layout(&g, dtype);
+        let ext_i = self.extended_input(&mut ws, (&g, dtype), ext, Some(x.addr()))?;
+        let filter = (filter_copy_bytes(&g, dtype) > 0)
             .then(|| ws.alloc())
             .transpose()?;
-        let cudnn = match self.cudnn_workspace(&g, pass)? {
+        let cudnn = match self.cudnn_workspace(&g, dtype, pass)? {
             0 => None,
             _ => Some(ws.alloc()?),
         };
@@ -392,6 +418,7 @@ impl CudaBackend {
         if let Some(i) = filter {
             let dims = (g.kh, g.kw, g.c_in, g.c_out);
             self.kernels.permute_filter(
+                dtype,
                 ws.addr(i),
                 dw.addr(),
                 dims,
@@ -403,11 +430,11 @@ impl CudaBackend {
         ws.finish()
     }
 
-    /// `dw = xᵀ · dy` for a conv of [`filter_grad_is_gemm`], with cuBLAS's workspace the
-    /// schedule's next block.
+    /// `dw = xᵀ · dy` in `dtype` (f32 accumulation) for a conv of [`filter_grad_is_gemm`],
+    /// with cuBLAS's workspace the schedule's next block.
     fn filter_grad_gemm(
         &self,
-        g: &Conv2dGeometry,
+        (g, dtype): (&Conv2dGeometry, DType),
         (x, dy, dw): (u64, u64, u64),
         mut ws: Scratch,
     ) -> Result<(), TensorError> {
@@ -416,7 +443,7 @@ impl CudaBackend {
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = super::cublas::Gemm::new(g.c_in, g.c_out, positions, true, false);
         let at = i.map_or(0, |i| ws.addr(i));
-        self.blas.gemm(gemm, DType::F32, (x, dy, dw), at, bytes)?;
+        self.blas.gemm(gemm, dtype, (x, dy, dw), at, bytes)?;
         if let Some(i) = i {
             ws.free(i)?;
         }
@@ -458,71 +485,24 @@ impl CudaBackend {
     }
 }
 
-/// The error of a convolution or pooling in a dtype the CUDA backend does not compute yet
-/// (bf16 and f16 convolutions and poolings run on the CPU backend only, for now).
-pub(super) fn f32_only(op: &'static str, dtype: DType) -> Result<(), TensorError> {
-    match dtype {
-        DType::F32 => Ok(()),
-        _ => Err(TensorError::UnsupportedDType {
-            op,
-            dtype,
-            supported: "f32 on CUDA (bf16 and f16 convolutions and poolings: CPU only)",
-        }),
-    }
-}
-
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
-        f32_only("conv2d", c.get().x.dtype())?;
         self.conv_forward(c.into_inner())
     }
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
-        f32_only("conv2d_bwd_data", c.get().dy.dtype())?;
         self.conv_backward_data(c.into_inner())
     }
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
-        f32_only("conv2d_bwd_filter", c.get().x.dtype())?;
         self.conv_backward_filter(c.into_inner())
     }
 
     fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {
-        f32_only("pool2d", c.get().x.dtype())?;
-        let Pool2d { kind, g, x, y } = c.into_inner();
-        self.bind()?;
-        match kind {
-            PoolKind::Max => self.kernels.max_pool(&g, x.addr(), y.addr()),
-            _ => self.kernels.sum_pool(kind, &g, x.addr(), y.addr()),
-        }
+        self.pool_forward(c.into_inner())
     }
 
     fn pool2d_bwd(&self, c: Checked<Pool2dBwd<'_>>) -> Result<(), TensorError> {
-        f32_only("pool2d_bwd", c.get().dy.dtype())?;
-        let Pool2dBwd { kind, g, x, dy, dx } = c.into_inner();
-        self.bind()?;
-        match (kind, x) {
-            (PoolKind::Max, Some(x)) => {
-                let desc = OpDesc::Pool {
-                    kind,
-                    geometry: g,
-                    backward: true,
-                    dtype: DType::F32,
-                };
-                let mut ws = Scratch::new("pool2d_bwd", &self.allocator, {
-                    self.op_workspace_schedule(&desc)?
-                });
-                let i = ws.alloc()?;
-                let addrs = (x.addr(), dy.addr(), dx.addr());
-                self.kernels.max_pool_bwd(&g, addrs, ws.addr(i))?;
-                ws.free(i)?;
-                ws.finish()
-            }
-            (PoolKind::Max, None) => Err(TensorError::InvalidArgument {
-                op: "pool2d_bwd",
-                reason: "max pooling's gradient reads the forward input".into(),
-            }),
-            _ => self.kernels.sum_pool_bwd(kind, &g, dy.addr(), dx.addr()),
-        }
+        self.pool_backward(c.into_inner())
     }
 }

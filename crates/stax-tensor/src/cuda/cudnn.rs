@@ -1,7 +1,7 @@
 //! cuDNN convolutions in NHWC with KRSC (= OHWI) filters: descriptors, algorithm choice once
 //! per geometry under a workspace budget, and the three passes.
 //!
-//! Algorithms are chosen once per (geometry, precision, pass), by calibration
+//! Algorithms are chosen once per (geometry, dtype, precision, pass), by calibration
 //! ([`crate::Backend::calibrate`], or the pass's first run): cuDNN's heuristics
 //! (`cudnnGet*Algorithm_v7`) list the candidates and their workspace needs, then
 //! `cudnnFind*AlgorithmEx` times those that fit the budget on scratch buffers of the pass's
@@ -12,11 +12,15 @@
 //! memory plan uses ([`Dnn::bound`]: a host-side query, nothing allocated).
 //!
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
-//! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`.
+//! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`. Both apply to
+//! f32 convolutions: a bf16 or f16 one runs in cuDNN's `PSEUDO_BFLOAT16_CONFIG` /
+//! `PSEUDO_HALF_CONFIG` (tensors and filter in the dtype, compute type FLOAT: f32 accumulation)
+//! and may always use tensor cores (`CUDNN_TENSOR_OP_MATH`, then the chosen algorithm's math
+//! type; products of bf16 or f16 values are exact in f32, so no precision is given up).
 
 mod calls;
 
-use crate::{Conv2dGeometry, ConvPass, Precision, TensorError};
+use crate::{Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
@@ -35,6 +39,8 @@ pub const DEFAULT_WORKSPACE_LIMIT: usize = 256 << 20;
 pub struct ConvPlanInfo {
     /// The convolution (shapes, strides, padding).
     pub geometry: Conv2dGeometry,
+    /// The element type of its input, filter and output (computed in f32).
+    pub dtype: DType,
     /// The precision it was chosen for.
     pub precision: Precision,
     /// Which pass.
@@ -77,11 +83,13 @@ pub struct ConvCandidate {
 }
 
 /// What cuDNN computes: the geometry with symmetric padding `(pad_h, pad_w)` on an input of
-/// `h x w` (possibly already extended with explicit zeros; see `conv.rs`).
+/// `h x w` (possibly already extended with explicit zeros; see `conv.rs`), in `dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CudnnConv {
     /// The caller's geometry (the plan's key and report).
     pub geometry: Conv2dGeometry,
+    /// The element type of input, filter and output (with the geometry, the plan's key).
+    pub dtype: DType,
     /// Input height cuDNN sees.
     pub h: usize,
     /// Input width cuDNN sees.
@@ -123,7 +131,7 @@ struct Plan {
 /// What the fused forward adds after the convolution: the bias, then optionally a ReLU.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Epilogue {
-    /// Device address of the `[c_out]` f32 bias.
+    /// Device address of the `[c_out]` bias, of the convolution's dtype.
     pub bias: u64,
     /// Whether a ReLU follows the bias.
     pub relu: bool,
@@ -132,7 +140,7 @@ pub(crate) struct Epilogue {
 #[derive(Debug)]
 struct State {
     handle: sys::cudnnHandle_t,
-    plans: HashMap<(Conv2dGeometry, Precision), Plan>,
+    plans: HashMap<(Conv2dGeometry, DType, Precision), Plan>,
     /// Choose deterministic algorithms by cuDNN's heuristics, without timing (see
     /// [`Dnn::set_deterministic`]).
     deterministic: bool,
@@ -190,7 +198,7 @@ impl Dnn {
     pub(crate) fn plans(&self) -> Vec<ConvPlanInfo> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
-        for ((geometry, precision), plan) in &state.plans {
+        for ((geometry, dtype, precision), plan) in &state.plans {
             for pass in [
                 ConvPass::Forward,
                 ConvPass::BackwardData,
@@ -201,6 +209,7 @@ impl Dnn {
                 };
                 out.push(ConvPlanInfo {
                     geometry: *geometry,
+                    dtype: *dtype,
                     precision: *precision,
                     pass,
                     algorithm: c.algo.name(),
@@ -218,20 +227,20 @@ impl Dnn {
                 });
             }
         }
-        out.sort_by_key(|p| (format!("{:?}", p.geometry), p.pass as u8));
+        out.sort_by_key(|p| (format!("{:?}", p.geometry), p.dtype.name(), p.pass as u8));
         out
     }
 
-    /// The cuDNN workspace bytes of `pass` for `geometry` and `precision`, if its algorithm
-    /// has been chosen.
+    /// The cuDNN workspace bytes of `pass` for `geometry` in `dtype` under `precision`, if
+    /// its algorithm has been chosen.
     pub(crate) fn chosen_workspace(
         &self,
-        geometry: &Conv2dGeometry,
+        (geometry, dtype): (&Conv2dGeometry, DType),
         precision: Precision,
         pass: ConvPass,
     ) -> Option<usize> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let plan = state.plans.get(&(*geometry, precision))?;
+        let plan = state.plans.get(&(*geometry, dtype, precision))?;
         plan.chosen[pass as usize].map(|c| c.workspace)
     }
 
@@ -270,10 +279,7 @@ impl Dnn {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let plan = plan_of(&mut state, conv, precision)?;
-        plan.desc.set_math(match precision {
-            Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-            Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-        })?;
+        plan.desc.set_math(search_math(precision, conv.dtype))?;
         let heuristic = candidates(handle, &plan.desc, pass, None)?;
         budget(&heuristic, pass, limit)
     }
@@ -294,14 +300,24 @@ impl Dnn {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
-        plan.desc.set_math(math(precision, choice))?;
+        plan.desc.set_math(math(precision, conv.dtype, choice))?;
         execute(handle, &plan.desc, choice.algo, ops, workspace)
     }
 }
 
-/// cuDNN's math type for running `choice` under `precision`.
-fn math(precision: Precision, choice: Choice) -> sys::cudnnMathType_t {
-    if precision == Precision::Highest {
+/// cuDNN's math type for listing and timing the candidates of a convolution in `dtype` under
+/// `precision`: f32 follows the precision, bf16 and f16 may use tensor cores.
+fn search_math(precision: Precision, dtype: DType) -> sys::cudnnMathType_t {
+    match (dtype, precision) {
+        (DType::F32, Precision::Tf32) => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+        (DType::F32, Precision::Highest) => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+        _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    }
+}
+
+/// cuDNN's math type for running `choice` of a convolution in `dtype` under `precision`.
+fn math(precision: Precision, dtype: DType, choice: Choice) -> sys::cudnnMathType_t {
+    if dtype == DType::F32 && precision == Precision::Highest {
         sys::cudnnMathType_t::CUDNN_FMA_MATH
     } else {
         choice.math
@@ -331,7 +347,7 @@ impl Dnn {
         let handle = state.handle;
         let pass = ConvPass::Forward;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
-        plan.desc.set_math(math(precision, choice))?;
+        plan.desc.set_math(math(precision, conv.dtype, choice))?;
         let ws = workspace;
         let precomp =
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
@@ -362,17 +378,19 @@ fn plan_of<'s>(
     conv: &CudnnConv,
     precision: Precision,
 ) -> Result<&'s mut Plan, TensorError> {
-    Ok(match state.plans.entry((conv.geometry, precision)) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(e) => e.insert(Plan {
-            desc: Descriptors::new(conv)?,
-            chosen: [None; 3],
-            candidates: Default::default(),
-            layout_bytes: [0; 3],
-            no_fused_epilogue: None,
-            fused_last: false,
-        }),
-    })
+    Ok(
+        match state.plans.entry((conv.geometry, conv.dtype, precision)) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(Plan {
+                desc: Descriptors::new(conv)?,
+                chosen: [None; 3],
+                candidates: Default::default(),
+                layout_bytes: [0; 3],
+                no_fused_epilogue: None,
+                fused_last: false,
+            }),
+        },
+    )
 }
 
 /// The plan of `conv` and the algorithm chosen for `pass`.
@@ -415,10 +433,7 @@ fn plan_and_choice<'s>(
     if let Some(c) = plan.chosen[pass as usize] {
         return Ok((plan, c));
     }
-    plan.desc.set_math(match precision {
-        Precision::Tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-        Precision::Highest => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-    })?;
+    plan.desc.set_math(search_math(precision, conv.dtype))?;
     let (c, all) = if deterministic {
         choose_deterministic(candidates(handle, &plan.desc, pass, None)?, pass, limit)?
     } else {

@@ -4,7 +4,7 @@
 
 use super::CudaBackend;
 use crate::backend::{BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, Scratch};
-use crate::{Backend, Checked, NormOps, TensorError};
+use crate::{Backend, Checked, DType, NormOps, TensorError};
 
 /// The address of an optional tensor (0 for none).
 fn addr(t: Option<&crate::Tensor>) -> u64 {
@@ -30,9 +30,9 @@ impl NormOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (partial, scale) = (ws.alloc()?, ws.alloc()?);
         let xa = x.addr();
-        let splits = self
-            .kernels
-            .channel_moments(&g, (xa, xa, 0, 0), ws.addr(partial))?;
+        let splits =
+            self.kernels
+                .channel_moments(DType::F32, &g, (xa, xa, 0, 0), ws.addr(partial))?;
         let stats = (mean.addr(), rstd.addr(), ws.addr(scale));
         let m = g.per_channel() as f64;
         self.kernels
@@ -66,9 +66,10 @@ impl NormOps for CudaBackend {
         let (partial, coef) = (ws.alloc()?, ws.alloc()?);
         let (xa, dya) = (x.addr(), dy.addr());
         let mask = addr(relu);
-        let splits =
-            self.kernels
-                .channel_moments(&g, (dya, xa, mean.addr(), mask), ws.addr(partial))?;
+        let moments = (dya, xa, mean.addr(), mask);
+        let splits = self
+            .kernels
+            .channel_moments(DType::F32, &g, moments, ws.addr(partial))?;
         let m = g.per_channel() as f64;
         let grads = (addr(dgamma.as_deref()), addr(dbeta.as_deref()));
         let (p, k) = (ws.addr(partial), ws.addr(coef));
@@ -86,7 +87,8 @@ impl NormOps for CudaBackend {
     fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError> {
         let ChannelBiasAdd { g, y, b } = c.into_inner();
         self.bind()?;
-        self.kernels.channel_bias_add(&g, y.addr(), b.addr())
+        self.kernels
+            .channel_bias_add(y.dtype(), &g, y.addr(), b.addr())
     }
 
     fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError> {
@@ -103,8 +105,12 @@ impl NormOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let partial = ws.alloc()?;
         let p = ws.addr(partial);
-        let splits = self.kernels.channel_moments(&g, (dy.addr(), 0, 0, 0), p)?;
-        self.kernels.channel_sum_finish(p, splits, g.c, db.addr())?;
+        let dtype = dy.dtype();
+        let splits = self
+            .kernels
+            .channel_moments(dtype, &g, (dy.addr(), 0, 0, 0), p)?;
+        self.kernels
+            .channel_sum_finish(dtype, p, splits, g.c, db.addr())?;
         ws.free(partial)?;
         ws.finish()
     }

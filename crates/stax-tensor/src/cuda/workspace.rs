@@ -6,7 +6,9 @@
 use super::conv::{extended_bytes, filter_copy_bytes, filter_grad_is_gemm, layout};
 use super::cudnn::Operands;
 use super::{CudaBackend, cublas};
-use crate::{Conv2dGeometry, ConvPass, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep};
+use crate::{
+    Conv2dGeometry, ConvPass, DType, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep,
+};
 use stax_alloc::Category;
 
 /// A workspace schedule being written down.
@@ -79,10 +81,7 @@ impl CudaBackend {
                 pass,
                 bias,
                 dtype,
-            } => {
-                super::conv::f32_only("conv2d", dtype)?;
-                self.conv_schedule(&geometry, pass, bias)?
-            }
+            } => self.conv_schedule(&geometry, dtype, pass, bias)?,
             OpDesc::BatchNorm { geometry, backward } => {
                 self.batch_norm_schedule(&geometry, backward)?
             }
@@ -148,43 +147,46 @@ impl CudaBackend {
         })
     }
 
-    /// cuDNN's workspace bytes for `pass` of `g`: the chosen algorithm's once calibrated,
-    /// else the bound a search would choose within ([`super::cudnn::Dnn::bound`]).
+    /// cuDNN's workspace bytes for `pass` of `g` in `dtype`: the chosen algorithm's once
+    /// calibrated, else the bound a search would choose within ([`super::cudnn::Dnn::bound`]).
     pub(super) fn cudnn_workspace(
         &self,
         g: &Conv2dGeometry,
+        dtype: DType,
         pass: ConvPass,
     ) -> Result<usize, TensorError> {
-        match self.dnn.chosen_workspace(g, self.precision, pass) {
+        match self.dnn.chosen_workspace((g, dtype), self.precision, pass) {
             Some(bytes) => Ok(bytes),
             None => {
-                let (conv, _) = layout(g);
+                let (conv, _) = layout(g, dtype);
                 self.dnn
                     .bound(pass, &conv, self.precision, self.workspace_limit)
             }
         }
     }
 
-    /// The workspace one call of `pass` allocates and frees, in order: the kernel in cuDNN's
-    /// layout (or its gradient) unless it is stored so, the extended input for asymmetric
-    /// padding, cuDNN's workspace, and for the filter gradient with a bias first the
-    /// bias-gradient partials. The passes in `conv.rs` take exactly these steps.
+    /// The workspace one call of `pass` in `dtype` allocates and frees, in order: the kernel in
+    /// cuDNN's layout (or its gradient) unless it is stored so, the extended input for
+    /// asymmetric padding (both in `dtype`), cuDNN's workspace, and for the filter gradient
+    /// with a bias first the bias-gradient partials (f64). The passes in `conv.rs` take
+    /// exactly these steps.
     pub(super) fn conv_schedule(
         &self,
         g: &Conv2dGeometry,
+        dtype: DType,
         pass: ConvPass,
         bias: bool,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
-        let (_, ext) = layout(g);
+        let (_, ext) = layout(g, dtype);
         let gemm = pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g);
         let cudnn = if gemm {
             0
         } else {
-            self.cudnn_workspace(g, pass)?
+            self.cudnn_workspace(g, dtype, pass)?
         };
-        let filter = Some(filter_copy_bytes(g)).filter(|&b| b > 0);
-        let ext_bytes = ext.map(|e| extended_bytes(g, &e));
+        let filter = Some(filter_copy_bytes(g, dtype)).filter(|&b| b > 0);
+        let ext_bytes = ext.map(|e| extended_bytes(g, &e, dtype));
         let mut s = Schedule::default();
         let frees = match pass {
             ConvPass::Forward => {
@@ -249,31 +251,41 @@ impl CudaBackend {
         Ok(s.finish())
     }
 
-    /// Whether `pass` of `g` needs no search: its algorithm is chosen, or it is not cuDNN's
-    /// ([`filter_grad_is_gemm`]).
-    pub(super) fn conv_is_calibrated(&self, g: &Conv2dGeometry, pass: ConvPass) -> bool {
+    /// Whether `pass` of `g` in `dtype` needs no search: its algorithm is chosen, or it is not
+    /// cuDNN's ([`filter_grad_is_gemm`]).
+    pub(super) fn conv_is_calibrated(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> bool {
         (pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g))
-            || self.dnn.chosen_workspace(g, self.precision, pass).is_some()
+            || self
+                .dnn
+                .chosen_workspace((g, dtype), self.precision, pass)
+                .is_some()
     }
 
-    /// Chooses the algorithm of `pass` for `g`, if not chosen yet, by timing the candidates
-    /// on temporary buffers of its shapes, then releases them and what the search left cached
-    /// (see [`crate::Backend::calibrate`]).
+    /// Chooses the algorithm of `pass` for `g` in `dtype`, if not chosen yet, by timing the
+    /// candidates on temporary buffers of its shapes, then releases them and what the search
+    /// left cached (see [`crate::Backend::calibrate`]).
     pub(super) fn calibrate_conv(
         &self,
         g: &Conv2dGeometry,
+        dtype: DType,
         pass: ConvPass,
     ) -> Result<(), TensorError> {
-        if self.conv_is_calibrated(g, pass) {
+        if self.conv_is_calibrated(g, dtype, pass) {
             return Ok(());
         }
         g.validate("calibrate")?;
         self.bind()?;
-        let (conv, _) = layout(g);
+        let (conv, _) = layout(g, dtype);
+        let size = dtype.size_bytes();
         let scratch = |bytes: usize| self.allocator.allocate(bytes.max(1), Category::Workspace);
-        let x = scratch(g.n * conv.h * conv.w * g.c_in * 4)?;
-        let w = scratch(g.filter_shape().numel() * 4)?;
-        let y = scratch(g.output_shape().numel() * 4)?;
+        let x = scratch(g.n * conv.h * conv.w * g.c_in * size)?;
+        let w = scratch(g.filter_shape().numel() * size)?;
+        let y = scratch(g.output_shape().numel() * size)?;
         let ops = Operands {
             x: x.addr(),
             w: w.addr(),

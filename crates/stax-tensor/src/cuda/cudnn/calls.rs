@@ -2,7 +2,7 @@
 //! `cudnnFind*AlgorithmEx`) and execution, each a `match` over the three passes.
 
 use super::{CudnnConv, Operands};
-use crate::{ConvPass, TensorError};
+use crate::{ConvPass, DType, TensorError};
 use cudarc::cudnn::{result, sys};
 use stax_alloc::Allocation;
 use std::ffi::{c_int, c_void};
@@ -13,9 +13,11 @@ pub(super) fn cudnn(op: &'static str) -> impl FnOnce(result::CudnnError) -> Tens
 }
 
 /// Tensor, filter and convolution descriptors of one geometry (its layout: NHWC tensors with a
-/// KRSC filter, or NCHW with KCRS; its strides, padding and dilation), with the bias (`[1,
-/// c_out, 1, 1]` in the tensors' format) and the two activations (identity, ReLU propagating
-/// NaN) of the fused forward.
+/// KRSC filter, or NCHW with KCRS; its strides, padding and dilation) in its dtype (tensors,
+/// filter and bias in the dtype, compute type FLOAT: cuDNN's `FLOAT_CONFIG`,
+/// `PSEUDO_BFLOAT16_CONFIG` and `PSEUDO_HALF_CONFIG`), with the bias (`[1, c_out, 1, 1]` in
+/// the tensors' format) and the two activations (identity, ReLU propagating NaN) of the fused
+/// forward.
 #[derive(Debug)]
 pub(super) struct Descriptors {
     x: sys::cudnnTensorDescriptor_t,
@@ -78,6 +80,23 @@ pub(super) fn check_sizes(c: &CudnnConv) -> Result<(), TensorError> {
     Ok(())
 }
 
+/// cuDNN's data type of the tensors of a convolution in `dtype`.
+///
+/// # Errors
+/// [`TensorError::UnsupportedDType`] for a dtype cuDNN does not convolve (U32).
+pub(super) fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t, TensorError> {
+    match dtype {
+        DType::F32 => Ok(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
+        DType::BF16 => Ok(sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16),
+        DType::F16 => Ok(sys::cudnnDataType_t::CUDNN_DATA_HALF),
+        DType::U32 => Err(TensorError::UnsupportedDType {
+            op: "conv2d",
+            dtype,
+            supported: "f32, bf16, f16",
+        }),
+    }
+}
+
 impl Descriptors {
     pub(super) fn new(c: &CudnnConv) -> Result<Descriptors, TensorError> {
         check_sizes(c)?;
@@ -88,6 +107,7 @@ impl Descriptors {
             crate::Layout::Nchw => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
         };
         let f32t = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let data = data_type(c.dtype)?;
         let d = Descriptors {
             x: result::create_tensor_descriptor().map_err(cudnn("cudnnCreateTensorDescriptor"))?,
             w: result::create_filter_descriptor().map_err(cudnn("cudnnCreateFilterDescriptor"))?,
@@ -104,14 +124,14 @@ impl Descriptors {
         let (n, ci, co) = (int(g.n)?, int(g.c_in)?, int(g.c_out)?);
         // SAFETY: the descriptors were just created and are owned by `d`.
         unsafe {
-            result::set_tensor4d_descriptor(d.x, format, f32t, [n, ci, int(c.h)?, int(c.w)?])
+            result::set_tensor4d_descriptor(d.x, format, data, [n, ci, int(c.h)?, int(c.w)?])
                 .map_err(cudnn("cudnnSetTensor4dDescriptor(x)"))?;
-            result::set_filter4d_descriptor(d.w, f32t, format, [co, ci, int(g.kh)?, int(g.kw)?])
+            result::set_filter4d_descriptor(d.w, data, format, [co, ci, int(g.kh)?, int(g.kw)?])
                 .map_err(cudnn("cudnnSetFilter4dDescriptor"))?;
             result::set_tensor4d_descriptor(
                 d.y,
                 format,
-                f32t,
+                data,
                 [n, co, int(g.out_h)?, int(g.out_w)?],
             )
             .map_err(cudnn("cudnnSetTensor4dDescriptor(y)"))?;
@@ -127,7 +147,7 @@ impl Descriptors {
                 f32t,
             )
             .map_err(cudnn("cudnnSetConvolution2dDescriptor"))?;
-            result::set_tensor4d_descriptor(d.bias, format, f32t, [1, co, 1, 1])
+            result::set_tensor4d_descriptor(d.bias, format, data, [1, co, 1, 1])
                 .map_err(cudnn("cudnnSetTensor4dDescriptor(bias)"))?;
             let nan = sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN;
             result::set_activation_descriptor(
@@ -480,6 +500,7 @@ mod tests {
         .unwrap();
         CudnnConv {
             geometry: g,
+            dtype: DType::F32,
             h: hw,
             w: hw,
             pad_h: 1,

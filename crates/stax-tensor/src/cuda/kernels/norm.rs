@@ -3,10 +3,10 @@
 //! that apply them, and the channel bias.
 
 use super::{Kernels, driver};
-use crate::{ChannelGeometry, TensorError};
+use crate::{ChannelGeometry, DType, TensorError};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// Blocks of 32 channels x 8 reducing threads (`channel_moments_f32`'s shared arrays).
+/// Blocks of 32 channels x 8 reducing threads (`channel_moments_<dtype>`'s shared arrays).
 const MOMENT_BLOCK: (u32, u32, u32) = (32, 8, 1);
 
 impl Kernels {
@@ -26,9 +26,10 @@ impl Kernels {
 
     /// Per-split `(sum a, sum a · (b - shift))` of every channel of the view into `partial`
     /// (`b` and `shift` 0 for none), `a` taken as 0 where the bit of `mask` (a ReLU's; 0 for
-    /// none) is clear.
+    /// none) is clear; `a` and `b` of `dtype`, `shift` f32, the sums f64.
     pub(crate) fn channel_moments(
         &self,
+        dtype: DType,
         g: &ChannelGeometry,
         (a, b, shift, mask): (u64, u64, u64, u64),
         partial: u64,
@@ -36,41 +37,42 @@ impl Kernels {
         let splits = self.moment_splits(g);
         let per_split = g.per_channel().div_ceil(splits).max(1);
         let (outer, c, inner) = (g.outer, g.c, g.inner);
-        let sym = "channel_moments_f32";
+        let (f, sym) = (self.typed("channel_moments", dtype)?, "channel_moments");
         let cfg = LaunchConfig {
             grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
             block_dim: MOMENT_BLOCK,
             shared_mem_bytes: 0,
         };
-        // SAFETY: `channel_moments_f32(const float *a, const float *b, const float *shift,
-        // const u32 *mask, double *partial, size_t outer, size_t c, size_t inner, size_t
-        // per_split)`; a (and b unless null) hold outer*c*inner floats, shift is null or holds
-        // c, mask null or ceil(outer*c*inner / 32) words, partial splits*c*2 doubles; the grid
+        // SAFETY: `channel_moments_<dtype>(const T *a, const T *b, const float *shift, const
+        // u32 *mask, double *partial, size_t outer, size_t c, size_t inner, size_t per_split)`;
+        // a (and b unless null) hold outer*c*inner elements of `dtype`, shift is null or holds
+        // c floats, mask null or ceil(outer*c*inner / 32) words, partial splits*c*2 doubles; the grid
         // has `splits` rows of blocks of 32 x 8 threads, as the kernel's shared arrays need,
         // and splits * per_split covers outer * inner.
         unsafe {
-            launch!(self.stream, self.function(sym)?, cfg; &a, &b, &shift, &mask, &partial, &outer, &c, &inner, &per_split)
+            launch!(self.stream, f, cfg; &a, &b, &shift, &mask, &partial, &outer, &c, &inner, &per_split)
         }
         .map_err(driver(sym))?;
         Ok(splits)
     }
 
-    /// `out[j]` = the first sum of channel `j` over `splits` partials.
+    /// `out[j]` = the first sum of channel `j` over `splits` partials, rounded once to `dtype`.
     pub(crate) fn channel_sum_finish(
         &self,
+        dtype: DType,
         partial: u64,
         splits: usize,
         c: usize,
         out: u64,
     ) -> Result<(), TensorError> {
-        let sym = "channel_sum_finish_f32";
-        // SAFETY: `channel_sum_finish_f32(const double *partial, size_t splits, size_t c, float
-        // *out)`; partial holds splits*c*2 doubles, out c floats.
-        unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &out)
-                .map(drop)
-        }
-        .map_err(driver(sym))
+        let (f, sym) = (
+            self.typed("channel_sum_finish", dtype)?,
+            "channel_sum_finish",
+        );
+        // SAFETY: `channel_sum_finish_<dtype>(const double *partial, size_t splits, size_t c, T
+        // *out)`; partial holds splits*c*2 doubles, out c elements of `dtype`.
+        unsafe { launch!(self.stream, f, self.grid(c); &partial, &splits, &c, &out).map(drop) }
+            .map_err(driver(sym))
     }
 
     /// Batch normalization statistics of `m` elements per channel: mean, rstd and
@@ -175,9 +177,10 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
-    /// `y[o, j, i] += b[j]` over the view.
+    /// `y[o, j, i] += b[j]` over the view, `y` and `b` of `dtype` (added in f32, rounded once).
     pub(crate) fn channel_bias_add(
         &self,
+        dtype: DType,
         g: &ChannelGeometry,
         y: u64,
         b: u64,
@@ -186,13 +189,10 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let sym = "channel_bias_add_f32";
-        // SAFETY: `channel_bias_add_f32(float *y, const float *b, size_t n, size_t c, size_t
-        // inner)`; y holds n = outer*c*inner floats, b c floats.
-        unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(n); &y, &b, &n, &c, &inner)
-                .map(drop)
-        }
-        .map_err(driver(sym))
+        let (f, sym) = (self.typed("channel_bias_add", dtype)?, "channel_bias_add");
+        // SAFETY: `channel_bias_add_<dtype>(T *y, const T *b, size_t n, size_t c, size_t
+        // inner)`; y holds n = outer*c*inner elements of `dtype`, b c.
+        unsafe { launch!(self.stream, f, self.grid(n); &y, &b, &n, &c, &inner).map(drop) }
+            .map_err(driver(sym))
     }
 }

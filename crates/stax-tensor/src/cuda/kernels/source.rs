@@ -23,11 +23,13 @@ pub enum KernelModule {
     /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype) and the
     /// loss scale's finiteness check.
     Adam,
-    /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN.
+    /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN (every float
+    /// dtype), block copies.
     Layout,
-    /// `kernels/pool.cu`: max, sum and average pooling forward and backward.
+    /// `kernels/pool.cu`: max, sum and average pooling forward and backward, every float dtype.
     Pool,
-    /// `kernels/norm.cu`: per-channel reductions: batch normalization, channel bias.
+    /// `kernels/norm.cu`: per-channel reductions: batch normalization (f32), the channel bias
+    /// and its gradient (every float dtype).
     Norm,
 }
 
@@ -78,29 +80,14 @@ impl KernelModule {
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
             KernelModule::Adam => &["adam_vec_f32"],
-            KernelModule::Layout => &[
-                "filter_permute_f32",
-                "pad_nhwc_f32",
-                "crop_nhwc_f32",
-                "copy_block_u32",
-                "copy_block_u16",
-            ],
-            KernelModule::Pool => &[
-                "max_pool_f32",
-                "max_pool_argmax_f32",
-                "max_pool_bwd_f32",
-                "sum_pool_f32",
-                "sum_pool_bwd_f32",
-            ],
+            KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
+            KernelModule::Pool => &[],
             KernelModule::Norm => &[
-                "channel_moments_f32",
-                "channel_sum_finish_f32",
                 "bn_finish_f32",
                 "bn_apply_f32",
                 "bn_apply_relu_f32",
                 "bn_bwd_finish_f32",
                 "bn_bwd_apply_f32",
-                "channel_bias_add_f32",
             ],
         };
         let per_dtype: &[&str] = match self {
@@ -116,7 +103,16 @@ impl KernelModule {
             ],
             KernelModule::SoftmaxXent => &["softmax", "softmax_bwd"],
             KernelModule::Adam => &["adam", "adam_mu_bf16", "adam_mu_f16", "all_finite"],
-            _ => &[],
+            KernelModule::Layout => &["filter_permute", "pad_nhwc", "crop_nhwc"],
+            KernelModule::Pool => &[
+                "max_pool",
+                "max_pool_argmax",
+                "max_pool_bwd",
+                "sum_pool",
+                "sum_pool_bwd",
+            ],
+            KernelModule::Norm => &["channel_moments", "channel_sum_finish", "channel_bias_add"],
+            KernelModule::Elementwise => &[],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
         let generic = per_dtype

@@ -143,9 +143,11 @@ impl Kernels {
 
     /// A `(kh, kw, ci, co)` kernel copied from layout `from` to layout `to` (the codes of
     /// `kernels/layout.cu`'s `filter_index`: [`crate::FilterLayout::code`], and
-    /// [`OHWI`] for cuDNN's NHWC filters).
+    /// [`OHWI`] for cuDNN's NHWC filters), elements of `dtype` moved bit for bit.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn permute_filter(
         &self,
+        dtype: DType,
         src: u64,
         dst: u64,
         (kh, kw, ci, co): (usize, usize, usize, usize),
@@ -156,12 +158,12 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let k = "filter_permute_f32";
-        // SAFETY: `filter_permute_f32(const float *src, float *dst, size_t kh, size_t kw,
-        // size_t ci, size_t co, int from, int to)`; src and dst hold kh*kw*ci*co floats, distinct
-        // buffers; every layout code stores each tap at a distinct index below n.
+        let (f, k) = (self.typed("filter_permute", dtype)?, "filter_permute");
+        // SAFETY: `filter_permute_<dtype>(const T *src, T *dst, size_t kh, size_t kw, size_t
+        // ci, size_t co, int from, int to)`; src and dst hold kh*kw*ci*co elements of `dtype`,
+        // distinct buffers; every layout code stores each tap at a distinct index below n.
         unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &kh, &kw, &ci, &co, &from, &to)
+            launch!(self.stream, f, self.grid(n); &src, &dst, &kh, &kw, &ci, &co, &from, &to)
                 .map(drop)
         }
         .map_err(driver(k))
@@ -169,10 +171,11 @@ impl Kernels {
 
     /// Copies between an NHWC image `small` `[nb, h, w, c]` and a larger one `big`
     /// `[nb, big_h, big_w, c]` at offset `(top, left)`: `pad` writes all of `big` (zeros
-    /// around), otherwise the window of `big` is cropped into `small`.
+    /// around), otherwise the window of `big` is cropped into `small`; elements of `dtype`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pad_or_crop(
         &self,
+        dtype: DType,
         pad: bool,
         small: u64,
         big: u64,
@@ -181,19 +184,20 @@ impl Kernels {
         [top, left]: [usize; 2],
     ) -> Result<(), TensorError> {
         let (k, src, dst, [hs, ws], [hd, wd]) = if pad {
-            ("pad_nhwc_f32", small, big, [h, w], [big_h, big_w])
+            ("pad_nhwc", small, big, [h, w], [big_h, big_w])
         } else {
-            ("crop_nhwc_f32", big, small, [big_h, big_w], [h, w])
+            ("crop_nhwc", big, small, [big_h, big_w], [h, w])
         };
         let n = nb * hd * wd * c;
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: `pad_nhwc_f32` / `crop_nhwc_f32(const float *src, float *dst, size_t nb,
+        let f = self.typed(k, dtype)?;
+        // SAFETY: `pad_nhwc_<dtype>` / `crop_nhwc_<dtype>(const T *src, T *dst, size_t nb,
         // size_t hs, size_t ws, size_t c, size_t hd, size_t wd, size_t top, size_t left)`;
-        // src holds nb*hs*ws*c floats and dst nb*hd*wd*c; the caller ensures
+        // src holds nb*hs*ws*c elements of `dtype` and dst nb*hd*wd*c; the caller ensures
         // big_h >= top + h and big_w >= left + w.
-        unsafe { launch!(self.stream, self.function(k)?, self.grid(n); &src, &dst, &nb, &hs, &ws, &c, &hd, &wd, &top, &left).map(drop) }
+        unsafe { launch!(self.stream, f, self.grid(n); &src, &dst, &nb, &hs, &ws, &c, &hd, &wd, &top, &left).map(drop) }
         .map_err(driver(k))
     }
 
@@ -224,24 +228,34 @@ impl Kernels {
         .map_err(driver(k))
     }
 
-    /// Max pooling of x NHWC `g.input_shape()` into y NHWC `g.output_shape()` (f32).
-    pub(crate) fn max_pool(&self, g: &Conv2dGeometry, x: u64, y: u64) -> Result<(), TensorError> {
+    /// Max pooling of x NHWC `g.input_shape()` into y NHWC `g.output_shape()`, both of
+    /// `dtype`.
+    pub(crate) fn max_pool(
+        &self,
+        dtype: DType,
+        g: &Conv2dGeometry,
+        x: u64,
+        y: u64,
+    ) -> Result<(), TensorError> {
         let n = g.output_shape().numel();
         if n == 0 {
             return Ok(());
         }
-        let (k, pg) = ("max_pool_f32", PoolGeometry::of(g));
-        // SAFETY: `max_pool_f32(const float *x, float *y, PoolGeometry g)`; x holds
-        // g.input_shape() floats, y g.output_shape() floats; PoolGeometry's layout matches.
-        unsafe { launch!(self.stream, self.function(k)?, self.grid(n); &x, &y, &pg).map(drop) }
-            .map_err(driver(k))
+        let (k, pg) = ("max_pool", PoolGeometry::of(g));
+        let f = self.typed(k, dtype)?;
+        // SAFETY: `max_pool_<dtype>(const T *x, T *y, PoolGeometry g)`; x holds
+        // g.input_shape() elements of `dtype`, y g.output_shape(); PoolGeometry's layout
+        // matches.
+        unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg).map(drop) }.map_err(driver(k))
     }
 
     /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling, from the
-    /// forward input x and dy (NHWC `g.output_shape()`), f32: each window's argmax offset
-    /// into `arg` (one u32 per output element, [`max_pool_bwd_bytes`]), then a gather of dy.
+    /// forward input x and dy (NHWC `g.output_shape()`), all of `dtype`: each window's argmax
+    /// offset into `arg` (one u32 per output element, [`max_pool_bwd_bytes`]), then a gather
+    /// of dy summed in f32.
     pub(crate) fn max_pool_bwd(
         &self,
+        dtype: DType,
         g: &Conv2dGeometry,
         (x, dy, dx): (u64, u64, u64),
         arg: u64,
@@ -252,22 +266,18 @@ impl Kernels {
         }
         let pg = PoolGeometry::of(g);
         if outputs > 0 {
-            let k = "max_pool_argmax_f32";
-            // SAFETY: `max_pool_argmax_f32(const float *x, unsigned *arg, PoolGeometry g)`; x
-            // holds g.input_shape() floats, arg g.output_shape() u32 words.
-            unsafe {
-                launch!(self.stream, self.function(k)?, self.grid(outputs); &x, &arg, &pg).map(drop)
-            }
-            .map_err(driver(k))?;
+            let (f, k) = (self.typed("max_pool_argmax", dtype)?, "max_pool_argmax");
+            // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, PoolGeometry g)`; x
+            // holds g.input_shape() elements of `dtype`, arg g.output_shape() u32 words.
+            unsafe { launch!(self.stream, f, self.grid(outputs); &x, &arg, &pg).map(drop) }
+                .map_err(driver(k))?;
         }
-        let k = "max_pool_bwd_f32";
-        // SAFETY: `max_pool_bwd_f32(const unsigned *arg, const float *dy, float *dx,
-        // PoolGeometry g)`; arg and dy hold g.output_shape() elements, dx g.input_shape()
-        // floats; distinct buffers.
-        unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &arg, &dy, &dx, &pg).map(drop)
-        }
-        .map_err(driver(k))
+        let (f, k) = (self.typed("max_pool_bwd", dtype)?, "max_pool_bwd");
+        // SAFETY: `max_pool_bwd_<dtype>(const unsigned *arg, const T *dy, T *dx, PoolGeometry
+        // g)`; arg and dy hold g.output_shape() elements, dx g.input_shape() elements of
+        // `dtype`; distinct buffers.
+        unsafe { launch!(self.stream, f, self.grid(n); &arg, &dy, &dx, &pg).map(drop) }
+            .map_err(driver(k))
     }
 }
 
@@ -278,9 +288,10 @@ pub(crate) fn max_pool_bwd_bytes(g: &Conv2dGeometry) -> usize {
 
 impl Kernels {
     /// Sum (`kind` Sum) or average (Avg) pooling of x NHWC `g.input_shape()` into y NHWC
-    /// `g.output_shape()` (f32).
+    /// `g.output_shape()`, both of `dtype` (summed in f64, rounded once).
     pub(crate) fn sum_pool(
         &self,
+        dtype: DType,
         kind: PoolKind,
         g: &Conv2dGeometry,
         x: u64,
@@ -291,22 +302,23 @@ impl Kernels {
             return Ok(());
         }
         let (k, pg, avg) = (
-            "sum_pool_f32",
+            "sum_pool",
             PoolGeometry::of(g),
             i32::from(kind == PoolKind::Avg),
         );
-        // SAFETY: `sum_pool_f32(const float *x, float *y, PoolGeometry g, int avg)`; x holds
-        // g.input_shape() floats, y g.output_shape() floats; PoolGeometry's layout matches.
-        unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &x, &y, &pg, &avg).map(drop)
-        }
-        .map_err(driver(k))
+        let f = self.typed(k, dtype)?;
+        // SAFETY: `sum_pool_<dtype>(const T *x, T *y, PoolGeometry g, int avg)`; x holds
+        // g.input_shape() elements of `dtype`, y g.output_shape(); PoolGeometry's layout
+        // matches.
+        unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg, &avg).map(drop) }
+            .map_err(driver(k))
     }
 
     /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of sum or average pooling
-    /// from dy (NHWC `g.output_shape()`), f32.
+    /// from dy (NHWC `g.output_shape()`), both of `dtype` (summed in f32, rounded once).
     pub(crate) fn sum_pool_bwd(
         &self,
+        dtype: DType,
         kind: PoolKind,
         g: &Conv2dGeometry,
         dy: u64,
@@ -316,16 +328,11 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (k, pg, avg) = (
-            "sum_pool_bwd_f32",
-            PoolGeometry::of(g),
-            i32::from(kind == PoolKind::Avg),
-        );
-        // SAFETY: `sum_pool_bwd_f32(const float *dy, float *dx, PoolGeometry g, int avg)`; dx
-        // holds g.input_shape() floats, dy g.output_shape(); distinct buffers.
-        unsafe {
-            launch!(self.stream, self.function(k)?, self.grid(n); &dy, &dx, &pg, &avg).map(drop)
-        }
-        .map_err(driver(k))
+        let (k, pg) = ("sum_pool_bwd", PoolGeometry::of(g));
+        let (f, avg) = (self.typed(k, dtype)?, i32::from(kind == PoolKind::Avg));
+        // SAFETY: `sum_pool_bwd_<dtype>(const T *dy, T *dx, PoolGeometry g, int avg)`; dx
+        // holds g.input_shape() elements of `dtype`, dy g.output_shape(); distinct buffers.
+        unsafe { launch!(self.stream, f, self.grid(n); &dy, &dx, &pg, &avg).map(drop) }
+            .map_err(driver(k))
     }
 }
