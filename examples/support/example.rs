@@ -211,7 +211,12 @@ impl Common {
         Ok(match self.precision.as_str() {
             "bf16" => (Precision::Tf32, Policy::BF16),
             "f16" => (Precision::Tf32, Policy::F16),
-            other => (other.parse::<Precision>()?, Policy::default()),
+            other => (
+                other.parse::<Precision>().map_err(|_| {
+                    format!("--precision {other:?}: expected tf32, highest, bf16 or f16")
+                })?,
+                Policy::default(),
+            ),
         })
     }
 }
@@ -228,7 +233,13 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
     options.precision = args.precision()?.0;
     let limit = size_flag("--workspace-limit", args.workspace_limit.as_deref())?;
     options.workspace_limit = limit
-        .map(|b| usize::try_from(b).map_err(|_| format!("--workspace-limit {b}: too large")))
+        .map(|b| match usize::try_from(b) {
+            // below a MiB the CPU's im2col runs a few columns at a time (hundreds of times
+            // slower) and cuDNN has almost nothing to choose from
+            Ok(b) if b < 1 << 20 => Err(format!("--workspace-limit {b}: at least 1MiB")),
+            Ok(b) => Ok(b),
+            Err(_) => Err(format!("--workspace-limit {b}: too large")),
+        })
         .transpose()?;
     if args.device != "auto" {
         return match args.device.parse::<Device>()? {
@@ -435,17 +446,26 @@ fn last_step(named: &NamedTrace) -> Timeline {
     }
 }
 
+/// An output file's flag is checked before training, not after it: the path must not be a
+/// directory, and its directory must exist and take a new file (a probe, removed at once).
 fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
-    if let Some(dir) = p
-        .as_deref()
-        .and_then(Path::parent)
-        .filter(|d| !d.as_os_str().is_empty())
-    {
-        if !dir.is_dir() {
-            return Err(format!("{flag}: {} is not a directory", dir.display()).into());
-        }
+    let Some(path) = p.as_deref() else {
+        return Ok(());
+    };
+    if path.is_dir() {
+        return Err(format!("{flag}: {} is a directory", path.display()).into());
     }
-    Ok(())
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(format!("{flag}: {} is not a directory", dir.display()).into());
+    }
+    let probe = dir.join(format!(".stax-write-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| format!("{flag}: cannot write in {}: {e}", dir.display()).into())
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).

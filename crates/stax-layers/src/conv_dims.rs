@@ -307,11 +307,14 @@ pub(crate) fn hand_gradients(
     db: Tensor,
 ) -> Result<(), LayerError> {
     let shapes: Vec<&Shape> = specs.leaves().iter().map(|s| &s.shape).collect();
-    let (dw, db) = (
+    // views in the parameters' shapes; the tensors they view are dropped, so that the sink
+    // holds the only handles (an all-reduce writes them in place)
+    let (w, b) = (
         dw.reshape(shapes[0].clone())?,
         db.reshape(shapes[1].clone())?,
     );
-    cx.gradients(Tree::fields([("w", dw), ("b", db)]))
+    drop((dw, db));
+    cx.gradients(Tree::fields([("w", w), ("b", b)]))
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! pass makes them, then collected for the update.
 //!
 //! Each layer's gradients join the open bucket as its `vjp` hands them over; when the bucket
-//! holds [`super::DataParallel::bucket_bytes`] or more it is reduced at once (one group of
-//! in-place all-reduces, queued on the compute stream under NCCL), while earlier layers'
+//! holds [`super::DataParallel::bucket_bytes`] or more it is reduced as soon as the next
+//! layer hands over its gradients (the layer that filled it may still hold a view of them
+//! while it does): one group of in-place all-reduces, queued on the compute stream under NCCL), while earlier layers'
 //! backward passes are still to come. The last bucket is reduced when the pass ends, then
 //! the sink waits for the collectives (with the communicator's deadline) and hands the
 //! gradients to a [`Collect`]. Reducing in place allocates nothing, so a plan's dry run
@@ -25,6 +26,9 @@ pub(crate) struct ReduceSink<'a> {
     live: bool,
     summing: bool,
     open: Vec<(Path, Tensor)>,
+    /// A full bucket, reduced when the next layer hands over its gradients (or the pass
+    /// ends): the layer that filled it may still hold its gradients while it hands them over.
+    full: Vec<(Path, Tensor)>,
     buckets: Vec<Bucket>,
 }
 
@@ -41,6 +45,7 @@ impl<'a> ReduceSink<'a> {
             dp,
             summing,
             open: Vec::new(),
+            full: Vec::new(),
             buckets: Vec::new(),
         }
     }
@@ -71,9 +76,12 @@ impl<'a> ReduceSink<'a> {
         Ok(())
     }
 
-    /// Reduces the open bucket and collects its gradients.
+    /// Reduces the full bucket, if any, and collects its gradients.
     fn flush(&mut self) -> Result<(), LayerError> {
-        let mut open = std::mem::take(&mut self.open);
+        let mut open = std::mem::take(&mut self.full);
+        if open.is_empty() {
+            return Ok(());
+        }
         let paths = open.iter().map(|(p, _)| p.to_string()).collect();
         let mut refs: Vec<&mut Tensor> = open.iter_mut().map(|(_, t)| t).collect();
         self.reduce(paths, &mut refs)?;
@@ -94,9 +102,9 @@ impl<'a> ReduceSink<'a> {
         let Some(dp) = self.dp else {
             return std::mem::take(&mut self.inner).finish(params);
         };
-        if !self.open.is_empty() {
-            self.flush()?;
-        }
+        self.flush()?;
+        self.full = std::mem::take(&mut self.open);
+        self.flush()?;
         let mut grads = std::mem::take(&mut self.inner).finish(params)?;
         if self.summing {
             let named: Vec<String> = grads.paths().iter().map(|(p, _)| p.to_string()).collect();
@@ -143,6 +151,8 @@ impl GradSink for ReduceSink<'_> {
         let Some(dp) = self.dp.filter(|_| !self.summing) else {
             return self.inner.accept(path, grads);
         };
+        // the previous layer's vjp has returned: its full bucket is solely ours now
+        self.flush()?;
         let leaves: Vec<Path> = grads
             .paths()
             .into_iter()
@@ -152,7 +162,7 @@ impl GradSink for ReduceSink<'_> {
             .extend(leaves.into_iter().zip(grads.into_leaves()));
         let open: u64 = self.open.iter().map(|(_, t)| t.bytes() as u64).sum();
         if open >= dp.bucket_bytes() {
-            self.flush()?;
+            self.full = std::mem::take(&mut self.open);
         }
         Ok(())
     }
