@@ -238,7 +238,7 @@ pub enum TrainError {
     /// Setting up a trainer (parameters, Adam's moments) ran out of memory: no batch size can
     /// help, the persistent state alone does not fit.
     #[error(
-        "trainer: the parameters and Adam's m and v need {} ({state_bytes} bytes) before any \
+        "trainer: the parameters and Adam's m and v need {} before any \
          step, more than the backend has:\n{request}",
         stax_alloc::human_bytes(*state_bytes)
     )]
