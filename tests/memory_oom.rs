@@ -179,6 +179,9 @@ fn parameters_that_do_not_fit_are_a_typed_setup_error() {
         };
         assert_eq!(*state_bytes, state, "{strategy}");
         assert_eq!(request.category, failed, "{strategy}");
-        assert!(e.to_string().contains(&format!("({state} bytes)")), "{e}");
+        assert!(
+            e.to_string().contains(&stax::alloc::human_bytes(state)),
+            "{e}"
+        );
     }
 }
