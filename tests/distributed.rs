@@ -204,7 +204,7 @@ fn run(world: usize, vars: &[(&str, &str)]) -> Launched {
         .collect();
     let start = Instant::now();
     let launched =
-        launch(&exe, &args, world, &env, Duration::from_secs(30)).map_err(|e| e.to_string());
+        launch(&exe, &args, world, &env, Duration::from_secs(10)).map_err(|e| e.to_string());
     let took = start.elapsed();
     let results = (0..world)
         .map(|r| match std::fs::read(out.join(format!("params.{r}"))) {
