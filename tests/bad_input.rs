@@ -177,3 +177,25 @@ fn a_pooling_window_wholly_in_the_padding_fails_in_init() {
     let sum = serial![SumPool::new((2, 3)).with((1, 2), padding), tail(2)];
     Trainer::new(sum, input, Adam::new(1e-3), &be, 0).unwrap();
 }
+
+/// The trainer's inputs are f32 (a model computing in bf16 casts them itself): a bf16 batch is
+/// a typed error at the batch check, naming both dtypes, and nothing trains.
+#[test]
+fn a_batch_of_another_dtype_is_refused_at_the_batch_check() {
+    let be = cpu();
+    let mut trainer = small_trainer(&be);
+    let before = values(&trainer);
+    let x = tensor(&be, &[2, 6, 6, 3], 0.5);
+    let mut xb = Tensor::empty(&be, x.shape().clone(), stax::DType::BF16, Category::Input).unwrap();
+    stax::tensor::ops::cast(&x, &mut xb).unwrap();
+    let mut y = vec![0f32; 4];
+    y[0] = 1.0;
+    y[3] = 1.0;
+    let y = Tensor::from_slice(&be, &y, [2, 2], Category::Input).unwrap();
+    let e = trainer.step(&xb, &y).unwrap_err().to_string();
+    assert!(
+        e.contains("trainer inputs") && e.contains("bf16") && e.contains("f32"),
+        "{e}"
+    );
+    assert_eq!(values(&trainer), before);
+}

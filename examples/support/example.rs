@@ -128,8 +128,8 @@ pub struct Common {
     /// Write a checkpoint (parameters, Adam's state, step, data position) here at the end.
     #[arg(long)]
     pub save: Option<PathBuf>,
-    /// With --save: also save every N steps.
-    #[arg(long, requires = "save")]
+    /// With --save: also save every N steps (N >= 1).
+    #[arg(long, requires = "save", value_parser = clap::value_parser!(u64).range(1..))]
     pub save_every: Option<u64>,
     /// Resume from this checkpoint (its data order's seed overrides --seed; --epochs and
     /// --max-steps count the steps before it too).

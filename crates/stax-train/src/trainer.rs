@@ -278,6 +278,15 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     fn check_batch(&self, x: &Tensor, y: &Tensor) -> Result<(), TrainError> {
+        // inputs are staged in f32; a model computing in bf16 casts them itself (`Mixed`)
+        if x.dtype() != stax_tensor::DType::F32 {
+            return Err(stax_tensor::TensorError::DType {
+                op: "trainer inputs",
+                expected: stax_tensor::DType::F32,
+                got: x.dtype(),
+            }
+            .into());
+        }
         let want = &self.input.dims()[1..];
         if x.dims().first().is_none_or(|&n| n == 0) || &x.dims()[1..] != want {
             return Err(TrainError::BatchShape {
