@@ -13,6 +13,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::fixtures::{Leaf, find, leaf, leaves};
 use common::{assert_close, cpu, cuda_or_skip, vjp, with_precision};
 use serde_json::Value as Json;
 use stax::layers::Loss;
@@ -156,46 +157,7 @@ fn fixtures_dir() -> std::path::PathBuf {
 }
 
 fn fixture(name: &str) -> Json {
-    let path = fixtures_dir().join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run scripts/jax_fixtures.py {name})",
-            path.display()
-        )
-    });
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// A fixture tensor: its key path, shape and values.
-struct Leaf {
-    path: String,
-    shape: Vec<usize>,
-    data: Vec<f32>,
-}
-
-fn leaf(j: &Json) -> Leaf {
-    let nums = |v: &Json| -> Vec<f64> {
-        v.as_array()
-            .expect("an array")
-            .iter()
-            .map(|x| x.as_f64().expect("a number"))
-            .collect()
-    };
-    Leaf {
-        path: j["path"].as_str().expect("a path").to_string(),
-        shape: nums(&j["shape"]).into_iter().map(|d| d as usize).collect(),
-        data: nums(&j["data"]).into_iter().map(|v| v as f32).collect(),
-    }
-}
-
-fn leaves(j: &Json) -> Vec<Leaf> {
-    j.as_array().expect("a list").iter().map(leaf).collect()
-}
-
-fn find<'a>(all: &'a [Leaf], path: &str, what: &str) -> &'a Leaf {
-    all.iter()
-        .find(|l| l.path == path)
-        .unwrap_or_else(|| panic!("{what}: JAX has no leaf at {path:?}"))
+    common::fixtures::read(&fixtures_dir(), "scripts/jax_fixtures.py", name)
 }
 
 /// `got` equals JAX's `want` to `tol` relative to `want`'s largest magnitude.

@@ -10,6 +10,47 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
+/// The fixture `name` in `dir` (written by `script`), parsed; panics naming the file and the
+/// script to run when it is missing or malformed.
+pub fn read(dir: &Path, script: &str, name: &str) -> Json {
+    let path = dir.join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run {script} {name})", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A fixture tensor: its key path, shape and values.
+pub struct Leaf {
+    pub path: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// One fixture tensor (`{"path", "shape", "data"}`).
+pub fn leaf(j: &Json) -> Leaf {
+    let nums = |v: &Json| -> Vec<f64> {
+        let list = v.as_array().expect("an array");
+        list.iter().map(|x| x.as_f64().expect("a number")).collect()
+    };
+    Leaf {
+        path: j["path"].as_str().expect("a path").to_string(),
+        shape: nums(&j["shape"]).into_iter().map(|d| d as usize).collect(),
+        data: nums(&j["data"]).into_iter().map(|v| v as f32).collect(),
+    }
+}
+
+/// A list of fixture tensors.
+pub fn leaves(j: &Json) -> Vec<Leaf> {
+    j.as_array().expect("a list").iter().map(leaf).collect()
+}
+
+/// The leaf of `all` at JAX key path `path`; panics naming `what` when JAX has none.
+pub fn find<'a>(all: &'a [Leaf], path: &str, what: &str) -> &'a Leaf {
+    all.iter()
+        .find(|l| l.path == path)
+        .unwrap_or_else(|| panic!("{what}: JAX has no leaf at {path:?}"))
+}
+
 /// Runs `script` (relative to the package root, where cargo and the GPU bundle run tests) with `STAX_FIXTURES_OUT` set to a fresh
 /// directory and checks that it writes exactly the files of `committed` and that each agrees
 /// with the committed one (see the module docs). Prints a skip notice and returns where
