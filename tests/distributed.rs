@@ -181,8 +181,10 @@ type Launched = (Result<(), String>, Vec<Result<Vec<f32>, String>>, Duration);
 /// Launches `world` ranks of the `rank` test with `vars`; the launcher's result, each rank's
 /// parameters or error, and how long it took.
 fn run(world: usize, vars: &[(&str, &str)]) -> Launched {
+    // one directory per launch: tests run at once (two with the same vars and another world
+    // shared one on a 16-core machine, and read each other's results)
     let out = std::env::temp_dir().join(format!(
-        "stax-dp-test-{}-{}",
+        "stax-dp-test-{}-w{world}-{}",
         std::process::id(),
         vars.iter()
             .map(|(k, v)| format!("{k}{v}"))
