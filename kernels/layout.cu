@@ -2,7 +2,8 @@
 // conv's kernel; cuDNN's filter layout is KRSC = OHWI [co, kh, kw, ci] for NHWC tensors and
 // KCRS = OIHW for NCHW ones. cuDNN needs symmetric padding, so asymmetric cases are computed on
 // an input embedded in a larger zero-padded buffer (an NCHW tensor [n, c, h, w] is padded as
-// the NHWC tensor [n * c, h, w, 1]).
+// the NHWC tensor [n * c, h, w, 1]); a bf16 or f16 NHWC input's channels are padded with zeros
+// to a multiple of 8 the same way (and its kernel's), as cuDNN's tensor-core kernels need.
 
 // Where kernel tap (ky, kx, c, o) of a (kh, kw, ci, co) kernel is stored, by layout (the codes
 // of FilterLayout::code in crates/stax-tensor/src/geometry/layout.rs, plus cuDNN's NHWC
@@ -25,48 +26,52 @@ __device__ size_t filter_index(int layout, size_t kh, size_t kw, size_t ci, size
     }
 }
 
-// dst (layout `to`) = src (layout `from`), a (kh, kw, ci, co) kernel; one thread per tap.
+// dst (layout `to`, ci_to input channels) = src (layout `from`, ci_from input channels), the
+// taps of a (kh, kw, ci, co) kernel; one thread per tap. With ci_to > ci (cuDNN's kernel of a
+// channel-padded input) the padded taps are not written; with ci_from > ci they are not read.
 template <typename T>
 __device__ void filter_permute_impl(const T *src, T *dst, size_t kh, size_t kw, size_t ci,
-                                    size_t co, int from, int to) {
+                                    size_t co, int from, int to, size_t ci_from, size_t ci_to) {
     size_t n = kh * kw * ci * co;
     GRID_STRIDE(i, n) {  // i enumerates the taps in HWIO order
         size_t o = i % co, c = (i / co) % ci, kx = (i / (co * ci)) % kw, ky = i / (co * ci * kw);
-        dst[filter_index(to, kh, kw, ci, co, ky, kx, c, o)] =
-            src[filter_index(from, kh, kw, ci, co, ky, kx, c, o)];
+        dst[filter_index(to, kh, kw, ci_to, co, ky, kx, c, o)] =
+            src[filter_index(from, kh, kw, ci_from, co, ky, kx, c, o)];
     }
 }
 
-// dst NHWC [nb, hd, wd, c] = src NHWC [nb, hs, ws, c] placed at row top, column left; zeros
-// elsewhere (hd >= top + hs, wd >= left + ws).
+// dst NHWC [nb, hd, wd, cd] = src NHWC [nb, hs, ws, cs] placed at row top, column left and
+// channel 0; zeros elsewhere (hd >= top + hs, wd >= left + ws, cd >= cs: spatial padding and
+// channels padded for cuDNN's tensor cores).
 template <typename T>
-__device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t c,
-                              size_t hd, size_t wd, size_t top, size_t left) {
-    size_t n = nb * hd * wd * c;
+__device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t cs,
+                              size_t hd, size_t wd, size_t cd, size_t top, size_t left) {
+    size_t n = nb * hd * wd * cd;
     GRID_STRIDE(i, n) {
-        size_t ch = i % c;
-        size_t x = (i / c) % wd;
-        size_t y = (i / (c * wd)) % hd;
-        size_t b = i / (c * wd * hd);
+        size_t ch = i % cd;
+        size_t x = (i / cd) % wd;
+        size_t y = (i / (cd * wd)) % hd;
+        size_t b = i / (cd * wd * hd);
         T v = from_f32<T>(0.0f);
-        if (y >= top && y < top + hs && x >= left && x < left + ws) {
-            v = src[((b * hs + (y - top)) * ws + (x - left)) * c + ch];
+        if (y >= top && y < top + hs && x >= left && x < left + ws && ch < cs) {
+            v = src[((b * hs + (y - top)) * ws + (x - left)) * cs + ch];
         }
         dst[i] = v;
     }
 }
 
-// dst NHWC [nb, hd, wd, c] = the window of src NHWC [nb, hs, ws, c] at row top, column left.
+// dst NHWC [nb, hd, wd, cd] = the window of src NHWC [nb, hs, ws, cs] at row top, column left
+// and its first cd channels.
 template <typename T>
-__device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t c,
-                               size_t hd, size_t wd, size_t top, size_t left) {
-    size_t n = nb * hd * wd * c;
+__device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t cs,
+                               size_t hd, size_t wd, size_t cd, size_t top, size_t left) {
+    size_t n = nb * hd * wd * cd;
     GRID_STRIDE(i, n) {
-        size_t ch = i % c;
-        size_t x = (i / c) % wd;
-        size_t y = (i / (c * wd)) % hd;
-        size_t b = i / (c * wd * hd);
-        dst[i] = src[((b * hs + (y + top)) * ws + (x + left)) * c + ch];
+        size_t ch = i % cd;
+        size_t x = (i / cd) % wd;
+        size_t y = (i / (cd * wd)) % hd;
+        size_t b = i / (cd * wd * hd);
+        dst[i] = src[((b * hs + (y + top)) * ws + (x + left)) * cs + ch];
     }
 }
 
@@ -74,18 +79,19 @@ __device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_
 // converted, so every float dtype moves bit for bit.
 #define LAYOUT_KERNELS(T, S)                                                                   \
     extern "C" __global__ void filter_permute_##S(const T *src, T *dst, size_t kh, size_t kw,  \
-                                                  size_t ci, size_t co, int from, int to) {    \
-        filter_permute_impl<T>(src, dst, kh, kw, ci, co, from, to);                            \
+                                                  size_t ci, size_t co, int from, int to,      \
+                                                  size_t ci_from, size_t ci_to) {              \
+        filter_permute_impl<T>(src, dst, kh, kw, ci, co, from, to, ci_from, ci_to);            \
     }                                                                                          \
     extern "C" __global__ void pad_nhwc_##S(const T *src, T *dst, size_t nb, size_t hs,        \
-                                            size_t ws, size_t c, size_t hd, size_t wd,         \
-                                            size_t top, size_t left) {                         \
-        pad_nhwc_impl<T>(src, dst, nb, hs, ws, c, hd, wd, top, left);                          \
+                                            size_t ws, size_t cs, size_t hd, size_t wd,        \
+                                            size_t cd, size_t top, size_t left) {              \
+        pad_nhwc_impl<T>(src, dst, nb, hs, ws, cs, hd, wd, cd, top, left);                     \
     }                                                                                          \
     extern "C" __global__ void crop_nhwc_##S(const T *src, T *dst, size_t nb, size_t hs,       \
-                                             size_t ws, size_t c, size_t hd, size_t wd,        \
-                                             size_t top, size_t left) {                        \
-        crop_nhwc_impl<T>(src, dst, nb, hs, ws, c, hd, wd, top, left);                         \
+                                             size_t ws, size_t cs, size_t hd, size_t wd,       \
+                                             size_t cd, size_t top, size_t left) {             \
+        crop_nhwc_impl<T>(src, dst, nb, hs, ws, cs, hd, wd, cd, top, left);                    \
     }
 FOR_FLOATS(LAYOUT_KERNELS)
 

@@ -1,5 +1,6 @@
 //! Mixed precision on CUDA against the CPU backend, on fresh seeded random inputs with poisoned
-//! outputs: casts between every pair of float dtypes (bit for bit), bf16 and f16 GEMMs
+//! outputs: casts between every pair of float dtypes (bit for bit), the ReLU and bias kernels
+//! (bit for bit), bf16 and f16 GEMMs
 //! (cuBLAS `cublasGemmEx`, f32 compute) within the dtype's rounding, Adam on f32 master weights
 //! from bf16 and f16 gradients, a bf16 MLP's steps on the GPU equal to the CPU's with every
 //! peak equal to its plan; bf16 and f16 convolutions (cuDNN, f32 compute) in NHWC and NCHW
@@ -60,6 +61,73 @@ fn casts_equal_the_cpu_bit_for_bit() {
                 b
             };
             assert_eq!(bits(&g), bits(&c), "cast {from} -> {to}");
+        }
+    }
+}
+
+/// The ReLU (in place, with and without its mask, and the read-only mask pass of an output
+/// that is ReLU'd already), its backward from the mask, the bias add and the bias gradient in
+/// bf16 and f16 equal the CPU's bit for bit (the bias gradient to its one rounding), on sizes
+/// with whole 8-element vector groups and with tails (the vectorized kernels' edges).
+#[test]
+fn relu_and_bias_kernels_match_the_cpu_in_low_precision() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for dtype in [DType::BF16, DType::F16] {
+        for n in [1, 33, 255, 256, 257, 1000, 100_003] {
+            let mut rng = Rng::new(seed_for("relu16", &[n]));
+            let (x, dy) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+            let run = |be: &Arc<dyn Backend>| {
+                let mut y = typed(be, &x, &[n], dtype);
+                let mut mask = poisoned(be, [n.div_ceil(32)], DType::U32);
+                ops::unary(Activation::Relu, &mut y, Some(&mut mask)).unwrap();
+                let mut d = typed(be, &dy, &[n], dtype);
+                ops::unary_bwd(Activation::Relu, &mask, &mut d).unwrap();
+                let mut plain = typed(be, &x, &[n], dtype);
+                ops::unary(Activation::Relu, &mut plain, None).unwrap();
+                let words = mask.to_vec_u32().unwrap();
+                (
+                    y.to_vec().unwrap(),
+                    words,
+                    d.to_vec().unwrap(),
+                    plain.to_vec().unwrap(),
+                )
+            };
+            let (g, c) = (run(&gpu), run(&cpu));
+            assert_close(&g.0, &c.0, 0.0, 0.0, &format!("{dtype} relu [{n}]"));
+            assert_eq!(g.1, c.1, "{dtype} relu mask [{n}]");
+            assert_close(&g.2, &c.2, 0.0, 0.0, &format!("{dtype} relu_bwd [{n}]"));
+            assert_close(
+                &g.3,
+                &c.3,
+                0.0,
+                0.0,
+                &format!("{dtype} relu, no mask [{n}]"),
+            );
+        }
+        for shape in [[3usize, 37], [100, 128], [513, 16], [2000, 64], [7, 8]] {
+            let (rows, c) = (shape[0], shape[1]);
+            let mut rng = Rng::new(seed_for("bias16", &shape));
+            let (y, b) = (rng.vec(rows * c, -1.0, 1.0), rng.vec(c, -1.0, 1.0));
+            let run = |be: &Arc<dyn Backend>| {
+                let mut yt = typed(be, &y, &shape, dtype);
+                ops::bias_add(&mut yt, &typed(be, &b, &[c], dtype)).unwrap();
+                let mut db = poisoned(be, [c], dtype);
+                ops::bias_grad(&yt, &mut db).unwrap();
+                (yt.to_vec().unwrap(), db.to_vec().unwrap())
+            };
+            let (g, cp) = (run(&gpu), run(&cpu));
+            assert_close(
+                &g.0,
+                &cp.0,
+                0.0,
+                0.0,
+                &format!("{dtype} bias_add {shape:?}"),
+            );
+            let what = format!("{dtype} bias_grad {shape:?}");
+            assert_close(&g.1, &cp.1, 2.0 * eps(dtype), 0.0, &what);
         }
     }
 }

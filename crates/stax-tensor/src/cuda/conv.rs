@@ -12,7 +12,9 @@
 //! symmetric padding: with padding `(top, bottom)` it is given `min(top, bottom)` on both sides
 //! of an input extended by explicit zero rows (`top - min` above, `bottom - min` below; the same
 //! for columns), a copy made only when the padding is asymmetric (SAME with stride 2 on an even
-//! size, or an even kernel). Every temporary is a step of the pass's workspace schedule
+//! size, or an even kernel). A bf16 or f16 NHWC input's channels are padded with zeros to a
+//! multiple of 8 in that copy, and its kernel's in the kernel copy ([`cudnn_channels`]): cuDNN's
+//! tensor-core kernels need it (the filter gradient of the padded taps is dropped). Every temporary is a step of the pass's workspace schedule
 //! ([`CudaBackend::conv_schedule`], taken through a [`Scratch`]) and is freed when the call
 //! returns (in stream order, so reuse is safe).
 
@@ -25,22 +27,40 @@ use crate::{
     TensorError,
 };
 
-/// An input extended with explicit zeros: its size and where the real input sits in it.
+/// An input extended with explicit zeros: its size (height, width, channels) and where the
+/// real input sits in it (from channel 0).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Extended {
     pub h: usize,
     pub w: usize,
+    pub c: usize,
     pub top: usize,
     pub left: usize,
 }
 
-/// What cuDNN computes for `g` in `dtype`, and the extended input if one is needed.
+/// The input channels cuDNN is given for `g` in `dtype`: a bf16 or f16 NHWC input's channels
+/// padded with zeros to a multiple of 8 (16 bytes), else `g.c_in`. cuDNN's tensor-core kernels
+/// need that alignment (NVIDIA's convolution performance guide asks for channels divisible by
+/// 8 in 16-bit types; XLA's `CudnnPadForConvolutions` pads the same way): without it the
+/// seed's 3-channel conv1 ran cuDNN's FFMA kernels in bf16, 1.59 ms forward and 4.06 ms filter
+/// gradient (ncu, H200, 2026-12-01).
+pub(super) fn cudnn_channels(g: &Conv2dGeometry, dtype: DType) -> usize {
+    match dtype.size_bytes() == 2 && g.layout == Layout::Nhwc {
+        true => g.c_in.next_multiple_of(8),
+        false => g.c_in,
+    }
+}
+
+/// What cuDNN computes for `g` in `dtype`, and the extended input if one is needed: for
+/// asymmetric padding, or channels padded by [`cudnn_channels`].
 pub(super) fn layout(g: &Conv2dGeometry, dtype: DType) -> (CudnnConv, Option<Extended>) {
     let ph = g.pad_top.min(g.pad_bottom);
     let pw = g.pad_left.min(g.pad_right);
-    let ext = (!g.symmetric_padding()).then(|| Extended {
+    let c = cudnn_channels(g, dtype);
+    let ext = (!g.symmetric_padding() || c != g.c_in).then(|| Extended {
         h: g.h + g.pad_top + g.pad_bottom - 2 * ph,
         w: g.w + g.pad_left + g.pad_right - 2 * pw,
+        c,
         top: g.pad_top - ph,
         left: g.pad_left - pw,
     });
@@ -50,22 +70,17 @@ pub(super) fn layout(g: &Conv2dGeometry, dtype: DType) -> (CudnnConv, Option<Ext
         dtype,
         h,
         w,
+        c,
         pad_h: ph,
         pad_w: pw,
-        layout_bytes: 0,
+        layout_bytes: filter_copy_bytes(g, dtype) + ext.map_or(0, |e| extended_bytes(g, &e, dtype)),
     };
-    (
-        CudnnConv {
-            layout_bytes: layout_bytes(g, &conv),
-            ..conv
-        },
-        ext,
-    )
+    (conv, ext)
 }
 
-/// Bytes of the extended input (or its gradient) of an asymmetric padding, in `dtype`.
+/// Bytes of the extended input (or its gradient), in `dtype`.
 pub(super) fn extended_bytes(g: &Conv2dGeometry, e: &Extended, dtype: DType) -> usize {
-    g.n * e.h * e.w * g.c_in * dtype.size_bytes()
+    g.n * e.h * e.w * e.c * dtype.size_bytes()
 }
 
 /// The code of the filter layout cuDNN reads beside `g`'s tensors (OHWI or OIHW).
@@ -76,34 +91,24 @@ fn cudnn_filter(g: &Conv2dGeometry) -> i32 {
     }
 }
 
-/// Bytes of the kernel's copy in cuDNN's layout, in `dtype`: none when it is stored so
-/// already.
+/// Bytes of the kernel's copy in cuDNN's layout (with [`cudnn_channels`] input channels), in
+/// `dtype`: none when it is stored so already.
 pub(super) fn filter_copy_bytes(g: &Conv2dGeometry, dtype: DType) -> usize {
-    if cudnn_filter(g) == g.filter.code() {
+    let c = cudnn_channels(g, dtype);
+    if cudnn_filter(g) == g.filter.code() && c == g.c_in {
         0
     } else {
-        g.filter_shape().numel() * dtype.size_bytes()
+        g.kh * g.kw * c * g.c_out * dtype.size_bytes()
     }
 }
 
-/// The activations of `g`'s input as the NHWC image `pad_or_crop` pads: NCHW `[n, c, h, w]` is
-/// `[n · c, h, w, 1]`.
-fn pad_dims(g: &Conv2dGeometry) -> [usize; 4] {
+/// `g`'s input and its extension `e` as the NHWC images `pad_or_crop` copies between: NCHW
+/// `[n, c, h, w]` is `[n · c, h, w, 1]` (its channels are never padded).
+fn pad_dims(g: &Conv2dGeometry, e: &Extended) -> ([usize; 4], [usize; 3]) {
     match g.layout {
-        Layout::Nhwc => [g.n, g.h, g.w, g.c_in],
-        Layout::Nchw => [g.n * g.c_in, g.h, g.w, 1],
+        Layout::Nhwc => ([g.n, g.h, g.w, g.c_in], [e.h, e.w, e.c]),
+        Layout::Nchw => ([g.n * g.c_in, g.h, g.w, 1], [e.h, e.w, 1]),
     }
-}
-
-/// Bytes held beside cuDNN's workspace during a pass: the kernel copy in cuDNN's layout (or
-/// its gradient) and, for asymmetric padding, the extended input (or its gradient).
-fn layout_bytes(g: &Conv2dGeometry, conv: &CudnnConv) -> usize {
-    let ext = if g.symmetric_padding() {
-        0
-    } else {
-        g.n * conv.h * conv.w * g.c_in * conv.dtype.size_bytes()
-    };
-    filter_copy_bytes(g, conv.dtype) + ext
 }
 
 /// Whether the filter gradient of `g` is one cuBLAS GEMM instead of a cuDNN pass: a 1x1
@@ -157,16 +162,10 @@ impl CudaBackend {
         };
         let i = ws.alloc()?;
         if let Some(x) = pad_from {
-            let big = ws.addr(i);
-            self.kernels.pad_or_crop(
-                dtype,
-                true,
-                x,
-                big,
-                pad_dims(g),
-                [e.h, e.w],
-                [e.top, e.left],
-            )?;
+            let (small, big) = pad_dims(g, &e);
+            let offset = [e.top, e.left];
+            self.kernels
+                .pad_or_crop(dtype, true, x, ws.addr(i), small, big, offset)?;
         }
         Ok(Some(i))
     }
@@ -197,7 +196,8 @@ impl CudaBackend {
         })
     }
 
-    /// The kernel as cuDNN reads it: `w` itself, or its copy in buffer `copy` (made here).
+    /// The kernel as cuDNN reads it: `w` itself, or its copy in buffer `copy` (made here;
+    /// zeros in the taps of padded input channels).
     fn cudnn_kernel(
         &self,
         ws: &Scratch,
@@ -208,10 +208,16 @@ impl CudaBackend {
         let Some(i) = copy else {
             return Ok(w);
         };
-        let dims = (g.kh, g.kw, g.c_in, g.c_out);
+        let (dims, c) = ((g.kh, g.kw, g.c_in, g.c_out), cudnn_channels(g, dtype));
         let codes = (g.filter.code(), cudnn_filter(g));
+        if c != g.c_in {
+            // 16-bit only (cudnn_channels): 0 is the all-zero bit pattern
+            self.kernels
+                .fill_u16(ws.addr(i), 0, g.kh * g.kw * c * g.c_out)?;
+        }
+        let addrs = (w, ws.addr(i));
         self.kernels
-            .permute_filter(dtype, w, ws.addr(i), dims, codes.0, codes.1)?;
+            .permute_filter(dtype, addrs, dims, codes, (g.c_in, c))?;
         Ok(ws.addr(i))
     }
 
@@ -280,12 +286,13 @@ impl CudaBackend {
         }
         let mask = aux.map_or(0, |m| m.addr());
         match act {
-            // cuDNN applied a fused ReLU: the mask is one read-only pass (in bf16 and f16 the
-            // ReLU kernel runs again, which leaves a ReLU'd output as it is)
+            // cuDNN applied a fused ReLU: the mask is one read-only pass over the output (in
+            // bf16 and f16 too: the rounded output is > 0 exactly where the CPU's ReLU of the
+            // rounded pre-activation keeps it)
             Some(Activation::Relu) if fused && mask == 0 => Ok(()),
-            Some(Activation::Relu) if dtype == DType::F32 => {
-                self.kernels.relu(y.addr(), mask, y.numel(), !fused)
-            }
+            Some(Activation::Relu) => self
+                .kernels
+                .relu(dtype, y.addr(), (mask, y.numel()), !fused),
             Some(act) => self.activate(act, mask, y),
             None => Ok(()),
         }
@@ -312,16 +319,10 @@ impl CudaBackend {
             ws.free(i)?;
         }
         if let (Some(e), Some(i)) = (ext, bufs.ext) {
-            let (big, small) = (ws.addr(i), dx.addr());
-            self.kernels.pad_or_crop(
-                dtype,
-                false,
-                small,
-                big,
-                pad_dims(&g),
-                [e.h, e.w],
-                [e.top, e.left],
-            )?;
+            let (small, big) = pad_dims(&g, &e);
+            let offset = [e.top, e.left];
+            self.kernels
+                .pad_or_crop(dtype, false, dx.addr(), ws.addr(i), small, big, offset)?;
             ws.free(i)?;
         }
         if let Some(i) = bufs.filter {
@@ -331,8 +332,8 @@ impl CudaBackend {
     }
 
     /// The bias gradient `db` of `dy` (both of `dtype`; summed in f64 through the partials
-    /// buffer `partial`, rounded once); with `mask` (f32 NHWC only, where the kernels
-    /// vectorize), `dy` is masked by the ReLU backward in the same pass.
+    /// buffer `partial`, rounded once); with `mask` (NHWC only, where the kernels vectorize),
+    /// `dy` is masked by the ReLU backward in the same pass.
     fn conv_bias_grad(
         &self,
         (g, dtype): (&Conv2dGeometry, DType),
@@ -375,7 +376,6 @@ impl CudaBackend {
         let gemm = filter_grad_is_gemm(&g);
         let mut mask = 0;
         let fuse_mask = db.is_some()
-            && dtype == DType::F32
             && g.layout == Layout::Nhwc
             && self.fused_epilogues()
             && self.kernels.bias_grad_vectorizes(g.c_out, dy.addr());
@@ -417,14 +417,10 @@ impl CudaBackend {
         }
         if let Some(i) = filter {
             let dims = (g.kh, g.kw, g.c_in, g.c_out);
-            self.kernels.permute_filter(
-                dtype,
-                ws.addr(i),
-                dw.addr(),
-                dims,
-                cudnn_filter(&g),
-                g.filter.code(),
-            )?;
+            let codes = (cudnn_filter(&g), g.filter.code());
+            let channels = (cudnn_channels(&g, dtype), g.c_in);
+            self.kernels
+                .permute_filter(dtype, (ws.addr(i), dw.addr()), dims, codes, channels)?;
             ws.free(i)?;
         }
         ws.finish()
@@ -458,8 +454,8 @@ impl CudaBackend {
         y: &crate::Tensor,
     ) -> Result<(), TensorError> {
         let (n, code, alpha) = (y.numel(), act.code(), act.alpha());
-        if act == Activation::Relu && y.dtype() == crate::DType::F32 {
-            return self.kernels.relu(y.addr(), mask, n, true);
+        if act == Activation::Relu {
+            return self.kernels.relu(y.dtype(), y.addr(), (mask, n), true);
         }
         self.kernels
             .unary(y.dtype(), y.addr(), mask, n, code, alpha)
@@ -477,8 +473,8 @@ impl CudaBackend {
             Saves::Mask => (0, saved.addr()),
             Saves::Output | Saves::Input => (saved.addr(), 0),
         };
-        if act == Activation::Relu && dy.dtype() == crate::DType::F32 {
-            return self.kernels.relu_bwd(dy.addr(), m, n);
+        if act == Activation::Relu {
+            return self.kernels.relu_bwd(dy.dtype(), dy.addr(), m, n);
         }
         self.kernels
             .unary_bwd(dy.dtype(), dy.addr(), s, m, n, code, alpha)

@@ -94,6 +94,8 @@ pub(crate) struct CudnnConv {
     pub h: usize,
     /// Input width cuDNN sees.
     pub w: usize,
+    /// Input channels cuDNN sees (the geometry's, or more when padded for its tensor cores).
+    pub c: usize,
     /// Symmetric padding rows.
     pub pad_h: usize,
     /// Symmetric padding columns.

@@ -60,8 +60,8 @@ pub(super) fn int(v: usize) -> Result<c_int, TensorError> {
 pub(super) fn check_sizes(c: &CudnnConv) -> Result<(), TensorError> {
     let g = &c.geometry;
     let tensors = [
-        ("input", [g.n, c.h, c.w, g.c_in]),
-        ("filter", [g.c_out, g.kh, g.kw, g.c_in]),
+        ("input", [g.n, c.h, c.w, c.c]),
+        ("filter", [g.c_out, g.kh, g.kw, c.c]),
         ("output", [g.n, g.out_h, g.out_w, g.c_out]),
     ];
     for (what, dims) in tensors {
@@ -121,7 +121,7 @@ impl Descriptors {
             relu: result::create_activation_descriptor()
                 .map_err(cudnn("cudnnCreateActivationDescriptor"))?,
         };
-        let (n, ci, co) = (int(g.n)?, int(g.c_in)?, int(g.c_out)?);
+        let (n, ci, co) = (int(g.n)?, int(c.c)?, int(g.c_out)?);
         // SAFETY: the descriptors were just created and are owned by `d`.
         unsafe {
             result::set_tensor4d_descriptor(d.x, format, data, [n, ci, int(c.h)?, int(c.w)?])
@@ -503,6 +503,7 @@ mod tests {
             dtype: DType::F32,
             h: hw,
             w: hw,
+            c: 3,
             pad_h: 1,
             pad_w: 1,
             layout_bytes: 0,

@@ -1,5 +1,5 @@
-//! Launchers of the elementwise kernels: fills, casts, bias add and gradient, activations (the ReLU's
-//! vectorized f32 path and every dtype's generic kernels) and binary ops.
+//! Launchers of the elementwise kernels: fills, casts, bias add and gradient, activations (the
+//! ReLU's vectorized path and every dtype's generic kernels) and binary ops.
 
 use super::{Kernels, aligned16, driver};
 use crate::{DType, TensorError};
@@ -29,7 +29,8 @@ impl Kernels {
             .map_err(driver(sym))
     }
 
-    /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements.
+    /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements
+    /// (8 per thread with 16-byte accesses where both are 16-byte aligned).
     pub(crate) fn cast(
         &self,
         (from, to): (DType, DType),
@@ -40,17 +41,38 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let sym = format!("cast_{}_{}", from.name(), to.name());
-        // SAFETY: `cast_<from>_<to>(const S *src, D *dst, size_t n)`; src holds n elements of
-        // `from`, dst n elements of `to` (distinct buffers).
+        let pair = format!("{}_{}", from.name(), to.name());
+        let n8 = if aligned16(&[src, dst]) { n / 8 } else { 0 };
+        if n8 > 0 {
+            let sym = format!("cast_vec_{pair}");
+            // SAFETY: `cast_vec_<from>_<to>(const S *src, D *dst, size_t n8)`; src holds at
+            // least 8 n8 elements of `from`, dst of `to` (distinct buffers), both 16-byte
+            // aligned.
+            unsafe {
+                launch!(self.stream, self.function(&sym)?, self.grid(n8); &src, &dst, &n8).map(drop)
+            }
+            .map_err(driver("cast"))?;
+        }
+        let done = 8 * n8;
+        if done == n {
+            return Ok(());
+        }
+        let (st, dt, nt) = (
+            src + (done * from.size_bytes()) as u64,
+            dst + (done * to.size_bytes()) as u64,
+            n - done,
+        );
+        let sym = format!("cast_{pair}");
+        // SAFETY: `cast_<from>_<to>(const S *src, D *dst, size_t n)`; from element `done` on,
+        // src holds nt elements of `from`, dst nt elements of `to` (distinct buffers).
         unsafe {
-            launch!(self.stream, self.function(&sym)?, self.grid(n); &src, &dst, &n).map(drop)
+            launch!(self.stream, self.function(&sym)?, self.grid(nt); &st, &dt, &nt).map(drop)
         }
         .map_err(driver("cast"))
     }
 
-    /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (f32: 16 bytes per
-    /// thread when `c % 4 == 0` and both are 16-byte aligned).
+    /// `y[i] += b[i % c]` over `n` elements at `y`, `c` at `b`, of `dtype` (8 elements per
+    /// thread when `c % 8 == 0` and both are 16-byte aligned).
     pub(crate) fn bias_add(
         &self,
         dtype: DType,
@@ -62,15 +84,13 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        if dtype == DType::F32 && c % 4 == 0 && n % 4 == 0 && aligned16(&[y, b]) {
-            let (n4, c4) = (n / 4, c / 4);
-            let sym = "bias_add_vec_f32";
-            // SAFETY: `bias_add_vec_f32(float *y, const float *b, size_t n4, size_t c4)`; y
-            // holds 4 n4 floats and b 4 c4 >= 4, both 16-byte aligned.
-            return unsafe {
-                launch!(self.stream, self.function(sym)?, self.grid(n4); &y, &b, &n4, &c4).map(drop)
-            }
-            .map_err(driver(sym));
+        if c % 8 == 0 && n % 8 == 0 && aligned16(&[y, b]) {
+            let (n8, c8) = (n / 8, c / 8);
+            let (f, sym) = (self.typed("bias_add_vec", dtype)?, "bias_add_vec");
+            // SAFETY: `bias_add_vec_<dtype>(T *y, const T *b, size_t n8, size_t c8)`; y holds
+            // 8 n8 elements and b 8 c8 >= 8, both 16-byte aligned.
+            return unsafe { launch!(self.stream, f, self.grid(n8); &y, &b, &n8, &c8).map(drop) }
+                .map_err(driver(sym));
         }
         let (f, sym) = (self.typed("bias_add", dtype)?, "bias_add");
         // SAFETY: `bias_add_<dtype>(T *y, const T *b, size_t n, size_t c)`; y holds n
@@ -86,17 +106,17 @@ impl Kernels {
         rows.div_ceil(256).clamp(1, 4 * self.sms as usize)
     }
 
-    /// Whether `bias_grad` of `c` f32 columns at `dy` takes the vectorized path, the one that
-    /// can fuse the ReLU backward (`mask`): `c` a multiple of 4 dividing 1024, `dy` 16-byte
-    /// aligned.
+    /// Whether `bias_grad` of `c` columns at `dy` takes the vectorized path (any float
+    /// dtype), the one that fuses the ReLU backward (`mask`) into its one pass: `c` a multiple
+    /// of 8 dividing 2048, `dy` 16-byte aligned.
     pub(crate) fn bias_grad_vectorizes(&self, c: usize, dy: u64) -> bool {
-        c % 4 == 0 && c > 0 && 1024 % c == 0 && aligned16(&[dy])
+        c % 8 == 0 && c > 0 && 2048 % c == 0 && aligned16(&[dy])
     }
 
     /// `db[j] = sum_r dy[r, j]` for dy `[rows, c]` of `dtype`, through `partial`, a workspace
-    /// of `bias_grad_splits(rows) * c` doubles. With `mask != 0` (only f32, where
-    /// [`Self::bias_grad_vectorizes`]), `dy` is first masked in place as the ReLU's backward
-    /// does, in the same pass.
+    /// of `bias_grad_splits(rows) * c` doubles. With `mask != 0`, `dy` is first masked in
+    /// place as the ReLU's backward does: in the same pass where
+    /// [`Self::bias_grad_vectorizes`], else by [`Self::relu_bwd`] first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn bias_grad(
         &self,
@@ -112,25 +132,23 @@ impl Kernels {
             return Ok(());
         }
         let splits = self.bias_grad_splits(rows);
-        if dtype == DType::F32 && self.bias_grad_vectorizes(c, dy) {
-            let n4 = rows * c / 4;
-            let sym = "bias_grad_vec_f32";
+        if self.bias_grad_vectorizes(c, dy) {
+            let n8 = rows * c / 8;
+            let (f, sym) = (self.typed("bias_grad_vec", dtype)?, "bias_grad_vec");
             let cfg = LaunchConfig {
                 grid_dim: (splits as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: `bias_grad_vec_f32(float *dy, const u32 *mask, double *partial, size_t
-            // n4, size_t c)`; dy holds 4 n4 = rows*c floats (16-byte aligned), mask is null or
-            // holds ceil(rows*c / 32) words, partial splits*c doubles; blocks of 256 threads
-            // and c divides 1024 (bias_grad_vectorizes), as the kernel needs.
-            unsafe {
-                launch!(self.stream, self.function(sym)?, cfg; &dy, &mask, &partial, &n4, &c)
-            }
-            .map_err(driver(sym))?;
+            // SAFETY: `bias_grad_vec_<dtype>(T *dy, const u32 *mask, double *partial, size_t
+            // n8, size_t c)`; dy holds 8 n8 = rows*c elements (16-byte aligned), mask is null
+            // or holds ceil(rows*c / 32) words, partial splits*c doubles; blocks of 256 threads
+            // and c divides 2048 (bias_grad_vectorizes), as the kernel needs.
+            unsafe { launch!(self.stream, f, cfg; &dy, &mask, &partial, &n8, &c) }
+                .map_err(driver(sym))?;
         } else {
             if mask != 0 {
-                self.relu_bwd(dy, mask, rows * c)?;
+                self.relu_bwd(dtype, dy, mask, rows * c)?;
             }
             let rows_per_split = rows.div_ceil(splits).max(1);
             let (f, sym) = (self.typed("bias_grad_partial", dtype)?, "bias_grad_partial");
@@ -153,65 +171,76 @@ impl Kernels {
             .map_err(driver(sym))
     }
 
-    /// In-place ReLU on `n` f32 at `x`; `mask` (0 for none) receives `ceil(n/32)` words.
-    /// With `apply == false` `x` is only read: the mask of an `x` that is already ReLU'd.
-    pub(crate) fn relu(&self, x: u64, mask: u64, n: usize, apply: bool) -> Result<(), TensorError> {
+    /// In-place ReLU on `n` elements of `dtype` at `x`; `mask` (0 for none) receives
+    /// `ceil(n/32)` words. With `apply == false` `x` is only read: the mask of an `x` that is
+    /// already ReLU'd.
+    pub(crate) fn relu(
+        &self,
+        dtype: DType,
+        x: u64,
+        (mask, n): (u64, usize),
+        apply: bool,
+    ) -> Result<(), TensorError> {
         if n == 0 {
             return Ok(());
         }
         let apply = i32::from(apply);
-        // Whole chunks of 128 floats (32 lanes x 16 bytes, 4 mask words) vectorized.
-        let chunks = if aligned16(&[x]) { n / 128 } else { 0 };
+        // Whole chunks of 256 elements (32 lanes x 8, 8 mask words) vectorized.
+        let chunks = if aligned16(&[x]) { n / 256 } else { 0 };
         if chunks > 0 {
-            let sym = "relu_vec_f32";
-            // SAFETY: `relu_vec_f32(float *x, u32 *mask, size_t chunks, int apply)`; x holds
-            // at least 128 chunks floats, 16-byte aligned; mask is null or holds at least
-            // 4 chunks words; blocks are whole warps (256 threads), as the shuffles need.
-            unsafe { launch!(self.stream, self.function(sym)?, self.grid(chunks * 32); &x, &mask, &chunks, &apply) }
-            .map_err(driver(sym))?;
+            let (f, sym) = (self.typed("relu_vec", dtype)?, "relu_vec");
+            // SAFETY: `relu_vec_<dtype>(T *x, u32 *mask, size_t chunks, int apply)`; x holds
+            // at least 256 chunks elements, 16-byte aligned; mask is null or holds at least
+            // 8 chunks words; blocks are whole warps (256 threads), as the shuffles need.
+            unsafe { launch!(self.stream, f, self.grid(chunks * 32); &x, &mask, &chunks, &apply) }
+                .map_err(driver(sym))?;
         }
-        let done = chunks * 128;
+        let done = chunks * 256;
         if done == n {
             return Ok(());
         }
-        let (xt, nt) = (x + 4 * done as u64, n - done);
+        let (xt, nt) = (x + (done * dtype.size_bytes()) as u64, n - done);
         let mt = if mask == 0 {
             0
         } else {
             mask + 4 * (done / 32) as u64
         };
-        let sym = "relu_f32";
-        // SAFETY: `relu_f32(float *x, u32 *mask, size_t n, int apply)`; the tail of x from
-        // element `done` (a multiple of 32) holds nt floats, the mask from word done/32 holds
+        let (f, sym) = (self.typed("relu", dtype)?, "relu");
+        // SAFETY: `relu_<dtype>(T *x, u32 *mask, size_t n, int apply)`; the tail of x from
+        // element `done` (a multiple of 32) holds nt elements, the mask from word done/32 holds
         // ceil(nt/32) words or is null. Blocks are whole warps (256 threads), as the ballot needs.
-        unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(nt); &xt, &mt, &nt, &apply)
-                .map(drop)
-        }
-        .map_err(driver(sym))
+        unsafe { launch!(self.stream, f, self.grid(nt); &xt, &mt, &nt, &apply).map(drop) }
+            .map_err(driver(sym))
     }
 
-    /// `dy[i] = 0` where mask bit `i` is clear, for `n` f32 at `dy`.
-    pub(crate) fn relu_bwd(&self, dy: u64, mask: u64, n: usize) -> Result<(), TensorError> {
+    /// `dy[i] = 0` where mask bit `i` is clear, for `n` elements of `dtype` at `dy`.
+    pub(crate) fn relu_bwd(
+        &self,
+        dtype: DType,
+        dy: u64,
+        mask: u64,
+        n: usize,
+    ) -> Result<(), TensorError> {
         if n == 0 {
             return Ok(());
         }
-        // Whole groups of 32 floats (8 float4s, one mask word) vectorized.
-        let n4 = if aligned16(&[dy]) { n / 32 * 8 } else { 0 };
-        if n4 > 0 {
-            let sym = "relu_bwd_vec_f32";
-            // SAFETY: `relu_bwd_vec_f32(float *dy, const u32 *mask, size_t n4)`; dy holds at
-            // least 4 n4 floats, 16-byte aligned; mask at least n4/8 words.
-            unsafe { launch!(self.stream, self.function(sym)?, self.grid(n4); &dy, &mask, &n4) }
+        // Whole groups of 32 elements (4 groups of 8, one mask word) vectorized.
+        let n8 = if aligned16(&[dy]) { n / 32 * 4 } else { 0 };
+        if n8 > 0 {
+            let (f, sym) = (self.typed("relu_bwd_vec", dtype)?, "relu_bwd_vec");
+            // SAFETY: `relu_bwd_vec_<dtype>(T *dy, const u32 *mask, size_t n8)`; dy holds at
+            // least 8 n8 elements, 16-byte aligned; mask at least n8/4 words.
+            unsafe { launch!(self.stream, f, self.grid(n8); &dy, &mask, &n8) }
                 .map_err(driver(sym))?;
         }
-        let done = n4 * 4;
+        let done = n8 * 8;
         if done == n {
             return Ok(());
         }
-        let (dt, mt) = (dy + 4 * done as u64, mask + 4 * (done / 32) as u64);
+        let dt = dy + (done * dtype.size_bytes()) as u64;
+        let mt = mask + 4 * (done / 32) as u64;
         let relu = crate::Activation::Relu;
-        self.unary_bwd(DType::F32, dt, 0, mt, n - done, relu.code(), relu.alpha())
+        self.unary_bwd(dtype, dt, 0, mt, n - done, relu.code(), relu.alpha())
     }
 
     /// In place `y = act(y)` on `n` elements of `dtype`, `op` the activation's code; `mask`

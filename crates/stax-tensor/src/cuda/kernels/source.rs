@@ -71,11 +71,12 @@ impl KernelModule {
                 "cast_f16_f32",
                 "cast_bf16_f16",
                 "cast_f16_bf16",
-                "relu_f32",
-                "relu_vec_f32",
-                "relu_bwd_vec_f32",
-                "bias_add_vec_f32",
-                "bias_grad_vec_f32",
+                "cast_vec_f32_bf16",
+                "cast_vec_f32_f16",
+                "cast_vec_bf16_f32",
+                "cast_vec_f16_f32",
+                "cast_vec_bf16_f16",
+                "cast_vec_f16_bf16",
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
@@ -112,7 +113,13 @@ impl KernelModule {
                 "sum_pool_bwd",
             ],
             KernelModule::Norm => &["channel_moments", "channel_sum_finish", "channel_bias_add"],
-            KernelModule::Elementwise => &[],
+            KernelModule::Elementwise => &[
+                "relu",
+                "relu_vec",
+                "relu_bwd_vec",
+                "bias_add_vec",
+                "bias_grad_vec",
+            ],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
         let generic = per_dtype

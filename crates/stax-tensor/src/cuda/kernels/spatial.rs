@@ -144,15 +144,17 @@ impl Kernels {
     /// A `(kh, kw, ci, co)` kernel copied from layout `from` to layout `to` (the codes of
     /// `kernels/layout.cu`'s `filter_index`: [`crate::FilterLayout::code`], and
     /// [`OHWI`] for cuDNN's NHWC filters), elements of `dtype` moved bit for bit.
+    /// `(ci_from, ci_to)`: the input channels each layout is stored with (at least `ci`; more
+    /// for cuDNN's kernel of a channel-padded input, whose padded taps are neither read nor
+    /// written).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn permute_filter(
         &self,
         dtype: DType,
-        src: u64,
-        dst: u64,
+        (src, dst): (u64, u64),
         (kh, kw, ci, co): (usize, usize, usize, usize),
-        from: i32,
-        to: i32,
+        (from, to): (i32, i32),
+        (ci_from, ci_to): (usize, usize),
     ) -> Result<(), TensorError> {
         let n = kh * kw * ci * co;
         if n == 0 {
@@ -160,18 +162,21 @@ impl Kernels {
         }
         let (f, k) = (self.typed("filter_permute", dtype)?, "filter_permute");
         // SAFETY: `filter_permute_<dtype>(const T *src, T *dst, size_t kh, size_t kw, size_t
-        // ci, size_t co, int from, int to)`; src and dst hold kh*kw*ci*co elements of `dtype`,
-        // distinct buffers; every layout code stores each tap at a distinct index below n.
+        // ci, size_t co, int from, int to, size_t ci_from, size_t ci_to)`; src holds
+        // kh*kw*ci_from*co elements of `dtype` and dst kh*kw*ci_to*co, distinct buffers;
+        // ci <= ci_from, ci_to, and every layout code stores each tap at a distinct index below
+        // its buffer's count.
         unsafe {
-            launch!(self.stream, f, self.grid(n); &src, &dst, &kh, &kw, &ci, &co, &from, &to)
+            launch!(self.stream, f, self.grid(n); &src, &dst, &kh, &kw, &ci, &co, &from, &to, &ci_from, &ci_to)
                 .map(drop)
         }
         .map_err(driver(k))
     }
 
     /// Copies between an NHWC image `small` `[nb, h, w, c]` and a larger one `big`
-    /// `[nb, big_h, big_w, c]` at offset `(top, left)`: `pad` writes all of `big` (zeros
-    /// around), otherwise the window of `big` is cropped into `small`; elements of `dtype`.
+    /// `[nb, big_h, big_w, big_c]` at offset `(top, left)` and channel 0: `pad` writes all of
+    /// `big` (zeros around and in the channels past `c`), otherwise the window of `big` is
+    /// cropped into `small`; elements of `dtype`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pad_or_crop(
         &self,
@@ -180,24 +185,24 @@ impl Kernels {
         small: u64,
         big: u64,
         [nb, h, w, c]: [usize; 4],
-        [big_h, big_w]: [usize; 2],
+        [big_h, big_w, big_c]: [usize; 3],
         [top, left]: [usize; 2],
     ) -> Result<(), TensorError> {
-        let (k, src, dst, [hs, ws], [hd, wd]) = if pad {
-            ("pad_nhwc", small, big, [h, w], [big_h, big_w])
+        let (k, src, dst, [hs, ws, cs], [hd, wd, cd]) = if pad {
+            ("pad_nhwc", small, big, [h, w, c], [big_h, big_w, big_c])
         } else {
-            ("crop_nhwc", big, small, [big_h, big_w], [h, w])
+            ("crop_nhwc", big, small, [big_h, big_w, big_c], [h, w, c])
         };
-        let n = nb * hd * wd * c;
+        let n = nb * hd * wd * cd;
         if n == 0 {
             return Ok(());
         }
         let f = self.typed(k, dtype)?;
         // SAFETY: `pad_nhwc_<dtype>` / `crop_nhwc_<dtype>(const T *src, T *dst, size_t nb,
-        // size_t hs, size_t ws, size_t c, size_t hd, size_t wd, size_t top, size_t left)`;
-        // src holds nb*hs*ws*c elements of `dtype` and dst nb*hd*wd*c; the caller ensures
-        // big_h >= top + h and big_w >= left + w.
-        unsafe { launch!(self.stream, f, self.grid(n); &src, &dst, &nb, &hs, &ws, &c, &hd, &wd, &top, &left).map(drop) }
+        // size_t hs, size_t ws, size_t cs, size_t hd, size_t wd, size_t cd, size_t top, size_t
+        // left)`; src holds nb*hs*ws*cs elements of `dtype` and dst nb*hd*wd*cd; the caller
+        // ensures big_h >= top + h, big_w >= left + w and big_c >= c.
+        unsafe { launch!(self.stream, f, self.grid(n); &src, &dst, &nb, &hs, &ws, &cs, &hd, &wd, &cd, &top, &left).map(drop) }
         .map_err(driver(k))
     }
 
