@@ -1,7 +1,8 @@
 // norm.cu: per-channel reductions on a [outer, c, inner] view (element (o, j, i) at
-// (o * c + j) * inner + i): batch normalization forward and backward (f32) and a channel bias
-// (every float dtype: the reduction and the bias add are templates instantiated per dtype as
-// <op>_<dtype> by FOR_FLOATS, elements read as f32), f64 statistics. See
+// (o * c + j) * inner + i): batch normalization forward and backward and a channel bias, in
+// every float dtype (templates instantiated per dtype as <op>_<dtype> by FOR_FLOATS, elements
+// read as f32 and rounded once; batch normalization's statistics, parameters and coefficients
+// are f32), f64 statistics. See
 // crates/stax-tensor/src/cpu/norm.rs for the formulas.
 //
 // A reduction runs in two kernels: channel_moments_<dtype> writes per-split partial sums (grid
@@ -103,11 +104,11 @@ extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, s
                                      : (i / (inner)) % (c))
 
 // y = (x - mean) * scale + beta over the view (beta null: 0).
-extern "C" __global__ void bn_apply_f32(const float *x, float *y, const float *mean,
-                                        const float *scale, const float *beta, size_t n,
-                                        size_t c, size_t inner) {
+template <typename T>
+__device__ void bn_apply_impl(const T *x, T *y, const float *mean, const float *scale,
+                              const float *beta, size_t n, size_t c, size_t inner) {
     CHANNEL_STRIDE(i, j, n, c, inner) {
-        y[i] = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+        y[i] = from_f32<T>((to_f32(x[i]) - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f));
     }
 }
 
@@ -118,12 +119,13 @@ __device__ __forceinline__ size_t lane_channel(size_t jb, size_t lane, size_t c)
     return c >= 32 ? j - c : (size_t)((unsigned)j % (unsigned)c);
 }
 
-// bn_apply_f32 followed by a ReLU (relu_f32's: NaN stays, its bit clear), mask[w] receiving
-// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31: one warp ballot per 32 elements; the
-// loop bound is warp-uniform, so blocks must be whole warps.
-extern "C" __global__ void bn_apply_relu_f32(const float *x, float *y, const float *mean,
-                                             const float *scale, const float *beta, u32 *mask,
-                                             size_t n, size_t c, size_t inner) {
+// bn_apply followed by a ReLU (relu_<dtype>'s: NaN stays, its bit clear), mask[w] receiving
+// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31 (v the f32 value before rounding): one
+// warp ballot per 32 elements; the loop bound is warp-uniform, so blocks must be whole warps.
+template <typename T>
+__device__ void bn_apply_relu_impl(const T *x, T *y, const float *mean, const float *scale,
+                                   const float *beta, u32 *mask, size_t n, size_t c,
+                                   size_t inner) {
     size_t lane = threadIdx.x & 31;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
@@ -135,10 +137,10 @@ extern "C" __global__ void bn_apply_relu_f32(const float *x, float *y, const flo
         float v = 0.0f;
         if (i < n) {
             size_t j = inner == 1 ? lane_channel(jb, lane, c) : (i / inner) % c;
-            v = (x[i] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+            v = (to_f32(x[i]) - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
         }
         u32 bits = __ballot_sync(FULL_MASK, v > 0.0f);
-        if (i < n) y[i] = v <= 0.0f ? 0.0f : v;
+        if (i < n) y[i] = from_f32<T>(v <= 0.0f ? 0.0f : v);
         if (lane == 0) mask[base >> 5] = bits;
     }
 }
@@ -164,12 +166,13 @@ extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t split
 
 // dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..], dy taken as 0
 // where a non-null mask's bit is clear (a fused ReLU's backward).
-extern "C" __global__ void bn_bwd_apply_f32(const float *x, float *dy, const float *mean,
-                                            const float *coef, const u32 *mask, size_t n,
-                                            size_t c, size_t inner) {
+template <typename T>
+__device__ void bn_bwd_apply_impl(const T *x, T *dy, const float *mean, const float *coef,
+                                  const u32 *mask, size_t n, size_t c, size_t inner) {
     CHANNEL_STRIDE(i, j, n, c, inner) {
-        float d = kept(mask, i) ? dy[i] : 0.0f;
-        dy[i] = coef[3 * j] * (d - coef[3 * j + 1] - (x[i] - mean[j]) * coef[3 * j + 2]);
+        float d = kept(mask, i) ? to_f32(dy[i]) : 0.0f;
+        float z = (to_f32(x[i]) - mean[j]) * coef[3 * j + 2];
+        dy[i] = from_f32<T>(coef[3 * j] * (d - coef[3 * j + 1] - z));
     }
 }
 
@@ -195,5 +198,20 @@ __device__ void channel_bias_add_impl(T *y, const T *b, size_t n, size_t c, size
     extern "C" __global__ void channel_bias_add_##S(T *y, const T *b, size_t n, size_t c,      \
                                                     size_t inner) {                            \
         channel_bias_add_impl<T>(y, b, n, c, inner);                                           \
+    }                                                                                          \
+    extern "C" __global__ void bn_apply_##S(const T *x, T *y, const float *mean,               \
+                                            const float *scale, const float *beta, size_t n,   \
+                                            size_t c, size_t inner) {                          \
+        bn_apply_impl<T>(x, y, mean, scale, beta, n, c, inner);                                \
+    }                                                                                          \
+    extern "C" __global__ void bn_apply_relu_##S(const T *x, T *y, const float *mean,          \
+                                                 const float *scale, const float *beta,        \
+                                                 u32 *mask, size_t n, size_t c, size_t inner) { \
+        bn_apply_relu_impl<T>(x, y, mean, scale, beta, mask, n, c, inner);                     \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_apply_##S(const T *x, T *dy, const float *mean,          \
+                                                const float *coef, const u32 *mask, size_t n,  \
+                                                size_t c, size_t inner) {                      \
+        bn_bwd_apply_impl<T>(x, dy, mean, coef, mask, n, c, inner);                            \
     }
 FOR_FLOATS(CHANNEL_KERNELS)

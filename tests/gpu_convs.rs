@@ -605,6 +605,7 @@ fn workspace_schedules_of_the_new_ops_are_exact() {
         let fwd = OpDesc::BatchNorm {
             geometry: g,
             backward: false,
+            dtype: DType::F32,
         };
         assert_workspace_is_the_schedule(&gpu, &format!("batch_norm {g:?}"), fwd, &mut || {
             ops::batch_norm(
@@ -621,6 +622,7 @@ fn workspace_schedules_of_the_new_ops_are_exact() {
         let bwd = OpDesc::BatchNorm {
             geometry: g,
             backward: true,
+            dtype: DType::F32,
         };
         let mut d = y.duplicate().unwrap();
         assert_workspace_is_the_schedule(&gpu, &format!("batch_norm_bwd {g:?}"), bwd, &mut || {

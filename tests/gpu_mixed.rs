@@ -132,6 +132,78 @@ fn relu_and_bias_kernels_match_the_cpu_in_low_precision() {
     }
 }
 
+/// Batch normalization on bf16 and f16 activations (f32 parameters and statistics), forward
+/// with a fused ReLU and backward with the input gradient, equals the CPU's: the output and the
+/// input gradient within two roundings of the dtype, the statistics and parameter gradients
+/// (f64 sums of the same rounded values) to 1e-5.
+#[test]
+fn low_precision_batch_norm_matches_the_cpu() {
+    use stax::tensor::ops::{Affine, AffineGrads, NormSaved};
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for dtype in [DType::BF16, DType::F16] {
+        for [outer, c, inner] in [[50, 16, 1], [16 * 28 * 28, 64, 1], [3, 70, 5]] {
+            let g = stax::tensor::ChannelGeometry { outer, c, inner };
+            let n = outer * c * inner;
+            let mut rng = Rng::new(seed_for("bn16", &[outer, c, inner]));
+            let (x, dy) = (rng.vec(n, -2.0, 3.0), rng.vec(n, -1.0, 1.0));
+            let (gamma, beta) = (rng.vec(c, 0.5, 1.5), rng.vec(c, -1.0, 1.0));
+            let run = |be: &Arc<dyn Backend>| {
+                let xt = typed(be, &x, &[n], dtype);
+                let f = |v: &[f32]| Tensor::from_slice(be, v, [c], Category::Other).unwrap();
+                let (gm, bt) = (f(&gamma), f(&beta));
+                let affine = Affine {
+                    gamma: Some(&gm),
+                    beta: Some(&bt),
+                };
+                let mut y = poisoned(be, [n], dtype);
+                let (mut mean, mut rstd) =
+                    (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+                let mut mask = poisoned(be, [n.div_ceil(32)], DType::U32);
+                let stats = (&mut mean, &mut rstd);
+                ops::batch_norm(&xt, &g, 1e-5, affine, &mut y, stats, Some(&mut mask)).unwrap();
+                let mut d = typed(be, &dy, &[n], dtype);
+                let (mut dgm, mut dbt) =
+                    (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+                let saved = NormSaved {
+                    mean: &mean,
+                    rstd: &rstd,
+                    relu: Some(&mask),
+                };
+                let grads = AffineGrads {
+                    dgamma: Some(&mut dgm),
+                    dbeta: Some(&mut dbt),
+                };
+                ops::batch_norm_bwd(&xt, &g, Some(&gm), saved, &mut d, true, grads).unwrap();
+                [&y, &mean, &rstd, &d, &dgm, &dbt].map(|t| t.to_vec().unwrap())
+            };
+            let (on_gpu, on_cpu) = (run(&gpu), run(&cpu));
+            for (i, name) in ["y", "mean", "rstd", "dx", "dgamma", "dbeta"]
+                .iter()
+                .enumerate()
+            {
+                let what = format!("{dtype} batch_norm {name} {g:?}");
+                assert!(on_gpu[i].iter().all(|v| v.is_finite()), "{what}");
+                let scale = on_cpu[i].iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                match *name {
+                    "y" | "dx" => assert_close(
+                        &on_gpu[i],
+                        &on_cpu[i],
+                        2.0 * eps(dtype),
+                        2.0 * eps(dtype) * scale,
+                        &what,
+                    ),
+                    _ => {
+                        assert_rel_close(&on_gpu[i], &on_cpu[i], 1e-5, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn low_precision_gemms_match_the_cpu() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {

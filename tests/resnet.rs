@@ -1,11 +1,14 @@
 //! stax's ResNet blocks train: a shallow ResNet (one `ConvBlock` per stage, no identity
 //! blocks beyond it, narrow) on the embedded two-class data reaches 95% on the CPU with every
 //! step's peak and live bytes equal to the plan; on the GPU, two steps equal the CPU's, then
-//! the same run. The full ResNet-50 runs on the GPU in `examples/resnet50.rs`.
+//! the same run; under the bf16 policy it trains on both (BatchNorm on bf16 activations with
+//! f32 parameters and statistics) with exact memory, the GPU's two steps equal to the CPU's.
+//! The full ResNet-50 runs on the GPU in `examples/resnet50.rs`.
 
 mod common;
 
 use common::{cpu, cuda_or_skip, train, two_steps_match_cpu, with_precision};
+use stax::layers::{Mixed, Policy};
 use stax::models::ResNet;
 use stax::{Precision, Serial, Shape};
 
@@ -48,4 +51,31 @@ fn shallow_resnet_trains_on_the_gpu_as_on_the_cpu() {
     two_steps_match_cpu(shallow, &input(), &gpu, 1e-3);
     let (accuracy, _) = train(shallow(), input(), &gpu, EPOCHS);
     assert!(accuracy >= 0.95, "gpu test accuracy {accuracy}");
+}
+
+/// The shallow ResNet under `Policy::BF16`.
+fn shallow_bf16() -> Mixed<Serial> {
+    Mixed::new(shallow(), Policy::BF16)
+}
+
+#[test]
+fn shallow_resnet_trains_in_bf16_on_the_cpu_with_exact_memory() {
+    let (accuracy, losses) = train(shallow_bf16(), input(), &cpu(), 2);
+    let (first, last) = (
+        losses[..5].iter().sum::<f32>(),
+        losses[losses.len() - 5..].iter().sum::<f32>(),
+    );
+    assert!(last < first, "bf16 loss did not fall: {losses:?}");
+    println!("shallow resnet, bf16: test accuracy {accuracy}");
+    assert!(accuracy >= 0.9, "bf16 test accuracy {accuracy}");
+}
+
+#[test]
+fn shallow_resnet_trains_in_bf16_on_the_gpu_as_on_the_cpu() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    two_steps_match_cpu(shallow_bf16, &input(), &gpu, 2e-2);
+    let (accuracy, _) = train(shallow_bf16(), input(), &gpu, EPOCHS);
+    assert!(accuracy >= 0.95, "gpu bf16 test accuracy {accuracy}");
 }

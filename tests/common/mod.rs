@@ -456,8 +456,10 @@ pub fn private_gpu_or_skip() -> Option<Arc<dyn Backend>> {
 }
 
 /// Two training steps of `make()` on the embedded data (batch `input[0]`, seed 5 for the
-/// trainer and the batches) on `gpu` and on the CPU: the losses agree to 1e-4, the parameters
-/// to `param_tol` and both Adam moments to 1e-3 (norm-wise).
+/// trainer and the batches) on `gpu` and on the CPU: the losses agree to 1e-4 relative, the
+/// parameters to `param_tol` and both Adam moments to 1e-3 (norm-wise); with a `param_tol`
+/// above 1e-3 (a bf16 model: the backends' roundings of a value near a bf16 tie differ) every
+/// tolerance is `param_tol`.
 pub fn two_steps_match_cpu<L: stax::Layer>(
     make: impl Fn() -> L,
     input: &Shape,
@@ -479,8 +481,9 @@ pub fn two_steps_match_cpu<L: stax::Layer>(
             on_gpu.step(&xg, &yg).unwrap(),
             on_cpu.step(&xc, &yc).unwrap(),
         );
+        let loss_tol = if param_tol > 1e-3 { param_tol } else { 1e-4 } as f32;
         assert!(
-            (rg.loss - rc.loss).abs() <= 1e-4 * rc.loss.abs().max(1.0),
+            (rg.loss - rc.loss).abs() <= loss_tol * rc.loss.abs().max(1.0),
             "loss {} vs {}",
             rg.loss,
             rc.loss
@@ -493,7 +496,7 @@ pub fn two_steps_match_cpu<L: stax::Layer>(
     assert_rel_close(&pg, &pc, param_tol, "parameters after two steps");
     for field in ["mu", "nu"] {
         let (g, c) = (on_gpu.state().field(field), on_cpu.state().field(field));
-        assert_rel_close(&host_values(g), &host_values(c), 1e-3, field);
+        assert_rel_close(&host_values(g), &host_values(c), param_tol.max(1e-3), field);
     }
 }
 

@@ -22,6 +22,9 @@ use crate::{
 /// `(0,)`). Keeps its input and the per-channel mean and `1 / sqrt(var + eps)` for the
 /// backward pass, which writes the input gradient over the output gradient. A ReLU that follows
 /// runs in its kernels ([`Layer::fuses`]: one pass over the activation fewer each way).
+/// Under a bf16 or f16 policy ([`crate::Mixed`]) the input, output and their gradients are in
+/// the compute dtype while the parameters, statistics and parameter gradients stay f32 (as
+/// PyTorch's batch norm under autocast): no parameter is cast.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchNorm {
     /// The axes normalized over.
@@ -156,7 +159,7 @@ impl BatchNorm {
         let [beta, gamma] = self.params(params, &g, &param)?;
         let be = x.backend().clone();
         let act = |role| Tag::new(Category::Activation, role);
-        let mut y = Tensor::empty(&be, x.shape().clone(), DType::F32, act("output"))?;
+        let mut y = Tensor::empty(&be, x.shape().clone(), x.dtype(), act("output"))?;
         let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
         let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
         let affine = Affine {

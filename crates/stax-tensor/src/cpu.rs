@@ -140,7 +140,8 @@ impl Backend for CpuBackend {
 
     /// Convolutions allocate one im2col column buffer per call (none when pointwise), after
     /// an HWIO copy of a kernel stored otherwise; no other op allocates.
-    /// A bf16 or f16 convolution, GEMM or pooling first allocates f32 copies of its operands
+    /// A bf16 or f16 convolution, GEMM, pooling or batch normalization first allocates f32
+    /// copies of its operands
     /// (`promote.rs`), around the f32 body's workspace.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         let inner = match op {
@@ -293,11 +294,17 @@ impl LossOps for CpuBackend {
 
 impl NormOps for CpuBackend {
     fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError> {
-        norm::batch_norm(c.into_inner())
+        match c.get().x.dtype() {
+            DType::F32 => norm::batch_norm(c.into_inner()),
+            _ => promote::batch_norm(c.into_inner()),
+        }
     }
 
     fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError> {
-        norm::batch_norm_bwd(c.into_inner())
+        match c.get().x.dtype() {
+            DType::F32 => norm::batch_norm_bwd(c.into_inner()),
+            _ => promote::batch_norm_bwd(c.into_inner()),
+        }
     }
 
     fn channel_bias_add(&self, c: Checked<ChannelBiasAdd<'_>>) -> Result<(), TensorError> {

@@ -414,6 +414,9 @@ pub enum OpDesc {
         geometry: ChannelGeometry,
         /// Whether it is the backward pass.
         backward: bool,
+        /// The dtype of the input, output and their gradients (statistics and parameters are
+        /// f32).
+        dtype: DType,
     },
     /// A bias along a middle axis (`y[o, j, i] += b[j]`), or its gradient (`backward`).
     ChannelBias {

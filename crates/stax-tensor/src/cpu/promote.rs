@@ -1,5 +1,5 @@
-//! The host's bf16 and f16 convolutions, GEMMs and poolings: computed by their f32 bodies on
-//! f32 copies of the operands, each output rounded once to its dtype.
+//! The host's bf16 and f16 convolutions, GEMMs, poolings and batch normalizations: computed by
+//! their f32 bodies on f32 copies of the operands, each output rounded once to its dtype.
 //!
 //! This is what cuDNN and cuBLAS do with low-precision data and an f32 compute type (every
 //! product and sum in f32, one rounding at the end), so the CPU stays the GPU's oracle and
@@ -10,9 +10,10 @@
 //! CUDA backend computes in place in the low-precision buffers.
 
 use super::elementwise::{cast, unary, unary_bwd};
-use super::{CpuBackend, conv, matmul, pool};
+use super::{CpuBackend, conv, matmul, norm, pool};
 use crate::backend::{
-    Cast, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Matmul, Pool2d, Pool2dBwd, Unary, UnaryBwd,
+    BatchNorm, BatchNormBwd, Cast, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Matmul, Pool2d,
+    Pool2dBwd, Unary, UnaryBwd,
 };
 use crate::{ConvPass, DType, OpDesc, PoolKind, Tensor, TensorError, WorkspaceStep};
 use stax_alloc::Category;
@@ -47,6 +48,10 @@ pub(super) fn copies(op: &OpDesc) -> Vec<usize> {
             }
         }
         OpDesc::Matmul { m, n, k, dtype } if dtype != DType::F32 => vec![m * k, k * n, m * n],
+        // x, then y (forward) or dy, which the backward pass overwrites with dx
+        OpDesc::BatchNorm {
+            geometry, dtype, ..
+        } if dtype != DType::F32 => vec![geometry.numel(); 2],
         OpDesc::Pool {
             kind,
             geometry: g,
@@ -243,5 +248,39 @@ pub(super) fn pool2d_bwd(c: Pool2dBwd<'_>) -> Result<(), TensorError> {
     })?;
     narrow(&dx32, dx)?;
     drop((dx32, dy32, x32));
+    Ok(())
+}
+
+/// A low-precision batch normalization: the f32 body on the widened input (its ReLU mask from
+/// the f32 output, as the GPU's kernel), the output rounded once.
+pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
+    let BatchNorm { x, y, .. } = c;
+    let x32 = widen(x, true)?;
+    let mut y32 = widen(y, false)?;
+    norm::batch_norm(BatchNorm {
+        x: &x32,
+        y: &mut y32,
+        ..c
+    })?;
+    narrow(&y32, y)?;
+    drop((y32, x32));
+    Ok(())
+}
+
+/// A low-precision batch normalization's backward pass: the f32 body on the widened input and
+/// output gradient, which it overwrites with the (masked) input gradient, rounded once.
+pub(super) fn batch_norm_bwd(c: BatchNormBwd<'_>) -> Result<(), TensorError> {
+    let BatchNormBwd { x, dy, .. } = c;
+    let written = c.need_dx || c.relu.is_some();
+    let (x32, mut dy32) = (widen(x, true)?, widen(dy, true)?);
+    norm::batch_norm_bwd(BatchNormBwd {
+        x: &x32,
+        dy: &mut dy32,
+        ..c
+    })?;
+    if written {
+        narrow(&dy32, dy)?;
+    }
+    drop((dy32, x32));
     Ok(())
 }

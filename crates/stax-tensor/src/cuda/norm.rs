@@ -4,7 +4,7 @@
 
 use super::CudaBackend;
 use crate::backend::{BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, Scratch};
-use crate::{Backend, Checked, DType, NormOps, TensorError};
+use crate::{Backend, Checked, NormOps, TensorError};
 
 /// The address of an optional tensor (0 for none).
 fn addr(t: Option<&crate::Tensor>) -> u64 {
@@ -29,10 +29,10 @@ impl NormOps for CudaBackend {
         self.bind()?;
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (partial, scale) = (ws.alloc()?, ws.alloc()?);
-        let xa = x.addr();
-        let splits =
-            self.kernels
-                .channel_moments(DType::F32, &g, (xa, xa, 0, 0), ws.addr(partial))?;
+        let (xa, dtype) = (x.addr(), x.dtype());
+        let splits = self
+            .kernels
+            .channel_moments(dtype, &g, (xa, xa, 0, 0), ws.addr(partial))?;
         let stats = (mean.addr(), rstd.addr(), ws.addr(scale));
         let m = g.per_channel() as f64;
         self.kernels
@@ -41,7 +41,7 @@ impl NormOps for CudaBackend {
         let per_channel = (mean.addr(), ws.addr(scale), addr(beta));
         let mask = addr(relu.as_deref());
         self.kernels
-            .bn_apply(&g, (xa, y.addr(), mask), per_channel)?;
+            .bn_apply((&g, dtype), (xa, y.addr(), mask), per_channel)?;
         ws.free(scale)?;
         ws.finish()
     }
@@ -64,12 +64,12 @@ impl NormOps for CudaBackend {
         self.bind()?;
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (partial, coef) = (ws.alloc()?, ws.alloc()?);
-        let (xa, dya) = (x.addr(), dy.addr());
+        let (xa, dya, dtype) = (x.addr(), dy.addr(), x.dtype());
         let mask = addr(relu);
         let moments = (dya, xa, mean.addr(), mask);
         let splits = self
             .kernels
-            .channel_moments(DType::F32, &g, moments, ws.addr(partial))?;
+            .channel_moments(dtype, &g, moments, ws.addr(partial))?;
         let m = g.per_channel() as f64;
         let grads = (addr(dgamma.as_deref()), addr(dbeta.as_deref()));
         let (p, k) = (ws.addr(partial), ws.addr(coef));
@@ -78,7 +78,7 @@ impl NormOps for CudaBackend {
         ws.free(partial)?;
         if need_dx {
             self.kernels
-                .bn_bwd_apply(&g, (xa, dya, mask), (mean.addr(), k))?;
+                .bn_bwd_apply((&g, dtype), (xa, dya, mask), (mean.addr(), k))?;
         }
         ws.free(coef)?;
         ws.finish()

@@ -82,9 +82,9 @@ impl CudaBackend {
                 bias,
                 dtype,
             } => self.conv_schedule(&geometry, dtype, pass, bias)?,
-            OpDesc::BatchNorm { geometry, backward } => {
-                self.batch_norm_schedule(&geometry, backward)?
-            }
+            OpDesc::BatchNorm {
+                geometry, backward, ..
+            } => self.batch_norm_schedule(&geometry, backward)?,
             OpDesc::ChannelBias {
                 backward: true,
                 geometry,
@@ -283,8 +283,9 @@ impl CudaBackend {
         let (conv, _) = layout(g, dtype);
         let size = dtype.size_bytes();
         let scratch = |bytes: usize| self.allocator.allocate(bytes.max(1), Category::Workspace);
-        let x = scratch(g.n * conv.h * conv.w * g.c_in * size)?;
-        let w = scratch(g.filter_shape().numel() * size)?;
+        // the operands as cuDNN sees them: extended input, channels padded (conv.c)
+        let x = scratch(g.n * conv.h * conv.w * conv.c * size)?;
+        let w = scratch(g.kh * g.kw * conv.c * g.c_out * size)?;
         let y = scratch(g.output_shape().numel() * size)?;
         let ops = Operands {
             x: x.addr(),

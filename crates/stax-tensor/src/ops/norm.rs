@@ -4,7 +4,8 @@
 use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
 use crate::{ChannelGeometry, Checked, Shape, Tensor, TensorError};
 
-use super::{F32, backend_of, input, output, supports};
+use super::{F32, FLOATS, backend_of, input, output, supports};
+use crate::DType;
 
 /// Batch normalization's optional scale and shift, `[c]` each (stax's `scale` and `center`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -50,7 +51,9 @@ fn check_view(op: &'static str, g: &ChannelGeometry, x: &Tensor) -> Result<(), T
 /// Batch normalization forward (stax's `BatchNorm`, `jax.nn.standardize` with its one-pass
 /// variance `max(E[x²] - E[x]², 0)`): x and y of `g`'s view (same shape), gamma and beta
 /// `[g.c]` when given, mean and rstd `[g.c]` (overwritten with the per-channel mean and
-/// `1 / sqrt(var + eps)`), f32. Statistics accumulate in f64. With `relu` (a mask of
+/// `1 / sqrt(var + eps)`). x and y of one float dtype (bf16 and f16 read as f32, y rounded
+/// once, as PyTorch's batch norm takes half-precision inputs with f32 parameters); gamma, beta,
+/// mean and rstd f32. Statistics accumulate in f64. With `relu` (a mask of
 /// `ceil(numel / 32)` U32 words), a ReLU follows in place and its mask is written (the fused
 /// pair `BatchNorm Relu`).
 ///
@@ -68,7 +71,7 @@ pub fn batch_norm(
 ) -> Result<(), TensorError> {
     const OP: &str = "batch_norm";
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    supports(OP, x.dtype(), FLOATS)?;
     check_view(OP, g, x)?;
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(TensorError::InvalidArgument {
@@ -79,11 +82,11 @@ pub fn batch_norm(
     input(OP, &be, x, x.dtype(), None)?;
     let c = Shape::new([g.c]);
     for p in [affine.gamma, affine.beta].into_iter().flatten() {
-        input(OP, &be, p, x.dtype(), Some(&c))?;
+        input(OP, &be, p, DType::F32, Some(&c))?;
     }
     output(OP, &be, y, x.dtype(), Some(x.shape()))?;
-    output(OP, &be, mean, x.dtype(), Some(&c))?;
-    output(OP, &be, rstd, x.dtype(), Some(&c))?;
+    output(OP, &be, mean, DType::F32, Some(&c))?;
+    output(OP, &be, rstd, DType::F32, Some(&c))?;
     if let Some(m) = &relu {
         super::mask(OP, &be, m, x.numel())?;
         m.expect_unique(OP)?;
@@ -106,7 +109,8 @@ pub fn batch_norm(
 /// [`batch_norm`] saved: `grads` receives `dgamma = sum dy · z` and `dbeta = sum dy` (`z = (x -
 /// mean) · rstd`), and with `need_dx` the input gradient `gamma · rstd · (dy - mean(dy) - z ·
 /// mean(dy · z))` overwrites `dy`; with a fused ReLU's mask, `dy` (the gradient after the
-/// ReLU) is masked first (so it may be written even without `need_dx`). f32, sums in f64.
+/// ReLU) is masked first (so it may be written even without `need_dx`). x and dy of one float
+/// dtype, the rest f32 (as [`batch_norm`]); sums in f64.
 ///
 /// # Errors
 /// As [`batch_norm`].
@@ -121,13 +125,13 @@ pub fn batch_norm_bwd(
 ) -> Result<(), TensorError> {
     const OP: &str = "batch_norm_bwd";
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    supports(OP, x.dtype(), FLOATS)?;
     check_view(OP, g, x)?;
     input(OP, &be, x, x.dtype(), None)?;
     let c = Shape::new([g.c]);
     let NormSaved { mean, rstd, relu } = saved;
     for p in [gamma, Some(mean), Some(rstd)].into_iter().flatten() {
-        input(OP, &be, p, x.dtype(), Some(&c))?;
+        input(OP, &be, p, DType::F32, Some(&c))?;
     }
     if let Some(m) = relu {
         super::mask(OP, &be, m, x.numel())?;
@@ -139,7 +143,7 @@ pub fn batch_norm_bwd(
     }
     let AffineGrads { dgamma, dbeta } = grads;
     for d in [&dgamma, &dbeta].into_iter().flatten() {
-        output(OP, &be, d, x.dtype(), Some(&c))?;
+        output(OP, &be, d, DType::F32, Some(&c))?;
     }
     let call = BatchNormBwd {
         g: *g,

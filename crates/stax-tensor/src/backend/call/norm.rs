@@ -88,6 +88,7 @@ impl Call for BatchNorm<'_> {
         OpDesc::BatchNorm {
             geometry: self.g,
             backward: false,
+            dtype: self.x.dtype(),
         }
     }
 }
@@ -97,6 +98,7 @@ impl Call for BatchNormBwd<'_> {
         OpDesc::BatchNorm {
             geometry: self.g,
             backward: true,
+            dtype: self.x.dtype(),
         }
     }
 }

@@ -99,34 +99,34 @@ impl Kernels {
     }
 
     /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), then, with `mask` (0 for
-    /// none), a ReLU writing its bit mask.
+    /// none), a ReLU writing its bit mask; x and y of `dtype`, the per-channel values f32.
     pub(crate) fn bn_apply(
         &self,
-        g: &ChannelGeometry,
+        (g, dtype): (&ChannelGeometry, DType),
         (x, y, mask): (u64, u64, u64),
         (mean, scale, beta): (u64, u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
         if mask != 0 {
-            let sym = "bn_apply_relu_f32";
-            // SAFETY: `bn_apply_relu_f32(const float *x, float *y, const float *mean, const
-            // float *scale, const float *beta, u32 *mask, size_t n, size_t c, size_t inner)`;
-            // x and y hold n = outer*c*inner floats (distinct buffers), mean and scale c, beta
-            // null or c, mask ceil(n/32) words; blocks are whole warps (256 threads), as the
-            // ballot needs.
+            let (f, sym) = (self.typed("bn_apply_relu", dtype)?, "bn_apply_relu");
+            // SAFETY: `bn_apply_relu_<dtype>(const T *x, T *y, const float *mean, const float
+            // *scale, const float *beta, u32 *mask, size_t n, size_t c, size_t inner)`; x and y
+            // hold n = outer*c*inner elements of `dtype` (distinct buffers), mean and scale c
+            // floats, beta null or c, mask ceil(n/32) words; blocks are whole warps (256
+            // threads), as the ballot needs.
             return unsafe {
-                launch!(self.stream, self.function(sym)?, self.grid(n); &x, &y, &mean, &scale, &beta, &mask, &n, &c, &inner)
+                launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &mask, &n, &c, &inner)
                     .map(drop)
             }
             .map_err(driver(sym));
         }
-        let sym = "bn_apply_f32";
-        // SAFETY: `bn_apply_f32(const float *x, float *y, const float *mean, const float
-        // *scale, const float *beta, size_t n, size_t c, size_t inner)`; x and y hold n =
-        // outer*c*inner floats (possibly the same buffer: elementwise), mean and scale c, beta
-        // null or c.
+        let (f, sym) = (self.typed("bn_apply", dtype)?, "bn_apply");
+        // SAFETY: `bn_apply_<dtype>(const T *x, T *y, const float *mean, const float *scale,
+        // const float *beta, size_t n, size_t c, size_t inner)`; x and y hold n =
+        // outer*c*inner elements of `dtype` (possibly the same buffer: elementwise), mean and
+        // scale c floats, beta null or c.
         unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &y, &mean, &scale, &beta, &n, &c, &inner)
+            launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &n, &c, &inner)
                 .map(drop)
         }
         .map_err(driver(sym))
@@ -157,21 +157,22 @@ impl Kernels {
     }
 
     /// `dy = a · (dy - b - (x - mean) · cz)` in place over the view, `(a, b, cz)` from `coef`,
-    /// `dy` taken as 0 where the bit of `mask` (a ReLU's; 0 for none) is clear.
+    /// `dy` taken as 0 where the bit of `mask` (a ReLU's; 0 for none) is clear; x and dy of
+    /// `dtype`, mean and coef f32.
     pub(crate) fn bn_bwd_apply(
         &self,
-        g: &ChannelGeometry,
+        (g, dtype): (&ChannelGeometry, DType),
         (x, dy, mask): (u64, u64, u64),
         (mean, coef): (u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
-        let sym = "bn_bwd_apply_f32";
-        // SAFETY: `bn_bwd_apply_f32(const float *x, float *dy, const float *mean, const float
+        let (f, sym) = (self.typed("bn_bwd_apply", dtype)?, "bn_bwd_apply");
+        // SAFETY: `bn_bwd_apply_<dtype>(const T *x, T *dy, const float *mean, const float
         // *coef, const u32 *mask, size_t n, size_t c, size_t inner)`; x and dy hold n =
-        // outer*c*inner floats (distinct buffers), mean c floats, coef 3c floats, mask null or
-        // ceil(n/32) words.
+        // outer*c*inner elements of `dtype` (distinct buffers), mean c floats, coef 3c floats,
+        // mask null or ceil(n/32) words.
         unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(n); &x, &dy, &mean, &coef, &mask, &n, &c, &inner)
+            launch!(self.stream, f, self.grid(n); &x, &dy, &mean, &coef, &mask, &n, &c, &inner)
                 .map(drop)
         }
         .map_err(driver(sym))

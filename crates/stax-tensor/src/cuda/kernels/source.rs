@@ -83,13 +83,7 @@ impl KernelModule {
             KernelModule::Adam => &["adam_vec_f32"],
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
-            KernelModule::Norm => &[
-                "bn_finish_f32",
-                "bn_apply_f32",
-                "bn_apply_relu_f32",
-                "bn_bwd_finish_f32",
-                "bn_bwd_apply_f32",
-            ],
+            KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
         };
         let per_dtype: &[&str] = match self {
             KernelModule::Activation => &[
@@ -112,7 +106,14 @@ impl KernelModule {
                 "sum_pool",
                 "sum_pool_bwd",
             ],
-            KernelModule::Norm => &["channel_moments", "channel_sum_finish", "channel_bias_add"],
+            KernelModule::Norm => &[
+                "channel_moments",
+                "channel_sum_finish",
+                "channel_bias_add",
+                "bn_apply",
+                "bn_apply_relu",
+                "bn_bwd_apply",
+            ],
             KernelModule::Elementwise => &[
                 "relu",
                 "relu_vec",
