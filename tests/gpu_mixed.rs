@@ -665,9 +665,11 @@ fn bf16_seed_model_trains_on_the_gpu_as_on_the_cpu_with_exact_memory() {
             assert_eq!(
                 r.memory.peak,
                 plan.peak.bytes,
-                "{}: step {} peak",
+                "{}: step {} peak (plan {:?}; step {:?})",
                 be.device(),
-                r.step
+                r.step,
+                plan.peak,
+                r.memory
             );
             assert_eq!(
                 r.memory.live,
