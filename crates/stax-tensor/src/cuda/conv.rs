@@ -443,7 +443,8 @@ impl CudaBackend {
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = super::cublas::Gemm::new(g.c_in, g.c_out, positions, true, false);
         let at = i.map_or(0, |i| ws.addr(i));
-        self.blas.gemm(gemm, dtype, (x, dy, dw), at, bytes)?;
+        self.blas
+            .gemm(gemm, (dtype, dtype), (x, dy, dw), at, bytes)?;
         if let Some(i) = i {
             ws.free(i)?;
         }
