@@ -114,3 +114,77 @@ extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__re
     }
 }
 
+
+// A chunk of a dense weight updated while its input gradient still needs the weight before the
+// step in the compute dtype T (bf16 or f16; ops::dense_adam): as adam_vec_f32 / adam_f32 on f32
+// p, g, m, v, and besides old[i] = p[i] before the step, rounded to T (from_f32: the cast's
+// rounding), so the input gradient's GEMM reads what the unfused layer's cast of the weight holds.
+// The step itself is adam_one's, so p, m and v are those bits of adam_f32.
+
+// Four values rounded to T, packed little-endian into 8 bytes (elements 4i .. 4i + 3).
+template <typename T> __device__ __forceinline__ uint2 pack4(float4 f) {
+    uint2 r;
+    r.x = (u32)from_f32<T>(f.x).bits | ((u32)from_f32<T>(f.y).bits << 16);
+    r.y = (u32)from_f32<T>(f.z).bits | ((u32)from_f32<T>(f.w).bits << 16);
+    return r;
+}
+
+// One element per thread and iteration (any alignment).
+template <typename T>
+__device__ __forceinline__ void adam_old_t(float *p, const float *g, float *m, float *v, T *old,
+                                           AdamHyper h, size_t n) {
+    GRID_STRIDE(i, n) {
+        float pi = p[i], mi = m[i], vi = v[i];
+        old[i] = from_f32<T>(pi);
+        adam_one(pi, g[i], mi, vi, h);
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+    }
+}
+
+// 16 bytes per f32 array and thread (8 of old): n / 4 float4s, then the last n % 4 elements by
+// the first threads of block 0. p, g, m, v 16-byte aligned, old 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const float *__restrict__ g,
+                                               float *__restrict__ m, float *__restrict__ v,
+                                               T *__restrict__ old, AdamHyper h, size_t n) {
+    size_t n4 = n / 4;
+    float4 *p4 = (float4 *)p, *m4 = (float4 *)m, *v4 = (float4 *)v;
+    const float4 *g4 = (const float4 *)g;
+    uint2 *old4 = (uint2 *)old;
+    GRID_STRIDE(i, n4) {
+        float4 gi = g4[i], mi = m4[i], vi = v4[i], pi = p4[i];
+        old4[i] = pack4<T>(pi);
+        adam_one(pi.x, gi.x, mi.x, vi.x, h);
+        adam_one(pi.y, gi.y, mi.y, vi.y, h);
+        adam_one(pi.z, gi.z, mi.z, vi.z, h);
+        adam_one(pi.w, gi.w, mi.w, vi.w, h);
+        m4[i] = mi;
+        v4[i] = vi;
+        p4[i] = pi;
+    }
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n - 4 * n4) {
+        size_t j = 4 * n4 + t;
+        float pj = p[j], mj = m[j], vj = v[j];
+        old[j] = from_f32<T>(pj);
+        adam_one(pj, g[j], mj, vj, h);
+        m[j] = mj;
+        v[j] = vj;
+        p[j] = pj;
+    }
+}
+
+// adam_old_<T>, adam_old_vec_<T> for the two 16-bit dtypes.
+#define ADAM_OLD(T, s)                                                                         \
+    extern "C" __global__ void adam_old_##s(float *p, const float *g, float *m, float *v,      \
+                                            T *old, AdamHyper h, size_t n) {                   \
+        adam_old_t<T>(p, g, m, v, old, h, n);                                                  \
+    }                                                                                          \
+    extern "C" __global__ void adam_old_vec_##s(float *p, const float *g, float *m, float *v,  \
+                                                T *old, AdamHyper h, size_t n) {               \
+        adam_old_vec_t<T>(p, g, m, v, old, h, n);                                              \
+    }
+ADAM_OLD(bf16_t, bf16)
+ADAM_OLD(f16_t, f16)

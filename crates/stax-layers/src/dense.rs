@@ -2,7 +2,7 @@
 
 use stax_alloc::Tag;
 use stax_tensor::backend::DenseDx;
-use stax_tensor::{Category, DType, Key, Params, Path, Shape, Tensor, Tree, ops};
+use stax_tensor::{Category, Key, Params, Path, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
@@ -103,9 +103,11 @@ impl Dense {
     }
 
     /// The backward pass with Adam applied to `w` as its gradient is made (the step took `w`
-    /// out of `params`, which hold only `b` here): `db = Σ dy` to the sink, then
-    /// [`ops::dense_adam`] writes `dx` (over `x` when nothing else holds it) and updates `w`
-    /// and its moments chunk by chunk. The slot goes back to `cx` in every case.
+    /// out of `params`, which hold only `b` here): `db = Σ dy` (in dy's dtype) to the sink,
+    /// then [`ops::dense_adam`] writes `dx` in dy's dtype (over `x` when nothing else holds
+    /// it) and updates the f32 `w` and its moments chunk by chunk, from an f32 weight
+    /// gradient also under a bf16 or f16 policy (no whole gradient, no cast of `w`). The slot
+    /// goes back to `cx` in every case.
     fn vjp_updating(
         &self,
         params: &Params,
@@ -126,17 +128,9 @@ impl Dense {
                 return Err(self.mismatch("parameters", reason));
             }
             expect_params(params, self, &specs)?;
-            if dy2.dtype() != DType::F32 {
-                // dense_adam is f32: a low-precision weight gradient is made whole, then Adam
-                // (from the old weight's dx) reads it as f32
-                let (dw, db, dx) = self.backward(&slot.p, (x2, dy2, in_shape.clone()), need_dx)?;
-                let InBackward { p, mu, nu, h, .. } = slot;
-                ops::adam(p, &dw, mu, nu, h)?;
-                return Ok((dx, db));
-            }
-            let be = dy2.backend().clone();
+            let (be, dtype) = (dy2.backend().clone(), dy2.dtype());
             let grad = |role| Tag::new(Category::Gradient, role);
-            let mut db = Tensor::empty(&be, [self.0], DType::F32, grad("db"))?;
+            let mut db = Tensor::empty(&be, [self.0], dtype, grad("db"))?;
             ops::bias_grad(&dy2, &mut db)?;
             let (mut x2, mut dx) = (x2, None);
             let mode = match (need_dx, x2.is_unique()) {
@@ -146,12 +140,7 @@ impl Dense {
                     DenseDx::InPlace
                 }
                 (true, false) => {
-                    let t = dx.insert(Tensor::empty(
-                        &be,
-                        x2.shape().clone(),
-                        DType::F32,
-                        grad("dx"),
-                    )?);
+                    let t = dx.insert(Tensor::empty(&be, x2.shape().clone(), dtype, grad("dx"))?);
                     DenseDx::Into(t)
                 }
             };

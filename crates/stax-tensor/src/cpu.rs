@@ -140,15 +140,20 @@ impl Backend for CpuBackend {
 
     /// Convolutions allocate one im2col column buffer per call (none when pointwise), after
     /// an HWIO copy of a kernel stored otherwise; no other op allocates.
-    /// A bf16 or f16 convolution, GEMM, pooling or batch normalization first allocates f32
-    /// copies of its operands
+    /// The fused dense update allocates a chunk of its weight gradient (and of the rounded
+    /// old weight for a bf16 or f16 input gradient). A bf16 or f16 convolution, GEMM, pooling,
+    /// batch normalization or fused dense update first allocates f32 copies of its operands
     /// (`promote.rs`), around the f32 body's workspace.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         let inner = match op {
             OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry)?,
-            OpDesc::DenseAdam { n, k, .. } => {
-                WorkspaceStep::single(dense_adam::chunk_rows(self, *k, *n) * n * 4)
-            }
+            OpDesc::DenseAdam {
+                n,
+                k,
+                dtype,
+                input_grad,
+                ..
+            } => dense_adam::schedule(self, *k, *n, *input_grad && *dtype != DType::F32),
             _ => Vec::new(),
         };
         Ok(promote::around(promote::copies(op), inner))

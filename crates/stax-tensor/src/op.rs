@@ -369,8 +369,9 @@ pub enum OpDesc {
         dtype: DType,
     },
     /// A dense layer's weight gradient `xᵀ · dy` (`[k, n]` from `[m, k]` and `[m, n]`) consumed
-    /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one chunk of
-    /// the gradient ([`dense_chunk_rows`]).
+    /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one f32
+    /// chunk of the gradient ([`dense_chunk_rows`]), and for a low-precision input gradient a
+    /// chunk of the old weight rounded to `dtype` (see [`crate::ops::dense_adam`]).
     DenseAdam {
         /// Batch rows.
         m: usize,
@@ -378,6 +379,10 @@ pub enum OpDesc {
         n: usize,
         /// Input features (rows of the weight).
         k: usize,
+        /// The dtype of `x`, `dy` and `dx` (the weight and its moments are f32).
+        dtype: DType,
+        /// Whether the input gradient is computed (not [`crate::backend::DenseDx::Skip`]).
+        input_grad: bool,
     },
     /// A host/device copy, a fill or a device copy: no workspace.
     Memory,

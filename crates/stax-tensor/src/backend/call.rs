@@ -350,7 +350,8 @@ pub enum DenseDx<'a> {
 }
 
 /// A dense layer's weight gradient consumed by Adam as it is made (see
-/// [`crate::ops::dense_adam`]): x `[m, k]`, dy `[m, n]`, w, mu and nu `[k, n]`, all f32.
+/// [`crate::ops::dense_adam`]): x `[m, k]` and dy `[m, n]` of one float dtype, w, mu and nu
+/// `[k, n]` f32, dx of x's dtype.
 #[derive(Debug)]
 pub struct DenseAdam<'a> {
     /// The layer's input (it holds `dx` afterwards with [`DenseDx::InPlace`]).
@@ -519,6 +520,8 @@ impl Call for DenseAdam<'_> {
             m,
             n: self.dy.dims()[1],
             k,
+            dtype: self.x.dtype(),
+            input_grad: !matches!(self.dx, DenseDx::Skip),
         }
     }
 }

@@ -1,12 +1,25 @@
 //! A dense layer's backward pass with Adam on its weight, chunk by chunk (see
-//! [`crate::ops::dense_adam`]): the chunk of `dw` lives in the one workspace buffer, so the
-//! whole weight gradient never exists.
+//! [`crate::ops::dense_adam`]): the chunk of `dw` lives in one workspace buffer, so the whole
+//! weight gradient never exists.
+//!
+//! A bf16 or f16 call runs the f32 loop on f32 copies of `x` and `dy` (workspace, as
+//! `promote.rs` makes them for the other low-precision ops): `dw` from the widened inputs
+//! stays f32, `dx` is computed over the copy of `x` from the old weight rounded to the dtype
+//! (a second workspace chunk, held as f32) and rounded once into `x` or the given tensor at
+//! the end.
 
 use super::conv::floats;
+use super::elementwise::not_float;
 use super::matmul::{MatMut, MatRef, gemm};
+use super::promote::{narrow, widen};
 use super::{CpuBackend, adam, data, data_mut};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
-use crate::{Backend, OpDesc, TensorError, dense_chunk_rows};
+use crate::{
+    AdamHyper, DType, Float, OpDesc, TensorError, WorkspaceStep, dense_chunk_rows, with_float,
+};
+
+#[cfg(test)]
+mod tests;
 
 const OP: &str = "dense_adam";
 
@@ -15,14 +28,34 @@ pub(super) fn chunk_rows(be: &CpuBackend, k: usize, n: usize) -> usize {
     dense_chunk_rows(k, n, be.workspace_bytes)
 }
 
+/// The workspace of the chunk loop for a `[k, n]` weight (inside the f32 copies of a
+/// low-precision call, [`super::promote::copies`]): one f32 chunk of `dw`, then, when `dx` is
+/// computed from the old weight `rounded` to a low-precision dtype, a chunk of that rounded
+/// weight (held as f32, as many bytes); none for an empty weight.
+pub(super) fn schedule(be: &CpuBackend, k: usize, n: usize, rounded: bool) -> Vec<WorkspaceStep> {
+    use WorkspaceStep::{Alloc, Free};
+    let chunk = chunk_rows(be, k, n) * n * 4;
+    match rounded && chunk > 0 {
+        true => vec![Alloc(chunk), Alloc(chunk), Free(1), Free(0)],
+        false => WorkspaceStep::single(chunk),
+    }
+}
+
 /// See the module docs. Nothing is written when the workspace cannot be had.
 pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), TensorError> {
-    let desc = c.desc();
-    let OpDesc::DenseAdam { m, n, k } = desc else {
+    let OpDesc::DenseAdam {
+        m,
+        n,
+        k,
+        dtype,
+        input_grad,
+    } = c.desc()
+    else {
         unreachable!("DenseAdam describes itself as OpDesc::DenseAdam")
     };
-    let mut ws = Scratch::new(OP, be.allocator(), be.workspace_schedule(&desc)?);
-    let buffer = (k > 0 && n > 0).then(|| ws.alloc()).transpose()?;
+    if dtype != DType::F32 {
+        return low_precision(be, c, (m, n, k), input_grad.then_some(dtype));
+    }
     let DenseAdam {
         x,
         dy,
@@ -32,61 +65,151 @@ pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), Tensor
         dx,
         h,
     } = c;
-    let dy = data(OP, dy)?;
-    let (w, mu, nu) = (data_mut(OP, w)?, data_mut(OP, mu)?, data_mut(OP, nu)?);
     // x is written only in place (then it is solely owned: checked by the front end)
-    let (mut xs, mut into) = match dx {
+    let (x, into) = match dx {
         DenseDx::InPlace => (X::Write(data_mut(OP, x)?), None),
         DenseDx::Into(t) => (X::Read(data(OP, x)?), Some(data_mut(OP, t)?)),
         DenseDx::Skip => (X::Read(data(OP, x)?), None),
     };
+    let o = Operands {
+        x,
+        dy: data(OP, dy)?,
+        into,
+        w: data_mut(OP, w)?,
+        mu: data_mut(OP, mu)?,
+        nu: data_mut(OP, nu)?,
+    };
+    chunks(be, (m, n, k), o, None, &h)
+}
+
+/// A bf16 or f16 call (see the module docs): the f32 copies of `x` and `dy` are taken first,
+/// `x`'s copy receives `dx` when it is computed (`round`: the dtype the old weight is rounded
+/// to), which is rounded into its destination last; the copies are freed `dy`'s first.
+fn low_precision(
+    be: &CpuBackend,
+    c: DenseAdam<'_>,
+    dims: (usize, usize, usize),
+    round: Option<DType>,
+) -> Result<(), TensorError> {
+    let DenseAdam {
+        x,
+        dy,
+        w,
+        mu,
+        nu,
+        dx,
+        h,
+    } = c;
+    let (mut x32, dy32) = (widen(x, true)?, widen(dy, true)?);
+    let x_view = match round {
+        Some(_) => X::Write(data_mut(OP, &mut x32)?),
+        None => X::Read(data(OP, &x32)?),
+    };
+    let o = Operands {
+        x: x_view,
+        dy: data(OP, &dy32)?,
+        into: None,
+        w: data_mut(OP, w)?,
+        mu: data_mut(OP, mu)?,
+        nu: data_mut(OP, nu)?,
+    };
+    chunks(be, dims, o, round, &h)?;
+    match dx {
+        DenseDx::InPlace => narrow(&x32, x)?,
+        DenseDx::Into(t) => narrow(&x32, t)?,
+        DenseDx::Skip => {}
+    }
+    drop((dy32, x32));
+    Ok(())
+}
+
+/// The chunk loop's operands, as f32 views: `x` `[m, k]` (written with `dx` when it is the
+/// destination), `dy` `[m, n]`, `into` (`dx` `[m, k]`, when it goes elsewhere), and the
+/// weight and its moments `[k, n]`.
+struct Operands<'a> {
+    x: X<'a>,
+    dy: &'a [f32],
+    into: Option<&'a mut [f32]>,
+    w: &'a mut [f32],
+    mu: &'a mut [f32],
+    nu: &'a mut [f32],
+}
+
+/// Takes the workspace of [`schedule`], then per chunk of `rows` weight rows: `dw_chunk`,
+/// `dx`'s columns from the old weight (rounded to `round` when given), the Adam step.
+fn chunks(
+    be: &CpuBackend,
+    (m, n, k): (usize, usize, usize),
+    o: Operands<'_>,
+    round: Option<DType>,
+    h: &AdamHyper,
+) -> Result<(), TensorError> {
+    let mut ws = Scratch::new(OP, &be.allocator, schedule(be, k, n, round.is_some()));
+    let gi = (k > 0 && n > 0).then(|| ws.alloc()).transpose()?;
+    let ri = gi.and(round).map(|_| ws.alloc()).transpose()?;
+    let Operands {
+        x: mut xs,
+        dy,
+        mut into,
+        w,
+        mu,
+        nu,
+    } = o;
     let rows = chunk_rows(be, k, n).max(1);
     for r0 in (0..k).step_by(rows) {
-        let r = rows.min(k - r0);
-        let g = match buffer {
-            Some(i) => &mut floats(ws.host_mut(i)?)?[..r * n],
-            None => &mut [][..],
-        };
-        // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy
-        let xc = MatRef::strided(&xs.read()[r0..], m, r, (k, 1)).t();
-        gemm(
-            OP,
-            1.0,
-            xc,
-            MatRef::row_major(dy, m, n),
-            0.0,
-            MatMut::row_major(g, r, n),
-        )?;
-        // dx[:, r0..r0 + r] = dy · w_chunkᵀ, from the old weight
-        let wc = MatRef::row_major(&w[r0 * n..(r0 + r) * n], r, n).t();
+        let rc = rows.min(k - r0);
+        let (g, wr) = buffers(&mut ws, (gi.is_some(), ri.is_some()), rc * n)?;
+        // dw_chunk [rc, n] = x[:, r0..r0 + rc]ᵀ · dy
+        let xc = MatRef::strided(&xs.read()[r0..], m, rc, (k, 1)).t();
+        let dy_m = MatRef::row_major(dy, m, n);
+        gemm(OP, 1.0, xc, dy_m, 0.0, MatMut::row_major(g, rc, n))?;
+        let span = r0 * n..(r0 + rc) * n;
         let target = match (&mut into, &mut xs) {
             (Some(d), _) => Some(&mut d[r0..]),
             (None, X::Write(x)) => Some(&mut x[r0..]),
             (None, X::Read(_)) => None,
         };
         if let Some(t) = target {
-            gemm(
-                OP,
-                1.0,
-                MatRef::row_major(dy, m, n),
-                wc,
-                0.0,
-                MatMut::strided(t, m, r, (k, 1)),
-            )?;
+            // dx[:, r0..r0 + rc] = dy · w_chunkᵀ, from the old weight (rounded)
+            let old = match round {
+                Some(d) => rounded(d, &w[span.clone()], wr)?,
+                None => &w[span.clone()],
+            };
+            let wc = MatRef::row_major(old, rc, n).t();
+            gemm(OP, 1.0, dy_m, wc, 0.0, MatMut::strided(t, m, rc, (k, 1)))?;
         }
-        let span = r0 * n..(r0 + r) * n;
-        adam::step(
-            &mut w[span.clone()],
-            g,
-            &mut mu[span.clone()],
-            &mut nu[span],
-            &h,
-        );
+        let (w, mu, nu) = (&mut w[span.clone()], &mut mu[span.clone()], &mut nu[span]);
+        adam::step(w, &*g, mu, nu, h);
     }
-    if let Some(i) = buffer {
+    for i in [ri, gi].into_iter().flatten() {
         ws.free(i)?;
     }
     ws.finish()
+}
+
+/// The held chunk buffers as `len` floats each: `dw`'s (when `held.0`) and the rounded old
+/// weight's (when `held.1`), empty when not held.
+fn buffers(
+    ws: &mut Scratch,
+    held: (bool, bool),
+    len: usize,
+) -> Result<(&mut [f32], &mut [f32]), TensorError> {
+    Ok(match held {
+        (true, true) => {
+            let (g, wr) = ws.host_pair_mut(0, 1)?;
+            (&mut floats(g)?[..len], &mut floats(wr)?[..len])
+        }
+        (true, false) => (&mut floats(ws.host_mut(0)?)?[..len], &mut []),
+        _ => (&mut [], &mut []),
+    })
+}
+
+/// `dst = src` rounded to `dtype` (and read back as f32); returns `dst`.
+fn rounded<'a>(dtype: DType, src: &[f32], dst: &'a mut [f32]) -> Result<&'a [f32], TensorError> {
+    with_float!(dtype, T => {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = T::from_f32(s).to_f32());
+        Ok(&*dst)
+    }, Err(not_float(OP, dtype)))
 }
 
 /// The layer input: read, or read then overwritten by `dx` chunk by chunk.
@@ -101,151 +224,5 @@ impl X<'_> {
             X::Read(x) => x,
             X::Write(x) => x,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::{assert_close, backend_with_workspace, random_vec, rng, tensor};
-    use crate::backend::DenseDx;
-    use crate::{AdamHyper, Backend, Tensor, TensorError, ops};
-    use std::sync::Arc;
-
-    fn hyper() -> AdamHyper {
-        let (b1, b2, t) = (0.9f32, 0.999f32, 3);
-        AdamHyper {
-            lr: 1e-2,
-            b1,
-            b2,
-            eps: 1e-8,
-            eps_root: 0.0,
-            bias_correction1: 1.0 - b1.powi(t),
-            bias_correction2: 1.0 - b2.powi(t),
-            grad_scale: 1.0,
-        }
-    }
-
-    /// x [m, k], dy [m, n], w, mu (random), nu (random, positive) [k, n].
-    fn operands(be: &Arc<dyn Backend>, (m, n, k): (usize, usize, usize), seed: u64) -> [Tensor; 5] {
-        let mut r = rng(seed);
-        let nu: Vec<f32> = random_vec(&mut r, k * n).iter().map(|v| v.abs()).collect();
-        [
-            tensor(be, &random_vec(&mut r, m * k), [m, k]),
-            tensor(be, &random_vec(&mut r, m * n), [m, n]),
-            tensor(be, &random_vec(&mut r, k * n), [k, n]),
-            tensor(be, &random_vec(&mut r, k * n), [k, n]),
-            tensor(be, &nu, [k, n]),
-        ]
-    }
-
-    /// The unfused reference: dw = xᵀ·dy, dx = dy·wᵀ, then Adam with dw.
-    fn unfused(
-        be: &Arc<dyn Backend>,
-        [x, dy, mut w, mut mu, mut nu]: [Tensor; 5],
-    ) -> [Vec<f32>; 4] {
-        let (m, k, n) = (x.dims()[0], x.dims()[1], dy.dims()[1]);
-        let mut dw = tensor(be, &vec![0.0; k * n], [k, n]);
-        let mut dx = tensor(be, &vec![0.0; m * k], [m, k]);
-        ops::matmul(&x, &dy, true, false, &mut dw).unwrap();
-        ops::matmul(&dy, &w, false, true, &mut dx).unwrap();
-        ops::adam(&mut w, &dw, &mut mu, &mut nu, &hyper()).unwrap();
-        [dx, w, mu, nu].map(|t| t.to_vec().unwrap())
-    }
-
-    /// Chunks of 64 rows, a last partial chunk, each way of writing dx: equal to matmul then
-    /// adam.
-    #[test]
-    fn fused_equals_matmul_then_adam_over_partial_chunks() {
-        // room for 64 rows of 3 columns: k = 150 is 64 + 64 + 22 rows
-        let be = backend_with_workspace(64 * 3 * 4);
-        for (dims, mode) in [
-            ((5, 3, 150), 0),
-            ((5, 3, 150), 1),
-            ((1, 3, 150), 2),
-            ((4, 7, 9), 0),
-        ] {
-            let want = unfused(&be, operands(&be, dims, 11));
-            let [mut x, dy, mut w, mut mu, mut nu] = operands(&be, dims, 11);
-            let mut into = tensor(&be, &vec![f32::NAN; dims.0 * dims.2], [dims.0, dims.2]);
-            let dx = match mode {
-                0 => DenseDx::InPlace,
-                1 => DenseDx::Into(&mut into),
-                _ => DenseDx::Skip,
-            };
-            ops::dense_adam(&mut x, &dy, &mut w, &mut mu, &mut nu, dx, &hyper()).unwrap();
-            let got_dx = if mode == 1 { into.to_vec() } else { x.to_vec() }.unwrap();
-            if mode != 2 {
-                assert_close(&got_dx, &want[0], 1e-6, 1e-7, "dx");
-            }
-            for (t, (want, what)) in [w, mu, nu]
-                .iter()
-                .zip(want[1..].iter().zip(["w", "mu", "nu"]))
-            {
-                assert_close(&t.to_vec().unwrap(), want, 1e-6, 1e-7, what);
-            }
-        }
-    }
-
-    /// Bad operands are typed errors and nothing is written.
-    #[test]
-    fn bad_operands_are_errors_and_change_nothing() {
-        let be = backend_with_workspace(1 << 20);
-        let [mut x, dy, mut w, mut mu, nu] = operands(&be, (4, 3, 10), 5);
-        let before = w.to_vec().unwrap();
-        let shared = nu.clone();
-        let mut nu2 = nu;
-        let e = ops::dense_adam(
-            &mut x,
-            &dy,
-            &mut w,
-            &mut mu,
-            &mut nu2,
-            DenseDx::InPlace,
-            &hyper(),
-        );
-        assert!(matches!(e, Err(TensorError::Aliased { .. })), "{e:?}");
-        drop(shared);
-        let mut short = tensor(&be, &[0.0; 6], [2, 3]);
-        let e = ops::dense_adam(
-            &mut x,
-            &short.clone(),
-            &mut w,
-            &mut mu,
-            &mut nu2,
-            DenseDx::Skip,
-            &hyper(),
-        );
-        assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
-        let e = ops::dense_adam(
-            &mut x,
-            &dy,
-            &mut short,
-            &mut mu,
-            &mut nu2,
-            DenseDx::Skip,
-            &hyper(),
-        );
-        assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
-        let mut flat = tensor(&be, &[0.0; 40], [40]);
-        let e = ops::dense_adam(
-            &mut flat,
-            &dy,
-            &mut w,
-            &mut mu,
-            &mut nu2,
-            DenseDx::Skip,
-            &hyper(),
-        );
-        assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
-        let bad = AdamHyper {
-            bias_correction1: 0.0,
-            ..hyper()
-        };
-        let e = ops::dense_adam(&mut x, &dy, &mut w, &mut mu, &mut nu2, DenseDx::Skip, &bad);
-        assert!(
-            matches!(e, Err(TensorError::InvalidArgument { .. })),
-            "{e:?}"
-        );
-        assert_eq!(w.to_vec().unwrap(), before);
     }
 }

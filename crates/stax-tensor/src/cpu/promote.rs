@@ -1,5 +1,6 @@
 //! The host's bf16 and f16 convolutions, GEMMs, poolings and batch normalizations: computed by
-//! their f32 bodies on f32 copies of the operands, each output rounded once to its dtype.
+//! their f32 bodies on f32 copies of the operands, each output rounded once to its dtype (the
+//! fused dense update, `dense_adam.rs`, widens its `x` and `dy` with the same copies).
 //!
 //! This is what cuDNN and cuBLAS do with low-precision data and an f32 compute type (every
 //! product and sum in f32, one rounding at the end), so the CPU stays the GPU's oracle and
@@ -52,6 +53,8 @@ pub(super) fn copies(op: &OpDesc) -> Vec<usize> {
         OpDesc::BatchNorm {
             geometry, dtype, ..
         } if dtype != DType::F32 => vec![geometry.numel(); 2],
+        // x (which receives dx) and dy; dw and the weight are f32 already
+        OpDesc::DenseAdam { m, n, k, dtype, .. } if dtype != DType::F32 => vec![m * k, m * n],
         OpDesc::Pool {
             kind,
             geometry: g,
@@ -87,7 +90,7 @@ pub(super) fn around(elements: Vec<usize>, inner: Vec<WorkspaceStep>) -> Vec<Wor
 }
 
 /// An f32 workspace copy of `t` (its values when `read`).
-fn widen(t: &Tensor, read: bool) -> Result<Tensor, TensorError> {
+pub(super) fn widen(t: &Tensor, read: bool) -> Result<Tensor, TensorError> {
     let mut w = Tensor::empty(
         t.backend(),
         t.shape().clone(),
@@ -104,7 +107,7 @@ fn widen(t: &Tensor, read: bool) -> Result<Tensor, TensorError> {
 }
 
 /// `t = wide` rounded to `t`'s dtype.
-fn narrow(wide: &Tensor, t: &mut Tensor) -> Result<(), TensorError> {
+pub(super) fn narrow(wide: &Tensor, t: &mut Tensor) -> Result<(), TensorError> {
     cast(Cast { src: wide, dst: t })
 }
 

@@ -211,9 +211,8 @@ impl CudaBackend {
         let (dims, c) = ((g.kh, g.kw, g.c_in, g.c_out), cudnn_channels(g, dtype));
         let codes = (g.filter.code(), cudnn_filter(g));
         if c != g.c_in {
-            // 16-bit only (cudnn_channels): 0 is the all-zero bit pattern
             self.kernels
-                .fill_u16(ws.addr(i), 0, g.kh * g.kw * c * g.c_out)?;
+                .zero(ws.addr(i), dtype, g.kh * g.kw * c * g.c_out)?;
         }
         let addrs = (w, ws.addr(i));
         self.kernels
@@ -439,7 +438,8 @@ impl CudaBackend {
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
         let gemm = super::cublas::Gemm::new(g.c_in, g.c_out, positions, true, false);
         let at = i.map_or(0, |i| ws.addr(i));
-        self.blas.gemm(gemm, dtype, (x, dy, dw), at, bytes)?;
+        self.blas
+            .gemm(gemm, (dtype, dtype), (x, dy, dw), at, bytes)?;
         if let Some(i) = i {
             ws.free(i)?;
         }

@@ -108,19 +108,22 @@ impl Blas {
         })
     }
 
-    /// Runs `c = op(a) · op(b)` (row-major, all three of `dtype`, c overwritten) on the compute
-    /// stream, with `workspace` (`workspace_bytes` bytes of device memory, alive until the GEMM
-    /// completed in stream order) as cuBLAS's workspace. f32 is `cublasSgemm` in the handle's
-    /// math mode (TF32 or full f32); bf16 and f16 are `cublasGemmEx` with `CUBLAS_COMPUTE_32F`
-    /// (f32 products and sums, one rounding to `dtype`, as cuBLAS documents for these types).
+    /// Runs `c = op(a) · op(b)` (row-major; a and b of `dtype`, c of `out`, overwritten) on the
+    /// compute stream, with `workspace` (`workspace_bytes` bytes of device memory, alive until
+    /// the GEMM completed in stream order) as cuBLAS's workspace. All-f32 is `cublasSgemm` in
+    /// the handle's math mode (TF32 or full f32); bf16 and f16 inputs are `cublasGemmEx` with
+    /// `CUBLAS_COMPUTE_32F` (f32 products and sums, one rounding to `out`, as cuBLAS
+    /// documents for these types), `out` their own dtype or f32.
     ///
     /// # Errors
     /// [`TensorError::InvalidArgument`] when a dimension exceeds `i32`;
-    /// [`TensorError::UnsupportedDType`] for U32; [`TensorError::Cublas`] when cuBLAS fails.
+    /// [`TensorError::UnsupportedDType`] for U32, and for f32 inputs with a low-precision
+    /// `out` or low-precision inputs with an `out` of the other one; [`TensorError::Cublas`]
+    /// when cuBLAS fails.
     pub(crate) fn gemm(
         &self,
         g: Gemm,
-        dtype: DType,
+        (dtype, out): (DType, DType),
         (a, b, c): (u64, u64, u64),
         workspace: u64,
         workspace_bytes: usize,
@@ -132,6 +135,7 @@ impl Blas {
             })
         };
         let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
+        let data = types(dtype, out)?;
         let op = |t: bool| {
             if t {
                 sys::cublasOperation_t::CUBLAS_OP_T
@@ -154,21 +158,10 @@ impl Blas {
         unsafe { sys::cublasSetWorkspace_v2(handle.0, workspace as *mut _, workspace_bytes) }
             .result()
             .map_err(cublas("cublasSetWorkspace"))?;
-        let data = match dtype {
-            DType::F32 => None,
-            DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
-            DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
-            DType::U32 => {
-                return Err(TensorError::UnsupportedDType {
-                    op: "matmul",
-                    dtype,
-                    supported: "f32, bf16, f16",
-                });
-            }
-        };
-        if let Some(t) = data {
-            // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n]
-            // elements of `dtype` at their row strides (checked by the caller); alpha and beta
+        if let Some((t, tc)) = data {
+            // SAFETY: a, b, c are device buffers holding [m,k]/[k,m] and [k,n]/[n,k] elements
+            // of `dtype` and [m,n] of `out` at their row strides (checked by the caller); the
+            // type pair is one cuBLAS supports with CUBLAS_COMPUTE_32F; alpha and beta
             // are host f32 scalars, as CUBLAS_COMPUTE_32F takes them (the default pointer mode);
             // the leading dimensions follow the mapping above.
             return unsafe {
@@ -188,7 +181,7 @@ impl Blas {
                     lda,
                     (&beta as *const f32).cast(),
                     c as *mut c_void,
-                    t,
+                    tc,
                     ldc,
                     sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -218,5 +211,46 @@ impl Blas {
             )
         }
         .map_err(cublas("cublasSgemm"))
+    }
+}
+
+/// cuBLAS's data types of a GEMM's inputs and output of `(dtype, out)`: `None` for all-f32
+/// (`cublasSgemm`), else the `cublasGemmEx` pair (bf16 or f16 inputs; output of their dtype or
+/// f32).
+///
+/// # Errors
+/// [`TensorError::UnsupportedDType`] for any other pair, naming the dtype that is refused.
+fn types(
+    dtype: DType,
+    out: DType,
+) -> Result<Option<(sys::cudaDataType, sys::cudaDataType)>, TensorError> {
+    use sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+    let low = match dtype {
+        DType::F32 if out == DType::F32 => return Ok(None),
+        DType::BF16 => CUDA_R_16BF,
+        DType::F16 => CUDA_R_16F,
+        DType::F32 => {
+            return Err(TensorError::UnsupportedDType {
+                op: "matmul",
+                dtype: out,
+                supported: "f32 (the output of f32 inputs)",
+            });
+        }
+        DType::U32 => {
+            return Err(TensorError::UnsupportedDType {
+                op: "matmul",
+                dtype,
+                supported: "f32, bf16, f16",
+            });
+        }
+    };
+    match out {
+        DType::F32 => Ok(Some((low, CUDA_R_32F))),
+        d if d == dtype => Ok(Some((low, low))),
+        _ => Err(TensorError::UnsupportedDType {
+            op: "matmul",
+            dtype: out,
+            supported: "f32 or the inputs' dtype",
+        }),
     }
 }

@@ -1,14 +1,32 @@
 //! A dense layer's backward pass with Adam on its weight, chunk by chunk, on the device (see
-//! [`crate::ops::dense_adam`]): per chunk of the weight's rows two cuBLAS GEMMs on strided
-//! views (`dw_chunk = x[:, chunk]ᵀ · dy` into the workspace, `dx[:, chunk] = dy · w_chunkᵀ`)
-//! and the Adam kernel on the chunk. A chunk holds a quarter of the workspace limit of
-//! gradient (64 MiB by default).
+//! [`crate::ops::dense_adam`]). Per chunk of the weight's rows, in f32: the dw GEMM
+//! (`dw_chunk = x[:, chunk]ᵀ · dy`, into the workspace), the dx GEMM (`dx[:, chunk] =
+//! dy · w_chunkᵀ`, from the old weight), then the Adam kernel on the chunk. In bf16 or f16
+//! (x, dy, dx of that dtype): the dw GEMM (`cublasGemmEx`, f32 output), the Adam kernel that
+//! also writes the old chunk rounded to the dtype into a second workspace buffer, then the dx
+//! GEMM from that copy. Both orders read x's chunk columns before dx overwrites them in place.
+//! A chunk holds a quarter of the workspace limit of f32 gradient (64 MiB by default).
 
+use super::workspace::Schedule;
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
-use crate::{Backend, DType, OpDesc, TensorError, dense_chunk_rows};
+use crate::{AdamHyper, Backend, DType, OpDesc, TensorError, WorkspaceStep, dense_chunk_rows};
 
 const OP: &str = "dense_adam";
+
+/// One call's device addresses: the operands, the workspace, and its sizes.
+struct Addrs {
+    /// `[x, dy, w, mu, nu]`.
+    operands: [u64; 5],
+    /// Where dx goes (none: not computed, or no rows).
+    dx: Option<u64>,
+    /// The f32 chunk of `dw`.
+    g: u64,
+    /// The old weight's chunk in `dtype`, when dx reads it (bf16, f16).
+    old: Option<u64>,
+    /// cuBLAS's workspace (0: none) and its bytes.
+    blas: (u64, usize),
+}
 
 impl CudaBackend {
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
@@ -16,11 +34,45 @@ impl CudaBackend {
         dense_chunk_rows(k, n, self.workspace_limit / 4)
     }
 
-    /// See the module docs: the chunk of `dw`, then cuBLAS's workspace, are taken before
-    /// anything is written.
+    /// The workspace of a call for a `[k, n]` weight and `m` rows: the f32 chunk of `dw`,
+    /// then (when the input gradient reads the old weight `rounded` to bf16 or f16) that
+    /// chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for an empty
+    /// weight.
+    pub(super) fn dense_adam_schedule(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        rounded: bool,
+    ) -> Vec<WorkspaceStep> {
+        if k == 0 || n == 0 {
+            return Vec::new();
+        }
+        let rows = self.dense_chunk_rows(k, n);
+        let mut s = Schedule::default();
+        let g = s.alloc(rows * n * 4);
+        let old = rounded.then(|| s.alloc(rows * n * 2));
+        let blas = match self.matmul_bytes(m.max(1), n, k) {
+            0 => None,
+            bytes => Some(s.alloc(bytes)),
+        };
+        [blas, old, Some(g)]
+            .into_iter()
+            .flatten()
+            .for_each(|i| s.free(i));
+        s.finish()
+    }
+
+    /// See the module docs: the workspace of [`CudaBackend::dense_adam_schedule`] is taken
+    /// before anything is written.
     pub(super) fn dense_adam_chunks(&self, c: DenseAdam<'_>) -> Result<(), TensorError> {
         let desc = c.desc();
-        let OpDesc::DenseAdam { m, n, k } = desc else {
+        let OpDesc::DenseAdam {
+            m,
+            n,
+            k,
+            dtype,
+            input_grad,
+        } = desc
+        else {
             unreachable!("DenseAdam describes itself as OpDesc::DenseAdam")
         };
         self.bind()?;
@@ -32,60 +84,85 @@ impl CudaBackend {
         };
         if k == 0 || n == 0 {
             // no weight to update; dx = dy · wᵀ over no features is zero
-            if let Some(d) = dx.filter(|_| m * k > 0) {
-                self.kernels.fill_u32(d, 0, m * k)?;
+            if let Some(d) = dx {
+                self.kernels.zero(d, dtype, m * k)?;
             }
             return ws.finish();
         }
         let g = ws.alloc()?;
+        let old = (dtype != DType::F32 && input_grad)
+            .then(|| ws.alloc())
+            .transpose()?;
         let blas_bytes = self.matmul_bytes(m.max(1), n, k);
         let blas = (blas_bytes > 0).then(|| ws.alloc()).transpose()?;
-        let (x, dy, g_addr, blas_addr) = (
-            c.x.addr(),
-            c.dy.addr(),
-            ws.addr(g),
-            blas.map_or(0, |i| ws.addr(i)),
-        );
-        let (w, mu, nu) = (c.w.addr(), c.mu.addr(), c.nu.addr());
+        let a = Addrs {
+            operands: [c.x, c.dy, c.w, c.mu, c.nu].map(|t| t.addr()),
+            dx: dx.filter(|_| m > 0),
+            g: ws.addr(g),
+            old: old.map(|i| ws.addr(i)),
+            blas: (blas.map_or(0, |i| ws.addr(i)), blas_bytes),
+        };
         let rows = self.dense_chunk_rows(k, n);
         for r0 in (0..k).step_by(rows) {
-            let r = rows.min(k - r0);
-            let (col, off) = (4 * r0 as u64, 4 * (r0 * n) as u64);
-            if m == 0 {
-                self.kernels.fill_u32(g_addr, 0, r * n)?;
-            } else {
-                // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy; x's rows are k apart
-                let mut dw = Gemm::new(r, n, m, true, false);
-                dw.row_strides[0] = k;
-                self.blas
-                    .gemm(dw, DType::F32, (x + col, dy, g_addr), blas_addr, blas_bytes)?;
-            }
-            if let Some(d) = dx.filter(|_| m > 0) {
-                // dx[:, r0..r0 + r] = dy · w_chunkᵀ from the old weight; dx's rows are k apart
-                let mut dxg = Gemm::new(m, r, n, false, true);
-                dxg.row_strides[2] = k;
-                self.blas.gemm(
-                    dxg,
-                    DType::F32,
-                    (dy, w + off, d + col),
-                    blas_addr,
-                    blas_bytes,
-                )?;
-            }
-            let h = &c.h;
-            self.kernels.adam(
-                w + off,
-                (g_addr, DType::F32),
-                (mu + off, DType::F32),
-                nu + off,
-                h,
-                r * n,
-            )?;
+            self.dense_adam_chunk(&a, (m, n, k), dtype, (r0, rows.min(k - r0)), &c.h)?;
         }
-        if let Some(i) = blas {
+        for i in [blas, old, Some(g)].into_iter().flatten() {
             ws.free(i)?;
         }
-        ws.free(g)?;
         ws.finish()
+    }
+
+    /// The `r` weight rows from `r0`, in the order of the module docs.
+    fn dense_adam_chunk(
+        &self,
+        a: &Addrs,
+        (m, n, k): (usize, usize, usize),
+        dtype: DType,
+        (r0, r): (usize, usize),
+        h: &AdamHyper,
+    ) -> Result<(), TensorError> {
+        let [x, dy, w, mu, nu] = a.operands;
+        let (col, off) = ((dtype.size_bytes() * r0) as u64, 4 * (r0 * n) as u64);
+        let (blas, blas_bytes) = a.blas;
+        // dx[:, r0..r0 + r] = dy · w_oldᵀ in `dtype`, from `w_old`; dx's rows are k apart
+        let dx_gemm = |w_old: u64, d: u64| {
+            let mut dxg = Gemm::new(m, r, n, false, true);
+            dxg.row_strides[2] = k;
+            let ops = (dy, w_old, d + col);
+            self.blas.gemm(dxg, (dtype, dtype), ops, blas, blas_bytes)
+        };
+        if m == 0 {
+            self.kernels.fill_u32(a.g, 0, r * n)?;
+        } else {
+            // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy, in f32; x's rows are k apart
+            let mut dw = Gemm::new(r, n, m, true, false);
+            dw.row_strides[0] = k;
+            let ops = (x + col, dy, a.g);
+            self.blas
+                .gemm(dw, (dtype, DType::F32), ops, blas, blas_bytes)?;
+        }
+        if dtype == DType::F32 {
+            if let Some(d) = a.dx {
+                dx_gemm(w + off, d)?;
+            }
+        }
+        let chunk = [w + off, a.g, mu + off, nu + off];
+        match a.old {
+            None => self.kernels.adam(
+                chunk[0],
+                (a.g, DType::F32),
+                (chunk[2], DType::F32),
+                chunk[3],
+                h,
+                r * n,
+            ),
+            Some(old) => {
+                self.kernels.adam_old(chunk, (old, dtype), h, r * n)?;
+                match a.dx {
+                    Some(d) => dx_gemm(old, d),
+                    None => Ok(()),
+                }
+            }
+        }
     }
 }

@@ -129,10 +129,7 @@ impl MatmulOps for CudaBackend {
             return Ok(());
         }
         if k == 0 {
-            return match c.dtype() {
-                DType::F32 => self.kernels.fill_u32(c.addr(), 0, m * n),
-                _ => self.kernels.fill_u16(c.addr(), 0, m * n),
-            };
+            return self.kernels.zero(c.addr(), c.dtype(), m * n);
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let bytes = self.matmul_bytes(m, n, k);
@@ -141,7 +138,7 @@ impl MatmulOps for CudaBackend {
         let ws_addr = i.map_or(0, |i| ws.addr(i));
         self.blas.gemm(
             gemm,
-            c.dtype(),
+            (c.dtype(), c.dtype()),
             (a.addr(), b.addr(), c.addr()),
             ws_addr,
             bytes,

@@ -103,19 +103,13 @@ impl CudaBackend {
                 }
                 one(Self::softmax_loss_offset(rows) + 4)
             }
-            OpDesc::DenseAdam { m, n, k } => match k * n {
-                0 => Vec::new(),
-                _ => {
-                    let chunk = self.dense_chunk_rows(k, n) * n * 4;
-                    match self.matmul_bytes(m.max(1), n, k) {
-                        0 => one(chunk),
-                        blas => {
-                            use WorkspaceStep::{Alloc, Free};
-                            vec![Alloc(chunk), Alloc(blas), Free(1), Free(0)]
-                        }
-                    }
-                }
-            },
+            OpDesc::DenseAdam {
+                m,
+                n,
+                k,
+                dtype,
+                input_grad,
+            } => self.dense_adam_schedule((m, n, k), input_grad && dtype != DType::F32),
             OpDesc::IndexLoss { rows, classes, .. } => {
                 if rows == 0 || classes == 0 {
                     return Err(TensorError::InvalidArgument {

@@ -116,18 +116,31 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
 }
 
 /// A dense layer's backward pass with Adam applied to its weight as the weight gradient is
-/// made, so that the gradient `dw = xᵀ · dy` never exists whole: for each chunk of the
-/// weight's rows ([`crate::dense_chunk_rows`]), `dw_chunk = x[:, chunk]ᵀ · dy`, then (from the
-/// old weight) `dx[:, chunk] = dy · w_chunkᵀ`, then the Adam step of [`adam`] on `w_chunk`,
-/// `mu_chunk`, `nu_chunk`. Per element this is exactly `matmul` then `adam`; the one workspace
-/// block (a chunk of `dw`) is taken before anything is written, so an error leaves every
-/// operand as it was. x `[m, k]`, dy `[m, n]`, w, mu, nu `[k, n]`, dx `[m, k]`, all f32.
-/// With [`DenseDx::InPlace`], `x` holds `dx` on return.
+/// made, so that the gradient `dw = xᵀ · dy` never exists whole. x `[m, k]` and dy `[m, n]`
+/// are of one float dtype D (f32, bf16 or f16); w, mu, nu `[k, n]` are f32 (the master weight
+/// and Adam's moments); dx `[m, k]` is of dtype D. For each chunk of the weight's rows
+/// ([`crate::dense_chunk_rows`]):
+///
+/// - `dw_chunk = x[:, chunk]ᵀ · dy`, products and sums in f32 from the widened D inputs, kept
+///   in f32 (never rounded to D: the weight gradient is accumulated in f32);
+/// - the Adam step of [`adam`] with that f32 gradient on `w_chunk`, `mu_chunk`, `nu_chunk`
+///   (times `h.grad_scale`, as [`adam`] reads it);
+/// - `dx[:, chunk] = dy · round_D(w_old_chunk)ᵀ` from the weight before the step rounded to
+///   D, sums in f32, rounded once to D: what the unfused layer computes from its D copy of
+///   the weight.
+///
+/// For f32 this is exactly `matmul` then `adam` per element. The workspace (a chunk of `dw`
+/// in f32 and, for a bf16 or f16 `dx`, a chunk of the rounded old weight) is taken before
+/// anything is written, so an error leaves every operand as it was. With
+/// [`DenseDx::InPlace`], `x` holds `dx` on return (each chunk of `x`'s columns is read for
+/// its `dw` before its `dx` is written over it).
 ///
 /// # Errors
 /// [`TensorError::Shape`] for operands of other shapes (x and dy must be matrices with the
-/// same rows); as [`adam`] for the hyper-parameters; dtype, device and alias errors (w, mu,
-/// nu, an in-place x and dx must be solely owned).
+/// same rows); [`TensorError::UnsupportedDType`] for a U32 `x`; [`TensorError::DType`] when
+/// dy or dx is not of x's dtype or w, mu, nu are not f32; as [`adam`] for the
+/// hyper-parameters; device and alias errors (w, mu, nu, an in-place x and dx must be solely
+/// owned).
 #[allow(clippy::too_many_arguments)]
 pub fn dense_adam(
     x: &mut Tensor,
@@ -140,7 +153,8 @@ pub fn dense_adam(
 ) -> Result<(), TensorError> {
     const OP: &str = "dense_adam";
     let be = backend_of(x);
-    supports(OP, x.dtype(), F32)?;
+    let dtype = x.dtype();
+    supports(OP, dtype, FLOATS)?;
     validate(h)?;
     let matrix = |t: &Tensor| match t.dims() {
         &[r, c] => Ok((r, c)),
@@ -151,15 +165,15 @@ pub fn dense_adam(
         }),
     };
     let ((m, k), (_, n)) = (matrix(x)?, matrix(dy)?);
-    input(OP, &be, dy, DType::F32, Some(&Shape::new([m, n])))?;
+    input(OP, &be, dy, dtype, Some(&Shape::new([m, n])))?;
     let weight = Shape::new([k, n]);
     for t in [&*w, &*mu, &*nu] {
         output(OP, &be, t, DType::F32, Some(&weight))?;
     }
     match &dx {
-        DenseDx::InPlace => output(OP, &be, x, DType::F32, None)?,
-        DenseDx::Into(d) => output(OP, &be, d, DType::F32, Some(&Shape::new([m, k])))?,
-        DenseDx::Skip => input(OP, &be, x, DType::F32, None)?,
+        DenseDx::InPlace => output(OP, &be, x, dtype, None)?,
+        DenseDx::Into(d) => output(OP, &be, d, dtype, Some(&Shape::new([m, k])))?,
+        DenseDx::Skip => input(OP, &be, x, dtype, None)?,
     }
     let call = DenseAdam {
         x,

@@ -29,6 +29,15 @@ impl Kernels {
             .map_err(driver(sym))
     }
 
+    /// Zeroes `n` float elements of `dtype` at `p` (+0.0 is all bits clear in every float
+    /// dtype).
+    pub(crate) fn zero(&self, p: u64, dtype: DType, n: usize) -> Result<(), TensorError> {
+        match dtype.size_bytes() {
+            4 => self.fill_u32(p, 0, n),
+            _ => self.fill_u16(p, 0, n),
+        }
+    }
+
     /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements
     /// (8 per thread with 16-byte accesses where both are 16-byte aligned).
     pub(crate) fn cast(

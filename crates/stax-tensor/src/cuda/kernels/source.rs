@@ -20,8 +20,9 @@ pub enum KernelModule {
     /// `kernels/softmax_xent.cu`: softmax cross-entropy with its gradient, a mean, softmax and
     /// log-softmax over an axis (every float dtype) and the losses with integer labels.
     SoftmaxXent,
-    /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype) and the
-    /// loss scale's finiteness check.
+    /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype; for the
+    /// dense update also keeping the old weight in bf16 or f16) and the loss scale's
+    /// finiteness check.
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN (every float
     /// dtype), block copies.
@@ -80,7 +81,13 @@ impl KernelModule {
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
-            KernelModule::Adam => &["adam_vec_f32"],
+            KernelModule::Adam => &[
+                "adam_vec_f32",
+                "adam_old_bf16",
+                "adam_old_f16",
+                "adam_old_vec_bf16",
+                "adam_old_vec_f16",
+            ],
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],

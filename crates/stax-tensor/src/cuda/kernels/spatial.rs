@@ -123,6 +123,36 @@ impl Kernels {
             .map_err(driver(k))
     }
 
+    /// One Adam step over `n` elements of the f32 `[p, g, m, v]` (a dense weight's chunk, its
+    /// f32 gradient and moments) that also writes the old `p`, rounded to `dtype` (bf16 or
+    /// f16), to the `n` elements at `old`.
+    pub(crate) fn adam_old(
+        &self,
+        [p, g, m, v]: [u64; 4],
+        (old, dtype): (u64, DType),
+        h: &AdamHyper,
+        n: usize,
+    ) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let vector = aligned16(&[p, g, m, v]) && old % 8 == 0;
+        let (root, threads) = match vector {
+            true => ("adam_old_vec", (n / 4).max(n % 4)),
+            false => ("adam_old", n),
+        };
+        let f = self.typed(root, dtype)?;
+        // SAFETY: `adam_old[_vec]_<dtype>(float *p, const float *g, float *m, float *v, T *old,
+        // AdamHyper h, size_t n)`, loaded for bf16 and f16 only (another dtype is refused by
+        // `typed`); p, g, m, v hold n floats, old n 16-bit elements (the caller's chunks); the
+        // vector kernel gets 16-byte aligned floats and an 8-byte aligned old, and a grid with
+        // at least n % 4 threads in block 0 for the tail; AdamHyper's layout matches.
+        unsafe {
+            launch!(self.stream, f, self.grid(threads); &p, &g, &m, &v, &old, h, &n).map(drop)
+        }
+        .map_err(driver(root))
+    }
+
     /// Sets the u32 at `flag` to 1 when one of the `n` elements of `dtype` at `x` is NaN or
     /// infinite.
     pub(crate) fn all_finite(
