@@ -80,3 +80,9 @@ template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float v) {
 
 // Instantiates M(type, suffix) for every float dtype: f32, bf16, f16.
 #define FOR_FLOATS(M) M(float, f32) M(bf16_t, bf16) M(f16_t, f16)
+
+// A sliding window over an NHWC image (a pooling's or a convolution's im2col): must match
+// `WindowGeometry` in crates/stax-tensor/src/cuda/kernels/spatial.rs (#[repr(C)], size_t each).
+struct WindowGeometry {
+    size_t n, h, w, c, kh, kw, sh, sw, pad_top, pad_left, out_h, out_w, dh, dw;
+};

@@ -5,17 +5,12 @@
 // propagates, the gradient of a window goes to its first maximum in window order; sum pooling's
 // padding reads 0; average pooling divides by the window's positions inside the image.
 
-// Geometry of one pooling, as Conv2dGeometry (the window as kh x kw, c_out == c_in).
-struct PoolGeometry {
-    size_t n, h, w, c, kh, kw, sh, sw, pad_top, pad_left, out_h, out_w;
-};
-
 #define NO_MAX 0xffffffffu
 
 // The window offset (ky * kw + kx) of the first maximum of window (oy, ox) in channel c of
 // image x, or NO_MAX when the window lies wholly in the padding; its value in *best.
 template <typename T>
-__device__ unsigned window_argmax(const PoolGeometry &g, const T *x, size_t oy, size_t ox,
+__device__ unsigned window_argmax(const WindowGeometry &g, const T *x, size_t oy, size_t ox,
                                   size_t c, float *best) {
     unsigned arg = NO_MAX;
     float b = __int_as_float(0xff800000); // -inf
@@ -37,7 +32,7 @@ __device__ unsigned window_argmax(const PoolGeometry &g, const T *x, size_t oy, 
 }
 
 // y[n, oy, ox, c] = max over the window (one thread an output element).
-template <typename T> __device__ void max_pool_impl(const T *x, T *y, PoolGeometry g) {
+template <typename T> __device__ void max_pool_impl(const T *x, T *y, WindowGeometry g) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     size_t image = g.h * g.w * g.c;
     GRID_STRIDE(o, total) {
@@ -53,7 +48,7 @@ template <typename T> __device__ void max_pool_impl(const T *x, T *y, PoolGeomet
 // arg[n, oy, ox, c] = the window offset of the window's first maximum (one thread an output
 // element): the first half of the backward pass, which then reads one word per window.
 template <typename T>
-__device__ void max_pool_argmax_impl(const T *x, unsigned *arg, PoolGeometry g) {
+__device__ void max_pool_argmax_impl(const T *x, unsigned *arg, WindowGeometry g) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     size_t image = g.h * g.w * g.c;
     GRID_STRIDE(o, total) {
@@ -69,7 +64,7 @@ __device__ void max_pool_argmax_impl(const T *x, unsigned *arg, PoolGeometry g) 
 // offsets (one thread an input element, gathering over the windows that cover it:
 // deterministic, no atomics).
 template <typename T>
-__device__ void max_pool_bwd_impl(const unsigned *arg, const T *dy, T *dx, PoolGeometry g) {
+__device__ void max_pool_bwd_impl(const unsigned *arg, const T *dy, T *dx, WindowGeometry g) {
     size_t total = g.n * g.h * g.w * g.c;
     GRID_STRIDE(t, total) {
         size_t c = t % g.c, r = t / g.c;
@@ -106,7 +101,7 @@ __device__ void inside(size_t o, size_t s, size_t pad, size_t len, size_t k, siz
 }
 
 // y[n, oy, ox, c] = the window's sum (avg != 0: divided by its positions inside the image).
-template <typename T> __device__ void sum_pool_impl(const T *x, T *y, PoolGeometry g, int avg) {
+template <typename T> __device__ void sum_pool_impl(const T *x, T *y, WindowGeometry g, int avg) {
     size_t total = g.n * g.out_h * g.out_w * g.c;
     GRID_STRIDE(o, total) {
         size_t c = o % g.c, r = o / g.c;
@@ -131,7 +126,7 @@ template <typename T> __device__ void sum_pool_impl(const T *x, T *y, PoolGeomet
 // dx[i] = sum of dy over the windows covering i (each divided by its count when avg != 0);
 // one thread an input element, gathering: deterministic, no atomics.
 template <typename T>
-__device__ void sum_pool_bwd_impl(const T *dy, T *dx, PoolGeometry g, int avg) {
+__device__ void sum_pool_bwd_impl(const T *dy, T *dx, WindowGeometry g, int avg) {
     size_t total = g.n * g.h * g.w * g.c;
     GRID_STRIDE(t, total) {
         size_t c = t % g.c, r = t / g.c;
@@ -159,20 +154,20 @@ __device__ void sum_pool_bwd_impl(const T *dy, T *dx, PoolGeometry g, int avg) {
 }
 
 #define POOL_KERNELS(T, S)                                                                     \
-    extern "C" __global__ void max_pool_##S(const T *x, T *y, PoolGeometry g) {                \
+    extern "C" __global__ void max_pool_##S(const T *x, T *y, WindowGeometry g) {                \
         max_pool_impl<T>(x, y, g);                                                             \
     }                                                                                          \
-    extern "C" __global__ void max_pool_argmax_##S(const T *x, unsigned *arg, PoolGeometry g) { \
+    extern "C" __global__ void max_pool_argmax_##S(const T *x, unsigned *arg, WindowGeometry g) { \
         max_pool_argmax_impl<T>(x, arg, g);                                                    \
     }                                                                                          \
     extern "C" __global__ void max_pool_bwd_##S(const unsigned *arg, const T *dy, T *dx,       \
-                                                PoolGeometry g) {                              \
+                                                WindowGeometry g) {                              \
         max_pool_bwd_impl<T>(arg, dy, dx, g);                                                  \
     }                                                                                          \
-    extern "C" __global__ void sum_pool_##S(const T *x, T *y, PoolGeometry g, int avg) {       \
+    extern "C" __global__ void sum_pool_##S(const T *x, T *y, WindowGeometry g, int avg) {       \
         sum_pool_impl<T>(x, y, g, avg);                                                        \
     }                                                                                          \
-    extern "C" __global__ void sum_pool_bwd_##S(const T *dy, T *dx, PoolGeometry g, int avg) { \
+    extern "C" __global__ void sum_pool_bwd_##S(const T *dy, T *dx, WindowGeometry g, int avg) { \
         sum_pool_bwd_impl<T>(dy, dx, g, avg);                                                  \
     }
 FOR_FLOATS(POOL_KERNELS)

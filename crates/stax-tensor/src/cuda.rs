@@ -28,6 +28,7 @@ mod conv;
 pub mod cublas;
 pub mod cudnn;
 mod dense_adam;
+mod im2col;
 pub mod kernels;
 pub mod memory;
 pub mod nccl;

@@ -20,6 +20,7 @@
 
 use super::CudaBackend;
 use super::cudnn::{CudnnConv, Epilogue, Operands};
+use super::im2col::filter_grad_is_im2col;
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
@@ -392,9 +393,12 @@ impl CudaBackend {
             self.conv_bias_grad((&g, dtype), d, p, db.addr())?;
             ws.free(partial)?;
         }
+        let addrs = (x.addr(), dy.addr(), dw.addr());
         if gemm {
-            let addrs = (x.addr(), dy.addr(), dw.addr());
             return self.filter_grad_gemm((&g, dtype), addrs, ws);
+        }
+        if filter_grad_is_im2col(&g, dtype) {
+            return self.filter_grad_im2col((&g, dtype), addrs, ws);
         }
         let (conv, ext) = layout(&g, dtype);
         let ext_i = self.extended_input(&mut ws, (&g, dtype), ext, Some(x.addr()))?;

@@ -59,6 +59,8 @@ pub(crate) struct Gemm {
     /// Elements between rows of the stored `a`, `b` and `c` (at least their widths): a block
     /// of columns of a wider matrix has its matrix's row length here.
     pub row_strides: [usize; 3],
+    /// `c += op(a) · op(b)` (cuBLAS's beta = 1) instead of overwriting `c`.
+    pub accumulate: bool,
 }
 
 impl Gemm {
@@ -73,6 +75,7 @@ impl Gemm {
             transpose_a,
             transpose_b,
             row_strides: [a, b, n],
+            accumulate: false,
         }
     }
 }
@@ -108,7 +111,8 @@ impl Blas {
         })
     }
 
-    /// Runs `c = op(a) · op(b)` (row-major; a and b of `dtype`, c of `out`, overwritten) on the
+    /// Runs `c = op(a) · op(b)` (row-major; a and b of `dtype`, c of `out`, overwritten, or
+    /// added to with [`Gemm::accumulate`]) on the
     /// compute stream, with `workspace` (`workspace_bytes` bytes of device memory, alive until
     /// the GEMM completed in stream order) as cuBLAS's workspace. All-f32 is `cublasSgemm` in
     /// the handle's math mode (TF32 or full f32); bf16 and f16 inputs are `cublasGemmEx` with
@@ -151,7 +155,7 @@ impl Blas {
             int(g.row_strides[1])?,
             int(g.row_strides[2])?,
         ];
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
         // until this GEMM has run in stream order; every GEMM sets its own workspace first.

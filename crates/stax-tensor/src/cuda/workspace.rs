@@ -5,6 +5,7 @@
 
 use super::conv::{extended_bytes, filter_copy_bytes, filter_grad_is_gemm, layout};
 use super::cudnn::Operands;
+use super::im2col::filter_grad_is_im2col;
 use super::{CudaBackend, cublas};
 use crate::{
     Conv2dGeometry, ConvPass, DType, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep,
@@ -173,7 +174,8 @@ impl CudaBackend {
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
         let (_, ext) = layout(g, dtype);
-        let gemm = pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g);
+        let gemm = pass == ConvPass::BackwardFilter
+            && (filter_grad_is_gemm(g) || filter_grad_is_im2col(g, dtype));
         let cudnn = if gemm {
             0
         } else {
@@ -202,6 +204,10 @@ impl CudaBackend {
                 }
                 if filter_grad_is_gemm(g) {
                     s.scoped(self.matmul_bytes(g.c_in, g.c_out, g.n * g.h * g.w));
+                    return Ok(s.finish());
+                }
+                if filter_grad_is_im2col(g, dtype) {
+                    self.im2col_schedule(g, dtype, &mut s);
                     return Ok(s.finish());
                 }
                 let e = ext_bytes.map(|b| s.alloc(b));
@@ -253,7 +259,8 @@ impl CudaBackend {
         dtype: DType,
         pass: ConvPass,
     ) -> bool {
-        (pass == ConvPass::BackwardFilter && filter_grad_is_gemm(g))
+        (pass == ConvPass::BackwardFilter
+            && (filter_grad_is_gemm(g) || filter_grad_is_im2col(g, dtype)))
             || self
                 .dnn
                 .chosen_workspace((g, dtype), self.precision, pass)

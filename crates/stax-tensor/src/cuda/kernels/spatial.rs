@@ -8,10 +8,11 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 /// `kernels/layout.cu`'s code of cuDNN's NHWC filter layout KRSC = OHWI `[co, kh, kw, ci]`.
 pub(crate) const OHWI: i32 = 4;
 
-/// A pooling's geometry as `kernels/pool.cu`'s `struct PoolGeometry` (twelve `size_t`).
+/// A pooling's or an im2col's window as `kernels/common.cuh`'s `struct WindowGeometry`
+/// (fourteen `size_t`).
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
-pub(crate) struct PoolGeometry {
+pub(crate) struct WindowGeometry {
     n: usize,
     h: usize,
     w: usize,
@@ -24,15 +25,18 @@ pub(crate) struct PoolGeometry {
     pad_left: usize,
     out_h: usize,
     out_w: usize,
+    dh: usize,
+    dw: usize,
 }
 
-// SAFETY: `PoolGeometry` is `#[repr(C)]` with twelve usize (size_t on the 64-bit targets CUDA
-// supports) in the order of `struct PoolGeometry` in kernels/pool.cu, and holds no pointers.
-unsafe impl DeviceRepr for PoolGeometry {}
+// SAFETY: `WindowGeometry` is `#[repr(C)]` with fourteen usize (size_t on the 64-bit targets
+// CUDA supports) in the order of `struct WindowGeometry` in kernels/common.cuh, and holds no
+// pointers.
+unsafe impl DeviceRepr for WindowGeometry {}
 
-impl PoolGeometry {
-    fn of(g: &Conv2dGeometry) -> PoolGeometry {
-        PoolGeometry {
+impl WindowGeometry {
+    fn of(g: &Conv2dGeometry) -> WindowGeometry {
+        WindowGeometry {
             n: g.n,
             h: g.h,
             w: g.w,
@@ -45,6 +49,8 @@ impl PoolGeometry {
             pad_left: g.pad_left,
             out_h: g.out_h,
             out_w: g.out_w,
+            dh: g.dilation_h,
+            dw: g.dilation_w,
         }
     }
 }
@@ -203,6 +209,31 @@ impl Kernels {
         .map_err(driver(k))
     }
 
+    /// Rows `p0 .. p0 + rows` of the im2col matrix of `g` (NHWC input `x` of `dtype`) into
+    /// `col` `[rows, kp]`: row `p` holds the input under each kernel tap at output position `p`
+    /// in HWIO order (`(ky · kw + kx) · c_in + c`), zeros in the padding and in the columns past
+    /// `kh · kw · c_in` (up to `kp`).
+    pub(crate) fn im2col(
+        &self,
+        (g, dtype): (&Conv2dGeometry, DType),
+        (x, col): (u64, u64),
+        (p0, rows, kp): (usize, usize, usize),
+    ) -> Result<(), TensorError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let (f, k) = (self.typed("im2col_nhwc", dtype)?, "im2col_nhwc");
+        let geometry = WindowGeometry::of(g);
+        // SAFETY: `im2col_nhwc_<dtype>(const T *x, T *col, WindowGeometry g, size_t p0, size_t
+        // rows, size_t kp)`; x holds g's NHWC input of `dtype`, col rows*kp elements with kp >=
+        // kh*kw*c_in, and rows p0 .. p0 + rows are output positions of g; WindowGeometry's
+        // layout matches (see the DeviceRepr impl above).
+        unsafe {
+            launch!(self.stream, f, self.grid(rows); &x, &col, &geometry, &p0, &rows, &kp).map(drop)
+        }
+        .map_err(driver(k))
+    }
+
     /// Copies between an NHWC image `small` `[nb, h, w, c]` and a larger one `big`
     /// `[nb, big_h, big_w, big_c]` at offset `(top, left)` and channel 0: `pad` writes all of
     /// `big` (zeros around and in the channels past `c`), otherwise the window of `big` is
@@ -276,10 +307,10 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (k, pg) = ("max_pool", PoolGeometry::of(g));
+        let (k, pg) = ("max_pool", WindowGeometry::of(g));
         let f = self.typed(k, dtype)?;
-        // SAFETY: `max_pool_<dtype>(const T *x, T *y, PoolGeometry g)`; x holds
-        // g.input_shape() elements of `dtype`, y g.output_shape(); PoolGeometry's layout
+        // SAFETY: `max_pool_<dtype>(const T *x, T *y, WindowGeometry g)`; x holds
+        // g.input_shape() elements of `dtype`, y g.output_shape(); WindowGeometry's layout
         // matches.
         unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg).map(drop) }.map_err(driver(k))
     }
@@ -299,16 +330,16 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let pg = PoolGeometry::of(g);
+        let pg = WindowGeometry::of(g);
         if outputs > 0 {
             let (f, k) = (self.typed("max_pool_argmax", dtype)?, "max_pool_argmax");
-            // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, PoolGeometry g)`; x
+            // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, WindowGeometry g)`; x
             // holds g.input_shape() elements of `dtype`, arg g.output_shape() u32 words.
             unsafe { launch!(self.stream, f, self.grid(outputs); &x, &arg, &pg).map(drop) }
                 .map_err(driver(k))?;
         }
         let (f, k) = (self.typed("max_pool_bwd", dtype)?, "max_pool_bwd");
-        // SAFETY: `max_pool_bwd_<dtype>(const unsigned *arg, const T *dy, T *dx, PoolGeometry
+        // SAFETY: `max_pool_bwd_<dtype>(const unsigned *arg, const T *dy, T *dx, WindowGeometry
         // g)`; arg and dy hold g.output_shape() elements, dx g.input_shape() elements of
         // `dtype`; distinct buffers.
         unsafe { launch!(self.stream, f, self.grid(n); &arg, &dy, &dx, &pg).map(drop) }
@@ -338,12 +369,12 @@ impl Kernels {
         }
         let (k, pg, avg) = (
             "sum_pool",
-            PoolGeometry::of(g),
+            WindowGeometry::of(g),
             i32::from(kind == PoolKind::Avg),
         );
         let f = self.typed(k, dtype)?;
-        // SAFETY: `sum_pool_<dtype>(const T *x, T *y, PoolGeometry g, int avg)`; x holds
-        // g.input_shape() elements of `dtype`, y g.output_shape(); PoolGeometry's layout
+        // SAFETY: `sum_pool_<dtype>(const T *x, T *y, WindowGeometry g, int avg)`; x holds
+        // g.input_shape() elements of `dtype`, y g.output_shape(); WindowGeometry's layout
         // matches.
         unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg, &avg).map(drop) }
             .map_err(driver(k))
@@ -363,9 +394,9 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (k, pg) = ("sum_pool_bwd", PoolGeometry::of(g));
+        let (k, pg) = ("sum_pool_bwd", WindowGeometry::of(g));
         let (f, avg) = (self.typed(k, dtype)?, i32::from(kind == PoolKind::Avg));
-        // SAFETY: `sum_pool_bwd_<dtype>(const T *dy, T *dx, PoolGeometry g, int avg)`; dx
+        // SAFETY: `sum_pool_bwd_<dtype>(const T *dy, T *dx, WindowGeometry g, int avg)`; dx
         // holds g.input_shape() elements of `dtype`, dy g.output_shape(); distinct buffers.
         unsafe { launch!(self.stream, f, self.grid(n); &dy, &dx, &pg, &avg).map(drop) }
             .map_err(driver(k))
