@@ -661,7 +661,23 @@ fn bf16_seed_model_trains_on_the_gpu_as_on_the_cpu_with_exact_memory() {
         let mut losses = Vec::new();
         for indices in loader.batches(0).take(3) {
             let (x, y) = trainer.place_batch(&train_set, &indices).unwrap();
+            be.allocator().start_trace();
             let r = trainer.step(&x, &y).unwrap();
+            let measured = be.allocator().stop_trace();
+            if r.memory.peak != plan.peak.bytes {
+                // what the step allocated outside the plan's workspace and other buffers
+                let extra = |t: &stax::alloc::Trace| -> Vec<String> {
+                    t.events
+                        .iter()
+                        .filter(|e| e.op == stax::alloc::TraceOp::Alloc)
+                        .filter(|e| matches!(e.category, Category::Workspace | Category::Other))
+                        .map(|e| format!("{} {} {}", e.name, e.category.name(), e.bytes))
+                        .collect()
+                };
+                let (planned, ran) = (extra(plan.trace()), extra(&measured));
+                let missing: Vec<&String> = ran.iter().filter(|e| !planned.contains(e)).collect();
+                println!("step {}: allocations not in the plan: {missing:?}", r.step);
+            }
             assert_eq!(
                 r.memory.peak,
                 plan.peak.bytes,

@@ -457,9 +457,12 @@ pub fn private_gpu_or_skip() -> Option<Arc<dyn Backend>> {
 
 /// Two training steps of `make()` on the embedded data (batch `input[0]`, seed 5 for the
 /// trainer and the batches) on `gpu` and on the CPU: the losses agree to 1e-4 relative, the
-/// parameters to `param_tol` and both Adam moments to 1e-3 (norm-wise); with a `param_tol`
-/// above 1e-3 (a bf16 model: the backends' roundings of a value near a bf16 tie differ) every
-/// tolerance is `param_tol`.
+/// parameters to `param_tol` and both Adam moments to 1e-3 (norm-wise). A `param_tol` above
+/// 1e-3 marks a bf16 model: the losses agree to `param_tol`, and the moments are not compared
+/// (a BatchNorm network's bf16 gradients differ from its f32 ones by 30-60% per leaf after one
+/// step, measured on the CPU for `tests/resnet.rs`'s shallow ResNet, as batch statistics'
+/// backward pass subtracts most of the rounded `dy`; two backends rounding at other points
+/// differ as much), while Adam's bounded steps keep the parameters comparable.
 pub fn two_steps_match_cpu<L: stax::Layer>(
     make: impl Fn() -> L,
     input: &Shape,
@@ -494,9 +497,12 @@ pub fn two_steps_match_cpu<L: stax::Layer>(
         host_values(on_cpu.params().leaves()),
     );
     assert_rel_close(&pg, &pc, param_tol, "parameters after two steps");
+    if param_tol > 1e-3 {
+        return;
+    }
     for field in ["mu", "nu"] {
         let (g, c) = (on_gpu.state().field(field), on_cpu.state().field(field));
-        assert_rel_close(&host_values(g), &host_values(c), param_tol.max(1e-3), field);
+        assert_rel_close(&host_values(g), &host_values(c), 1e-3, field);
     }
 }
 
