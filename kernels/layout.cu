@@ -78,25 +78,26 @@ __device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_
 // The im2col matrix of an NHWC convolution, rows p0 .. p0 + rows of it: col[r, k] for r < rows
 // and k < kp = the input value under tap k = (ky * kw + kx) * c + ch (HWIO's order) at output
 // position p0 + r = (b, oy, ox), 0 in the padding and for k >= kh * kw * c (columns padded to
-// kp for aligned GEMM rows). One thread per row.
+// kp for aligned GEMM rows). One thread per element, consecutive threads on consecutive
+// elements; 32-bit index math (the caller keeps positions and rows * kp below 2^31).
 template <typename T>
 __device__ void im2col_nhwc_impl(const T *x, T *col, WindowGeometry g, size_t p0, size_t rows,
                                  size_t kp) {
-    size_t h = g.h, w = g.w, c = g.c, kh = g.kh, kw = g.kw, oh = g.out_h, ow = g.out_w;
-    GRID_STRIDE(r, rows) {
-        size_t p = p0 + r, ox = p % ow, oy = (p / ow) % oh, b = p / (ow * oh);
-        T *out = col + r * kp;
-        size_t k = 0;
-        for (size_t ky = 0; ky < kh; ++ky) {
-            long long iy = (long long)(oy * g.sh + ky * g.dh) - (long long)g.pad_top;
-            for (size_t kx = 0; kx < kw; ++kx) {
-                long long ix = (long long)(ox * g.sw + kx * g.dw) - (long long)g.pad_left;
-                bool in = iy >= 0 && iy < (long long)h && ix >= 0 && ix < (long long)w;
-                const T *src = x + ((b * h + (size_t)(in ? iy : 0)) * w + (size_t)(in ? ix : 0)) * c;
-                for (size_t ch = 0; ch < c; ++ch, ++k) out[k] = in ? src[ch] : from_f32<T>(0.0f);
+    unsigned h = g.h, w = g.w, c = g.c, kw = g.kw, oh = g.out_h, ow = g.out_w, k_pad = kp;
+    unsigned taps = g.kh * kw * c;
+    GRID_STRIDE(i, rows * kp) {
+        unsigned r = (unsigned)(i / k_pad), k = (unsigned)(i % k_pad);
+        T v = from_f32<T>(0.0f);
+        if (k < taps) {
+            unsigned p = (unsigned)p0 + r, ox = p % ow, oy = (p / ow) % oh, b = p / (ow * oh);
+            unsigned ch = k % c, t = k / c, kx = t % kw, ky = t / kw;
+            int iy = (int)(oy * g.sh + ky * g.dh) - (int)g.pad_top;
+            int ix = (int)(ox * g.sw + kx * g.dw) - (int)g.pad_left;
+            if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) {
+                v = x[(((size_t)b * h + iy) * w + ix) * c + ch];
             }
         }
-        for (; k < kp; ++k) out[k] = from_f32<T>(0.0f);
+        col[i] = v;
     }
 }
 

@@ -447,10 +447,15 @@ pub fn assert_workspace_is_the_schedule(
 /// allocator's trace and counters see nothing but the test; `None` with a skip notice as
 /// [`cuda_or_skip`].
 pub fn private_gpu_or_skip() -> Option<Arc<dyn Backend>> {
-    cuda_or_skip(&with_precision(Precision::Tf32))?;
+    private_gpu_with(Precision::Tf32)
+}
+
+/// As [`private_gpu_or_skip`], in `precision`.
+pub fn private_gpu_with(precision: Precision) -> Option<Arc<dyn Backend>> {
+    cuda_or_skip(&with_precision(precision))?;
     let options = BackendOptions {
         workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
-        ..with_precision(Precision::Tf32)
+        ..with_precision(precision)
     };
     Some(CudaBackend::new(0, &options).expect("open a private backend"))
 }

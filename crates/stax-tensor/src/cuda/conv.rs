@@ -20,7 +20,6 @@
 
 use super::CudaBackend;
 use super::cudnn::{CudnnConv, Epilogue, Operands};
-use super::im2col::filter_grad_is_im2col;
 use super::kernels::OHWI;
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Pool2d, Pool2dBwd, Scratch};
 use crate::{
@@ -397,7 +396,7 @@ impl CudaBackend {
         if gemm {
             return self.filter_grad_gemm((&g, dtype), addrs, ws);
         }
-        if filter_grad_is_im2col(&g, dtype) {
+        if self.filter_grad_is_im2col(&g, dtype) {
             return self.filter_grad_im2col((&g, dtype), addrs, ws);
         }
         let (conv, ext) = layout(&g, dtype);

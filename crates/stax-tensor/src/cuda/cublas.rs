@@ -61,6 +61,9 @@ pub(crate) struct Gemm {
     pub row_strides: [usize; 3],
     /// `c += op(a) · op(b)` (cuBLAS's beta = 1) instead of overwriting `c`.
     pub accumulate: bool,
+    /// Independent GEMMs of this shape (cuBLAS's strided batched GEMM), and the elements
+    /// between consecutive matrices of `a`, `b` and `c`; 1 for one GEMM.
+    pub batch: (usize, [usize; 3]),
 }
 
 impl Gemm {
@@ -76,6 +79,7 @@ impl Gemm {
             transpose_b,
             row_strides: [a, b, n],
             accumulate: false,
+            batch: (1, [0; 3]),
         }
     }
 }
@@ -156,6 +160,8 @@ impl Blas {
             int(g.row_strides[2])?,
         ];
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let (count, [sa, sb, sc]) = g.batch;
+        let (count, [sa, sb, sc]) = (int(count)?, [sa as i64, sb as i64, sc as i64]);
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
         // until this GEMM has run in stream order; every GEMM sets its own workspace first.
@@ -168,6 +174,38 @@ impl Blas {
             // type pair is one cuBLAS supports with CUBLAS_COMPUTE_32F; alpha and beta
             // are host f32 scalars, as CUBLAS_COMPUTE_32F takes them (the default pointer mode);
             // the leading dimensions follow the mapping above.
+            if count > 1 {
+                // SAFETY: as below, for `count` matrices of each operand `sa`, `sb`, `sc`
+                // elements apart (checked by the caller).
+                return unsafe {
+                    result::gemm_strided_batched_ex(
+                        handle.0,
+                        op(g.transpose_b),
+                        op(g.transpose_a),
+                        n,
+                        m,
+                        k,
+                        (&alpha as *const f32).cast(),
+                        b as *const c_void,
+                        t,
+                        ldb,
+                        sb,
+                        a as *const c_void,
+                        t,
+                        lda,
+                        sa,
+                        (&beta as *const f32).cast(),
+                        c as *mut c_void,
+                        tc,
+                        ldc,
+                        sc,
+                        count,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(cublas("cublasGemmStridedBatchedEx"));
+            }
             return unsafe {
                 result::gemm_ex(
                     handle.0,
@@ -192,6 +230,33 @@ impl Blas {
                 )
             }
             .map_err(cublas("cublasGemmEx"));
+        }
+        if count > 1 {
+            // SAFETY: as below, for `count` matrices of each operand `sa`, `sb`, `sc` elements
+            // apart (checked by the caller).
+            return unsafe {
+                result::sgemm_strided_batched(
+                    handle.0,
+                    op(g.transpose_b),
+                    op(g.transpose_a),
+                    n,
+                    m,
+                    k,
+                    &alpha,
+                    b as *const f32,
+                    ldb,
+                    sb,
+                    a as *const f32,
+                    lda,
+                    sa,
+                    &beta,
+                    c as *mut f32,
+                    ldc,
+                    sc,
+                    count,
+                )
+            }
+            .map_err(cublas("cublasSgemmStridedBatched"));
         }
         // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 at
         // their row strides (checked by the caller); alpha and beta are host scalars (the

@@ -5,7 +5,6 @@
 
 use super::conv::{extended_bytes, filter_copy_bytes, filter_grad_is_gemm, layout};
 use super::cudnn::Operands;
-use super::im2col::filter_grad_is_im2col;
 use super::{CudaBackend, cublas};
 use crate::{
     Conv2dGeometry, ConvPass, DType, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep,
@@ -175,7 +174,7 @@ impl CudaBackend {
         g.validate("workspace_schedule")?;
         let (_, ext) = layout(g, dtype);
         let gemm = pass == ConvPass::BackwardFilter
-            && (filter_grad_is_gemm(g) || filter_grad_is_im2col(g, dtype));
+            && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype));
         let cudnn = if gemm {
             0
         } else {
@@ -206,7 +205,7 @@ impl CudaBackend {
                     s.scoped(self.matmul_bytes(g.c_in, g.c_out, g.n * g.h * g.w));
                     return Ok(s.finish());
                 }
-                if filter_grad_is_im2col(g, dtype) {
+                if self.filter_grad_is_im2col(g, dtype) {
                     self.im2col_schedule(g, dtype, &mut s);
                     return Ok(s.finish());
                 }
@@ -260,7 +259,7 @@ impl CudaBackend {
         pass: ConvPass,
     ) -> bool {
         (pass == ConvPass::BackwardFilter
-            && (filter_grad_is_gemm(g) || filter_grad_is_im2col(g, dtype)))
+            && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
             || self
                 .dnn
                 .chosen_workspace((g, dtype), self.precision, pass)

@@ -229,7 +229,8 @@ impl Kernels {
         // kh*kw*c_in, and rows p0 .. p0 + rows are output positions of g; WindowGeometry's
         // layout matches (see the DeviceRepr impl above).
         unsafe {
-            launch!(self.stream, f, self.grid(rows); &x, &col, &geometry, &p0, &rows, &kp).map(drop)
+            launch!(self.stream, f, self.grid(rows * kp); &x, &col, &geometry, &p0, &rows, &kp)
+                .map(drop)
         }
         .map_err(driver(k))
     }
