@@ -43,20 +43,17 @@ __device__ void filter_permute_impl(const T *src, T *dst, size_t kh, size_t kw, 
 // dst NHWC [nb, hd, wd, cd] = src NHWC [nb, hs, ws, cs] placed at row top, column left and
 // channel 0; zeros elsewhere (hd >= top + hs, wd >= left + ws, cd >= cs: spatial padding and
 // channels padded for cuDNN's tensor cores).
+// One thread per destination pixel (its position divided out once, not per element).
 template <typename T>
 __device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t cs,
                               size_t hd, size_t wd, size_t cd, size_t top, size_t left) {
-    size_t n = nb * hd * wd * cd;
+    size_t n = nb * hd * wd;
     GRID_STRIDE(i, n) {
-        size_t ch = i % cd;
-        size_t x = (i / cd) % wd;
-        size_t y = (i / (cd * wd)) % hd;
-        size_t b = i / (cd * wd * hd);
-        T v = from_f32<T>(0.0f);
-        if (y >= top && y < top + hs && x >= left && x < left + ws && ch < cs) {
-            v = src[((b * hs + (y - top)) * ws + (x - left)) * cs + ch];
-        }
-        dst[i] = v;
+        size_t x = i % wd, y = (i / wd) % hd, b = i / (wd * hd);
+        bool in = y >= top && y < top + hs && x >= left && x < left + ws;
+        const T *from = src + ((b * hs + (in ? y - top : 0)) * ws + (in ? x - left : 0)) * cs;
+        T *to = dst + i * cd;
+        for (size_t ch = 0; ch < cd; ++ch) to[ch] = in && ch < cs ? from[ch] : from_f32<T>(0.0f);
     }
 }
 
@@ -65,39 +62,48 @@ __device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t
 template <typename T>
 __device__ void crop_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t cs,
                                size_t hd, size_t wd, size_t cd, size_t top, size_t left) {
-    size_t n = nb * hd * wd * cd;
-    GRID_STRIDE(i, n) {
-        size_t ch = i % cd;
-        size_t x = (i / cd) % wd;
-        size_t y = (i / (cd * wd)) % hd;
-        size_t b = i / (cd * wd * hd);
-        dst[i] = src[((b * hs + (y + top)) * ws + (x + left)) * cs + ch];
+    size_t n = nb * hd * wd;
+    GRID_STRIDE(i, n) {  // one thread per destination pixel, as pad_nhwc
+        size_t x = i % wd, y = (i / wd) % hd, b = i / (wd * hd);
+        const T *from = src + ((b * hs + (y + top)) * ws + (x + left)) * cs;
+        for (size_t ch = 0; ch < cd; ++ch) dst[i * cd + ch] = from[ch];
     }
 }
 
 // The im2col matrix of an NHWC convolution, rows p0 .. p0 + rows of it: col[r, k] for r < rows
 // and k < kp = the input value under tap k = (ky * kw + kx) * c + ch (HWIO's order) at output
 // position p0 + r = (b, oy, ox), 0 in the padding and for k >= kh * kw * c (columns padded to
-// kp for aligned GEMM rows). One thread per element, consecutive threads on consecutive
-// elements; 32-bit index math (the caller keeps positions and rows * kp below 2^31).
+// kp, a multiple of 8, for aligned GEMM rows). One thread per 8 consecutive columns of a row
+// (the row's position divided out once, the taps advanced without division), stored as one
+// 16-byte write for 16-bit T; 32-bit index math (positions below 2^31).
 template <typename T>
 __device__ void im2col_nhwc_impl(const T *x, T *col, WindowGeometry g, size_t p0, size_t rows,
                                  size_t kp) {
-    unsigned h = g.h, w = g.w, c = g.c, kw = g.kw, oh = g.out_h, ow = g.out_w, k_pad = kp;
-    unsigned taps = g.kh * kw * c;
-    GRID_STRIDE(i, rows * kp) {
-        unsigned r = (unsigned)(i / k_pad), k = (unsigned)(i % k_pad);
-        T v = from_f32<T>(0.0f);
-        if (k < taps) {
-            unsigned p = (unsigned)p0 + r, ox = p % ow, oy = (p / ow) % oh, b = p / (ow * oh);
-            unsigned ch = k % c, t = k / c, kx = t % kw, ky = t / kw;
-            int iy = (int)(oy * g.sh + ky * g.dh) - (int)g.pad_top;
-            int ix = (int)(ox * g.sw + kx * g.dw) - (int)g.pad_left;
-            if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) {
-                v = x[(((size_t)b * h + iy) * w + ix) * c + ch];
+    unsigned h = g.h, w = g.w, c = g.c, kw = g.kw, oh = g.out_h, ow = g.out_w;
+    unsigned taps = g.kh * kw * c, groups = (unsigned)(kp / 8);
+    GRID_STRIDE(i, rows * groups) {
+        unsigned r = (unsigned)(i / groups), k = (unsigned)(i % groups) * 8;
+        unsigned p = (unsigned)p0 + r, ox = p % ow, oy = (p / ow) % oh, b = p / (ow * oh);
+        unsigned ch = k % c, t = k / c, kx = t % kw, ky = t / kw;
+        T v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[e] = from_f32<T>(0.0f);
+            if (k + e < taps) {
+                int iy = (int)(oy * g.sh + ky * g.dh) - (int)g.pad_top;
+                int ix = (int)(ox * g.sw + kx * g.dw) - (int)g.pad_left;
+                if (iy >= 0 && iy < (int)h && ix >= 0 && ix < (int)w) {
+                    v[e] = x[(((size_t)b * h + iy) * w + ix) * c + ch];
+                }
+            }
+            if (++ch == c) {
+                ch = 0;
+                if (++kx == kw) kx = 0, ++ky;
             }
         }
-        col[i] = v;
+        T *out = col + (size_t)r * kp + k;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = v[e];
     }
 }
 

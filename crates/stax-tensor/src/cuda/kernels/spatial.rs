@@ -229,7 +229,7 @@ impl Kernels {
         // kh*kw*c_in, and rows p0 .. p0 + rows are output positions of g; WindowGeometry's
         // layout matches (see the DeviceRepr impl above).
         unsafe {
-            launch!(self.stream, f, self.grid(rows * kp); &x, &col, &geometry, &p0, &rows, &kp)
+            launch!(self.stream, f, self.grid(rows * kp / 8); &x, &col, &geometry, &p0, &rows, &kp)
                 .map(drop)
         }
         .map_err(driver(k))
@@ -255,8 +255,8 @@ impl Kernels {
         } else {
             ("crop_nhwc", big, small, [big_h, big_w, big_c], [h, w, c])
         };
-        let n = nb * hd * wd * cd;
-        if n == 0 {
+        let n = nb * hd * wd;
+        if n * cd == 0 {
             return Ok(());
         }
         let f = self.typed(k, dtype)?;
