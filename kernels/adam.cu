@@ -85,38 +85,8 @@ __device__ __forceinline__ void all_finite_t(const T *x, unsigned int *nonfinite
     }
 FOR_FLOATS(ALL_FINITE)
 
-// The same on n floats, 16 bytes per array and thread: n / 4 float4s, then the last n % 4
-// elements by the first threads of block 0. All four arrays 16-byte aligned.
-extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__restrict__ g,
-                                        float *__restrict__ m, float *__restrict__ v,
-                                        AdamHyper h, size_t n) {
-    size_t n4 = n / 4;
-    float4 *p4 = (float4 *)p, *m4 = (float4 *)m, *v4 = (float4 *)v;
-    const float4 *g4 = (const float4 *)g;
-    GRID_STRIDE(i, n4) {
-        float4 gi = g4[i], mi = m4[i], vi = v4[i], pi = p4[i];
-        adam_one(pi.x, gi.x, mi.x, vi.x, h);
-        adam_one(pi.y, gi.y, mi.y, vi.y, h);
-        adam_one(pi.z, gi.z, mi.z, vi.z, h);
-        adam_one(pi.w, gi.w, mi.w, vi.w, h);
-        m4[i] = mi;
-        v4[i] = vi;
-        p4[i] = pi;
-    }
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < n - 4 * n4) {
-        size_t j = 4 * n4 + t;
-        float pj = p[j], mj = m[j], vj = v[j];
-        adam_one(pj, g[j], mj, vj, h);
-        m[j] = mj;
-        v[j] = vj;
-        p[j] = pj;
-    }
-}
-
-
 // A chunk of a dense weight updated while its input gradient still needs the weight before the
-// step in the compute dtype T (bf16 or f16; ops::dense_adam): as adam_vec_f32 / adam_f32 on f32
+// step in the compute dtype T (bf16 or f16; ops::dense_adam): as adam_f32 on f32
 // p, g, m, v, and besides old[i] = p[i] before the step, rounded to T (from_f32: the cast's
 // rounding), so the input gradient's GEMM reads what the unfused layer's cast of the weight holds.
 // The step itself is adam_one's, so p, m and v are those bits of adam_f32.
@@ -144,7 +114,8 @@ __device__ __forceinline__ void adam_old_t(float *p, const float *g, float *m, f
 }
 
 // 16 bytes per f32 array and thread (8 of old): n / 4 float4s, then the last n % 4 elements by
-// the first threads of block 0. p, g, m, v 16-byte aligned, old 8-byte aligned.
+// the first threads of block 0. p, g, m, v 16-byte aligned, old 8-byte aligned or null (then
+// nothing but the step: adam_vec_f32).
 template <typename T>
 __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const float *__restrict__ g,
                                                float *__restrict__ m, float *__restrict__ v,
@@ -155,7 +126,7 @@ __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const floa
     uint2 *old4 = (uint2 *)old;
     GRID_STRIDE(i, n4) {
         float4 gi = g4[i], mi = m4[i], vi = v4[i], pi = p4[i];
-        old4[i] = pack4<T>(pi);
+        if (old) old4[i] = pack4<T>(pi);
         adam_one(pi.x, gi.x, mi.x, vi.x, h);
         adam_one(pi.y, gi.y, mi.y, vi.y, h);
         adam_one(pi.z, gi.z, mi.z, vi.z, h);
@@ -168,7 +139,7 @@ __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const floa
     if (t < n - 4 * n4) {
         size_t j = 4 * n4 + t;
         float pj = p[j], mj = m[j], vj = v[j];
-        old[j] = from_f32<T>(pj);
+        if (old) old[j] = from_f32<T>(pj);
         adam_one(pj, g[j], mj, vj, h);
         m[j] = mj;
         v[j] = vj;
@@ -188,3 +159,11 @@ __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const floa
     }
 ADAM_OLD(bf16_t, bf16)
 ADAM_OLD(f16_t, f16)
+
+// adam_f32's step on n floats, 16 bytes per array and thread: n / 4 float4s, then the last n % 4
+// elements by the first threads of block 0. All four arrays 16-byte aligned.
+extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__restrict__ g,
+                                        float *__restrict__ m, float *__restrict__ v,
+                                        AdamHyper h, size_t n) {
+    adam_old_vec_t<bf16_t>(p, g, m, v, (bf16_t *)0, h, n);
+}
