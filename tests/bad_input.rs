@@ -41,7 +41,15 @@ fn image_shape_that_does_not_match_the_model() {
             matches!(err, TrainError::BatchShape { what: "inputs", .. }),
             "{err}"
         );
+        // prediction checks its inputs the same way (any batch size, the example's shape)
+        let err = t.predict(&tensor(&be, &shape, 0.1)).unwrap_err();
+        assert!(
+            matches!(err, TrainError::BatchShape { what: "inputs", .. }),
+            "predict: {err}"
+        );
     }
+    let logits = t.predict(&tensor(&be, &[3, 6, 6, 3], 0.1)).unwrap();
+    assert_eq!(logits.dims(), &[3, 2], "predict takes any batch size");
     let err = t
         .step(&tensor(&be, &[4, 6, 6, 3], 0.1), &tensor(&be, &[4, 3], 0.5))
         .unwrap_err();

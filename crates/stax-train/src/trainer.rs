@@ -278,6 +278,23 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     }
 
     fn check_batch(&self, x: &Tensor, y: &Tensor) -> Result<(), TrainError> {
+        self.check_inputs(x)?;
+        let labels = self
+            .loss
+            .labels_shape(&output_shape(&self.model, x.shape())?);
+        let dtype = self.loss.labels_dtype();
+        if y.shape() != &labels || y.dtype() != dtype {
+            return Err(TrainError::BatchShape {
+                what: "labels",
+                expected: format!("{dtype} {labels} for {}", self.loss.name()),
+                got: y.shape().clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a batch of inputs: f32, `[n, ..]` with n > 0 and the trainer's example shape.
+    fn check_inputs(&self, x: &Tensor) -> Result<(), TrainError> {
         // inputs are staged in f32; a model computing in bf16 casts them itself (`Mixed`)
         if x.dtype() != stax_tensor::DType::F32 {
             return Err(stax_tensor::TensorError::DType {
@@ -293,17 +310,6 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                 what: "inputs",
                 expected: format!("[n, {}] with n > 0", dims(want)),
                 got: x.shape().clone(),
-            });
-        }
-        let labels = self
-            .loss
-            .labels_shape(&output_shape(&self.model, x.shape())?);
-        let dtype = self.loss.labels_dtype();
-        if y.shape() != &labels || y.dtype() != dtype {
-            return Err(TrainError::BatchShape {
-                what: "labels",
-                expected: format!("{dtype} {labels} for {}", self.loss.name()),
-                got: y.shape().clone(),
             });
         }
         Ok(())

@@ -11,11 +11,13 @@ use crate::step::one_output;
 
 impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// The model's output for a placed batch, in evaluation mode (nothing kept for a backward
-    /// pass).
+    /// pass): x f32 `[n, ..]`, n > 0, of the trainer's example shape.
     ///
     /// # Errors
-    /// Shape, device and allocation errors.
+    /// [`TrainError::BatchShape`] for another example shape or an empty batch, a dtype error
+    /// for non-f32 inputs; device and allocation errors.
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
+        self.check_inputs(x)?;
         let mut cx = Cx::eval(&self.backend);
         let (y, _) = self
             .model
