@@ -428,6 +428,13 @@ fn missing_members_and_wrong_dtypes_are_named() {
 fn truncated_and_damaged_files_are_typed_errors() {
     let be = cpu();
     let dir = scratch("damaged");
+    // a directory is named as one (the zip reader alone said "Invalid argument")
+    let e = Checkpoint::open(&dir).map(drop).unwrap_err();
+    assert!(
+        matches!(&e, TrainError::Io { path, .. } if path == &*dir)
+            && e.to_string().contains("a directory"),
+        "{e}"
+    );
     let bytes = std::fs::read(fixture()).unwrap();
     let open = |p: &Path| -> Result<(), TrainError> {
         let mut c = Checkpoint::open(p)?;

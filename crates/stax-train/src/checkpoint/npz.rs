@@ -211,6 +211,14 @@ impl Archive {
     /// [`TrainError::Io`] when the file cannot be opened; [`CheckpointProblem::NotAnArchive`]
     /// (naming the member the file ends in, when it is truncated inside one).
     pub(super) fn open(path: &Path) -> Result<Archive, TrainError> {
+        if path.is_dir() {
+            // opening succeeds on Linux; the zip reader's seek would say "Invalid argument"
+            let e = io::Error::new(
+                io::ErrorKind::IsADirectory,
+                "a directory, not a checkpoint file (.npz)",
+            );
+            return Err(io_error(LOAD, path)(e));
+        }
         let file = File::open(path).map_err(io_error(LOAD, path))?;
         let mut zip = ZipArchive::new(BufReader::new(file)).map_err(|e| not_an_archive(path, e))?;
         // in the archive's order (zip's `file_names` is a hash map's)
