@@ -78,17 +78,7 @@ mod tests {
     use crate::{AdamHyper, TensorError};
 
     fn hyper(t: i32) -> AdamHyper {
-        let (b1, b2) = (0.9f32, 0.999f32);
-        AdamHyper {
-            lr: 0.1,
-            b1,
-            b2,
-            eps: 1e-8,
-            eps_root: 0.0,
-            bias_correction1: 1.0 - b1.powi(t),
-            bias_correction2: 1.0 - b2.powi(t),
-            grad_scale: 1.0,
-        }
+        super::super::testing::adam_hyper(0.1, t)
     }
 
     /// Two steps vs optax's formula evaluated by hand in f64 (lr 0.1, b1 0.9, b2 0.999, eps 1e-8).

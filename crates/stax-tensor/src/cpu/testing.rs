@@ -62,3 +62,19 @@ pub(crate) fn assert_close<W: Copy + Into<f64>>(
         );
     }
 }
+
+/// Adam's hyper-parameters at step `t` with learning rate `lr` (b1 0.9, b2 0.999, eps 1e-8, no
+/// eps_root, no gradient scale), bias corrections as optax's `scale_by_adam`.
+pub(crate) fn adam_hyper(lr: f32, t: i32) -> crate::AdamHyper {
+    let (b1, b2) = (0.9f32, 0.999f32);
+    crate::AdamHyper {
+        lr,
+        b1,
+        b2,
+        eps: 1e-8,
+        eps_root: 0.0,
+        bias_correction1: 1.0 - b1.powi(t),
+        bias_correction2: 1.0 - b2.powi(t),
+        grad_scale: 1.0,
+    }
+}

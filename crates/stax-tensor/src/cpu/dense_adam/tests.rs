@@ -11,17 +11,7 @@ use rand::rngs::StdRng;
 use std::sync::Arc;
 
 fn hyper() -> AdamHyper {
-    let (b1, b2, t) = (0.9f32, 0.999f32, 3);
-    AdamHyper {
-        lr: 1e-2,
-        b1,
-        b2,
-        eps: 1e-8,
-        eps_root: 0.0,
-        bias_correction1: 1.0 - b1.powi(t),
-        bias_correction2: 1.0 - b2.powi(t),
-        grad_scale: 1.0,
-    }
+    super::super::testing::adam_hyper(1e-2, 3)
 }
 
 /// x [m, k], dy [m, n], w, mu (random), nu (random, positive) [k, n].
