@@ -551,3 +551,28 @@ fn given_parameters_are_checked() {
     let t = Trainer::from_params(tiny(), tiny_input(), opt, &be, params, Some(state)).unwrap();
     assert_eq!(t.steps(), 1, "the step of a given state is its count");
 }
+
+/// A checkpoint saved in f32 resumes under the bf16 policy and back (the parameters are f32
+/// masters under every policy; only the description's " under {policy}" differs): the loaded
+/// parameters are the saved ones, bit for bit.
+#[test]
+fn a_checkpoint_resumes_under_another_compute_policy() {
+    use stax::layers::{Mixed, Policy};
+    let be = cpu();
+    let dir = scratch("policy");
+    let (f32_path, bf16_path) = (dir.join("f32.npz"), dir.join("bf16.npz"));
+    let t = Trainer::new(tiny(), tiny_input(), Adam::new(1e-2), &be, 3).unwrap();
+    t.save(&f32_path, None).unwrap();
+    let bf16 = || Mixed::new(tiny(), Policy::BF16);
+    let (loaded, _) = Trainer::load(bf16(), tiny_input(), Adam::new(1e-2), &be, &f32_path).unwrap();
+    let bits = |ts: Vec<&stax::Tensor>| -> Vec<u32> {
+        ts.iter()
+            .flat_map(|t| t.to_vec().unwrap())
+            .map(f32::to_bits)
+            .collect()
+    };
+    assert_eq!(bits(loaded.params().leaves()), bits(t.params().leaves()));
+    loaded.save(&bf16_path, None).unwrap();
+    let (back, _) = Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, &bf16_path).unwrap();
+    assert_eq!(bits(back.params().leaves()), bits(t.params().leaves()));
+}

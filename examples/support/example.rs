@@ -71,8 +71,8 @@ pub struct Common {
     /// jmp's dynamic loss scale: 2^15, period 2000, factor 2).
     #[arg(long, default_value = "tf32")]
     pub precision: String,
-    /// Allocator strategy (overrides STAX_ALLOCATOR): caching, bfc[:fraction=F], platform,
-    /// async[:release_threshold=SIZE]; bfc and async are device strategies.
+    /// Allocator strategy (overrides STAX_ALLOCATOR): caching, expandable, bfc[:fraction=F],
+    /// platform, async[:release_threshold=SIZE]; bfc and async are device strategies.
     #[arg(long)]
     pub allocator: Option<String>,
     /// Stop after this many steps in total (for timing runs).
@@ -333,16 +333,25 @@ fn batch_size(
     examples: usize,
 ) -> Result<usize, Error> {
     if args.batch != "auto" {
-        return Ok(args
-            .batch
-            .parse()
-            .map_err(|e| format!("--batch {:?}: expected a number or auto ({e})", args.batch))?);
+        return match args.batch.parse() {
+            Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
+            Ok(n) => Ok(n),
+            Err(e) => {
+                Err(format!("--batch {:?}: expected a number or auto ({e})", args.batch).into())
+            }
+        };
     }
     let (h, w, c) = image;
     let adam = args.adam();
     let one = Shape::new([1, h, w, c]);
     let budget = args.budget()?;
-    let n = max_batch_that_fits(model, &one, &adam, backend, args.feed(), budget)?;
+    let n = match max_batch_that_fits(model, &one, &adam, backend, args.feed(), budget) {
+        Err(TrainError::NoBudget { device }) => {
+            let why = format!("the {device} backend has no memory size");
+            return Err(format!("--batch auto: give --budget ({why})").into());
+        }
+        n => n?,
+    };
     if n == 0 {
         return Err("--batch auto: not even a batch of one fits".into());
     }
@@ -478,8 +487,15 @@ fn say(bar: &ProgressBar, text: String) {
 }
 
 fn line(r: &StepReport, total: u64) -> String {
+    let scale = match r.loss_scale {
+        Some(s) if s.skipped => format!(
+            " | skipped: non-finite gradients, nothing updated; loss scale {} -> {}",
+            s.scale, s.next_scale
+        ),
+        _ => String::new(),
+    };
     format!(
-        "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}",
+        "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}{scale}",
         r.step, r.loss, r.step_ms, r.memory
     )
 }
@@ -510,6 +526,9 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     } else {
         example.gpu_img
     });
+    if img == 0 {
+        return Err("--img 0: the image size must be at least 1".into());
+    }
     let channels = input_channels(&train, &test)?;
     for (flag, p) in [
         ("--json", &args.json),

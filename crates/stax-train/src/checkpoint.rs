@@ -192,8 +192,10 @@ impl Checkpoint {
         self.archive.path()
     }
 
-    /// Checks `stax.json` (when present) against `model`: the same model description. (The
-    /// input shape may differ: the parameters' shapes say whether they fit.)
+    /// Checks `stax.json` (when present) against `model`: the same model description, up to
+    /// the compute policy (parameters are f32 masters under every policy, so a checkpoint
+    /// saved in f32 resumes in bf16 and back). (The input shape may differ: the parameters'
+    /// shapes say whether they fit.)
     ///
     /// # Errors
     /// [`CheckpointProblem::Model`] naming `stax.json`, with both descriptions.
@@ -201,8 +203,14 @@ impl Checkpoint {
         let Some(meta) = &self.meta else {
             return Ok(());
         };
+        // `Mixed::describe` is the model's description, then " under {policy}"
+        let structure = |d: &str| {
+            d.rsplit_once(" under params=")
+                .map_or(d, |(m, _)| m)
+                .to_owned()
+        };
         let expected = model.describe();
-        if expected != meta.model {
+        if structure(&expected) != structure(&meta.model) {
             let found = meta.model.clone();
             return Err(self.fail(META, CheckpointProblem::Model { expected, found }));
         }

@@ -33,7 +33,7 @@ use stax_layers::Layer;
 use stax_optim::Optimizer;
 use stax_tensor::collective::{TcpCollective, TcpRoot};
 use stax_tensor::cuda::nccl::{NcclCollective, NcclId};
-use stax_tensor::{Backend, Collective, Tensor};
+use stax_tensor::{Backend, Collective, DType, Tensor};
 
 use crate::{TrainError, Trainer};
 
@@ -239,8 +239,20 @@ impl<L: Layer, O: Optimizer, F: stax_layers::Loss> Trainer<L, O, F> {
     ///
     /// # Errors
     /// [`TrainError::ModelMismatch`] on every rank when a rank's model differs;
-    /// [`TrainError::Rendezvous`]; the collective's errors (a peer died or timed out).
+    /// [`TrainError::Rendezvous`]; the collective's errors (a peer died or timed out); a
+    /// [`stax_layers::LayerError::Config`] for a model computing in bf16 or f16 (the buckets
+    /// all-reduce f32 gradients; low-precision ones are not written yet), before any exchange.
     pub fn data_parallel(mut self, dp: DataParallel) -> Result<Self, TrainError> {
+        if let Some(p) = self.model().policy().filter(|p| p.compute != DType::F32) {
+            return Err(stax_layers::LayerError::Config {
+                path: String::new(),
+                layer: format!("policy {p}"),
+                reason: "data parallel all-reduces f32 gradients only: train this policy in one \
+                         process, or in f32 (--precision tf32|highest) across ranks"
+                    .into(),
+            }
+            .into());
+        }
         let mut mine = format!(
             "model: {}\ninput: {:?} (batch excluded)\noptimizer: {:?}\nloss: {}\nstep: {}\n",
             self.model().describe(),
