@@ -12,22 +12,13 @@ use common::{
     private_gpu_or_skip, seed_for, with_precision,
 };
 use stax::tensor::backend::DenseDx;
-use stax::{Backend, Category, DType, Precision, Tensor};
+use stax::{Adam, Backend, Category, DType, Precision, Tensor};
 use stax_tensor::{AdamHyper, OpDesc, WorkspaceStep, ops};
 use std::sync::Arc;
 
+/// Adam(1e-3)'s hyper-parameters at step 2.
 fn hyper() -> AdamHyper {
-    let (b1, b2, t) = (0.9f32, 0.999f32, 2);
-    AdamHyper {
-        lr: 1e-3,
-        b1,
-        b2,
-        eps: 1e-8,
-        eps_root: 0.0,
-        bias_correction1: 1.0 - b1.powi(t),
-        bias_correction2: 1.0 - b2.powi(t),
-        grad_scale: 1.0,
-    }
+    Adam::new(1e-3).hyper(2)
 }
 
 #[test]

@@ -9,8 +9,8 @@ use common::*;
 use stax_tensor::cuda::CudaBackend;
 use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
-    Activation, AdamHyper, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType,
-    Device, OpDesc, Padding, PoolKind, Precision, Strategy, Tensor, TensorError,
+    Activation, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, DType, Device, OpDesc,
+    Padding, PoolKind, Precision, Strategy, Tensor, TensorError,
 };
 use std::sync::Arc;
 
@@ -473,17 +473,7 @@ fn adam_update_matches_cpu() {
         let (mut mg, mut mc) = on_both(&gpu, &cpu, &rng.vec(n, -0.1, 0.1), [n]);
         let (mut vg, mut vc) = on_both(&gpu, &cpu, &rng.vec(n, 0.0, 0.01), [n]);
         for t in 1..=3 {
-            let (b1, b2) = (0.9f32, 0.999f32);
-            let h = AdamHyper {
-                lr: 1e-3,
-                b1,
-                b2,
-                eps: 1e-8,
-                eps_root: 0.0,
-                bias_correction1: 1.0 - b1.powi(t),
-                bias_correction2: 1.0 - b2.powi(t),
-                grad_scale: 1.0,
-            };
+            let h = stax::Adam::new(1e-3).hyper(t);
             let (gg, gc) = on_both(&gpu, &cpu, &rng.vec(n, -1.0, 1.0), [n]);
             ops::adam(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();
             ops::adam(&mut pc, &gc, &mut mc, &mut vc, &h).unwrap();
