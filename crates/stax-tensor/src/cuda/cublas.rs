@@ -59,10 +59,9 @@ pub(crate) struct Gemm {
     /// Elements between rows of the stored `a`, `b` and `c` (at least their widths): a block
     /// of columns of a wider matrix has its matrix's row length here.
     pub row_strides: [usize; 3],
-    /// `c += op(a) · op(b)` (cuBLAS's beta = 1) instead of overwriting `c`.
-    pub accumulate: bool,
     /// Independent GEMMs of this shape (cuBLAS's strided batched GEMM), and the elements
-    /// between consecutive matrices of `a`, `b` and `c`; 1 for one GEMM.
+    /// between consecutive matrices of `a`, `b` and `c`; 1 for one GEMM. Batches take bf16 or
+    /// f16 inputs (their one caller is the im2col filter gradient, `im2col.rs`).
     pub batch: (usize, [usize; 3]),
 }
 
@@ -78,7 +77,6 @@ impl Gemm {
             transpose_a,
             transpose_b,
             row_strides: [a, b, n],
-            accumulate: false,
             batch: (1, [0; 3]),
         }
     }
@@ -115,8 +113,7 @@ impl Blas {
         })
     }
 
-    /// Runs `c = op(a) · op(b)` (row-major; a and b of `dtype`, c of `out`, overwritten, or
-    /// added to with [`Gemm::accumulate`]) on the
+    /// Runs `c = op(a) · op(b)` (row-major; a and b of `dtype`, c of `out`, overwritten) on the
     /// compute stream, with `workspace` (`workspace_bytes` bytes of device memory, alive until
     /// the GEMM completed in stream order) as cuBLAS's workspace. All-f32 is `cublasSgemm` in
     /// the handle's math mode (TF32 or full f32); bf16 and f16 inputs are `cublasGemmEx` with
@@ -124,7 +121,8 @@ impl Blas {
     /// documents for these types), `out` their own dtype or f32.
     ///
     /// # Errors
-    /// [`TensorError::InvalidArgument`] when a dimension exceeds `i32`;
+    /// [`TensorError::InvalidArgument`] when a dimension exceeds `i32`, and for a batch of f32
+    /// GEMMs;
     /// [`TensorError::UnsupportedDType`] for U32, and for f32 inputs with a low-precision
     /// `out` or low-precision inputs with an `out` of the other one; [`TensorError::Cublas`]
     /// when cuBLAS fails.
@@ -159,9 +157,15 @@ impl Blas {
             int(g.row_strides[1])?,
             int(g.row_strides[2])?,
         ];
-        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let (alpha, beta) = (1.0f32, 0.0f32);
         let (count, [sa, sb, sc]) = g.batch;
         let (count, [sa, sb, sc]) = (int(count)?, [sa as i64, sb as i64, sc as i64]);
+        if count > 1 && data.is_none() {
+            return Err(TensorError::InvalidArgument {
+                op: "matmul",
+                reason: "batched GEMMs take bf16 or f16 inputs".into(),
+            });
+        }
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `workspace` is device memory of `workspace_bytes` bytes owned by the caller
         // until this GEMM has run in stream order; every GEMM sets its own workspace first.
@@ -230,33 +234,6 @@ impl Blas {
                 )
             }
             .map_err(cublas("cublasGemmEx"));
-        }
-        if count > 1 {
-            // SAFETY: as below, for `count` matrices of each operand `sa`, `sb`, `sc` elements
-            // apart (checked by the caller).
-            return unsafe {
-                result::sgemm_strided_batched(
-                    handle.0,
-                    op(g.transpose_b),
-                    op(g.transpose_a),
-                    n,
-                    m,
-                    k,
-                    &alpha,
-                    b as *const f32,
-                    ldb,
-                    sb,
-                    a as *const f32,
-                    lda,
-                    sa,
-                    &beta,
-                    c as *mut f32,
-                    ldc,
-                    sc,
-                    count,
-                )
-            }
-            .map_err(cublas("cublasSgemmStridedBatched"));
         }
         // SAFETY: a, b, c are device buffers holding [m,k]/[k,m], [k,n]/[n,k] and [m,n] f32 at
         // their row strides (checked by the caller); alpha and beta are host scalars (the

@@ -18,6 +18,11 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// for non-f32 inputs; device and allocation errors.
     pub fn predict(&self, x: &Tensor) -> Result<Tensor, TrainError> {
         self.check_inputs(x)?;
+        self.forward(x)
+    }
+
+    /// The model's output for a checked batch, in evaluation mode.
+    fn forward(&self, x: &Tensor) -> Result<Tensor, TrainError> {
         let mut cx = Cx::eval(&self.backend);
         let (y, _) = self
             .model
@@ -32,7 +37,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// As [`Trainer::step`]'s checks and [`Trainer::predict`].
     pub fn eval_batch(&self, x: &Tensor, y: &Tensor) -> Result<(f32, usize), TrainError> {
         self.check_batch(x, y)?;
-        let logits = self.predict(x)?;
+        let logits = self.forward(x)?;
         let (loss, _) = self.loss.value_and_grad(&logits, y)?;
         let k = logits.shape().last();
         let argmax = |row: &[f32]| {
