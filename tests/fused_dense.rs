@@ -195,8 +195,9 @@ fn assert_within_one_rounding(gpu: &[f32], cpu: &[f32], dtype: DType, what: &str
 /// order (the f32 weight gradient from bf16/f16 products, summed by cuBLAS's tensor cores and
 /// by the CPU's GEMM in other orders: 2e-6 norm-wise), dx within one rounding of the dtype, an
 /// x that is only read unchanged. Two chunks of 64 MiB of f32 gradient (the second partial),
-/// one chunk, a batch of one row, odd n, the seed's shape at batch 10, with a loss scale's
-/// `grad_scale`.
+/// one chunk, a batch of one row, odd n, with a loss scale's `grad_scale`; the seed's 128
+/// outputs at batch 10 and 100 (70,001 rows), a batch not a multiple of 16 into another
+/// tensor, 16 outputs.
 #[test]
 fn gpu_low_precision_dense_adam_matches_cpu() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
@@ -211,8 +212,11 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
         ((100, 300, 70_000), 0),
         ((1, 3, 100), 1),
         ((3, 5, 77), 1),
-        ((10, 128, 40_000), 2),
         ((64, 127, 5_000), 0),
+        ((10, 128, 40_000), 2),
+        ((100, 128, 70_001), 0),
+        ((37, 64, 1_000), 1),
+        ((5, 16, 130), 0),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for ((m, n, k), mode) in cases {

@@ -490,6 +490,57 @@ fn adam_update_matches_cpu() {
     }
 }
 
+/// Adam where its divisions have zero dividends (a zero gradient on zero moments, ±0: half the
+/// seed's dense rows; the kernels keep those off the division's slow path) and the specials
+/// near them: denormal gradients and moments, `eps = 0` with `v = 0` (0 / 0, NaN on both), a
+/// negative zero weight. GPU = CPU bit for bit (a NaN as a NaN) through the vector kernel (f32
+/// gradients, 16-byte aligned) and the element kernel (bf16 gradients, cast alike on both).
+#[test]
+fn adam_on_zero_moments_and_specials_matches_cpu_bit_for_bit() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    let tiny = f32::from_bits(1);
+    let g = [0.0, -0.0, 0.0, 0.0, tiny, 1e-30, 0.0, 0.5, -1e-39];
+    let m = [0.0, 0.0, -0.0, tiny, 0.0, 0.0, 1e-38, 0.0, 0.0];
+    let v = [0.0, 0.0, 0.0, 0.0, tiny, 0.0, 1e-38, 0.0, 0.0];
+    let p = [1.0, -0.0, 0.5, -2.0, 0.0, 3.0, 1.0, -1.0, 0.25];
+    let repeat = |a: &[f32]| a.repeat(100);
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let canonical = |x: f32| if x.is_nan() { f32::NAN } else { x };
+        vec(t).into_iter().map(|x| canonical(x).to_bits()).collect()
+    };
+    for eps in [1e-8, 0.0] {
+        for g_dtype in [DType::F32, DType::BF16] {
+            let h = stax_tensor::AdamHyper {
+                eps,
+                ..stax::Adam::new(1e-3).hyper(2)
+            };
+            let n = 9 * 100;
+            let (mut pg, mut pc) = on_both(&gpu, &cpu, &repeat(&p), [n]);
+            let (mut mg, mut mc) = on_both(&gpu, &cpu, &repeat(&m), [n]);
+            let (mut vg, mut vc) = on_both(&gpu, &cpu, &repeat(&v), [n]);
+            let (g32, c32) = on_both(&gpu, &cpu, &repeat(&g), [n]);
+            let cast = |t: &Tensor| {
+                let mut out = Tensor::empty(t.backend(), [n], g_dtype, Category::Other).unwrap();
+                ops::cast(t, &mut out).unwrap();
+                out
+            };
+            let (gg, gc) = (cast(&g32), cast(&c32));
+            ops::adam(&mut pg, &gg, &mut mg, &mut vg, &h).unwrap();
+            ops::adam(&mut pc, &gc, &mut mc, &mut vc, &h).unwrap();
+            for (name, a, b) in [("p", &pg, &pc), ("m", &mg, &mc), ("v", &vg, &vc)] {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "adam {name}, eps {eps}, {g_dtype} gradients"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn fill_copy_and_transfers_round_trip() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
