@@ -390,3 +390,55 @@ fn checkpoints_record_the_policy_used() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An f16 trainer's loss scale survives a checkpoint: saved part-way through a period with a
+/// scale of its own, the resumed trainer holds the same state and its next two steps are the
+/// original's to the bit (loss, scale, parameters and moments). Resumed under bf16 (no loss
+/// scaling) the scale is dropped; a saved scale that cannot work (period 0) is refused.
+#[test]
+fn the_loss_scale_is_saved_and_resumed() {
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let mut a = trainer(f16_mlp(), Adam::new(1e-3), &cpu());
+    let state = DynamicLossScale {
+        counter: 7,
+        period: 10,
+        ..DynamicLossScale::new(1024.0)
+    };
+    a.set_loss_scale(Some(state)).unwrap();
+    run(&mut a, &train, 2);
+    let dir = common::checkpoint::scratch("loss-scale");
+    let path = dir.join("f16.npz");
+    a.save(&path, None).unwrap();
+    let load = |model| Trainer::load(model, input(), Adam::new(1e-3), &cpu(), &path);
+    let (mut b, _) = load(f16_mlp()).unwrap();
+    let saved = a.loss_scale().unwrap();
+    assert_eq!(saved.counter, 9);
+    assert_eq!(b.loss_scale(), Some(saved));
+    let (ra, rb) = (run(&mut a, &train, 2), run(&mut b, &train, 2));
+    for (x, y) in ra.iter().zip(&rb) {
+        assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "step {}", x.step);
+        assert_eq!(x.loss_scale, y.loss_scale, "step {}", x.step);
+    }
+    assert_eq!(
+        b.loss_scale().unwrap().scale,
+        2048.0,
+        "grew at the period's end"
+    );
+    assert_eq!(state_bits(&a), state_bits(&b));
+    let (bf16, _) = load(Mixed::new(mlp(&[64], 2), Policy::BF16)).unwrap();
+    assert_eq!(bf16.loss_scale(), None);
+    let bad = dir.join("period0.npz");
+    common::checkpoint::rewrite(&path, &bad, |_, mut bytes| {
+        if let Some(at) = bytes.windows(11).position(|w| w == b"\"period\":10") {
+            bytes[at + 9..at + 11].copy_from_slice(b"0 "); // the text keeps its length
+        }
+        Some(bytes)
+    });
+    match Trainer::load(f16_mlp(), input(), Adam::new(1e-3), &cpu(), &bad) {
+        Err(TrainError::LossScale { .. }) => {}
+        other => panic!(
+            "a period of 0 should be refused, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}

@@ -4,7 +4,7 @@
 //!
 //! | member | dtype | shape | holds |
 //! | --- | --- | --- | --- |
-//! | `stax.json` | `\|S<n>` | `()` | JSON: format version, library, model, input shape, policy, optimizer, loss, and each parameter's stax-rs path by its key path |
+//! | `stax.json` | `\|S<n>` | `()` | JSON: format version, library, model, input shape, policy, optimizer, loss, each parameter's stax-rs path by its key path, and an f16 run's dynamic loss scale |
 //! | `params/[i][j]` | `<f4` | JAX's (a conv bias `(1, 1, 1, C)`) | the parameter at JAX key path `[i][j]` |
 //! | `opt/[0].count` | `<i4` (`<i8` past `i32::MAX`) | `()` | optax's step count |
 //! | `opt/[0].mu[i][j]`, `opt/[0].nu[i][j]` | `<f4` | as the parameter | Adam's moments (optax's `ScaleByAdamState`) |
@@ -100,6 +100,10 @@ pub struct Meta {
     pub loss: String,
     /// Every parameter's stax-rs path (`0.conv/w`) by its JAX key path (`[0][0]`), in order.
     pub paths: Vec<(String, String)>,
+    /// The dynamic loss scale of the next step (an f16 policy's; jmp's `DynamicLossScale`
+    /// state), absent without one. A resumed f16 trainer continues with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::DynamicLossScale>,
 }
 
 /// The dtypes a checkpoint's model computes in (stax-layers' `Policy`).

@@ -7,7 +7,7 @@
 //! `period` finite steps in a row the scale is multiplied by `factor` (unless that is not
 //! finite). A trainer of a model whose policy computes in f16 starts with jmp's defaults.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use stax_layers::Layer;
 use stax_optim::Optimizer;
 use stax_tensor::DType;
@@ -16,7 +16,7 @@ use crate::{TrainError, Trainer};
 
 /// The state of jmp's `DynamicLossScale`: the scale, the count of finite steps since it last
 /// changed, and its settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DynamicLossScale {
     /// The factor the loss gradient is multiplied by (jmp's `loss_scale`; default 2^15).
     pub scale: f32,

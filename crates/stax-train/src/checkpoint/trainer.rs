@@ -159,17 +159,23 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             paths: (self.params().paths().iter())
                 .map(|(p, _)| (p.jax_keystr(), p.to_string()))
                 .collect(),
+            loss_scale: self.loss_scale(),
         }
     }
 
     /// A trainer of `model` for inputs `input` with `opt` and `loss` on `backend`, resumed
     /// from the checkpoint at `path`: its parameters, optimizer state and step count, with
-    /// the loop's data position if the checkpoint has one. The load is staged through the
-    /// trainer's host staging, so its first [`Trainer::memory_report`] shows it.
+    /// the loop's data position if the checkpoint has one, and the dynamic loss scale the
+    /// saved run would have used next when both it and this trainer scale their loss (f16;
+    /// resumed under a policy without one, the scale is dropped). The load is staged through
+    /// the trainer's host staging, so its first [`Trainer::memory_report`] shows it.
     ///
     /// # Errors
     /// As [`Checkpoint::open`], [`Checkpoint::params`], [`Checkpoint::opt_state`] and
-    /// [`Trainer::from_params_with_loss`].
+    /// [`Trainer::from_params_with_loss`]; a saved loss scale that cannot work is
+    /// [`DynamicLossScale::validate`]'s error.
+    ///
+    /// [`DynamicLossScale::validate`]: crate::DynamicLossScale::validate
     pub fn load_with_loss(
         model: L,
         input: Shape,
@@ -186,6 +192,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let mut trainer =
             Trainer::from_params_with_loss(model, input, opt, loss, backend, params, Some(state))?;
         trainer.steps = step;
+        let saved_scale = ckpt.meta().and_then(|m| m.loss_scale);
+        if let (Some(_), Some(s)) = (trainer.loss_scale(), saved_scale) {
+            trainer.set_loss_scale(Some(s))?;
+        }
         trainer.staging = ckpt.staging;
         // the steps' RNG keys continue from the run's seed, which the data order shares
         if let Some(d) = &data {
