@@ -234,3 +234,36 @@ fn an_empty_batch_is_a_typed_error() {
     assert!(matches!(e, TrainError::ZeroBatchSize { .. }), "{e}");
     assert!(t.step_prefetched(&mut feed).unwrap().is_none());
 }
+
+/// `--batch auto` on a capped memory: the largest batch a budget holds for a prefetched loop
+/// (`max_batch_that_fits`, its plan's trace replayed on a simulated memory of that size) runs
+/// on a CPU capped at that budget, with the allocator's reservation within it. Budgets: the
+/// least one of a batch of 24 (one 2 MiB granule) and an odd one of several granules. The
+/// set-up's rehearsal (for placed batches) gives back its cache before the prefetched feed's,
+/// which runs before any of its batches is placed (it ran out of memory with four batches
+/// live: the two placed ones and the replay's two).
+#[test]
+fn the_largest_prefetched_batch_a_budget_holds_runs_in_it() {
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let (model, adam) = (small_model(), Adam::new(1e-2));
+    let at = |batch: usize| Shape::new([batch, IMG, IMG, 3]);
+    let plan = MemoryPlan::with_feed(&model, &at(24), &adam, &cpu(), Feed::Prefetched).unwrap();
+    for budget in [plan.min_budget().unwrap(), 7_654_321] {
+        let options = stax::BackendOptions::default();
+        let capped: Arc<dyn Backend> =
+            stax::tensor::cpu::CpuBackend::with_capacity(&options, budget).unwrap();
+        let feed = Feed::Prefetched;
+        let fit =
+            stax::train::max_batch_that_fits(&model, &at(1), &adam, &capped, feed, Some(budget));
+        let n = fit.unwrap();
+        assert!(n >= 24, "{budget} bytes hold a batch of {n}");
+        let mut t = trainer(&capped, n);
+        let reports = run_prefetched(&mut t, &train, &batches(&train, n, 3));
+        assert_eq!(reports.len(), 3, "batch {n} in {budget} bytes");
+        let reserved = capped.allocator().stats().reserved;
+        assert!(
+            reserved <= budget,
+            "batch {n}: reserved {reserved} of {budget} bytes"
+        );
+    }
+}

@@ -130,6 +130,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         &mut self,
         feed: &mut Prefetcher<'_>,
     ) -> Result<Option<StepReport>, TrainError> {
+        // before any batch of the feed is placed: the rehearsal replays the loop's placements
+        self.rehearse()?;
         let Some((x, y)) = feed.take_placed()? else {
             return Ok(None);
         };

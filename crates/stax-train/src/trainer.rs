@@ -10,7 +10,7 @@ use std::time::Instant;
 use stax_layers::layer::expect_params;
 use stax_layers::{Layer, LayerError, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params};
 use stax_optim::{Adam, OptState, Optimizer};
-use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, Tree};
+use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, TensorError, Tree};
 
 use crate::TrainError;
 use crate::plan::{self, Feed, MemoryPlan};
@@ -184,8 +184,9 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// With an optimizer applied in the backward pass, reserves the loop's memory for the
     /// current feed before its first step ([`MemoryPlan::rehearse`]), so that no step can run
     /// out of memory after a parameter was updated: the one way a failed step could otherwise
-    /// leave state changed.
-    fn rehearse(&mut self) -> Result<(), TrainError> {
+    /// leave state changed. A rehearsal for another feed first returns the cached segments of
+    /// the last one, so the allocator holds what the set-up left, as the plan's replay assumes.
+    pub(crate) fn rehearse(&mut self) -> Result<(), TrainError> {
         // `bfc` holds its whole arena from the start: nothing to reserve
         let arena = matches!(self.backend.allocator().strategy(), Strategy::Bfc { .. });
         // accumulated steps update nothing in the backward pass
@@ -197,8 +198,14 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         {
             return Ok(());
         }
-        self.plan(self.input.dims()[0])?
-            .rehearse(self.backend.allocator())?;
+        let plan = self.plan(self.input.dims()[0])?;
+        if self.rehearsed.is_some() {
+            self.backend
+                .allocator()
+                .empty_cache()
+                .map_err(TensorError::from)?;
+        }
+        plan.rehearse(self.backend.allocator())?;
         self.rehearsed = Some(self.feed);
         Ok(())
     }
