@@ -120,8 +120,9 @@ fn updating_in_backward_trains_as_collecting() {
 }
 
 /// With the dense weights updated in the backward pass, a run that cannot fit fails at
-/// set-up (the loop's memory is reserved then), never in a step after an update; a budget
-/// of the plan's least memory trains.
+/// set-up (the loop's memory is reserved then), never in a step after an update, with the
+/// out-of-memory diagnosis of a step (the largest batch that fits, smaller than this one); a
+/// budget of the plan's least memory trains.
 #[test]
 fn a_loop_that_cannot_fit_fails_at_set_up() {
     use common::{batch, seed_model};
@@ -140,7 +141,23 @@ fn a_loop_that_cannot_fit_fails_at_set_up() {
     let tight: std::sync::Arc<dyn stax::Backend> =
         CpuBackend::with_capacity(&options, need - (1 << 20)).unwrap();
     let e = Trainer::new(seed_model(), input.clone(), Adam::new(1e-3), &tight, 1).unwrap_err();
-    assert!(e.oom().is_some(), "{e}");
+    let fits = stax::train::max_batch_that_fits(
+        &seed_model(),
+        &input,
+        &Adam::new(1e-3),
+        &tight,
+        stax::train::plan::Feed::Placed,
+        Some(need - (1 << 20)),
+    )
+    .unwrap();
+    match &e {
+        stax::train::TrainError::OutOfMemory(oom) => {
+            assert_eq!((oom.batch, oom.max_batch), (3, Some(fits)), "{e}");
+            assert!(fits < 3, "{e}");
+            assert!(e.to_string().contains("ran out of memory"), "{e}");
+        }
+        other => panic!("expected the set-up's OutOfMemory, got {other}"),
+    }
     let enough: std::sync::Arc<dyn stax::Backend> =
         CpuBackend::with_capacity(&options, need).unwrap();
     let mut t = Trainer::new(seed_model(), input.clone(), Adam::new(1e-3), &enough, 1).unwrap();

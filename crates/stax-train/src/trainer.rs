@@ -186,6 +186,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// out of memory after a parameter was updated: the one way a failed step could otherwise
     /// leave state changed. A rehearsal for another feed first returns the cached segments of
     /// the last one, so the allocator holds what the set-up left, as the plan's replay assumes.
+    /// Running out of memory is [`TrainError::OutOfMemory`] with the largest batch that fits.
     pub(crate) fn rehearse(&mut self) -> Result<(), TrainError> {
         // `bfc` holds its whole arena from the start: nothing to reserve
         let arena = matches!(self.backend.allocator().strategy(), Strategy::Bfc { .. });
@@ -205,7 +206,9 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                 .empty_cache()
                 .map_err(TensorError::from)?;
         }
-        plan.rehearse(self.backend.allocator())?;
+        let batch = self.input.dims()[0];
+        plan.rehearse(self.backend.allocator())
+            .map_err(|e| self.explain(e, batch))?;
         self.rehearsed = Some(self.feed);
         Ok(())
     }
