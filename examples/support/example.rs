@@ -8,9 +8,9 @@ use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
 use stax::tensor::cpu::CpuBackend;
 use stax::tensor::cuda::CudaBackend;
-use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
-use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
-use stax::train::plan::{Feed, MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
+use stax::train::data::{Dataset, Loader};
+use stax::train::export::XAxis;
+use stax::train::plan::{Feed, MemoryPlan, NamedTrace, max_batch_that_fits};
 use stax::train::{StepReport, TrainError};
 use stax::{Adam, BackendOptions, DType, Device, Precision, Serial, Shape};
 use std::io::Write;
@@ -32,6 +32,14 @@ mod resume;
 
 #[path = "distributed.rs"]
 mod distributed;
+
+#[path = "data.rs"]
+mod data;
+use data::{input_channels, load, smallest_img};
+
+#[path = "exports.rs"]
+mod exports;
+use exports::{export, last_step, record, show_plan};
 
 /// The flags every training example takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -122,7 +130,8 @@ pub struct Common {
     pub workspace_limit: Option<String>,
     /// Collect the dense weights' gradients for the one update after the backward pass (as
     /// JAX and PyTorch do) instead of applying Adam to them in their backward pass: more
-    /// memory (the seed's 1.31 GB weight gradient), for comparison.
+    /// memory (the seed's 1.31 GB weight gradient), for comparison. Under `--precision f16`
+    /// gradients are always collected (a loss-scaled update may have to be skipped).
     #[arg(long)]
     pub collect_grads: bool,
     /// Write a checkpoint (parameters, Adam's state, step, data position) here at the end.
@@ -267,62 +276,6 @@ fn open_cuda(
     Ok(cuda)
 }
 
-/// `--pixel-scale`, parsed (None: each data set's default).
-fn pixel_scale(args: &Common) -> Result<Option<PixelScaling>, Error> {
-    match args.pixel_scale.as_deref() {
-        None => Ok(None),
-        Some("unit") => Ok(Some(PixelScaling::Divide255)),
-        Some("raw") => Ok(Some(PixelScaling::AsStored)),
-        Some(other) => Err(format!("--pixel-scale {other:?}: expected unit or raw").into()),
-    }
-}
-
-/// The training and test sets, scaled, with `--classes` classes when given.
-fn load(args: &Common) -> Result<(Dataset, Dataset), Error> {
-    let (train, test) = load_sets(args)?;
-    let (train, test) = match pixel_scale(args)? {
-        Some(s) => (train.with_scaling(s), test.with_scaling(s)),
-        None => (train, test),
-    };
-    Ok(match args.classes {
-        Some(k) => (train.with_num_classes(k)?, test.with_num_classes(k)?),
-        None => (train, test),
-    })
-}
-
-fn load_sets(args: &Common) -> Result<(Dataset, Dataset), Error> {
-    match (&args.data, &args.test_data) {
-        (None, None) => Ok(fashion_mnist_2class()?),
-        (Some(train), Some(test)) => {
-            let (train, test) = (
-                Dataset::from_npz(train, None, None)?,
-                Dataset::from_npz(test, None, None)?,
-            );
-            // One model for both splits: as many classes as either split names.
-            let k = train.num_classes().max(test.num_classes());
-            Ok((train.with_num_classes(k)?, test.with_num_classes(k)?))
-        }
-        _ => Err("--data and --test-data go together".into()),
-    }
-}
-
-/// The model's input channels: the data's (gray is replicated to 3, as the seed's RGB input),
-/// checked for both splits before anything trains.
-fn input_channels(train: &Dataset, test: &Dataset) -> Result<usize, Error> {
-    let (ct, cv) = (train.image_shape().2, test.image_shape().2);
-    let channels = ct.max(cv).max(3);
-    for (split, c) in [("training", ct), ("test", cv)] {
-        if c != 1 && c != channels {
-            return Err(format!(
-                "{split} images have {c} channels but the model takes {channels} \
-                 (channel counts must match, or be 1 for gray)"
-            )
-            .into());
-        }
-    }
-    Ok(channels)
-}
-
 /// The batch size: `--batch N`, or with `auto` the largest whose plan fits (at most the
 /// training set's size).
 fn batch_size(
@@ -368,91 +321,17 @@ fn batch_size(
     Ok(n.min(examples))
 }
 
-/// `--plan`: the table, the largest batch for the budget, and the plan's exports.
-fn show_plan(
-    args: &Common,
-    plan: &MemoryPlan,
-    model: &Model,
-    backend: &Arc<dyn stax::Backend>,
-) -> Result<(), Error> {
-    println!("{plan}");
-    println!(
-        "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
-        backend.allocator().strategy(),
-        human_bytes(plan.min_budget()?)
-    );
-    let budget = args.budget()?;
-    let adam = args.adam();
-    match max_batch_that_fits(model, &plan.input, &adam, backend, args.feed(), budget) {
-        Ok(n) => println!(
-            "largest batch that fits {}: {n} (allocator {})",
-            budget.map_or("the free device memory".into(), human_bytes),
-            backend.allocator().strategy()
-        ),
-        Err(TrainError::NoBudget { device }) => {
-            println!(
-                "largest batch that fits: give --budget (the {device} backend has no memory size)"
-            )
-        }
-        Err(e) => return Err(e.into()),
-    }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(plan)?)?;
-    }
-    let title = format!(
-        "memory plan: one step, batch {}, input {}",
-        plan.batch(),
-        plan.input
-    );
-    record(args, plan.trace())?;
-    let t = &plan.timeline;
-    export(args, (t, &[]), (t, XAxis::Events), &title)
-}
-
-/// Writes `--record-trace`: `trace` as JSON lines.
-fn record(args: &Common, trace: &stax::alloc::Trace) -> Result<(), Error> {
-    if let Some(path) = &args.record_trace {
-        let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        trace.write_jsonl(std::io::BufWriter::new(file))?;
-        println!(
-            "allocation trace: {} ({} events; replay it with alloc_bench --trace)",
-            path.display(),
-            trace.events.len()
-        );
-    }
-    Ok(())
-}
-
-/// Writes `--trace` (a timeline and its step starts) and `--plot` (one step's timeline).
-fn export(
-    args: &Common,
-    (trace, steps): (&Timeline, &[usize]),
-    (step, axis): (&Timeline, XAxis),
-    title: &str,
-) -> Result<(), Error> {
-    if let Some(path) = &args.trace {
-        write_perfetto(trace, steps, title, path)?;
-        println!("trace: {} (open in ui.perfetto.dev)", path.display());
-    }
-    if let Some(path) = &args.plot {
-        write_svg(&stacked_series(step, axis), title, path)?;
-        println!("plot: {}", path.display());
-    }
-    Ok(())
-}
-
-/// The last step of a named run, with the bytes live before it as baseline.
-fn last_step(named: &NamedTrace) -> Timeline {
-    let events = &named.timeline.events;
-    let start = named.step_starts.last().copied().unwrap_or(0);
-    let before = Timeline {
-        baseline: [0; 7],
-        events: events[..start].to_vec(),
+/// `--img` is checked against the model before anything is planned: an image the model's
+/// shapes refuse names the flag, the layer's reason and the smallest `--img` that works.
+fn check_img(model: ModelFn<'_>, (classes, c): (usize, usize), img: usize) -> Result<(), Error> {
+    let Err(e) = data::takes(model, (classes, c), img) else {
+        return Ok(());
     };
-    Timeline {
-        baseline: before.live_by_category().last().copied().unwrap_or([0; 7]),
-        events: events[start..].to_vec(),
-    }
+    let hint = match smallest_img(model, (classes, c), 4096)? {
+        Some(n) => format!("the smallest --img it takes is {n}"),
+        None => "no --img up to 4096 works".into(),
+    };
+    Err(format!("--img {img}: the model cannot take {img}x{img} images ({hint}): {e}").into())
 }
 
 /// An output file's flag is checked before training, not after it: the path must not be a
@@ -530,6 +409,7 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         return Err("--img 0: the image size must be at least 1".into());
     }
     let channels = input_channels(&train, &test)?;
+    check_img(model, (train.num_classes(), channels), img)?;
     for (flag, p) in [
         ("--json", &args.json),
         ("--trace", &args.trace),
