@@ -1,6 +1,7 @@
-//! The examples refuse flags their model or data cannot take before anything is planned, naming
-//! the flag and what would work: a `--classes` below the data's class count, an `--img` the
-//! model's shapes refuse (ResNet-50's max pool at 4x4), `--img 0`, `--batch 0`.
+//! What the examples tell a user: flags their model or data cannot take are refused before
+//! anything is planned, naming the flag and what would work (a `--classes` below the data's
+//! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`); a resumed run
+//! says what it continued; a set-up out-of-memory names the batch `--batch auto` would pick.
 
 mod common;
 
@@ -44,4 +45,91 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         assert!(out.contains(want), "{args:?}: expected {want:?} in:\n{out}");
         assert!(!out.contains("panicked"), "{args:?} panicked:\n{out}");
     }
+}
+
+/// What the example says about a resumed f16 run (its loss scale restored, or dropped under
+/// another precision), a resumed run with nothing left to train, and the step numbers its peak
+/// summary counts from.
+#[test]
+fn a_resumed_run_says_what_it_continued() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = common::checkpoint::scratch("example-resume");
+    let run = |flags: &[&str]| {
+        let cpu = ["--device", "cpu", "--img", "8", "--batch", "50"];
+        let args: Vec<&str> = cpu.iter().chain(flags).copied().collect();
+        let (ok, out) = run_example(&cnn, &dir, &args);
+        assert!(ok, "{args:?} failed:\n{out}");
+        out
+    };
+    run(&[
+        "--precision",
+        "f16",
+        "--max-steps",
+        "3",
+        "--save",
+        "f16.npz",
+    ]);
+    let out = run(&[
+        "--precision",
+        "f16",
+        "--max-steps",
+        "5",
+        "--resume",
+        "f16.npz",
+    ]);
+    assert!(
+        out.contains("resumed: f16.npz at step 3, loss scale 32768 (counter 3 of 2000)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("measured = planned on all 2 steps from step 4"),
+        "{out}"
+    );
+    let out = run(&["--max-steps", "5", "--resume", "f16.npz"]);
+    assert!(out.contains("its f16 loss scale (32768) dropped"), "{out}");
+    let out = run(&[
+        "--precision",
+        "f16",
+        "--max-steps",
+        "2",
+        "--resume",
+        "f16.npz",
+    ]);
+    assert!(
+        out.contains("loop: no step trained (the run starts at step 3"),
+        "{out}"
+    );
+}
+
+/// An out-of-memory at set-up names the largest batch of the run's own feed (prefetched by
+/// default): the batch `--batch auto` picks for the same budget.
+#[test]
+fn the_set_up_out_of_memory_names_the_batch_auto_picks() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let common = ["--device", "cpu", "--budget", "200MB", "--max-steps", "1"];
+    let number_after = |out: &str, key: &str| -> usize {
+        let at = out
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key:?} in:\n{out}"))
+            + key.len();
+        let digits: String = out[at..].chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap()
+    };
+    let args: Vec<&str> = common.iter().chain(&["--batch", "auto"]).copied().collect();
+    let (ok, auto) = run_example(&cnn, &dir, &args);
+    assert!(ok, "{auto}");
+    let picked = number_after(&auto, "--batch auto: ");
+    let args: Vec<&str> = common.iter().chain(&["--batch", "500"]).copied().collect();
+    let (ok, oom) = run_example(&cnn, &dir, &args);
+    assert!(!ok, "batch 500 should not fit 200 MB:\n{oom}");
+    assert_eq!(
+        number_after(&oom, "the largest batch that fits is "),
+        picked,
+        "{oom}"
+    );
 }

@@ -74,7 +74,7 @@ pub struct Common {
     /// Test data as .npz; required with --data.
     #[arg(long)]
     pub test_data: Option<PathBuf>,
-    /// tf32 (JAX's default on this GPU), highest (full f32), bf16 (stax_layers::Policy::BF16:
+    /// tf32 (JAX's default on this GPU), highest or f32 (full f32), bf16 (stax_layers::Policy::BF16:
     /// f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (Policy::F16, with
     /// jmp's dynamic loss scale: 2^15, period 2000, factor 2).
     #[arg(long, default_value = "tf32")]
@@ -94,7 +94,7 @@ pub struct Common {
     #[arg(long)]
     pub plan: bool,
     /// Memory budget for "largest batch that fits" and `--batch auto` (bytes, or with
-    /// KiB/MiB/GiB/KB/MB/GB); default: the device's free memory. On the CPU it also caps the
+    /// KiB/MiB/GiB/TiB/KB/MB/GB/TB); default: the device's free memory. On the CPU it also caps the
     /// host memory the backend may use.
     #[arg(long)]
     pub budget: Option<String>,
@@ -123,7 +123,7 @@ pub struct Common {
     /// replays (stax-alloc's crate docs).
     #[arg(long)]
     pub record_trace: Option<PathBuf>,
-    /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/KB/MB/GB):
+    /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/TiB/KB/MB/GB/TB):
     /// on CUDA what cuDNN's search may pick algorithms within (default 256 MiB), on the CPU the
     /// im2col column chunk (default 4 MiB).
     #[arg(long)]
@@ -196,7 +196,8 @@ impl Common {
 fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
     match value {
         Some(b) => Ok(Some(parse_size(b).ok_or(format!(
-            "{flag} {b:?}: expected bytes, or a number with KiB, MiB, GiB, KB, MB or GB"
+            "{flag} {b:?}: expected bytes, or a number with KiB, MiB, GiB, TiB, KB, MB, GB or \
+             TB, below 2^64 bytes"
         ))?)),
         None => Ok(None),
     }
@@ -222,7 +223,7 @@ impl Common {
             "f16" => (Precision::Tf32, Policy::F16),
             other => (
                 other.parse::<Precision>().map_err(|_| {
-                    format!("--precision {other:?}: expected tf32, highest, bf16 or f16")
+                    format!("--precision {other:?}: expected tf32, highest (or f32), bf16 or f16")
                 })?,
                 Policy::default(),
             ),
@@ -240,14 +241,19 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
         None => BackendOptions::from_env()?,
     };
     options.precision = args.precision()?.0;
-    let limit = size_flag("--workspace-limit", args.workspace_limit.as_deref())?;
+    let given = args.workspace_limit.as_deref();
+    let limit = size_flag("--workspace-limit", given)?;
+    let flag = given.unwrap_or_default();
     options.workspace_limit = limit
         .map(|b| match usize::try_from(b) {
             // below a MiB the CPU's im2col runs a few columns at a time (hundreds of times
             // slower) and cuDNN has almost nothing to choose from
-            Ok(b) if b < 1 << 20 => Err(format!("--workspace-limit {b}: at least 1MiB")),
+            Ok(b) if b < 1 << 20 => Err(format!(
+                "--workspace-limit {flag}: at least 1MiB (1,048,576 bytes; {} given)",
+                human_bytes(b as u64)
+            )),
             Ok(b) => Ok(b),
-            Err(_) => Err(format!("--workspace-limit {b}: too large")),
+            Err(_) => Err(format!("--workspace-limit {flag}: too large")),
         })
         .transpose()?;
     if args.device != "auto" {
@@ -319,6 +325,31 @@ fn batch_size(
         }
     );
     Ok(n.min(examples))
+}
+
+/// A trainer is set up for placed batches (it rehearses their loop) before the loop says it
+/// prefetches: an out-of-memory at set-up names the largest batch of this run's feed.
+fn with_feed_hint(
+    e: Error,
+    args: &Common,
+    (make, input): (&dyn Fn() -> Result<Model, Error>, &Shape),
+    backend: &Arc<dyn stax::Backend>,
+) -> Error {
+    match e.downcast::<TrainError>() {
+        Ok(t) => match *t {
+            TrainError::OutOfMemory(mut oom) if oom.max_batch.is_some() => {
+                let budget = args.budget().ok().flatten();
+                let (adam, feed) = (args.adam(), args.feed());
+                let fits = make()
+                    .ok()
+                    .map(|m| max_batch_that_fits(&m, input, &adam, backend, feed, budget));
+                oom.max_batch = fits.and_then(Result::ok).or(oom.max_batch);
+                TrainError::OutOfMemory(oom).into()
+            }
+            other => other.into(),
+        },
+        Err(e) => e,
+    }
 }
 
 /// `--img` is checked against the model before anything is planned: an image the model's
@@ -437,14 +468,14 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         let plan = MemoryPlan::with_feed(&make()?, &input, &adam, &backend, args.feed())?;
         return show_plan(args, &plan, &make()?, &backend);
     }
-    train_and_test(args, example, (make()?, input), &backend, (&train, &test))
+    train_and_test(args, example, (&make, input), &backend, (&train, &test))
 }
 
 /// The training loop and the evaluation (see [`run`]).
 fn train_and_test(
     args: &Common,
     example: Example,
-    (model, input): (Model, Shape),
+    (make, input): (&dyn Fn() -> Result<Model, Error>, Shape),
     backend: &Arc<dyn stax::Backend>,
     (train, test): (&Dataset, &Dataset),
 ) -> Result<(), Error> {
@@ -454,7 +485,9 @@ fn train_and_test(
     if tracing {
         backend.allocator().start_trace();
     }
-    let (trainer, position) = resume::build_trainer(args, (model, &input, adam), backend)?;
+    let built = resume::build_trainer(args, (make()?, &input, adam), backend);
+    let hint = |e| with_feed_hint(e, args, (make, &input), backend);
+    let (trainer, position) = built.map_err(hint)?;
     let (mut trainer, rank, world) = distributed::join(&args.dist, trainer, backend)?;
     if args.eval_only {
         println!("test: {}", trainer.evaluate(test, batch)?);
@@ -515,9 +548,9 @@ fn train_and_test(
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]",
     )?);
-    // Each step's peak against its plan, from step 1 on (the trainer calibrated at set-up):
-    // the count compared and the first that differs.
-    let first_compared = 1;
+    // Each step's peak against its plan, from the run's first step on (the trainer calibrated
+    // at set-up): the count compared and the first that differs.
+    let first_compared = first + 1;
     let planned = |step: u64| {
         if step < total {
             plan.peak.bytes
@@ -568,15 +601,20 @@ fn train_and_test(
     }
     let loop_s = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    println!(
-        "loop: {} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
-        trainer.steps() - first,
-        loop_s * 1e3 / (trainer.steps() - first).max(1) as f64,
-        match args.feed() {
-            Feed::Prefetched => "next batch prefetched",
-            Feed::Placed | Feed::Accumulated(_) => "each batch placed before its step",
-        }
-    );
+    match trainer.steps() - first {
+        0 => println!(
+            "loop: no step trained (the run starts at step {first}, and --max-steps / --epochs \
+             end it at step {total})"
+        ),
+        n => println!(
+            "loop: {n} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
+            loop_s * 1e3 / n as f64,
+            match args.feed() {
+                Feed::Prefetched => "next batch prefetched",
+                Feed::Placed | Feed::Accumulated(_) => "each batch placed before its step",
+            }
+        ),
+    }
     match compared {
         (0, _) => {}
         (n, None) => println!(

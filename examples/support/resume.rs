@@ -21,7 +21,25 @@ pub fn build_trainer(
     let input = input.clone();
     if let Some(path) = &args.resume {
         let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
-        println!("resumed: {} at step {}", path.display(), trainer.steps());
+        let saved = Checkpoint::open(path)?.meta().and_then(|m| m.loss_scale);
+        let scale = match (trainer.loss_scale(), saved) {
+            (Some(s), Some(_)) => {
+                format!(
+                    ", loss scale {} (counter {} of {})",
+                    s.scale, s.counter, s.period
+                )
+            }
+            (None, Some(s)) => format!(
+                ", its f16 loss scale ({}) dropped: this run's precision scales no loss",
+                s.scale
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "resumed: {} at step {}{scale}",
+            path.display(),
+            trainer.steps()
+        );
         return Ok((trainer, at));
     }
     if let Some(path) = &args.init_from {
