@@ -14,7 +14,7 @@ use stax::train::plan::{Feed, MemoryPlan, NamedTrace, max_batch_that_fits};
 use stax::train::{StepReport, TrainError};
 use stax::{Adam, BackendOptions, DType, Device, Precision, Serial, Shape};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,7 +35,11 @@ mod distributed;
 
 #[path = "data.rs"]
 mod data;
-use data::{input_channels, load, smallest_img};
+use data::{input_channels, load};
+
+#[path = "checks.rs"]
+mod checks;
+use checks::{check_img, check_path, with_feed_hint};
 
 #[path = "exports.rs"]
 mod exports;
@@ -325,66 +329,6 @@ fn batch_size(
         }
     );
     Ok(n.min(examples))
-}
-
-/// A trainer is set up for placed batches (it rehearses their loop) before the loop says it
-/// prefetches: an out-of-memory at set-up names the largest batch of this run's feed.
-fn with_feed_hint(
-    e: Error,
-    args: &Common,
-    (make, input): (&dyn Fn() -> Result<Model, Error>, &Shape),
-    backend: &Arc<dyn stax::Backend>,
-) -> Error {
-    match e.downcast::<TrainError>() {
-        Ok(t) => match *t {
-            TrainError::OutOfMemory(mut oom) if oom.max_batch.is_some() => {
-                let budget = args.budget().ok().flatten();
-                let (adam, feed) = (args.adam(), args.feed());
-                let fits = make()
-                    .ok()
-                    .map(|m| max_batch_that_fits(&m, input, &adam, backend, feed, budget));
-                oom.max_batch = fits.and_then(Result::ok).or(oom.max_batch);
-                TrainError::OutOfMemory(oom).into()
-            }
-            other => other.into(),
-        },
-        Err(e) => e,
-    }
-}
-
-/// `--img` is checked against the model before anything is planned: an image the model's
-/// shapes refuse names the flag, the layer's reason and the smallest `--img` that works.
-fn check_img(model: ModelFn<'_>, (classes, c): (usize, usize), img: usize) -> Result<(), Error> {
-    let Err(e) = data::takes(model, (classes, c), img) else {
-        return Ok(());
-    };
-    let hint = match smallest_img(model, (classes, c), 4096)? {
-        Some(n) => format!("the smallest --img it takes is {n}"),
-        None => "no --img up to 4096 works".into(),
-    };
-    Err(format!("--img {img}: the model cannot take {img}x{img} images ({hint}): {e}").into())
-}
-
-/// An output file's flag is checked before training, not after it: the path must not be a
-/// directory, and its directory must exist and take a new file (a probe, removed at once).
-fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
-    let Some(path) = p.as_deref() else {
-        return Ok(());
-    };
-    if path.is_dir() {
-        return Err(format!("{flag}: {} is a directory", path.display()).into());
-    }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        return Err(format!("{flag}: {} is not a directory", dir.display()).into());
-    }
-    let probe = dir.join(format!(".stax-write-probe-{}", std::process::id()));
-    std::fs::File::create(&probe)
-        .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| format!("{flag}: cannot write in {}: {e}", dir.display()).into())
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
