@@ -48,8 +48,8 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
 }
 
 /// What the example says about a resumed f16 run (its loss scale restored, or dropped under
-/// another precision), a resumed run with nothing left to train, and the step numbers its peak
-/// summary counts from.
+/// another precision), a resumed run with nothing left to train, the step numbers its peak
+/// summary counts from, and a resume with a batch that cannot continue the data order.
 #[test]
 fn a_resumed_run_says_what_it_continued() {
     let Some(cnn) = example_binary() else {
@@ -99,6 +99,17 @@ fn a_resumed_run_says_what_it_continued() {
     ]);
     assert!(
         out.contains("loop: no step trained (the run starts at step 3"),
+        "{out}"
+    );
+    // 150 examples used: a batch of 40 cannot continue that order
+    let args = [
+        "--device", "cpu", "--img", "8", "--batch", "40", "--resume", "f16.npz",
+    ];
+    let (ok, out) = run_example(&cnn, &dir, &args);
+    assert!(!ok, "{out}");
+    let want = "--resume f16.npz with --batch 40: loader: cannot resume at epoch 0, example 150";
+    assert!(
+        out.contains(want) && !out.contains("DataPosition {"),
         "{out}"
     );
 }

@@ -503,8 +503,20 @@ fn train_and_test(
         }
     };
     let mut compared = (0u64, None);
+    let resumed = |e: TrainError| -> Error {
+        match (&e, &args.resume) {
+            (TrainError::DataPosition { .. }, Some(path)) => format!(
+                "--resume {} with --batch {batch}: {e} (resume with the batch the checkpoint's \
+                 run used)",
+                path.display()
+            )
+            .into(),
+            _ => e.into(),
+        }
+    };
     let batches = loader
-        .batches_from(start)?
+        .batches_from(start)
+        .map_err(resumed)?
         .take(total.saturating_sub(first) as usize)
         .map(move |ix| distributed::shard(ix, rank, batch));
     let started = Instant::now();

@@ -331,7 +331,7 @@ pub enum TrainError {
         problem: Box<CheckpointProblem>,
     },
     /// A data position that does not belong to a loader (another seed, past the epoch's end).
-    #[error("loader: cannot resume at {position:?}: {reason}")]
+    #[error("loader: cannot resume at {position}: {reason}")]
     DataPosition {
         /// The position given.
         position: crate::data::DataPosition,

@@ -34,6 +34,17 @@ pub struct DataPosition {
     pub index: u64,
 }
 
+impl std::fmt::Display for DataPosition {
+    /// `epoch 0, example 500 of the order of seed 2793`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let DataPosition { seed, epoch, index } = self;
+        write!(
+            f,
+            "epoch {epoch}, example {index} of the order of seed {seed}"
+        )
+    }
+}
+
 impl Loader {
     /// The start of epoch 0.
     pub fn start(&self) -> DataPosition {
