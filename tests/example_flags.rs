@@ -1,6 +1,7 @@
 //! What the examples tell a user: flags their model or data cannot take are refused before
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
-//! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`); a resumed run
+//! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
+//! than the data, a ResNet of empty stages); a resumed run
 //! says what it continued; a set-up out-of-memory names the batch `--batch auto` would pick.
 
 mod common;
@@ -14,7 +15,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
     };
     let resnet = cnn.with_file_name("resnet50");
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 5] = [
+    let cases: [(&std::path::Path, &[&str], &str); 7] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -36,6 +37,16 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             "--img 0: the image size must be at least 1",
         ),
         (&cnn, &["--batch", "0"], "--batch"),
+        (
+            &cnn,
+            &["--batch", "2001"],
+            "--batch 2001: loader: batch size 2001 is larger",
+        ),
+        (
+            &resnet,
+            &["--blocks", "0,0,0,0"],
+            "got blocks [0, 0, 0, 0], widths [64, 128, 256, 512], 2 classes",
+        ),
     ];
     let dir = std::env::temp_dir();
     for (bin, flags, want) in cases {

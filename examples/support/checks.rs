@@ -44,10 +44,11 @@ pub fn check_img(
     let Err(e) = data::takes(model, (classes, c), img) else {
         return Ok(());
     };
-    let hint = match smallest_img(model, (classes, c), 4096)? {
-        Some(n) => format!("the smallest --img it takes is {n}"),
-        None => "no --img up to 4096 works".into(),
+    // a model no image size builds is wrong for another reason: its own error says which
+    let Some(n) = smallest_img(model, (classes, c), 4096)? else {
+        return Err(e);
     };
+    let hint = format!("the smallest --img it takes is {n}");
     Err(format!("--img {img}: the model cannot take {img}x{img} images ({hint}): {e}").into())
 }
 

@@ -438,7 +438,10 @@ fn train_and_test(
         return Ok(());
     }
     let seed = position.map_or(args.seed, |p| p.seed);
-    let loader = Loader::new(train.len(), batch * world, seed)?;
+    let loader = Loader::new(train.len(), batch * world, seed).map_err(|e| match e {
+        TrainError::BatchTooLarge { .. } if world == 1 => format!("--batch {batch}: {e}").into(),
+        e => Error::from(e),
+    })?;
     let start = position.unwrap_or(loader.start());
     let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
     let saver = resume::Saver::new(args, &loader, start, first);

@@ -429,7 +429,12 @@ impl Conv2dGeometry {
         {
             return Err(TensorError::InvalidArgument {
                 op,
-                reason: format!("the tensors of {g:?} overflow the address space"),
+                reason: format!(
+                    "its tensors (input {}, filter {}, output {}) overflow the address space",
+                    g.input_shape(),
+                    g.filter_shape(),
+                    g.output_shape()
+                ),
             });
         }
         Ok(())

@@ -101,7 +101,11 @@ impl ResNet {
             return Err(LayerError::Config {
                 path: String::new(),
                 layer: "resnet".into(),
-                reason: format!("every stage needs a block and a width, got {self:?}"),
+                reason: format!(
+                    "every stage needs a block and a width, and a class is needed: got blocks \
+                     {:?}, widths {:?}, {} classes",
+                    self.blocks, self.widths, self.classes
+                ),
             });
         }
         let mut layers: Vec<Box<dyn Layer>> = vec![
