@@ -1,11 +1,13 @@
-//! The examples' checks of what a run is given before it trains: `--img` against the model,
-//! output paths, and the set-up's out-of-memory hint for the run's own feed.
+//! The examples' checks of what a run is given before it trains: `--batch` (or the largest batch
+//! that fits), `--img` against the model, output paths, and the set-up's out-of-memory hint
+//! for the run's own feed.
 
 use super::data::{self, smallest_img};
 use super::{Common, Error, Model, ModelFn};
 use stax::Shape;
+use stax::alloc::human_bytes;
 use stax::train::TrainError;
-use stax::train::plan::max_batch_that_fits;
+use stax::train::plan::{MemoryPlan, max_batch_that_fits};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -72,4 +74,58 @@ pub fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     std::fs::File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|e| format!("{flag}: cannot write in {}: {e}", dir.display()).into())
+}
+
+/// The batch size: `--batch N`, or with `auto` the largest whose plan fits (at most the
+/// training set's size).
+pub fn batch_size(
+    args: &Common,
+    model: &Model,
+    image: (usize, usize, usize),
+    backend: &Arc<dyn stax::Backend>,
+    examples: usize,
+) -> Result<usize, Error> {
+    if args.batch != "auto" {
+        return match args.batch.parse() {
+            Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
+            Ok(n) => Ok(n),
+            Err(e) => {
+                Err(format!("--batch {:?}: expected a number or auto ({e})", args.batch).into())
+            }
+        };
+    }
+    let (h, w, c) = image;
+    let adam = args.adam();
+    let one = Shape::new([1, h, w, c]);
+    let budget = args.budget()?;
+    let n = match max_batch_that_fits(model, &one, &adam, backend, args.feed(), budget) {
+        Err(TrainError::NoBudget { device }) => {
+            let why = format!("the {device} backend has no memory size");
+            return Err(format!("--batch auto: give --budget ({why})").into());
+        }
+        n => n?,
+    };
+    if n == 0 {
+        let plan = MemoryPlan::with_feed(model, &one, &adam, backend, args.feed())?;
+        let within = budget.map_or("the free device memory".into(), human_bytes);
+        return Err(format!(
+            "--batch auto: not even a batch of one fits {within}: a step of one example peaks \
+             at {} (parameters and Adam's state included) and needs {} under the {} allocator",
+            human_bytes(plan.peak.bytes),
+            human_bytes(plan.min_budget()?),
+            backend.allocator().strategy()
+        )
+        .into());
+    }
+    println!(
+        "--batch auto: {n} fits {} (allocator {}){}",
+        budget.map_or("the free device memory".into(), human_bytes),
+        backend.allocator().strategy(),
+        if n > examples {
+            format!("; using the training set's {examples}")
+        } else {
+            String::new()
+        }
+    );
+    Ok(n.min(examples))
 }

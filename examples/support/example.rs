@@ -10,7 +10,7 @@ use stax::tensor::cpu::CpuBackend;
 use stax::tensor::cuda::CudaBackend;
 use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
-use stax::train::plan::{Feed, MemoryPlan, NamedTrace, max_batch_that_fits};
+use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
 use stax::train::{StepReport, TrainError};
 use stax::{Adam, BackendOptions, DType, Device, Precision, Serial, Shape};
 use std::io::Write;
@@ -39,7 +39,7 @@ use data::{input_channels, load};
 
 #[path = "checks.rs"]
 mod checks;
-use checks::{check_img, check_path, with_feed_hint};
+use checks::{batch_size, check_img, check_path, with_feed_hint};
 
 #[path = "exports.rs"]
 mod exports;
@@ -284,51 +284,6 @@ fn open_cuda(
     let cuda = CudaBackend::new(ordinal, options)?;
     cuda.set_deterministic(args.deterministic);
     Ok(cuda)
-}
-
-/// The batch size: `--batch N`, or with `auto` the largest whose plan fits (at most the
-/// training set's size).
-fn batch_size(
-    args: &Common,
-    model: &Model,
-    image: (usize, usize, usize),
-    backend: &Arc<dyn stax::Backend>,
-    examples: usize,
-) -> Result<usize, Error> {
-    if args.batch != "auto" {
-        return match args.batch.parse() {
-            Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
-            Ok(n) => Ok(n),
-            Err(e) => {
-                Err(format!("--batch {:?}: expected a number or auto ({e})", args.batch).into())
-            }
-        };
-    }
-    let (h, w, c) = image;
-    let adam = args.adam();
-    let one = Shape::new([1, h, w, c]);
-    let budget = args.budget()?;
-    let n = match max_batch_that_fits(model, &one, &adam, backend, args.feed(), budget) {
-        Err(TrainError::NoBudget { device }) => {
-            let why = format!("the {device} backend has no memory size");
-            return Err(format!("--batch auto: give --budget ({why})").into());
-        }
-        n => n?,
-    };
-    if n == 0 {
-        return Err("--batch auto: not even a batch of one fits".into());
-    }
-    println!(
-        "--batch auto: {n} fits {} (allocator {}){}",
-        budget.map_or("the free device memory".into(), human_bytes),
-        backend.allocator().strategy(),
-        if n > examples {
-            format!("; using the training set's {examples}")
-        } else {
-            String::new()
-        }
-    );
-    Ok(n.min(examples))
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
