@@ -315,6 +315,14 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            let oom = e
+                .downcast_ref::<TrainError>()
+                .is_some_and(|t| matches!(t, TrainError::OutOfMemory(_)) || t.oom().is_some());
+            if oom {
+                eprintln!(
+                    "  (here: lower --batch or --img, or raise --budget; --plan shows every buffer)"
+                );
+            }
             std::process::ExitCode::FAILURE
         }
     }
