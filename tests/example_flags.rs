@@ -104,6 +104,18 @@ fn a_resumed_run_says_what_it_continued() {
         out.contains("measured = planned on all 2 steps from step 4"),
         "{out}"
     );
+    let out = run(&[
+        "--precision",
+        "f16",
+        "--max-steps",
+        "4",
+        "--resume",
+        "f16.npz",
+    ]);
+    assert!(
+        out.contains("measured = planned on the one step, step 4 ("),
+        "{out}"
+    );
     let out = run(&["--max-steps", "5", "--resume", "f16.npz"]);
     assert!(out.contains("its f16 loss scale (32768) dropped"), "{out}");
     let out = run(&[

@@ -539,6 +539,11 @@ fn train_and_test(
     }
     match compared {
         (0, _) => {}
+        // one step is the loop's last: its plan is the last step's
+        (1, None) => println!(
+            "step peaks: measured = planned on the one step, step {first_compared} ({})",
+            human_bytes(last_peak)
+        ),
         (n, None) => println!(
             "step peaks: measured = planned on all {n} steps from step {first_compared} ({}; the \
              last step {})",
