@@ -155,6 +155,9 @@ fn a_loop_that_cannot_fit_fails_at_set_up() {
             assert_eq!((oom.batch, oom.max_batch), (3, Some(fits)), "{e}");
             assert!(fits < 3, "{e}");
             assert!(e.to_string().contains("ran out of memory"), "{e}");
+            // the rehearsal's replay allocates under the plan's names
+            let named = oom.buffer.as_deref().is_some_and(|b| b.contains('/'));
+            assert!(named, "the failed buffer by its plan name: {e}");
         }
         other => panic!("expected the set-up's OutOfMemory, got {other}"),
     }

@@ -21,8 +21,9 @@
 //! # Ok::<(), stax_alloc::AllocError>(())
 //! ```
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::Category;
 
@@ -40,6 +41,29 @@ impl Tag {
     pub fn new(category: Category, role: &'static str) -> Tag {
         Tag { category, role }
     }
+}
+
+/// Distinct roles [`interned_role`] keeps: the roles of this workspace's code are a few dozen.
+const MAX_ROLES: usize = 1024;
+
+/// `role` as a `&'static str`, interned once per distinct role: a replayed trace names its
+/// allocations with the roles it recorded. At most [`MAX_ROLES`] are kept (a trace from
+/// elsewhere may hold any number of them); past that, None.
+pub(crate) fn interned_role(role: &str) -> Option<&'static str> {
+    static ROLES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut roles = ROLES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(&r) = roles.get(role) {
+        return Some(r);
+    }
+    if roles.len() >= MAX_ROLES {
+        return None;
+    }
+    let r: &'static str = Box::leak(role.to_owned().into_boxed_str());
+    roles.insert(r);
+    Some(r)
 }
 
 impl From<Category> for Tag {

@@ -26,7 +26,7 @@ use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::{AllocError, Allocation, Allocator, Category};
+use crate::{AllocError, Allocation, Allocator, Category, Tag};
 
 /// Whether an event allocates or frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -337,9 +337,23 @@ impl ReplayReport {
     }
 }
 
-/// Replays `trace` against `allocator`: every alloc event allocates (same bytes and category),
-/// every free event drops the matching allocation; what the trace leaves live is freed at the
-/// end. The allocator is coalesced first ([`Allocator::coalesce`]), so a replay on a warm
+/// The scope and tag of a replayed allocation: its recorded name's (scope `2.conv` and role
+/// `workspace` for `2.conv/workspace`), so that an out-of-memory in a replay names the buffer;
+/// the category alone for an unnamed event (or past the roles [`crate::name`] interns).
+fn replayed_name(e: &TraceEvent) -> (Option<&str>, Tag) {
+    let (scope, role) = e.name.rsplit_once('/').unwrap_or(("", &e.name));
+    match crate::name::interned_role(role).filter(|r| !r.is_empty()) {
+        Some(role) => (
+            (!scope.is_empty()).then_some(scope),
+            Tag::new(e.category, role),
+        ),
+        None => (None, Tag::from(e.category)),
+    }
+}
+
+/// Replays `trace` against `allocator`: every alloc event allocates (same bytes, category and
+/// name), every free event drops the matching allocation; what the trace leaves live is freed
+/// at the end. The allocator is coalesced first ([`Allocator::coalesce`]), so a replay on a warm
 /// allocator starts from a state set by its live blocks alone. Placement is deterministic: the
 /// same trace on a fresh allocator of the same strategy and backend gives the same offsets, the
 /// offsets the recorded run got from an allocator in that state.
@@ -362,7 +376,9 @@ pub fn replay(trace: &Trace, allocator: &Arc<Allocator>) -> Result<ReplayReport,
         match e.op {
             TraceOp::Alloc => {
                 let bytes = usize::try_from(e.bytes).map_err(|_| err("size overflows".into()))?;
-                let a = allocator.allocate_on(bytes, e.category, e.stream)?;
+                let (scope, tag) = replayed_name(e);
+                let _scope = scope.map(|s| allocator.scope(s));
+                let a = allocator.allocate_on(bytes, tag, e.stream)?;
                 placements.push(Placement {
                     id: e.id,
                     addr: a.addr(),

@@ -278,3 +278,54 @@ fn names_scopes_and_marks_travel_with_the_trace() {
     assert_eq!(r.name, "9.dense/dw");
     assert!(r.to_string().contains("9.dense/dw"), "{r}");
 }
+
+/// A replay allocates under the recorded names (scope and role), so that an out-of-memory in a
+/// replay (a trainer's rehearsal, a plan's fit test) names the buffer; an unnamed event takes
+/// its category's name, as before names were recorded.
+#[test]
+fn a_replay_names_its_allocations_as_recorded() {
+    use stax_alloc::Tag;
+    let recorder = Allocator::new(
+        Arc::new(SimMemory::new(64 << 20, 2 << 20)),
+        Strategy::Caching,
+    )
+    .unwrap();
+    recorder.start_trace();
+    let kept = {
+        let _s = recorder.scope("3.parallel/0.conv");
+        let x = recorder.allocate(1 << 20, Tag::new(Category::Activation, "output"));
+        let ws = recorder.allocate(8 << 20, Category::Workspace);
+        (x.unwrap(), ws.unwrap())
+    };
+    drop(kept);
+    let mut trace = recorder.stop_trace();
+    let mut unnamed = TraceBuilder::new();
+    unnamed.alloc(4 << 20, Category::Gradient);
+    trace.events.extend(unnamed.finish().events);
+    // room for the first allocation only: the workspace's replay fails
+    let small = Allocator::new(
+        Arc::new(SimMemory::new(2 << 20, 2 << 20)),
+        Strategy::Caching,
+    );
+    let Err(AllocError::OutOfMemory(r)) = replay(&trace, &small.unwrap()) else {
+        panic!("expected out of memory")
+    };
+    assert_eq!(r.name, "3.parallel/0.conv/workspace");
+    let roomy = Allocator::new(
+        Arc::new(SimMemory::new(64 << 20, 2 << 20)),
+        Strategy::Caching,
+    );
+    let roomy = roomy.unwrap();
+    roomy.start_trace();
+    replay(&trace, &roomy).unwrap();
+    let names: Vec<String> = (roomy.stop_trace().events.iter())
+        .filter(|e| e.op == TraceOp::Alloc)
+        .map(|e| e.name.clone())
+        .collect();
+    let want = [
+        "3.parallel/0.conv/output",
+        "3.parallel/0.conv/workspace",
+        "gradient",
+    ];
+    assert_eq!(names, want);
+}
