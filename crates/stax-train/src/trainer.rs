@@ -199,14 +199,14 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         {
             return Ok(());
         }
-        let plan = self.plan(self.input.dims()[0])?;
+        let batch = self.input.dims()[0];
+        let plan = self.plan(batch)?;
         if self.rehearsed.is_some() {
             self.backend
                 .allocator()
                 .empty_cache()
                 .map_err(TensorError::from)?;
         }
-        let batch = self.input.dims()[0];
         plan.rehearse(self.backend.allocator())
             .map_err(|e| self.explain(e, batch))?;
         self.rehearsed = Some(self.feed);
