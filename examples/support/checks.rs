@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A trainer is set up for placed batches (it rehearses their loop) before the loop says it
-/// prefetches: an out-of-memory at set-up names the largest batch of this run's feed.
+/// prefetches: an out-of-memory at set-up names the largest batch and the planned peak of this
+/// run's feed.
 pub fn with_feed_hint(
     e: Error,
     args: &Common,
@@ -24,10 +25,12 @@ pub fn with_feed_hint(
             TrainError::OutOfMemory(mut oom) if oom.max_batch.is_some() => {
                 let budget = args.budget().ok().flatten();
                 let (adam, feed) = (args.adam(), args.feed());
-                let fits = make()
-                    .ok()
-                    .map(|m| max_batch_that_fits(&m, input, &adam, backend, feed, budget));
-                oom.max_batch = fits.and_then(Result::ok).or(oom.max_batch);
+                if let Ok(m) = make() {
+                    let fits = max_batch_that_fits(&m, input, &adam, backend, feed, budget);
+                    oom.max_batch = fits.ok().or(oom.max_batch);
+                    let plan = MemoryPlan::with_feed(&m, input, &adam, backend, feed);
+                    oom.planned_peak = plan.ok().map(|p| p.peak.bytes).or(oom.planned_peak);
+                }
                 TrainError::OutOfMemory(oom).into()
             }
             other => other.into(),
