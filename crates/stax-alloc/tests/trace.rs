@@ -285,11 +285,14 @@ fn names_scopes_and_marks_travel_with_the_trace() {
 #[test]
 fn a_replay_names_its_allocations_as_recorded() {
     use stax_alloc::Tag;
-    let recorder = Allocator::new(
-        Arc::new(SimMemory::new(64 << 20, 2 << 20)),
-        Strategy::Caching,
-    )
-    .unwrap();
+    let caching = |capacity| {
+        Allocator::new(
+            Arc::new(SimMemory::new(capacity, 2 << 20)),
+            Strategy::Caching,
+        )
+        .unwrap()
+    };
+    let recorder = caching(64 << 20);
     recorder.start_trace();
     let kept = {
         let _s = recorder.scope("3.parallel/0.conv");
@@ -303,19 +306,11 @@ fn a_replay_names_its_allocations_as_recorded() {
     unnamed.alloc(4 << 20, Category::Gradient);
     trace.events.extend(unnamed.finish().events);
     // room for the first allocation only: the workspace's replay fails
-    let small = Allocator::new(
-        Arc::new(SimMemory::new(2 << 20, 2 << 20)),
-        Strategy::Caching,
-    );
-    let Err(AllocError::OutOfMemory(r)) = replay(&trace, &small.unwrap()) else {
+    let Err(AllocError::OutOfMemory(r)) = replay(&trace, &caching(2 << 20)) else {
         panic!("expected out of memory")
     };
     assert_eq!(r.name, "3.parallel/0.conv/workspace");
-    let roomy = Allocator::new(
-        Arc::new(SimMemory::new(64 << 20, 2 << 20)),
-        Strategy::Caching,
-    );
-    let roomy = roomy.unwrap();
+    let roomy = caching(64 << 20);
     roomy.start_trace();
     replay(&trace, &roomy).unwrap();
     let names: Vec<String> = (roomy.stop_trace().events.iter())
