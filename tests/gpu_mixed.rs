@@ -24,15 +24,6 @@ use stax::train::plan::MemoryPlan;
 use stax::{Adam, Backend, Category, DType, Precision, Shape, Tensor};
 use std::sync::Arc;
 
-/// `data` rounded to `dtype` on `be` (through the CPU's cast: the oracle's rounding).
-fn typed(be: &Arc<dyn Backend>, data: &[f32], shape: &[usize], dtype: DType) -> Tensor {
-    let host = cpu();
-    let wide = Tensor::from_slice(&host, data, shape.to_vec(), Category::Other).unwrap();
-    let mut t = Tensor::empty(&host, shape.to_vec(), dtype, Category::Other).unwrap();
-    ops::cast(&wide, &mut t).unwrap();
-    t.to(be).unwrap()
-}
-
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 #[test]

@@ -908,6 +908,7 @@ fn workspace_schedules_match_what_ops_allocate() {
             n: 33,
             k: 70,
             dtype: DType::F32,
+            b_dtype: DType::F32,
         },
         &mut || ops::matmul(&a, &a, false, true, &mut c).unwrap(),
     );

@@ -545,3 +545,12 @@ pub fn train<L: stax::Layer>(
     }
     (trainer.evaluate(&test, batch).unwrap().accuracy, losses)
 }
+
+/// `data` rounded to `dtype` on `be` (through the CPU's cast: the oracle's rounding).
+pub fn typed(be: &Arc<dyn Backend>, data: &[f32], shape: &[usize], dtype: DType) -> Tensor {
+    let host = cpu();
+    let wide = Tensor::from_slice(&host, data, shape.to_vec(), Category::Other).unwrap();
+    let mut t = Tensor::empty(&host, shape.to_vec(), dtype, Category::Other).unwrap();
+    stax_tensor::ops::cast(&wide, &mut t).unwrap();
+    t.to(be).unwrap()
+}

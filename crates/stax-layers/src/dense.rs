@@ -2,7 +2,7 @@
 
 use stax_alloc::Tag;
 use stax_tensor::backend::DenseDx;
-use stax_tensor::{Category, Key, Params, Path, Shape, Tensor, Tree, ops};
+use stax_tensor::{Category, DType, Key, Params, Path, Shape, Tensor, Tree, ops};
 
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
@@ -196,7 +196,11 @@ impl Layer for Dense {
         let dtype = x2.dtype();
         let tag = Tag::new(Category::Activation, "output");
         let mut y = Tensor::empty(&be, [rows, self.0], dtype, tag)?;
-        let w = compute_copy(wb[0], dtype, "cast_w")?;
+        // an f32 weight is read rounded to the compute dtype: no cast_w (ops::matmul)
+        let w = match wb[0].dtype() {
+            DType::F32 => wb[0].clone(),
+            _ => compute_copy(wb[0], dtype, "cast_w")?,
+        };
         ops::matmul(&x2, &w, false, false, &mut y)?;
         drop(w);
         ops::bias_add(&mut y, &compute_copy(wb[1], dtype, "cast_b")?)?;

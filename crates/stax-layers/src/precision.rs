@@ -6,7 +6,8 @@
 //! master weights Adam updates, with f32 moments); [`Mixed`] casts its input to bf16, every
 //! layer computes in the dtype of its input (convs and GEMMs with f32 accumulation), casting its
 //! parameters to it where they are used ([`compute_copy`]: a buffer named `{layer}/cast_w`, freed
-//! at its last use, so plans count it), keeps its activations and activation gradients in bf16
+//! at its last use, so plans count it; a dense layer's f32 weight is read rounded by its
+//! matmul instead, with no copy: [`stax_tensor::ops::matmul`]), keeps its activations and activation gradients in bf16
 //! and hands bf16 weight gradients to the sink, which Adam reads as f32 ([`stax_tensor::ops::adam`]:
 //! the cast at the update); the output (logits) is cast to f32, so the loss and its softmax
 //! run in f32.

@@ -478,6 +478,7 @@ mod tests {
             n: 4,
             k: 4,
             dtype: DType::F32,
+            b_dtype: DType::F32,
         };
         assert_eq!(be.workspace_bytes(&mm).unwrap(), 0);
     }

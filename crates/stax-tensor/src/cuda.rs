@@ -30,6 +30,7 @@ pub mod cudnn;
 mod dense_adam;
 mod im2col;
 pub mod kernels;
+mod matmul;
 pub mod memory;
 pub mod nccl;
 mod norm;

@@ -315,8 +315,11 @@ pub enum OpDesc {
         n: usize,
         /// The contracted dimension.
         k: usize,
-        /// Element type.
+        /// Element type of `a` and the product.
         dtype: DType,
+        /// Element type of `b`: `dtype`, or f32 read rounded to a bf16 or f16 `dtype` (see
+        /// [`crate::ops::matmul`]).
+        b_dtype: DType,
     },
     /// An activation (forward: `backward == false`) over `n` elements.
     Unary {

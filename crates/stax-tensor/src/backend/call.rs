@@ -438,6 +438,7 @@ impl Call for Matmul<'_> {
             n: self.n,
             k: self.k,
             dtype: self.a.dtype(),
+            b_dtype: self.b.dtype(),
         }
     }
 }

@@ -43,6 +43,18 @@ pub(super) fn cast(c: Cast<'_>) -> Result<(), TensorError> {
     }, Err(not_float(OP, to))), Err(not_float(OP, from)))
 }
 
+/// In place, each element of the f32 `t` rounded to `dtype` and back (`t.astype(dtype)
+/// .astype(f32)`): an f32 operand that an op reads rounded to a low-precision dtype.
+pub(super) fn round_through(t: &mut crate::Tensor, dtype: crate::DType) -> Result<(), TensorError> {
+    const OP: &str = "round_through";
+    with_float!(dtype, T => {
+        view_mut::<f32>(OP, t)?
+            .iter_mut()
+            .for_each(|v| *v = T::from_f32(*v).to_f32());
+        Ok(())
+    }, Err(not_float(OP, dtype)))
+}
+
 /// In place `y = act(y)`; for an activation that saves a mask, `aux` receives it.
 pub(super) fn unary(c: Unary<'_>) -> Result<(), TensorError> {
     let dtype = c.y.dtype();

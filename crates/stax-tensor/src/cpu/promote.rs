@@ -10,7 +10,7 @@
 //! the op allocates them. The host pays for them (the oracle's simplicity over its memory); the
 //! CUDA backend computes in place in the low-precision buffers.
 
-use super::elementwise::{cast, unary, unary_bwd};
+use super::elementwise::{cast, round_through, unary, unary_bwd};
 use super::{CpuBackend, conv, matmul, norm, pool};
 use crate::backend::{
     BatchNorm, BatchNormBwd, Cast, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Matmul, Pool2d,
@@ -48,7 +48,7 @@ pub(super) fn copies(op: &OpDesc) -> Vec<usize> {
                     .collect(),
             }
         }
-        OpDesc::Matmul { m, n, k, dtype } if dtype != DType::F32 => vec![m * k, k * n, m * n],
+        OpDesc::Matmul { m, n, k, dtype, .. } if dtype != DType::F32 => vec![m * k, k * n, m * n],
         // x, then y (forward) or dy, which the backward pass overwrites with dx
         OpDesc::BatchNorm {
             geometry, dtype, ..
@@ -202,9 +202,13 @@ pub(super) fn conv2d_bwd_filter(
     Ok(())
 }
 
-/// A low-precision matrix product.
+/// A low-precision matrix product; an f32 `b` (the mixed dense product) is copied rounded to
+/// `a`'s dtype.
 pub(super) fn matmul(c: Matmul<'_>) -> Result<(), TensorError> {
-    let (a32, b32) = (widen(c.a, true)?, widen(c.b, true)?);
+    let (a32, mut b32) = (widen(c.a, true)?, widen(c.b, true)?);
+    if c.b.dtype() == DType::F32 {
+        round_through(&mut b32, c.a.dtype())?;
+    }
     let mut c32 = widen(c.c, false)?;
     matmul::matmul(Matmul {
         a: &a32,

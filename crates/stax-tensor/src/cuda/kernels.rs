@@ -26,6 +26,7 @@ macro_rules! launch {
     }};
 }
 
+mod gemm;
 mod launch;
 mod norm;
 mod rows;
@@ -116,6 +117,9 @@ impl Kernels {
                 let f = module
                     .load_function(&symbol)
                     .map_err(driver("cuModuleGetFunction"))?;
+                if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
+                    gemm::allow_shared(&f)?;
+                }
                 functions.insert(symbol, f);
             }
             modules.push(module);

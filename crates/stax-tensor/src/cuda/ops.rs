@@ -1,18 +1,17 @@
 //! The op families of [`CudaBackend`] but the convolutions (`conv.rs`): copies and fills,
-//! cuBLAS matmul, our elementwise, loss and Adam kernels. The front end ([`crate::ops`]) has
+//! our elementwise, loss and Adam kernels. The front end ([`crate::ops`]) has
 //! checked every operand; each op binds the context, takes its workspace by its schedule and
 //! launches.
 
-use super::{CudaBackend, cublas, driver};
+use super::{CudaBackend, driver};
 use crate::backend::{
     Adam, AllFinite, BiasAdd, BiasGrad, Binary, Cast, Concat, Copy, CopyIn, CopyInAsync, CopyOut,
-    DenseAdam, Fill, Matmul, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
+    DenseAdam, Fill, Scratch, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::dtype::{bf16, f16};
 use crate::{
-    Backend, Checked, DType, ElementwiseOps, LossOps, MatmulOps, MemoryOps, OptimOps, TensorError,
-    Upload,
+    Backend, Checked, DType, ElementwiseOps, LossOps, MemoryOps, OptimOps, TensorError, Upload,
 };
 
 impl MemoryOps for CudaBackend {
@@ -107,46 +106,6 @@ impl MemoryOps for CudaBackend {
             dst.addr(),
             src.numel(),
         )
-    }
-}
-
-impl MatmulOps for CudaBackend {
-    fn matmul(&self, c: Checked<Matmul<'_>>) -> Result<(), TensorError> {
-        const OP: &str = "matmul";
-        let desc = crate::backend::Call::desc(c.get());
-        let Matmul {
-            m,
-            n,
-            k,
-            a,
-            b,
-            transpose_a,
-            transpose_b,
-            c,
-        } = c.into_inner();
-        self.bind()?;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            return self.kernels.zero(c.addr(), c.dtype(), m * n);
-        }
-        let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
-        let bytes = self.matmul_bytes(m, n, k);
-        let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
-        let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
-        let ws_addr = i.map_or(0, |i| ws.addr(i));
-        self.blas.gemm(
-            gemm,
-            (c.dtype(), c.dtype()),
-            (a.addr(), b.addr(), c.addr()),
-            ws_addr,
-            bytes,
-        )?;
-        if let Some(i) = i {
-            ws.free(i)?;
-        }
-        ws.finish()
     }
 }
 

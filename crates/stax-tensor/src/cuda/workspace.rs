@@ -66,10 +66,11 @@ impl CudaBackend {
         (rows * 8).next_multiple_of(256)
     }
 
-    /// See [`crate::Backend::workspace_schedule`]. Matmul, bias gradient, a channel bias's
-    /// gradient and the losses allocate one buffer (bias partials even of 0 bytes, as
-    /// `bias_grad` of no rows does); the convolutions, batch normalization and the dense
-    /// layer's update in the backward pass several; nothing else allocates.
+    /// See [`crate::Backend::workspace_schedule`]. A matmul in one dtype, bias gradient, a
+    /// channel bias's gradient and the losses allocate one buffer (bias partials even of 0
+    /// bytes, as `bias_grad` of no rows does); the convolutions, batch normalization, the mixed
+    /// matmul and the dense layer's update in the backward pass several; nothing else
+    /// allocates.
     pub(super) fn op_workspace_schedule(
         &self,
         op: &OpDesc,
@@ -91,7 +92,13 @@ impl CudaBackend {
             } if geometry.c > 0 && geometry.per_channel() > 0 => {
                 one(self.kernels.moments_bytes(&geometry))
             }
-            OpDesc::Matmul { m, n, k, .. } => WorkspaceStep::single(self.matmul_bytes(m, n, k)),
+            OpDesc::Matmul {
+                m,
+                n,
+                k,
+                dtype,
+                b_dtype,
+            } => self.matmul_schedule((m, n, k), (dtype, b_dtype)),
             OpDesc::BiasGrad { cols: 0, .. } => Vec::new(),
             OpDesc::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
             OpDesc::SoftmaxXent { rows, classes } => {

@@ -1,7 +1,7 @@
 //! Elementwise ops (activations, binary ops, bias) and the matrix product.
 
 use crate::backend::{BiasAdd, BiasGrad, Binary, Matmul, Unary, UnaryBwd};
-use crate::{Activation, BinaryOp, Checked, Shape, Tensor, TensorError, matmul_dims};
+use crate::{Activation, BinaryOp, Checked, DType, Shape, Tensor, TensorError, matmul_dims};
 
 use super::conv::{check_aux, check_saved};
 use super::{FLOATS, backend_of, input, output, rows_cols, supports};
@@ -85,8 +85,14 @@ pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
 /// summed in f32, rounded once), where `op` transposes when its flag is
 /// set: `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, `c` is `[m, n]` (overwritten).
 ///
+/// A mixed-precision dense layer's product: with `a` and `c` in bf16 or f16, `b` may be f32
+/// (neither transposed); it is read rounded to `a`'s dtype, as `a @ b.astype(a.dtype)` in
+/// JAX, without a rounded copy of `b` (the CUDA backend rounds it as it reads it where
+/// `m <= 128`, `k % 8 == 0` and `n % 4 == 0`, else into its workspace).
+///
 /// # Errors
-/// Shape, dtype, device and alias errors; workspace allocation and library errors.
+/// Shape, dtype, device and alias errors; [`TensorError::InvalidArgument`] for an f32 `b`
+/// with a transpose; workspace allocation and library errors.
 pub fn matmul(
     a: &Tensor,
     b: &Tensor,
@@ -99,7 +105,15 @@ pub fn matmul(
     supports(OP, a.dtype(), FLOATS)?;
     let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
     input(OP, &be, a, a.dtype(), None)?;
-    input(OP, &be, b, a.dtype(), None)?;
+    let rounded_b = b.dtype() == DType::F32 && a.dtype() != DType::F32;
+    if rounded_b && (transpose_a || transpose_b) {
+        return Err(TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("an f32 b with a {} a takes no transpose", a.dtype().name()),
+        });
+    }
+    let b_dtype = if rounded_b { DType::F32 } else { a.dtype() };
+    input(OP, &be, b, b_dtype, None)?;
     output(OP, &be, c, a.dtype(), Some(&Shape::new([m, n])))?;
     let call = Matmul {
         m,

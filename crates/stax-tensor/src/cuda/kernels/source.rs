@@ -32,11 +32,14 @@ pub enum KernelModule {
     /// `kernels/norm.cu`: per-channel reductions: batch normalization (f32), the channel bias
     /// and its gradient (every float dtype).
     Norm,
+    /// `kernels/gemm.cu`: the mixed-precision dense product (bf16 or f16 times an f32 weight
+    /// rounded as it is read) on tensor cores, split over k, and its reduction.
+    Gemm,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 7] = [
+    pub const ALL: [KernelModule; 8] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -44,6 +47,7 @@ impl KernelModule {
         KernelModule::Layout,
         KernelModule::Pool,
         KernelModule::Norm,
+        KernelModule::Gemm,
     ];
 
     /// The file name, for messages.
@@ -56,6 +60,7 @@ impl KernelModule {
             KernelModule::Layout => "layout.cu",
             KernelModule::Pool => "pool.cu",
             KernelModule::Norm => "norm.cu",
+            KernelModule::Gemm => "gemm.cu",
         }
     }
 
@@ -91,6 +96,12 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
+            KernelModule::Gemm => &[
+                "gemm_wf32_bf16",
+                "gemm_wf32_f16",
+                "gemm_wf32_reduce_bf16",
+                "gemm_wf32_reduce_f16",
+            ],
         };
         let per_dtype: &[&str] = match self {
             KernelModule::Activation => &[
@@ -128,6 +139,7 @@ impl KernelModule {
                 "bias_add_vec",
                 "bias_grad_vec",
             ],
+            KernelModule::Gemm => &[],
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
         let generic = per_dtype
@@ -145,6 +157,7 @@ impl KernelModule {
             KernelModule::Layout => include_str!("../../../../../kernels/layout.cu"),
             KernelModule::Pool => include_str!("../../../../../kernels/pool.cu"),
             KernelModule::Norm => include_str!("../../../../../kernels/norm.cu"),
+            KernelModule::Gemm => include_str!("../../../../../kernels/gemm.cu"),
         }
     }
 }
