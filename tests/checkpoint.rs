@@ -576,3 +576,31 @@ fn a_checkpoint_resumes_under_another_compute_policy() {
     let (back, _) = Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, &bf16_path).unwrap();
     assert_eq!(bits(back.params().leaves()), bits(t.params().leaves()));
 }
+
+/// A saved step below the optimizer's count is refused naming `step`; one above it (the steps
+/// an f16 loss scale skipped) is the resumed trainer's step.
+#[test]
+fn a_step_below_the_optimizers_count_is_refused() {
+    let be = cpu();
+    let dir = scratch("step-count");
+    let load = |p: &Path| Trainer::load(tiny(), tiny_input(), Adam::new(1e-2), &be, p);
+    let (mut t, _) = load(&fixture()).unwrap();
+    let (x, y) = fixture_batch(&be, &fixture());
+    t.step(&x, &y).unwrap();
+    let saved = dir.join("saved.npz");
+    t.save(&saved, None).unwrap();
+    let count = t.steps();
+    assert!(count >= 1);
+    let edited = dir.join("edited.npz");
+    let step = |s: i64| npy("<i8", &[], &s.to_le_bytes());
+    replace(&saved, &edited, "step", step(count as i64 - 1));
+    let e = load(&edited).unwrap_err();
+    assert_problem!(e, Some("step"), CheckpointProblem::Value { .. });
+    let expected = format!("step {} is below opt/[0].count {count}", count - 1);
+    assert!(e.to_string().contains(&expected), "{e}");
+    replace(&saved, &edited, "step", step(count as i64 + 2));
+    let (resumed, _) = load(&edited).unwrap();
+    assert_eq!(resumed.steps(), count + 2);
+    let (same, _) = load(&saved).unwrap();
+    assert_eq!(same.steps(), count);
+}

@@ -18,7 +18,8 @@
 //! the order of this table, moments field by field (every `mu`, then every `nu`) as optax
 //! flattens them. `scripts/jax_checkpoint.py` holds the Python lines that save and load the
 //! same members from JAX (also in the README); a file they write has no `stax.json`, `step`
-//! or `data/*`, and loads here with the step taken from the count.
+//! or `data/*`, and loads here with the step taken from the count. A `step` below the count is
+//! refused ([`Checkpoint::step_of`]): a run's steps include every update it applied.
 //!
 //! Writing ([`crate::Trainer::save`]) is atomic: the file is written beside its target, `fsync`ed and
 //! renamed over it, so a crash or a full disk mid-write leaves the previous checkpoint intact.
@@ -332,6 +333,24 @@ impl Checkpoint {
     /// As for any scalar member: dtype, shape, a negative value, corruption.
     pub fn step(&mut self) -> Result<Option<u64>, TrainError> {
         self.archive.read_u64("step")
+    }
+
+    /// The run's step for an optimizer state of `count` updates: the `step` member, or
+    /// `count` in a file without one (JAX's). A step above the count is a run whose f16 loss
+    /// scale skipped updates.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::step`]; [`CheckpointProblem::Value`] naming `step` when it is below
+    /// `count` (no run applies more updates than it takes steps).
+    pub fn step_of(&mut self, count: u32) -> Result<u64, TrainError> {
+        match self.step()? {
+            None => Ok(u64::from(count)),
+            Some(step) if step >= u64::from(count) => Ok(step),
+            Some(step) => {
+                let reason = format!("step {step} is below {} {count}", jax::COUNT);
+                Err(self.fail("step", CheckpointProblem::Value { reason }))
+            }
+        }
     }
 
     /// The data position (`data/seed`, `data/epoch`, `data/index`); None when the file has

@@ -171,8 +171,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// the trainer's host staging, so its first [`Trainer::memory_report`] shows it.
     ///
     /// # Errors
-    /// As [`Checkpoint::open`], [`Checkpoint::params`], [`Checkpoint::opt_state`] and
-    /// [`Trainer::from_params_with_loss`]; a saved loss scale that cannot work is
+    /// As [`Checkpoint::open`], [`Checkpoint::params`], [`Checkpoint::opt_state`],
+    /// [`Checkpoint::step_of`] and [`Trainer::from_params_with_loss`]; a saved loss scale that cannot work is
     /// [`DynamicLossScale::validate`]'s error.
     ///
     /// [`DynamicLossScale::validate`]: crate::DynamicLossScale::validate
@@ -187,7 +187,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let mut ckpt = Checkpoint::open(path)?;
         let params = ckpt.params(&model, &input, backend)?;
         let state = ckpt.opt_state(&opt, &params)?;
-        let step = ckpt.step()?.unwrap_or(u64::from(state.count));
+        let step = ckpt.step_of(state.count)?;
         let data = ckpt.data_position()?;
         let mut trainer =
             Trainer::from_params_with_loss(model, input, opt, loss, backend, params, Some(state))?;
