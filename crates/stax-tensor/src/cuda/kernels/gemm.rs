@@ -27,9 +27,12 @@ pub(super) fn allow_shared(f: &CudaFunction) -> Result<(), TensorError> {
 
 impl Kernels {
     /// Whether [`Kernels::gemm_wf32`] takes `[m, k] · [k, n]`: `1 <= m <= 128`, `k % 8 == 0`,
-    /// `n % 4 == 0` (its 16-byte loads of a's rows and b's).
+    /// `n % 4 == 0` (its 16-byte loads of a's rows and b's), and n's blocks of 128 columns
+    /// within a grid's 65,535 rows.
     pub(crate) fn gemm_wf32_fits(m: usize, n: usize, k: usize) -> bool {
-        (1..=MAX_ROWS).contains(&m) && k % 8 == 0 && k > 0 && n % 4 == 0 && n > 0
+        let rows_ok = (1..=MAX_ROWS).contains(&m);
+        let cols_ok = n % 4 == 0 && n > 0 && n.div_ceil(BLOCK_COLS) <= 65_535;
+        rows_ok && cols_ok && k % 8 == 0 && k > 0
     }
 
     /// How many splits of k `gemm_wf32` uses: two blocks per multiprocessor in all, at most
@@ -105,5 +108,29 @@ impl Kernels {
         unsafe { launch!(self.stream, self.function(&sym)?, cfg; &part, &c, &mn, &splits) }
             .map(drop)
             .map_err(driver(OP))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kernels;
+
+    #[test]
+    fn the_kernel_takes_the_shapes_its_loads_and_grid_allow() {
+        for (m, n, k) in [(100, 128, 2_560_000), (1, 4, 8), (128, 260, 2056)] {
+            assert!(Kernels::gemm_wf32_fits(m, n, k), "{m} {n} {k}");
+        }
+        let refused = [
+            (0, 128, 64),
+            (129, 128, 64),
+            (16, 130, 64),
+            (16, 0, 64),
+            (16, 128, 1001),
+            (16, 128, 0),
+            (16, 128 * 65_536, 64),
+        ];
+        for (m, n, k) in refused {
+            assert!(!Kernels::gemm_wf32_fits(m, n, k), "{m} {n} {k}");
+        }
     }
 }
