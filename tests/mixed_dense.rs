@@ -87,14 +87,28 @@ fn transposes_and_unpaired_dtypes_are_refused() {
             "{e}"
         );
     }
-    // an f16 b of a bf16 a, and a bf16 b of an f32 a: no rounding pairs them
+    // an f16 b of a bf16 a, and a bf16 b of an f32 a: no rounding pairs them, and the error
+    // names both operands' dtypes and what b may be
+    let refused = |e: TensorError, expected: &str| {
+        assert!(
+            matches!(&e, TensorError::InvalidArgument { op: "matmul", reason } if reason == expected),
+            "{e}"
+        );
+    };
     let b16 = typed(&cpu, &[1.0; 6], &[3, 2], DType::F16);
     let e = ops::matmul(&a, &b16, false, false, &mut c).unwrap_err();
-    assert!(matches!(e, TensorError::DType { op: "matmul", .. }), "{e}");
+    refused(
+        e,
+        "b is f16: with a bf16 a, b must be bf16 or f32 (read rounded)",
+    );
     let a32 = Tensor::from_slice(&cpu, &[1.0; 6], [2, 3], Category::Other).unwrap();
     let b_bf16 = typed(&cpu, &[1.0; 6], &[3, 2], DType::BF16);
     let mut c32 = poisoned(&cpu, [2, 2], DType::F32);
     let e = ops::matmul(&a32, &b_bf16, false, false, &mut c32).unwrap_err();
+    refused(e, "b is bf16: with an f32 a, b must be f32");
+    // c of f32 for a bf16 product: the output's dtype error
+    let b32 = Tensor::from_slice(&cpu, &[1.0; 6], [3, 2], Category::Other).unwrap();
+    let e = ops::matmul(&a, &b32, false, false, &mut c32).unwrap_err();
     assert!(matches!(e, TensorError::DType { op: "matmul", .. }), "{e}");
 }
 

@@ -100,7 +100,7 @@ pub enum TensorError {
     },
     /// An in-place op was given a tensor whose buffer is shared with another tensor.
     #[error(
-        "{op}: output buffer is shared with another tensor (clone or reshape view alive); in-place ops need sole ownership"
+        "{op}: output buffer is shared with another tensor (clone or reshape view alive); an output (or in-place operand) needs sole ownership"
     )]
     Aliased {
         /// The op.

@@ -323,11 +323,12 @@ mod tests {
             ops::matmul(&u, &b, false, true, &mut c),
             Err(TensorError::UnsupportedDType { .. })
         ));
-        // an f32 matmul given a bf16 operand: a dtype mismatch
+        // an f32 matmul given a bf16 b: refused naming both dtypes
         let h = Tensor::empty(&be, [2, 3], DType::BF16, Category::Other).unwrap();
         assert!(matches!(
             ops::matmul(&a, &h, false, true, &mut c),
-            Err(TensorError::DType { .. })
+            Err(TensorError::InvalidArgument { reason, .. })
+                if reason == "b is bf16: with an f32 a, b must be f32"
         ));
         let _alias = c.clone();
         assert!(matches!(

@@ -92,7 +92,8 @@ pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
 ///
 /// # Errors
 /// Shape, dtype, device and alias errors; [`TensorError::InvalidArgument`] for an f32 `b`
-/// with a transpose; workspace allocation and library errors.
+/// with a transpose, and for a float `b` of neither `a`'s dtype nor (with a bf16 or f16 `a`)
+/// f32, naming both; workspace allocation and library errors.
 pub fn matmul(
     a: &Tensor,
     b: &Tensor,
@@ -105,14 +106,7 @@ pub fn matmul(
     supports(OP, a.dtype(), FLOATS)?;
     let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
     input(OP, &be, a, a.dtype(), None)?;
-    let rounded_b = b.dtype() == DType::F32 && a.dtype() != DType::F32;
-    if rounded_b && (transpose_a || transpose_b) {
-        return Err(TensorError::InvalidArgument {
-            op: OP,
-            reason: format!("an f32 b with a {} a takes no transpose", a.dtype().name()),
-        });
-    }
-    let b_dtype = if rounded_b { DType::F32 } else { a.dtype() };
+    let b_dtype = matmul_b_dtype(a.dtype(), b.dtype(), transpose_a || transpose_b)?;
     input(OP, &be, b, b_dtype, None)?;
     output(OP, &be, c, a.dtype(), Some(&Shape::new([m, n])))?;
     let call = Matmul {
@@ -126,4 +120,29 @@ pub fn matmul(
         c,
     };
     be.matmul(Checked::new(call))
+}
+
+/// The dtype `matmul` expects of `b` for an `a` of `a_dtype`: `a`'s, or f32 (read rounded)
+/// for a bf16 or f16 `a` without transposes; a float `b` of neither is refused naming both.
+fn matmul_b_dtype(a_dtype: DType, b_dtype: DType, transposed: bool) -> Result<DType, TensorError> {
+    let (a_name, b_name) = (a_dtype.name(), b_dtype.name());
+    let an_a = format!(
+        "{} {a_name} a",
+        if a_name.starts_with('f') { "an" } else { "a" }
+    );
+    let refuse = |reason| {
+        Err(TensorError::InvalidArgument {
+            op: "matmul",
+            reason,
+        })
+    };
+    match (a_dtype, b_dtype) {
+        (a, b) if a == b || !b.is_float() => Ok(a),
+        (DType::F32, _) => refuse(format!("b is {b_name}: with {an_a}, b must be f32")),
+        (_, DType::F32) if transposed => refuse(format!("an f32 b with {an_a} takes no transpose")),
+        (_, DType::F32) => Ok(DType::F32),
+        _ => refuse(format!(
+            "b is {b_name}: with {an_a}, b must be {a_name} or f32 (read rounded)"
+        )),
+    }
 }

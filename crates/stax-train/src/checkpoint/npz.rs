@@ -322,7 +322,7 @@ impl Archive {
         let negative = signed && bytes[0] & 0x80 != 0;
         if negative {
             return Err(fail(CheckpointProblem::Value {
-                reason: "a negative count".into(),
+                reason: "a negative value where a count or step is stored".into(),
             }));
         }
         Ok(Some(bytes.iter().fold(0u64, |v, &b| v << 8 | u64::from(b))))
