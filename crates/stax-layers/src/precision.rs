@@ -7,8 +7,8 @@
 //! layer computes in the dtype of its input (convs and GEMMs with f32 accumulation), casting its
 //! parameters to it where they are used ([`compute_copy`]: a buffer named `{layer}/cast_w`, freed
 //! at its last use, so plans count it; a dense layer's f32 weight is read rounded by its
-//! matmul instead, with no copy: [`stax_tensor::ops::matmul`]), keeps its activations and activation gradients in bf16
-//! and hands bf16 weight gradients to the sink, which Adam reads as f32 ([`stax_tensor::ops::adam`]:
+//! matmul instead, with no copy: [`stax_tensor::ops::matmul`]), keeps its activations and
+//! activation gradients in bf16 and hands bf16 weight gradients to the sink, which Adam reads as f32 ([`stax_tensor::ops::adam`]:
 //! the cast at the update); the output (logits) is cast to f32, so the loss and its softmax
 //! run in f32.
 

@@ -54,25 +54,24 @@ impl MatmulOps for CudaBackend {
             return self.kernels.zero(c.addr(), c.dtype(), m * n);
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
-        let dtype = c.dtype();
-        let mut b_addr = b.addr();
-        let rounded = match b.dtype() == dtype {
-            true => None,
-            false if Kernels::gemm_wf32_fits(m, n, k) => {
-                let part = ws.alloc()?;
-                let ops = (a.addr(), b.addr(), c.addr());
+        let (dtype, mixed) = (c.dtype(), b.dtype() != c.dtype());
+        if mixed && Kernels::gemm_wf32_fits(m, n, k) {
+            let part = ws.alloc()?;
+            let ops = (a.addr(), b.addr(), c.addr());
+            self.kernels
+                .gemm_wf32(dtype, ops, ws.addr(part), (m, n, k))?;
+            ws.free(part)?;
+            return ws.finish();
+        }
+        // else a mixed product reads b rounded into the workspace
+        let rounded = mixed.then(|| ws.alloc()).transpose()?;
+        let b_addr = match rounded {
+            Some(i) => {
                 self.kernels
-                    .gemm_wf32(dtype, ops, ws.addr(part), (m, n, k))?;
-                ws.free(part)?;
-                return ws.finish();
+                    .cast((DType::F32, dtype), b.addr(), ws.addr(i), k * n)?;
+                ws.addr(i)
             }
-            false => {
-                let i = ws.alloc()?;
-                b_addr = ws.addr(i);
-                self.kernels
-                    .cast((DType::F32, dtype), b.addr(), b_addr, k * n)?;
-                Some(i)
-            }
+            None => b.addr(),
         };
         let bytes = self.matmul_bytes(m, n, k);
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;

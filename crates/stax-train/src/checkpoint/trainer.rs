@@ -172,8 +172,8 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     ///
     /// # Errors
     /// As [`Checkpoint::open`], [`Checkpoint::params`], [`Checkpoint::opt_state`],
-    /// [`Checkpoint::step_of`] and [`Trainer::from_params_with_loss`]; a saved loss scale that cannot work is
-    /// [`DynamicLossScale::validate`]'s error.
+    /// [`Checkpoint::step_of`] and [`Trainer::from_params_with_loss`]; a saved loss scale that
+    /// cannot work is [`DynamicLossScale::validate`]'s error.
     ///
     /// [`DynamicLossScale::validate`]: crate::DynamicLossScale::validate
     pub fn load_with_loss(

@@ -59,17 +59,13 @@ impl Kernels {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), TensorError> {
         const OP: &str = "gemm_wf32";
-        let suffix = match dtype {
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            other => {
-                return Err(TensorError::UnsupportedDType {
-                    op: OP,
-                    dtype: other,
-                    supported: "bf16, f16",
-                });
-            }
-        };
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(TensorError::UnsupportedDType {
+                op: OP,
+                dtype,
+                supported: "bf16, f16",
+            });
+        }
         if !Self::gemm_wf32_fits(m, n, k) || !aligned16(&[a, b, part]) {
             return Err(TensorError::InvalidArgument {
                 op: OP,
@@ -84,7 +80,7 @@ impl Kernels {
             shared_mem_bytes: SHARED_BYTES,
         };
         let (mu, nu, ku, kps) = (m as u32, n as u32, k as u64, k_per_split as u64);
-        let sym = format!("gemm_wf32_{suffix}");
+        let sym = format!("gemm_wf32_{}", dtype.name());
         // SAFETY: `gemm_wf32_<dtype>(const unsigned short *a, const float *b, float *part, u32
         // m, u64 k, u32 n, u64 k_per_split)`; a holds m*k 16-bit elements, b k*n f32, part
         // splits*m*n f32 (the grid has `splits` columns of blocks, k_per_split * splits >= k,
@@ -95,8 +91,8 @@ impl Kernels {
             launch!(self.stream, self.function(&sym)?, cfg; &a, &b, &part, &mu, &ku, &nu, &kps)
         }
         .map_err(driver(OP))?;
-        let (mn, splits) = (m * n, splits);
-        let sym = format!("gemm_wf32_reduce_{suffix}");
+        let mn = m * n;
+        let sym = format!("gemm_wf32_reduce_{}", dtype.name());
         let cfg = LaunchConfig {
             grid_dim: (mn.div_ceil(32) as u32, 1, 1),
             block_dim: (256, 1, 1),
