@@ -7,6 +7,7 @@
 //! cargo run --example resnet50 --release -- --batch 128 --classes 1000 --max-steps 20
 //! cargo run --example resnet50 --release -- --batch auto                 # the largest batch that fits
 //! cargo run --example resnet50 --release -- --plan --batch 128           # the step's memory plan
+//! cargo run --example resnet50 --release -- --plan --batch 128 --remat   # the same, blocks recomputed
 //! cargo run --example resnet50 --release -- --device cpu --blocks 1,1,1,1 --widths 8,16,16,16 --epochs 4
 //! ```
 //!
@@ -38,6 +39,11 @@ struct Args {
     /// Width of each stage (ResNet-50: 64,128,256,512; the blocks' last convs have 4x).
     #[arg(long, default_value = "64,128,256,512")]
     widths: String,
+    /// Rematerialize every block (`jax.checkpoint`): keep only each block's input between the
+    /// passes and recompute the block in the backward pass; less memory, one more forward
+    /// pass of the blocks, the same results.
+    #[arg(long)]
+    remat: bool,
 }
 
 /// Four comma-separated positive numbers.
@@ -59,6 +65,7 @@ fn main() -> std::process::ExitCode {
             blocks: four("--blocks", &args.blocks)?,
             widths: four("--widths", &args.widths)?,
             classes,
+            remat: args.remat,
         })
     };
     let example = Example {

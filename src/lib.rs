@@ -21,8 +21,8 @@ pub use stax_layers::{
 };
 pub use stax_layers::{
     AvgPool, AxisSoftmax, BatchNorm, ConvDims, ConvTranspose, Dropout, Elu, Exp, Gelu, GeneralConv,
-    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, NegLogLikelihood, Selu, ShapeDependent,
-    Sigmoid, Softmax, SoftmaxCrossEntropyWithIntegerLabels, Softplus, SumPool,
+    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, NegLogLikelihood, Remat, Selu,
+    ShapeDependent, Sigmoid, Softmax, SoftmaxCrossEntropyWithIntegerLabels, Softplus, SumPool,
 };
 pub use stax_optim::{Adam, Optimizer};
 pub use stax_tensor::{

@@ -18,8 +18,8 @@ use stax::{
 };
 use stax::{
     AvgPool, BatchNorm, ConvDims, ConvTranspose, Dropout, Elementwise, Elu, Exp, Gelu, GeneralConv,
-    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, Selu, ShapeDependent, Sigmoid, Softmax,
-    Softplus, SumPool, models,
+    GeneralConvTranspose, LeakyRelu, LogSoftmax, Mode, Remat, Selu, ShapeDependent, Sigmoid,
+    Softmax, Softplus, SumPool, models,
 };
 
 /// One line of the list: a name, the layer, an input shape.
@@ -274,6 +274,22 @@ const LAYERS: &[Case] = &[
         "resnet identity block",
         models::identity_block(3, [2, 3], 4),
         [3, 3, 3, 4]
+    ),
+    case!(
+        "remat of a resnet identity block",
+        Remat::new(models::identity_block(3, [2, 3], 4)),
+        [2, 3, 3, 4]
+    ),
+    case!(
+        "remat of conv, relu, dropout, dense",
+        Remat::new(serial![
+            Conv::same(3, (3, 3)),
+            Relu,
+            Dropout::new(0.7),
+            Flatten,
+            Dense(4)
+        ]),
+        [2, 4, 3, 2]
     ),
 ];
 

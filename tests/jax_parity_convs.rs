@@ -124,7 +124,8 @@ const LAYERS: &[Entry] = &[
         ResNet {
             blocks: [1, 2, 1, 1],
             widths: [2, 2, 4, 4],
-            classes: 3
+            classes: 3,
+            remat: false,
         }
         .build((16, 16, 3))
         .unwrap(),

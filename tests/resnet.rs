@@ -19,6 +19,7 @@ fn shallow() -> Serial {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
+        remat: false,
     };
     net.build((28, 28, 1)).unwrap()
 }

@@ -162,6 +162,12 @@ impl<'a> Cx<'a> {
         self.rng.take()
     }
 
+    /// Sets the RNG key of what runs next in this layer's place ([`crate::Remat`] hands its
+    /// layer the key it was given, twice) and returns the one it replaces.
+    pub(crate) fn replace_rng(&mut self, rng: Option<Rng>) -> Option<Rng> {
+        std::mem::replace(&mut self.rng, rng)
+    }
+
     /// Runs `f` as the child `key` (at `position` among its siblings) with its own RNG key:
     /// the path and the allocator scope are the child's meanwhile, and an error comes back
     /// with `key` in front of its path.

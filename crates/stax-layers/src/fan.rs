@@ -260,7 +260,7 @@ impl Layer for FanInConcat {
             .into_iter()
             .map(|s| match s {
                 Saved::Shape(s) => Some(s.clone()),
-                Saved::Tensor(_) => None,
+                _ => None,
             })
             .collect();
         let shapes = shapes.ok_or_else(|| self.mismatch("residuals", "expected shapes".into()))?;

@@ -28,6 +28,9 @@ pub enum Saved {
     Tensor(Tensor),
     /// A shape (`Flatten` keeps its input shape).
     Shape(Shape),
+    /// An RNG key ([`crate::Remat`] keeps its layer's, to draw the same dropout masks when it
+    /// recomputes the forward pass).
+    Rng(Box<crate::Rng>),
 }
 
 /// How a parameter tensor is initialized (stax's defaults).
@@ -314,7 +317,7 @@ pub fn saved_tensor(
     take(residuals, key)
         .and_then(|s| match s {
             Saved::Tensor(t) => Some(t),
-            Saved::Shape(_) => None,
+            _ => None,
         })
         .ok_or_else(|| layer.mismatch("residuals", format!("no saved tensor `{key}`")))
 }
@@ -331,7 +334,7 @@ pub fn saved_shape(
     take(residuals, key)
         .and_then(|s| match s {
             Saved::Shape(s) => Some(s),
-            Saved::Tensor(_) => None,
+            _ => None,
         })
         .ok_or_else(|| layer.mismatch("residuals", format!("no saved shape `{key}`")))
 }

@@ -59,7 +59,7 @@ fn restored(saved: &Residuals) -> Option<Shapes> {
     saved
         .try_map(|_, s| match s {
             Saved::Shape(s) => Ok(s.clone()),
-            Saved::Tensor(_) => Err(()),
+            _ => Err(()),
         })
         .ok()
 }

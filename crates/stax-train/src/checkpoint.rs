@@ -199,8 +199,9 @@ impl Checkpoint {
 
     /// Checks `stax.json` (when present) against `model`: the same model description, up to
     /// the compute policy (parameters are f32 masters under every policy, so a checkpoint
-    /// saved in f32 resumes in bf16 and back). (The input shape may differ: the parameters'
-    /// shapes say whether they fit.)
+    /// saved in f32 resumes in bf16 and back) and rematerialization (`remat(..)`, which
+    /// changes no parameter). (The input shape may differ: the parameters' shapes say whether
+    /// they fit.)
     ///
     /// # Errors
     /// [`CheckpointProblem::Model`] naming `stax.json`, with both descriptions.
@@ -209,11 +210,8 @@ impl Checkpoint {
             return Ok(());
         };
         // `Mixed::describe` is the model's description, then " under {policy}"
-        let structure = |d: &str| {
-            d.rsplit_once(" under params=")
-                .map_or(d, |(m, _)| m)
-                .to_owned()
-        };
+        let structure =
+            |d: &str| without_remat(d.rsplit_once(" under params=").map_or(d, |(m, _)| m));
         let expected = model.describe();
         if structure(&expected) != structure(&meta.model) {
             let found = meta.model.clone();
@@ -401,4 +399,30 @@ fn host_bytes(a: &mut stax_alloc::Allocation) -> Result<&mut [u8], TrainError> {
             reason: "the staging allocator does not hand out host memory".into(),
         })
     })
+}
+
+/// A model description without its `remat(..)` wrappers ([`stax_layers::Remat`]'s
+/// description): `serial[remat(serial[dense(4)]), dense(2)]` is `serial[serial[dense(4)],
+/// dense(2)]`.
+fn without_remat(description: &str) -> String {
+    let mut out = String::with_capacity(description.len());
+    // for each open parenthesis: whether it opened a remat wrapper
+    let mut open = Vec::new();
+    let mut rest = description;
+    while let Some(c) = rest.chars().next() {
+        if let Some(inner) = rest.strip_prefix("remat(") {
+            open.push(true);
+            rest = inner;
+            continue;
+        }
+        let wrapper_closes = c == ')' && open.pop() == Some(true);
+        if c == '(' {
+            open.push(false);
+        }
+        if !wrapper_closes {
+            out.push(c);
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }

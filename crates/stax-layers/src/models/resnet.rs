@@ -16,7 +16,7 @@
 
 use crate::{
     AvgPool, BatchNorm, Conv, Dense, FanInSum, FanOut, Flatten, Identity, Layer, LayerError,
-    MaxPool, Padding, Relu, Serial, parallel, serial,
+    MaxPool, Padding, Relu, Remat, Serial, parallel, serial,
 };
 use stax_tensor::{Shape, Tree};
 
@@ -77,6 +77,11 @@ pub struct ResNet {
     pub widths: [usize; 4],
     /// Classes of the dense head.
     pub classes: usize,
+    /// Whether every block is a [`Remat`] (`jax.checkpoint` of each `ConvBlock` and
+    /// `IdentityBlock`): the forward pass keeps only each block's input, the backward pass
+    /// recomputes one block at a time. The same parameters and results, less memory, one more
+    /// forward pass of the blocks.
+    pub remat: bool,
 }
 
 impl ResNet {
@@ -86,6 +91,7 @@ impl ResNet {
             blocks: [3, 4, 6, 3],
             widths: [64, 128, 256, 512],
             classes,
+            remat: false,
         }
     }
 
@@ -116,9 +122,9 @@ impl ResNet {
         ];
         for (stage, (&n, &width)) in self.blocks.iter().zip(&self.widths).enumerate() {
             let strides = if stage == 0 { (1, 1) } else { (2, 2) };
-            layers.push(Box::new(conv_block(3, [width, width, 4 * width], strides)));
+            layers.push(self.block(conv_block(3, [width, width, 4 * width], strides)));
             for _ in 1..n {
-                layers.push(Box::new(identity_block(3, [width, width], 4 * width)));
+                layers.push(self.block(identity_block(3, [width, width], 4 * width)));
             }
         }
         let trunk = Serial(layers);
@@ -132,6 +138,14 @@ impl ResNet {
         layers.push(Box::new(Flatten));
         layers.push(Box::new(Dense(self.classes)));
         Ok(Serial(layers))
+    }
+
+    /// A block as this model holds it: itself, or rematerialized ([`ResNet::remat`]).
+    fn block(&self, block: Serial) -> Box<dyn Layer> {
+        match self.remat {
+            true => Box::new(Remat::new(block)),
+            false => Box::new(block),
+        }
     }
 }
 

@@ -1,0 +1,217 @@
+//! Rematerialization (`Remat`, `jax.checkpoint`): a rematerialized model trains to the same
+//! bits as the plain one (ResNet blocks with Adam's dense update in the backward pass; a
+//! dropout and a dense layer inside, collected), keeps exactly its output between the passes
+//! where the plain model keeps its masks and inputs too (from the plan, to the byte), and lowers
+//! the shallow ResNet's planned peak. On the GPU the rematerialized ResNet's two steps equal the
+//! CPU's. `tests/conformance.rs` runs its finite differences, GPU = CPU and plan = measured.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::checkpoint::state_bits;
+use common::{Rng, cpu, private_gpu_with, two_steps_match_cpu};
+use stax::models::ResNet;
+use stax::train::plan::MemoryPlan;
+use stax::train::{Phase, Trainer};
+use stax::{
+    Adam, Backend, Category, Dense, Dropout, Layer, Precision, Relu, Remat, Serial, Shape, Tensor,
+    serial,
+};
+
+/// The shallow ResNet of `tests/resnet.rs` (blocks `[1, 1, 1, 1]`, widths `[8, 16, 16, 16]`),
+/// its blocks rematerialized or not.
+fn shallow(remat: bool) -> Serial {
+    let net = ResNet {
+        blocks: [1, 1, 1, 1],
+        widths: [8, 16, 16, 16],
+        classes: 2,
+        remat,
+    };
+    net.build((28, 28, 1)).unwrap()
+}
+
+/// A trainer's parameters and state as bits, its count and step (`state_bits`).
+type StateBits = (Vec<u32>, Vec<u32>, u32, u64);
+
+/// `steps` training steps of `model` on `be` from seed 5 with Adam `adam`, each on fresh
+/// random images (uniform in [-1, 1), labels alternating): the losses' bits, then the
+/// trainer's state as bits.
+fn run(
+    model: Serial,
+    input: &Shape,
+    adam: Adam,
+    be: &Arc<dyn Backend>,
+    steps: usize,
+) -> (Vec<u32>, StateBits) {
+    let mut t = Trainer::new(model, input.clone(), adam, be, 5).unwrap();
+    let n = input.dims()[0];
+    let mut rng = Rng::new(17);
+    let labels: Vec<f32> = (0..n * 2)
+        .map(|i| (i % 2 == (i / 2) % 2) as u8 as f32)
+        .collect();
+    let losses = (0..steps)
+        .map(|_| {
+            let images = rng.vec(input.numel(), -1.0, 1.0);
+            let x = Tensor::from_slice(be, &images, input.clone(), Category::Input).unwrap();
+            let y = Tensor::from_slice(be, &labels, [n, 2], Category::Input).unwrap();
+            t.step(&x, &y).unwrap().loss.to_bits()
+        })
+        .collect();
+    (losses, state_bits(&t))
+}
+
+#[test]
+fn a_rematerialized_resnet_trains_to_the_same_bits() {
+    let (be, input) = (cpu(), Shape::new([6, 28, 28, 1]));
+    let adam = Adam::new(1e-3);
+    let plain = run(shallow(false), &input, adam, &be, 3);
+    let remat = run(shallow(true), &input, adam, &be, 3);
+    assert_eq!(plain.0, remat.0, "losses");
+    assert!(
+        plain.1 == remat.1,
+        "parameters, moments, count or step differ"
+    );
+}
+
+/// Dense, ReLU, Dropout, Dense, ReLU, optionally rematerialized, then the head `Dense(2)`.
+fn mlp(remat: bool) -> Serial {
+    let body = serial![Dense(64), Relu, Dropout::new(0.6), Dense(32), Relu];
+    match remat {
+        true => serial![Remat::new(body), Dense(2)],
+        false => serial![body, Dense(2)],
+    }
+}
+
+#[test]
+fn a_dropout_inside_draws_the_same_mask_again() {
+    // the dense layers inside a Remat are collected, so the plain model collects them too
+    let (be, input) = (cpu(), Shape::new([8, 16]));
+    let adam = Adam::new(1e-3).collecting();
+    let plain = run(mlp(false), &input, adam, &be, 4);
+    let remat = run(mlp(true), &input, adam, &be, 4);
+    assert_eq!(plain.0, remat.0, "losses");
+    assert!(
+        plain.1 == remat.1,
+        "parameters, moments, count or step differ"
+    );
+}
+
+/// What the plan keeps under `prefix` from the forward pass into the backward pass: `(name,
+/// bytes)` of every buffer allocated before the backward pass starts and freed after.
+fn kept_across(plan: &MemoryPlan, prefix: &str) -> Vec<(String, u64)> {
+    let backward = plan.phases.iter().find(|(p, _)| *p == Phase::Backward);
+    let start = backward.expect("a backward phase").1;
+    plan.buffers
+        .iter()
+        .filter(|b| b.name.starts_with(prefix))
+        .filter(|b| b.alloc.is_some_and(|a| a < start) && b.free.is_none_or(|f| f > start))
+        .map(|b| (b.name.clone(), b.bytes))
+        .collect()
+}
+
+#[test]
+fn only_the_output_is_kept_between_the_passes() {
+    let (be, input) = (cpu(), Shape::new([8, 16]));
+    let plan = |model: Serial| {
+        let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        t.plan(8).unwrap()
+    };
+    // plain: the first ReLU's output (8 x 64 f32, the second dense layer's input), the dropout's
+    // and both ReLUs' masks (one bit an element, in 32-bit words), and the body's output (8 x
+    // 32 f32, the head's input)
+    let mut plain = kept_across(&plan(mlp(false)), "0.serial/");
+    plain.sort();
+    let want = [
+        ("0.serial/0.dense/output", 8 * 64 * 4),
+        ("0.serial/1.relu/mask", 8 * 64 / 8),
+        ("0.serial/2.dropout/mask", 8 * 64 / 8),
+        ("0.serial/3.dense/output", 8 * 32 * 4),
+        ("0.serial/4.relu/mask", 8 * 32 / 8),
+    ];
+    let want: Vec<(String, u64)> = want.iter().map(|(n, b)| (n.to_string(), *b)).collect();
+    assert_eq!(plain, want);
+    // rematerialized: only the output (its input is the model's input, kept by the step)
+    let remat = kept_across(&plan(mlp(true)), "0.serial/");
+    assert_eq!(remat, [("0.serial/3.dense/output".to_string(), 8 * 32 * 4)]);
+}
+
+#[test]
+fn rematerialized_blocks_lower_the_resnets_planned_peak() {
+    let (be, input) = (cpu(), Shape::new([50, 28, 28, 1]));
+    let peak = |model: Serial| {
+        let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        t.plan(50).unwrap().peak.bytes
+    };
+    let (plain, remat) = (peak(shallow(false)), peak(shallow(true)));
+    println!("shallow resnet, batch 50: planned peak {plain} plain, {remat} rematerialized");
+    assert!(remat < plain, "{remat} >= {plain}");
+}
+
+#[test]
+fn a_rematerialized_resnet_trains_on_the_gpu_as_on_the_cpu() {
+    let Some(gpu) = private_gpu_with(Precision::Highest) else {
+        return;
+    };
+    two_steps_match_cpu(|| shallow(true), &Shape::new([50, 28, 28, 1]), &gpu, 1e-3);
+}
+
+#[test]
+fn remat_keeps_its_layers_parameters_and_description() {
+    let input = stax::Tree::leaf(Shape::new([2, 16]));
+    let (plain, remat) = (mlp(false), mlp(true));
+    let specs = |m: &Serial| m.param_specs(&input).unwrap();
+    let paths = |m: &Serial| -> Vec<String> {
+        let s = specs(m);
+        s.paths().iter().map(|(p, _)| p.to_string()).collect()
+    };
+    assert_eq!(paths(&plain), paths(&remat));
+    assert_eq!(
+        paths(&remat),
+        [
+            "0.serial/0.dense/w",
+            "0.serial/0.dense/b",
+            "0.serial/3.dense/w",
+            "0.serial/3.dense/b",
+            "1.dense/w",
+            "1.dense/b"
+        ]
+    );
+    // only the head's weight is updated in the backward pass
+    let in_backward: Vec<bool> = specs(&remat)
+        .leaves()
+        .iter()
+        .map(|s| s.update_in_backward)
+        .collect();
+    assert_eq!(in_backward, [false, false, false, false, true, false]);
+    assert!(
+        remat
+            .describe()
+            .starts_with("serial[remat(serial[dense(64)"),
+        "{}",
+        remat.describe()
+    );
+}
+
+#[test]
+fn a_checkpoint_resumes_with_or_without_remat() {
+    let dir = common::checkpoint::scratch("remat");
+    let (be, input) = (cpu(), Shape::new([4, 16]));
+    let adam = Adam::new(1e-3).collecting();
+    for (saved, loaded) in [(true, false), (false, true)] {
+        let t = Trainer::new(mlp(saved), input.clone(), adam, &be, 3).unwrap();
+        let path = dir.join(format!("remat-{saved}.npz"));
+        t.save(&path, None).unwrap();
+        let (back, _) = Trainer::load(mlp(loaded), input.clone(), adam, &be, &path).unwrap();
+        assert!(state_bits(&t) == state_bits(&back), "saved remat {saved}");
+    }
+    // the structure inside the wrapper still counts
+    let other = serial![Remat::new(serial![Dense(65), Relu]), Dense(2)];
+    let t = Trainer::new(mlp(true), input.clone(), adam, &be, 3).unwrap();
+    let path = dir.join("remat.npz");
+    t.save(&path, None).unwrap();
+    let err = Trainer::load(other, input, adam, &be, &path)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("dense(65)"), "{err}");
+}
