@@ -8,6 +8,7 @@
 //! cargo run --example resnet50 --release -- --batch auto                 # the largest batch that fits
 //! cargo run --example resnet50 --release -- --plan --batch 128           # the step's memory plan
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat   # the same, blocks recomputed
+//! cargo run --example resnet50 --release -- --plan --batch 128 --remat 2 # only the first two stages'
 //! cargo run --example resnet50 --release -- --device cpu --blocks 1,1,1,1 --widths 8,16,16,16 --epochs 4
 //! ```
 //!
@@ -39,11 +40,11 @@ struct Args {
     /// Width of each stage (ResNet-50: 64,128,256,512; the blocks' last convs have 4x).
     #[arg(long, default_value = "64,128,256,512")]
     widths: String,
-    /// Rematerialize every block (`jax.checkpoint`): keep only each block's input between the
-    /// passes and recompute the block in the backward pass; less memory, one more forward
-    /// pass of the blocks, the same results.
-    #[arg(long)]
-    remat: bool,
+    /// Rematerialize the blocks of the first N stages (`jax.checkpoint`; `--remat` alone: all
+    /// 4): keep only each such block's input between the passes and recompute the block in the
+    /// backward pass; less memory, one more forward pass of those blocks, the same results.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4", default_value_t = 0)]
+    remat: usize,
 }
 
 /// Four comma-separated positive numbers.
@@ -65,7 +66,7 @@ fn main() -> std::process::ExitCode {
             blocks: four("--blocks", &args.blocks)?,
             widths: four("--widths", &args.widths)?,
             classes,
-            remat: args.remat,
+            remat_stages: args.remat,
         })
     };
     let example = Example {

@@ -111,6 +111,12 @@ fn a_resnet_for_images_too_small_names_the_layer() {
             .to_string()
             .contains("needs a block")
     );
+    let five = ResNet {
+        remat_stages: 5,
+        ..net
+    };
+    let text = five.build((224, 224, 3)).unwrap_err().to_string();
+    assert!(text.contains("remat_stages is 5"), "{text}");
 }
 
 #[test]

@@ -125,7 +125,7 @@ const LAYERS: &[Entry] = &[
             blocks: [1, 2, 1, 1],
             widths: [2, 2, 4, 4],
             classes: 3,
-            remat: false,
+            remat_stages: 0,
         }
         .build((16, 16, 3))
         .unwrap(),

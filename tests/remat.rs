@@ -26,7 +26,7 @@ fn shallow(remat: bool) -> Serial {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
-        remat,
+        remat_stages: if remat { 4 } else { 0 },
     };
     net.build((28, 28, 1)).unwrap()
 }
@@ -214,4 +214,17 @@ fn a_checkpoint_resumes_with_or_without_remat() {
         .map(|_| ())
         .unwrap_err();
     assert!(err.to_string().contains("dense(65)"), "{err}");
+}
+
+#[test]
+fn remat_stages_wrap_the_blocks_of_the_first_stages() {
+    // ResNet-50's stages have 3, 4, 6 and 3 blocks
+    for (stages, blocks) in [(0, 0), (1, 3), (2, 7), (3, 13), (4, 16)] {
+        let net = ResNet {
+            remat_stages: stages,
+            ..ResNet::resnet50(10)
+        };
+        let text = net.build((64, 64, 3)).unwrap().describe();
+        assert_eq!(text.matches("remat(").count(), blocks, "{stages} stages");
+    }
 }

@@ -19,7 +19,7 @@ fn shallow() -> Serial {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
-        remat: false,
+        remat_stages: 0,
     };
     net.build((28, 28, 1)).unwrap()
 }

@@ -77,11 +77,13 @@ pub struct ResNet {
     pub widths: [usize; 4],
     /// Classes of the dense head.
     pub classes: usize,
-    /// Whether every block is a [`Remat`] (`jax.checkpoint` of each `ConvBlock` and
-    /// `IdentityBlock`): the forward pass keeps only each block's input, the backward pass
-    /// recomputes one block at a time. The same parameters and results, less memory, one more
-    /// forward pass of the blocks.
-    pub remat: bool,
+    /// How many stages, from the first, have every block a [`Remat`] (`jax.checkpoint` of
+    /// each `ConvBlock` and `IdentityBlock`; 0 to 4): the forward pass keeps only each such
+    /// block's input, the backward pass recomputes one block at a time. The same parameters and
+    /// results, less memory, one more forward pass of those blocks. The first stages hold the
+    /// most activation bytes per FLOP (ResNet-50 at batch 128, 224x224, f32 plan: 10.68 GB
+    /// with none, 7.85 with one, 5.96 with two, 4.40 with all four).
+    pub remat_stages: usize,
 }
 
 impl ResNet {
@@ -91,7 +93,7 @@ impl ResNet {
             blocks: [3, 4, 6, 3],
             widths: [64, 128, 256, 512],
             classes,
-            remat: false,
+            remat_stages: 0,
         }
     }
 
@@ -103,6 +105,16 @@ impl ResNet {
     /// [`LayerError::Config`] for a stage of no blocks or a zero width; the shape errors of an
     /// image too small for the stem.
     pub fn build(&self, (h, w, c): (usize, usize, usize)) -> Result<Serial, LayerError> {
+        if self.remat_stages > 4 {
+            return Err(LayerError::Config {
+                path: String::new(),
+                layer: "resnet".into(),
+                reason: format!(
+                    "remat_stages is {}: at most the 4 stages",
+                    self.remat_stages
+                ),
+            });
+        }
         if self.blocks.contains(&0) || self.widths.contains(&0) || self.classes == 0 {
             return Err(LayerError::Config {
                 path: String::new(),
@@ -122,9 +134,9 @@ impl ResNet {
         ];
         for (stage, (&n, &width)) in self.blocks.iter().zip(&self.widths).enumerate() {
             let strides = if stage == 0 { (1, 1) } else { (2, 2) };
-            layers.push(self.block(conv_block(3, [width, width, 4 * width], strides)));
+            layers.push(self.block(stage, conv_block(3, [width, width, 4 * width], strides)));
             for _ in 1..n {
-                layers.push(self.block(identity_block(3, [width, width], 4 * width)));
+                layers.push(self.block(stage, identity_block(3, [width, width], 4 * width)));
             }
         }
         let trunk = Serial(layers);
@@ -140,9 +152,10 @@ impl ResNet {
         Ok(Serial(layers))
     }
 
-    /// A block as this model holds it: itself, or rematerialized ([`ResNet::remat`]).
-    fn block(&self, block: Serial) -> Box<dyn Layer> {
-        match self.remat {
+    /// A block of stage `stage` as this model holds it: itself, or rematerialized
+    /// ([`ResNet::remat_stages`]).
+    fn block(&self, stage: usize, block: Serial) -> Box<dyn Layer> {
+        match stage < self.remat_stages {
             true => Box::new(Remat::new(block)),
             false => Box::new(block),
         }
