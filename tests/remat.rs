@@ -132,8 +132,23 @@ fn only_the_output_is_kept_between_the_passes() {
     let want: Vec<(String, u64)> = want.iter().map(|(n, b)| (n.to_string(), *b)).collect();
     assert_eq!(plain, want);
     // rematerialized: only the output (its input is the model's input, kept by the step)
-    let remat = kept_across(&plan(mlp(true)), "0.serial/");
+    let remat_plan = plan(mlp(true));
+    let remat = kept_across(&remat_plan, "0.serial/");
     assert_eq!(remat, [("0.serial/3.dense/output".to_string(), 8 * 32 * 4)]);
+    // the backward pass makes them again, named under `remat`
+    let start = remat_plan
+        .phases
+        .iter()
+        .find(|(p, _)| *p == Phase::Backward);
+    let start = start.unwrap().1;
+    let mut again: Vec<(String, u64)> = remat_plan
+        .buffers
+        .iter()
+        .filter(|b| b.name.starts_with("0.serial/remat/") && b.alloc.is_some_and(|a| a > start))
+        .map(|b| (b.name.replace("/remat/", "/"), b.bytes))
+        .collect();
+    again.sort();
+    assert_eq!(again, want);
 }
 
 #[test]

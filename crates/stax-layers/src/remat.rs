@@ -9,8 +9,10 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, 
 /// `jax.checkpoint(layer)`: in a training step the layer's forward pass runs as usual, but all
 /// it keeps for the backward pass (its residuals: masks, inputs of its convs, BatchNorm's
 /// statistics) is freed as soon as it returns; only the input (handles, no copy) and the RNG
-/// key are kept. The backward pass runs the forward pass again from them, then the layer's
-/// backward pass on what that made, and frees it.
+/// key are kept. The backward pass runs the forward pass again from them (what that allocates is
+/// named `{layer}/remat/...`, so plans show what the recomputation holds:
+/// `4.serial/remat/1.parallel/0.serial/0.conv/output`), then the layer's backward pass on what
+/// it made, and frees it.
 ///
 /// So the memory between the two passes is the input instead of everything inside the layer,
 /// for a second forward pass of the layer. The results are the same bits: every op is
@@ -107,7 +109,11 @@ impl<L: Layer> Layer for Remat<L> {
     ) -> Result<Option<Value>, LayerError> {
         let (x, rng) = self.unpack(residuals)?;
         let outer = cx.replace_rng(rng);
-        let again = self.layer.apply(params, x, cx);
+        let again = {
+            // what the recomputation allocates is named `{path}/remat/...` in plans and traces
+            let _scope = cx.backend().allocator().scope("remat");
+            self.layer.apply(params, x, cx)
+        };
         cx.replace_rng(outer);
         let (y, inner) = again?;
         drop(y);
