@@ -243,3 +243,25 @@ fn remat_stages_wrap_the_blocks_of_the_first_stages() {
         assert_eq!(text.matches("remat(").count(), blocks, "{stages} stages");
     }
 }
+
+#[test]
+fn residuals_of_another_layer_are_a_mismatch() {
+    use stax::layers::{LayerError, Value};
+    let be = cpu();
+    let (inner, remat) = (serial![Dense(3), Relu], Remat::new(serial![Dense(3), Relu]));
+    let input = Shape::new([2, 4]);
+    let (_, params) = common::init(&remat, &input, &be, 1);
+    let x = Tensor::from_slice(&be, &[0.5f32; 8], input, Category::Input).unwrap();
+    let mut sink = stax::Collect::new();
+    let mut cx = stax::Cx::train(&be, &mut sink);
+    // the plain serial's residuals (a node per layer) handed to the Remat
+    let (y, residuals) = inner.apply(&params, Value::leaf(x), &mut cx).unwrap();
+    let err = remat.vjp(&params, residuals, y, &mut cx, true).unwrap_err();
+    match &err {
+        LayerError::Mismatch { what, reason, .. } => {
+            assert_eq!(*what, "residuals", "{err}");
+            assert!(reason.contains("unexpected `0.dense`"), "{err}");
+        }
+        other => panic!("not a mismatch: {other}"),
+    }
+}

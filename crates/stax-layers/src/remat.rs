@@ -17,8 +17,8 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, 
 /// So the memory between the two passes is the input instead of everything inside the layer,
 /// for a second forward pass of the layer. The results are the same bits: every op is
 /// deterministic on both backends, and the recomputation draws the same RNG key (the same
-/// dropout masks). Wrap each block of a deep model (`ResNet::remat`) to keep one block's
-/// activations at a time in the backward pass.
+/// dropout masks). Wrap each block of a deep model (`ResNet { remat_stages }`) to keep one
+/// block's activations at a time in the backward pass.
 ///
 /// Parameters are the layer's own (same tree, same kind, so paths and checkpoints do not
 /// change), except that none is updated in the backward pass ([`ParamSpec`]'s
