@@ -1,14 +1,15 @@
-//! The layer conformance list: one line per layer (and per combinator arrangement), and four
+//! The layer conformance list: one line per layer (and per combinator arrangement), and five
 //! checks run over every line: shapes (`init`'s equal `apply`'s, in both modes: stax's
-//! `_CheckShapeAgreement`), finite differences of the backward pass, GPU = CPU on fresh random
-//! inputs (skipped without a GPU), and the memory plan of a training step equal to what the
-//! step measures, to the byte, on the CPU and the GPU. A new layer is one line here.
+//! `_CheckShapeAgreement`), finite differences of the backward pass, the same bits when
+//! rematerialized (`Remat`), GPU = CPU on fresh random inputs (skipped without a GPU), and the
+//! memory plan of a training step equal to what the step measures, to the byte, on the CPU and
+//! the GPU. A new layer is one line here.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::layers::{finite_differences, gpu_matches_cpu};
+use common::layers::{finite_differences, gpu_matches_cpu, remat_is_the_same_bits};
 use common::{Rng, cpu, cuda_or_skip, init, with_precision};
 use stax::train::Trainer;
 use stax::{
@@ -332,6 +333,13 @@ fn shapes_agree_in_both_modes() {
 fn backward_passes_match_finite_differences() {
     for (i, case) in LAYERS.iter().enumerate() {
         finite_differences(&*(case.layer)(), &shape(case), 11 + i as u64);
+    }
+}
+
+#[test]
+fn every_layer_rematerialized_gives_the_same_bits() {
+    for (i, case) in LAYERS.iter().enumerate() {
+        remat_is_the_same_bits(case.layer, &shape(case), 61 + i as u64);
     }
 }
 

@@ -183,3 +183,37 @@ pub fn gpu_matches_cpu(
         &format!("{name}: grads (every leaf, in order, as one vector)"),
     );
 }
+
+/// `Remat::new(serial![layer])` gives the bits of `serial![layer]` (`make` builds the layer
+/// twice): its output, input gradient and every parameter gradient, on the CPU, from the
+/// same parameters, input and output gradient (RNG key [`super::STEP_KEY`] for both).
+pub fn remat_is_the_same_bits(make: fn() -> Box<dyn Layer>, input: &Shape, seed: u64) {
+    let be = super::cpu();
+    let plain = stax::Serial(vec![make()]);
+    let remat = stax::Remat::new(stax::Serial(vec![make()]));
+    let name = remat.describe();
+    let mut rng = Rng::new(seed);
+    let (out, params) = init(&plain, input, &be, seed + 1000);
+    let x = rng.vec(input.numel(), -1.0, 1.0);
+    let r = rng.vec(out.leaves().iter().map(|s| s.numel()).sum(), -1.0, 1.0);
+    let run = |layer: &dyn Layer| {
+        let xt = Tensor::from_slice(&be, &x, input.clone(), Category::Input).unwrap();
+        let (y, dx, grads) = vjp(layer, &params, Tree::leaf(xt), |y| {
+            let mut at = 0;
+            y.map(|t| {
+                at += t.numel();
+                let values = &r[at - t.numel()..at];
+                Tensor::from_slice(&be, values, t.shape().clone(), Category::Gradient).unwrap()
+            })
+        });
+        let bits = |v: &Tree<Tensor>| -> Vec<u32> {
+            let host = super::host_values(v.leaves());
+            host.into_iter().map(f32::to_bits).collect()
+        };
+        (bits(&y), bits(&dx), bits(&grads))
+    };
+    let (a, b) = (run(&plain), run(&remat));
+    assert!(a.0 == b.0, "{name}: outputs differ");
+    assert!(a.1 == b.1, "{name}: input gradients differ");
+    assert!(a.2 == b.2, "{name}: parameter gradients differ");
+}
