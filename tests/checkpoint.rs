@@ -14,10 +14,11 @@ use common::checkpoint::{
     state_bits, tiny,
 };
 use common::{cpu, small_model};
+use stax::layers::{Mixed, Policy};
 use stax::train::data::DataPosition;
 use stax::train::plan::MemoryPlan;
 use stax::train::{Checkpoint, CheckpointProblem, TrainError, Trainer};
-use stax::{Adam, Backend, Conv, Dense, Flatten, Relu, Shape, Tanh, serial};
+use stax::{Adam, Backend, Conv, Dense, Flatten, Layer, Relu, Serial, Shape, Tanh, serial};
 
 /// Asserts that `e` is a checkpoint error about `member` whose problem matches `pattern`.
 macro_rules! assert_problem {
@@ -376,6 +377,30 @@ fn another_model_is_refused_naming_the_first_member_that_differs() {
     ];
     let e = Trainer::load(tanh, tiny_input(), Adam::new(1e-2), &be, &mine).unwrap_err();
     assert_problem!(e, Some("stax.json"), CheckpointProblem::Model { .. });
+    // a layer under its own policy: what follows it is compared too, its policy is not
+    let bf16 = |act: Box<dyn Layer>, policy| {
+        let conv = Mixed::new(Conv::same(4, (3, 3)), policy);
+        Serial(vec![
+            Box::new(conv),
+            act,
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ])
+    };
+    let mixed = dir.join("mixed.npz");
+    let t = Trainer::new(
+        bf16(Box::new(Relu), Policy::BF16),
+        tiny_input(),
+        Adam::new(1e-2),
+        &be,
+        0,
+    );
+    t.unwrap().save(&mixed, None).unwrap();
+    let other = bf16(Box::new(Tanh), Policy::BF16);
+    let e = Trainer::load(other, tiny_input(), Adam::new(1e-2), &be, &mixed).unwrap_err();
+    assert_problem!(e, Some("stax.json"), CheckpointProblem::Model { .. });
+    let f32 = bf16(Box::new(Relu), Policy::default());
+    Trainer::load(f32, tiny_input(), Adam::new(1e-2), &be, &mixed).unwrap();
     // a model with fewer parameters: the checkpoint's extra ones are not part of it
     let shorter = serial![Conv::same(4, (3, 3)), Relu, Flatten, Dense(8)];
     let e = Checkpoint::open(&path)

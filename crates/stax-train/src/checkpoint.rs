@@ -209,9 +209,6 @@ impl Checkpoint {
         let Some(meta) = &self.meta else {
             return Ok(());
         };
-        // `Mixed::describe` is the model's description, then " under {policy}"
-        let structure =
-            |d: &str| without_remat(d.rsplit_once(" under params=").map_or(d, |(m, _)| m));
         let expected = model.describe();
         if structure(&expected) != structure(&meta.model) {
             let found = meta.model.clone();
@@ -399,6 +396,29 @@ fn host_bytes(a: &mut stax_alloc::Allocation) -> Result<&mut [u8], TrainError> {
             reason: "the staging allocator does not hand out host memory".into(),
         })
     })
+}
+
+/// A model description without what changes no parameter: every policy of a `Mixed` layer
+/// (`Mixed::describe` appends ` under params=f32,compute=bf16,output=f32` to its layer's
+/// description, at any depth) and every `remat(..)` wrapper.
+fn structure(description: &str) -> String {
+    const MARK: &str = " under params=";
+    const OUTPUT: &str = "output=";
+    let mut out = String::with_capacity(description.len());
+    let mut rest = description;
+    while let Some(at) = rest.find(MARK) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        // the policy ends with its output dtype's name
+        let end = tail.find(OUTPUT).map_or(tail.len(), |o| {
+            let name = &tail[o + OUTPUT.len()..];
+            let len = name.find(|c: char| !c.is_ascii_alphanumeric());
+            o + OUTPUT.len() + len.unwrap_or(name.len())
+        });
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    without_remat(&out)
 }
 
 /// A model description without its `remat(..)` wrappers ([`stax_layers::Remat`]'s
