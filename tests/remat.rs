@@ -220,6 +220,14 @@ fn a_checkpoint_resumes_with_or_without_remat() {
         let (back, _) = Trainer::load(mlp(loaded), input.clone(), adam, &be, &path).unwrap();
         assert!(state_bits(&t) == state_bits(&back), "saved remat {saved}");
     }
+    // what a Remat saves is not structure either
+    let body = || serial![Dense(64), Relu, Dropout::new(0.6), Dense(32), Relu];
+    let saving = serial![Remat::new(body()).saving(&["dense"]), Dense(2)];
+    let t = Trainer::new(saving, input.clone(), adam, &be, 3).unwrap();
+    let path = dir.join("saving.npz");
+    t.save(&path, None).unwrap();
+    let (back, _) = Trainer::load(mlp(false), input.clone(), adam, &be, &path).unwrap();
+    assert!(state_bits(&t) == state_bits(&back), "saved with a saving Remat");
     // the structure inside the wrapper still counts
     let other = serial![Remat::new(serial![Dense(65), Relu]), Dense(2)];
     let t = Trainer::new(mlp(true), input.clone(), adam, &be, 3).unwrap();
@@ -264,4 +272,64 @@ fn residuals_of_another_layer_are_a_mismatch() {
         }
         other => panic!("not a mismatch: {other}"),
     }
+}
+
+#[test]
+fn saving_the_dense_outputs_recomputes_only_the_gelus() {
+    use stax::Gelu;
+    let (be, input) = (cpu(), Shape::new([8, 16]));
+    let body = || serial![Dense(64), Gelu, Dense(32), Gelu];
+    let plan = |model: Serial| {
+        let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        t.plan(8).unwrap()
+    };
+    let f32s = |name: &str, n: u64| (name.to_string(), n * 4);
+    // plain: each dense output (a GELU's input) and each GELU output (the next layer's input)
+    let mut plain = kept_across(&plan(serial![body(), Dense(2)]), "0.serial/");
+    plain.sort();
+    let mut want = vec![
+        f32s("0.serial/0.dense/output", 8 * 64),
+        f32s("0.serial/1.gelu/output", 8 * 64),
+        f32s("0.serial/2.dense/output", 8 * 32),
+        f32s("0.serial/3.gelu/output", 8 * 32),
+    ];
+    assert_eq!(plain, want);
+    // saving the dense outputs: the first GELU's output is not kept, and the recomputation
+    // makes only the GELUs' outputs (the dense layers are not run again)
+    let saving = Remat::new(body()).saving(&["dense"]);
+    let p = plan(serial![saving, Dense(2)]);
+    let mut kept = kept_across(&p, "0.serial/");
+    kept.sort();
+    want.remove(1);
+    assert_eq!(kept, want);
+    let start = p
+        .phases
+        .iter()
+        .find(|(p, _)| *p == Phase::Backward)
+        .unwrap()
+        .1;
+    let mut again: Vec<(String, u64)> = p
+        .buffers
+        .iter()
+        .filter(|b| b.name.starts_with("0.serial/remat/") && b.alloc.is_some_and(|a| a > start))
+        .map(|b| (b.name.clone(), b.bytes))
+        .collect();
+    again.sort();
+    let want = [
+        f32s("0.serial/remat/1.gelu/output", 8 * 64),
+        f32s("0.serial/remat/3.gelu/output", 8 * 32),
+    ];
+    assert_eq!(again, want);
+    // and it trains to the plain model's bits (the dense layers collected in both)
+    let adam = Adam::new(1e-3).collecting();
+    let with = run(
+        serial![Remat::new(body()).saving(&["dense"]), Dense(2)],
+        &input,
+        adam,
+        &be,
+        3,
+    );
+    let without = run(serial![body(), Dense(2)], &input, adam, &be, 3);
+    assert_eq!(with.0, without.0, "losses");
+    assert!(with.1 == without.1, "state");
 }

@@ -188,12 +188,21 @@ pub fn gpu_matches_cpu(
 /// twice): its output, input gradient and every parameter gradient, on the CPU, from the
 /// same parameters, input and output gradient (RNG key [`super::STEP_KEY`] for both).
 pub fn remat_is_the_same_bits(make: fn() -> Box<dyn Layer>, input: &Shape, seed: u64) {
-    let be = super::cpu();
     let plain = stax::Serial(vec![make()]);
     let remat = stax::Remat::new(stax::Serial(vec![make()]));
+    same_bits(&plain, &remat, input, seed);
+    let saving = stax::Remat::new(stax::Serial(vec![make()])).saving(&["conv", "dense"]);
+    same_bits(&plain, &saving, input, seed);
+}
+
+/// `a` and `b` (of one parameter tree) give the same output, input gradient and parameter
+/// gradients on the CPU, bit for bit, from the same random inputs (see
+/// [`remat_is_the_same_bits`]).
+fn same_bits(plain: &dyn Layer, remat: &dyn Layer, input: &Shape, seed: u64) {
+    let be = super::cpu();
     let name = remat.describe();
     let mut rng = Rng::new(seed);
-    let (out, params) = init(&plain, input, &be, seed + 1000);
+    let (out, params) = init(plain, input, &be, seed + 1000);
     let x = rng.vec(input.numel(), -1.0, 1.0);
     let r = rng.vec(out.leaves().iter().map(|s| s.numel()).sum(), -1.0, 1.0);
     let run = |layer: &dyn Layer| {
@@ -212,7 +221,7 @@ pub fn remat_is_the_same_bits(make: fn() -> Box<dyn Layer>, input: &Shape, seed:
         };
         (bits(&y), bits(&dx), bits(&grads))
     };
-    let (a, b) = (run(&plain), run(&remat));
+    let (a, b) = (run(plain), run(remat));
     assert!(a.0 == b.0, "{name}: outputs differ");
     assert!(a.1 == b.1, "{name}: input gradients differ");
     assert!(a.2 == b.2, "{name}: parameter gradients differ");

@@ -196,6 +196,13 @@ impl Layer for GeneralConv {
         self.forward(params, x, cx, None)
     }
 
+    /// `x` as [`GeneralConv::apply`] keeps it: viewed with its rank-4 shape.
+    fn residuals_from_input(&self, x: &Value) -> Result<Option<Residuals>, LayerError> {
+        let x = one_tensor(self, x.clone())?;
+        let x = x.reshape(self.geometry(x.shape())?.input_shape())?;
+        Ok(Some(residuals([("x", Saved::Tensor(x))])))
+    }
+
     fn vjp(
         &self,
         params: &Params,

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use stax_tensor::{Backend, DType, Grads, Key, Path};
+use stax_tensor::{Backend, DType, Grads, Key, Params, Path};
 
-use crate::{GradSink, InBackward, LayerError, Rng, Updates};
+use crate::{GradSink, InBackward, Layer, LayerError, Residuals, Rng, Updates, Value};
 
 /// Training or evaluation (stax's Dropout `mode`; BatchNorm ignores it, as stax's does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,6 +54,19 @@ pub struct Cx<'a> {
     path: Path,
     sink: Option<&'a mut dyn GradSink>,
     updates: Option<&'a mut Updates>,
+    saving: Option<Saving>,
+}
+
+/// The outputs a [`crate::Remat`] saves (those of its `saving` kinds, by path): recorded in
+/// its forward pass, handed back in place of running those layers when it recomputes.
+#[derive(Debug, Default)]
+pub(crate) struct Saving {
+    /// The kinds of the layers whose outputs are saved.
+    pub(crate) kinds: Vec<&'static str>,
+    /// Whether the forward pass is being recomputed (outputs are taken) or run (recorded).
+    pub(crate) replay: bool,
+    /// The saved outputs, by the path of the layer that made them.
+    pub(crate) outputs: Vec<(Path, Value)>,
 }
 
 impl std::fmt::Debug for Cx<'_> {
@@ -78,6 +91,7 @@ impl<'a> Cx<'a> {
             path: Path::root(),
             sink: Some(sink),
             updates: None,
+            saving: None,
         }
     }
 
@@ -92,6 +106,7 @@ impl<'a> Cx<'a> {
             path: Path::root(),
             sink: None,
             updates: None,
+            saving: None,
         }
     }
 
@@ -166,6 +181,59 @@ impl<'a> Cx<'a> {
     /// layer the key it was given, twice) and returns the one it replaces.
     pub(crate) fn replace_rng(&mut self, rng: Option<Rng>) -> Option<Rng> {
         std::mem::replace(&mut self.rng, rng)
+    }
+
+    /// Sets the outputs saving of what runs next (a [`crate::Remat`]'s, for its layer) and
+    /// returns the one it replaces.
+    pub(crate) fn replace_saving(&mut self, saving: Option<Saving>) -> Option<Saving> {
+        std::mem::replace(&mut self.saving, saving)
+    }
+
+    /// `layer.apply(params, x)` as the child `key` (see [`Cx::child`]), the way a combinator
+    /// runs its layers. Under a [`crate::Remat`] that saves `layer`'s kind, a layer whose
+    /// residuals are its input ([`Layer::residuals_from_input`]) has its output recorded, and
+    /// when the forward pass is recomputed that output comes back with those residuals instead
+    /// of the layer running again.
+    ///
+    /// # Errors
+    /// What `layer.apply` returns, located.
+    pub(crate) fn apply_child(
+        &mut self,
+        (key, position): (Key, usize),
+        rng: Option<Rng>,
+        layer: &dyn Layer,
+        params: &Params,
+        x: Value,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.child(key, position, rng, |cx| {
+            let saves = cx
+                .saving
+                .as_ref()
+                .filter(|s| s.kinds.contains(&layer.kind()));
+            let Some(replay) = saves.map(|s| s.replay) else {
+                return layer.apply(params, x, cx);
+            };
+            let Some(r) = layer.residuals_from_input(&x)? else {
+                return layer.apply(params, x, cx);
+            };
+            let path = cx.path.clone();
+            let outputs = cx.saving.as_mut().map(|s| &mut s.outputs);
+            if replay {
+                let at = outputs
+                    .as_ref()
+                    .and_then(|o| o.iter().position(|(p, _)| *p == path));
+                if let (Some(at), Some(outputs)) = (at, outputs) {
+                    return Ok((outputs.swap_remove(at).1, r));
+                }
+                return layer.apply(params, x, cx);
+            }
+            drop(r);
+            let (y, r) = layer.apply(params, x, cx)?;
+            if let Some(s) = cx.saving.as_mut() {
+                s.outputs.push((path, y.clone()));
+            }
+            Ok((y, r))
+        })
     }
 
     /// Runs `f` as the child `key` (at `position` among its siblings) with its own RNG key:

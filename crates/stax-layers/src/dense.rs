@@ -180,6 +180,17 @@ impl Layer for Dense {
         Ok(self.specs(input))
     }
 
+    /// `x` as [`Dense::apply`] keeps it: viewed as `[rows, features]`.
+    fn residuals_from_input(&self, x: &Value) -> Result<Option<Residuals>, LayerError> {
+        let x = one_tensor(self, x.clone())?;
+        self.check(x.shape())?;
+        let (rows, k) = as_matrix(x.shape());
+        Ok(Some(residuals([(
+            "x",
+            Saved::Tensor(x.reshape([rows, k])?),
+        )])))
+    }
+
     fn apply(
         &self,
         params: &Params,

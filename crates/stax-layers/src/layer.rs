@@ -28,9 +28,9 @@ pub enum Saved {
     Tensor(Tensor),
     /// A shape (`Flatten` keeps its input shape).
     Shape(Shape),
-    /// An RNG key ([`crate::Remat`] keeps its layer's, to draw the same dropout masks when it
-    /// recomputes the forward pass).
-    Rng(Box<crate::Rng>),
+    /// What a [`crate::Remat`] keeps to run its layer's forward pass again: the RNG key (the
+    /// same dropout masks) and the outputs it saves.
+    Replay(Box<crate::remat::Replay>),
 }
 
 /// How a parameter tensor is initialized (stax's defaults).
@@ -153,6 +153,17 @@ pub trait Layer: fmt::Debug + Send + Sync {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError>;
+
+    /// The residuals `apply` keeps in training when they are its input alone (Conv and Dense
+    /// keep only their input), made from `x` without running the layer; `None` (the default)
+    /// for every other layer. A [`crate::Remat`] that saves this layer's output
+    /// ([`crate::Remat::saving`]) skips the layer when it recomputes the forward pass.
+    ///
+    /// # Errors
+    /// As [`Layer::output_shape`] for an input the layer does not take.
+    fn residuals_from_input(&self, _x: &Value) -> Result<Option<Residuals>, LayerError> {
+        Ok(None)
+    }
 
     /// The activation this layer is, if it is an elementwise activation (a combinator may hand
     /// it to the layer before, see [`Layer::fuses`]).

@@ -101,7 +101,7 @@ impl Layer for Parallel {
         for (i, (_, branch)) in x.into_children().into_iter().enumerate() {
             let rng = rngs.as_mut().and_then(Iterator::next);
             let layer = &*self.0[i];
-            let (y, r) = cx.child(keys[i], i, rng, |cx| layer.apply(children[i], branch, cx))?;
+            let (y, r) = cx.apply_child((keys[i], i), rng, layer, children[i], branch)?;
             outs.push(y);
             saved.push((keys[i], r));
         }

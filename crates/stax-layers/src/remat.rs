@@ -2,8 +2,9 @@
 //! backward pass recomputes the rest (`jax.checkpoint`, alias `jax.remat`; PyTorch's
 //! `torch.utils.checkpoint`).
 
-use stax_tensor::{Key, Params, Tree};
+use stax_tensor::{Key, Params, Path, Tree};
 
+use crate::cx::Saving;
 use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, Value};
 
 /// `jax.checkpoint(layer)`: in a training step the layer's forward pass runs as usual, but all
@@ -32,30 +33,71 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, 
 pub struct Remat<L: Layer> {
     /// The layer.
     pub layer: L,
+    /// The kinds of the layers inside whose outputs are saved rather than recomputed
+    /// ([`Remat::saving`]); empty: only the input is kept.
+    pub saving: Vec<&'static str>,
+}
+
+/// What a [`Remat`] keeps to run its layer's forward pass again ([`Saved::Replay`]): the RNG
+/// key it gave the layer and the outputs it saved, by path.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    rng: Option<crate::Rng>,
+    outputs: Vec<(Path, Value)>,
 }
 
 impl<L: Layer> Remat<L> {
-    /// `layer`, rematerialized.
+    /// `layer`, rematerialized: only its input is kept (`jax.checkpoint`'s default policy,
+    /// `nothing_saveable`).
     pub fn new(layer: L) -> Remat<L> {
-        Remat { layer }
+        Remat {
+            layer,
+            saving: Vec::new(),
+        }
     }
 
-    /// `(x, rng)` from the residuals of [`Layer::apply`].
-    fn unpack(&self, residuals: Residuals) -> Result<(Value, Option<crate::Rng>), LayerError> {
-        let (mut x, mut rng) = (None, None);
+    /// This, with the outputs of the layers of kinds `kinds` inside kept between the passes
+    /// (`jax.checkpoint(.., policy=save_only_these_names(..))`; `["conv"]` is in the spirit of
+    /// `dots_saveable`). Such a layer whose residuals are its input alone
+    /// ([`Layer::residuals_from_input`]: Conv, Dense) is not run again: the recomputation
+    /// hands on its saved output and makes its residuals from its recomputed input. So
+    /// `Remat::new(block).saving(&["conv"])` recomputes a ResNet block's BatchNorms, ReLUs and
+    /// residual sums, not its convolutions. A saved output that a later layer inside writes in
+    /// place is copied there first (it is shared).
+    pub fn saving(self, kinds: &[&'static str]) -> Remat<L> {
+        Remat {
+            saving: kinds.to_vec(),
+            ..self
+        }
+    }
+
+    /// How the layer's outputs are saved while it runs: recorded, or (`replay`) handed back.
+    fn outputs(&self, replay: bool, outputs: Vec<(Path, Value)>) -> Option<Saving> {
+        let kinds = self.saving.clone();
+        (!kinds.is_empty()).then_some(Saving {
+            kinds,
+            replay,
+            outputs,
+        })
+    }
+
+    /// `(x, replay)` from the residuals of [`Layer::apply`].
+    fn unpack(&self, residuals: Residuals) -> Result<(Value, Replay), LayerError> {
+        let (mut x, mut replay) = (None, None);
         for (key, saved) in residuals.into_children() {
             match (key, saved) {
                 (Key::Field("x"), t) => x = Some(t),
-                (Key::Field("rng"), Tree::Leaf(Saved::Rng(r))) => rng = Some(*r),
+                (Key::Field("replay"), Tree::Leaf(Saved::Replay(r))) => replay = Some(*r),
                 (key, _) => return Err(self.mismatch("residuals", format!("unexpected `{key}`"))),
             }
         }
-        let x = x.ok_or_else(|| self.mismatch("residuals", "no saved input `x`".into()))?;
+        let missing = |what: &str| self.mismatch("residuals", format!("no saved `{what}`"));
+        let x = x.ok_or_else(|| missing("x"))?;
         let x = x.try_map_into(|_, s| match s {
             Saved::Tensor(t) => Ok(t),
             _ => Err(self.mismatch("residuals", "a saved input is not a tensor".into())),
         })?;
-        Ok((x, rng))
+        Ok((x, replay.ok_or_else(|| missing("replay"))?))
     }
 }
 
@@ -65,7 +107,14 @@ impl<L: Layer> Layer for Remat<L> {
     }
 
     fn describe(&self) -> String {
-        format!("remat({})", self.layer.describe())
+        match self.saving.is_empty() {
+            true => format!("remat({})", self.layer.describe()),
+            false => format!(
+                "remat(saving {}: {})",
+                self.saving.join(", "),
+                self.layer.describe()
+            ),
+        }
     }
 
     fn policy(&self) -> Option<Policy> {
@@ -96,10 +145,17 @@ impl<L: Layer> Layer for Remat<L> {
         let rng = cx.take_rng();
         let kept = x.map(|t| Saved::Tensor(t.clone()));
         cx.replace_rng(rng.clone());
-        let (y, inner) = self.layer.apply(params, x, cx)?;
+        let outer = cx.replace_saving(self.outputs(false, Vec::new()));
+        let out = self.layer.apply(params, x, cx);
+        let saved = cx.replace_saving(outer);
+        let (y, inner) = out?;
         drop(inner);
-        let mut fields = vec![(Key::Field("x"), kept)];
-        fields.extend(rng.map(|r| (Key::Field("rng"), Tree::leaf(Saved::Rng(Box::new(r))))));
+        let outputs = saved.map(|s| s.outputs).unwrap_or_default();
+        let replay = Saved::Replay(Box::new(Replay { rng, outputs }));
+        let fields = [
+            (Key::Field("x"), kept),
+            (Key::Field("replay"), Tree::leaf(replay)),
+        ];
         Ok((y, Tree::node(fields)))
     }
 
@@ -111,14 +167,16 @@ impl<L: Layer> Layer for Remat<L> {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let (x, rng) = self.unpack(residuals)?;
-        let outer = cx.replace_rng(rng);
+        let (x, Replay { rng, outputs }) = self.unpack(residuals)?;
+        let outer_rng = cx.replace_rng(rng);
+        let outer = cx.replace_saving(self.outputs(true, outputs));
         let again = {
             // what the recomputation allocates is named `{path}/remat/...` in plans and traces
             let _scope = cx.backend().allocator().scope("remat");
             self.layer.apply(params, x, cx)
         };
-        cx.replace_rng(outer);
+        drop(cx.replace_saving(outer));
+        cx.replace_rng(outer_rng);
         let (y, inner) = again?;
         drop(y);
         self.layer.vjp(params, inner, dy, cx, need_dx)

@@ -127,7 +127,7 @@ impl Layer for Serial {
                     i += 2;
                 }
                 None => {
-                    let (y, r) = cx.child(key, i, rng, |cx| layer.apply(children[i], x, cx))?;
+                    let (y, r) = cx.apply_child((key, i), rng, layer, children[i], x)?;
                     saved.push((key, r));
                     x = y;
                     i += 1;

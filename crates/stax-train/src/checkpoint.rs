@@ -422,8 +422,8 @@ fn structure(description: &str) -> String {
 }
 
 /// A model description without its `remat(..)` wrappers ([`stax_layers::Remat`]'s
-/// description): `serial[remat(serial[dense(4)]), dense(2)]` is `serial[serial[dense(4)],
-/// dense(2)]`.
+/// description, with what it saves): `serial[remat(serial[dense(4)]), remat(saving conv:
+/// conv(..)), dense(2)]` is `serial[serial[dense(4)], conv(..), dense(2)]`.
 fn without_remat(description: &str) -> String {
     let mut out = String::with_capacity(description.len());
     // for each open parenthesis: whether it opened a remat wrapper
@@ -432,7 +432,11 @@ fn without_remat(description: &str) -> String {
     while let Some(c) = rest.chars().next() {
         if let Some(inner) = rest.strip_prefix("remat(") {
             open.push(true);
-            rest = inner;
+            // `remat(saving conv, dense: ...)`: what it saves is not structure either
+            rest = match inner.strip_prefix("saving ") {
+                Some(kinds) => kinds.split_once(": ").map_or(inner, |(_, layer)| layer),
+                None => inner,
+            };
             continue;
         }
         let wrapper_closes = c == ')' && open.pop() == Some(true);
