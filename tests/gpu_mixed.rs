@@ -624,6 +624,7 @@ fn low_precision_workspace_schedules_are_exact() {
         geometry: g,
         backward: true,
         dtype: DType::BF16,
+        argmax: false,
     };
     assert_workspace_is_the_schedule(&gpu, "bf16 max pool bwd", op, &mut || {
         ops::pool2d_bwd(PoolKind::Max, &g, Some(&x), &dy, &mut dx).unwrap()

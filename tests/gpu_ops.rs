@@ -896,6 +896,7 @@ fn workspace_schedules_match_what_ops_allocate() {
             geometry: g,
             backward: true,
             dtype: DType::F32,
+            argmax: false,
         },
         &mut || ops::pool2d_bwd(PoolKind::Max, &g, Some(&x), &dy, &mut dx).unwrap(),
     );

@@ -227,7 +227,10 @@ fn a_checkpoint_resumes_with_or_without_remat() {
     let path = dir.join("saving.npz");
     t.save(&path, None).unwrap();
     let (back, _) = Trainer::load(mlp(false), input.clone(), adam, &be, &path).unwrap();
-    assert!(state_bits(&t) == state_bits(&back), "saved with a saving Remat");
+    assert!(
+        state_bits(&t) == state_bits(&back),
+        "saved with a saving Remat"
+    );
     // the structure inside the wrapper still counts
     let other = serial![Remat::new(serial![Dense(65), Relu]), Dense(2)];
     let t = Trainer::new(mlp(true), input.clone(), adam, &be, 3).unwrap();

@@ -3,7 +3,9 @@
 use std::marker::PhantomData;
 
 use stax_alloc::Tag;
-use stax_tensor::{Category, Conv2dGeometry, Padding, Params, PoolKind, Shape, Tensor, Tree, ops};
+use stax_tensor::{
+    Category, Conv2dGeometry, DType, Padding, Params, PoolKind, Shape, Tensor, Tree, ops,
+};
 
 use crate::conv_dims::reason;
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_shape, saved_tensor};
@@ -132,12 +134,22 @@ impl<K: PoolKindOf> Layer for Pool<K> {
         let g = self.geometry(x.shape())?;
         let tag = Tag::new(Category::Activation, "output");
         let mut y = Tensor::empty(x.backend(), g.output_shape(), x.dtype(), tag)?;
-        ops::pool2d(K::KIND, &g, &x, &mut y)?;
+        let shape = Saved::Shape(x.shape().clone());
         let kept = match (cx.is_training(), K::KIND) {
+            (true, PoolKind::Max) if keeps_argmax(&g, &x) => {
+                let tag = Tag::new(Category::Activation, "argmax");
+                let mut arg = Tensor::empty(x.backend(), g.output_shape(), DType::U32, tag)?;
+                ops::max_pool2d_argmax(&g, &x, &mut y, &mut arg)?;
+                return Ok((
+                    Tree::leaf(y),
+                    residuals([("x", shape), ("argmax", Saved::Tensor(arg))]),
+                ));
+            }
             (false, _) => Tree::empty(),
-            (true, PoolKind::Max) => residuals([("x", Saved::Tensor(x))]),
-            (true, _) => residuals([("x", Saved::Shape(x.shape().clone()))]),
+            (true, PoolKind::Max) => residuals([("x", Saved::Tensor(x.clone()))]),
+            (true, _) => residuals([("x", shape)]),
         };
+        ops::pool2d(K::KIND, &g, &x, &mut y)?;
         Ok((Tree::leaf(y), kept))
     }
 
@@ -150,8 +162,12 @@ impl<K: PoolKindOf> Layer for Pool<K> {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         expect_params(params, self, &Tree::empty())?;
-        let x = match K::KIND {
-            PoolKind::Max => Some(saved_tensor(self, &mut residuals, "x")?),
+        let arg = match K::KIND {
+            PoolKind::Max => saved_tensor(self, &mut residuals, "argmax").ok(),
+            _ => None,
+        };
+        let x = match (K::KIND, &arg) {
+            (PoolKind::Max, None) => Some(saved_tensor(self, &mut residuals, "x")?),
             _ => None,
         };
         let shape = match &x {
@@ -165,7 +181,17 @@ impl<K: PoolKindOf> Layer for Pool<K> {
         let g = self.geometry(&shape)?;
         let tag = Tag::new(Category::Gradient, "dx");
         let mut dx = Tensor::empty(dy.backend(), g.input_shape(), dy.dtype(), tag)?;
-        ops::pool2d_bwd(K::KIND, &g, x.as_ref(), &dy, &mut dx)?;
+        match &arg {
+            Some(arg) => ops::max_pool2d_bwd_argmax(&g, arg, &dy, &mut dx)?,
+            None => ops::pool2d_bwd(K::KIND, &g, x.as_ref(), &dy, &mut dx)?,
+        }
         Ok(Some(Tree::leaf(dx)))
     }
+}
+
+/// Whether max pooling keeps its windows' argmax offsets (a u32 per output) rather than its
+/// input: when nothing else holds the input (keeping it would then cost nothing) and the
+/// offsets take fewer bytes (under a 3x3 window of stride 2, a quarter of an f32 input).
+fn keeps_argmax(g: &Conv2dGeometry, x: &Tensor) -> bool {
+    x.is_unique() && g.output_shape().numel() * 4 < x.bytes()
 }

@@ -306,6 +306,9 @@ pub enum OpDesc {
         backward: bool,
         /// Element type.
         dtype: DType,
+        /// Whether max pooling writes (forward) or reads (backward) the windows' argmax
+        /// offsets ([`crate::backend::Pool2d`]'s `argmax`).
+        argmax: bool,
     },
     /// `op(a) · op(b)` with `op(a)` `[m, k]`, `op(b)` `[k, n]`, in `dtype`.
     Matmul {

@@ -187,7 +187,9 @@ pub struct Conv2dBwdFilter<'a> {
     pub act: Option<(Activation, &'a Tensor)>,
 }
 
-/// A 2-D pooling: x NHWC `g.input_shape()`, y NHWC `g.output_shape()`.
+/// A 2-D pooling: x NHWC `g.input_shape()`, y NHWC `g.output_shape()`; for max pooling
+/// optionally also each window's argmax (u32 `g.output_shape()`: the window offset `ky · kw +
+/// kx` of its first maximum in window order), what its backward pass reads instead of `x`.
 #[derive(Debug)]
 pub struct Pool2d<'a> {
     /// How the window is combined.
@@ -198,22 +200,34 @@ pub struct Pool2d<'a> {
     pub x: &'a Tensor,
     /// Output.
     pub y: &'a mut Tensor,
+    /// The windows' argmax offsets (max pooling), written when given.
+    pub argmax: Option<&'a mut Tensor>,
 }
 
-/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy (and the
-/// forward input, which max pooling reads and sum and average pooling do not).
+/// A pooling's input gradient: dx NHWC `g.input_shape()` (overwritten) from dy (and, for max
+/// pooling, the forward input or the argmax offsets the forward pass wrote; sum and average
+/// pooling read neither).
 #[derive(Debug)]
 pub struct Pool2dBwd<'a> {
     /// How the window is combined.
     pub kind: PoolKind,
     /// Shapes, window, strides, padding.
     pub g: Conv2dGeometry,
-    /// The forward input (max pooling).
-    pub x: Option<&'a Tensor>,
+    /// What max pooling's gradient reads.
+    pub from: Option<MaxFrom<'a>>,
     /// Output gradient.
     pub dy: &'a Tensor,
     /// Input gradient.
     pub dx: &'a mut Tensor,
+}
+
+/// What max pooling's backward pass finds each window's maximum from.
+#[derive(Debug, Clone, Copy)]
+pub enum MaxFrom<'a> {
+    /// The forward input (NHWC `g.input_shape()`, the op's dtype): the argmax is recomputed.
+    Input(&'a Tensor),
+    /// The argmax offsets [`Pool2d`] wrote (u32 `g.output_shape()`).
+    Argmax(&'a Tensor),
 }
 
 /// `c = op(a) · op(b)` for row-major matrices, `op` transposing when its flag is set:
@@ -416,6 +430,7 @@ impl Call for Pool2d<'_> {
             geometry: self.g,
             backward: false,
             dtype: self.x.dtype(),
+            argmax: self.argmax.is_some(),
         }
     }
 }
@@ -427,6 +442,7 @@ impl Call for Pool2dBwd<'_> {
             geometry: self.g,
             backward: true,
             dtype: self.dy.dtype(),
+            argmax: matches!(self.from, Some(MaxFrom::Argmax(_))),
         }
     }
 }

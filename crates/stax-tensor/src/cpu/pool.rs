@@ -11,21 +11,26 @@
 //! by the same windows' sum over ones). Their backward passes spread `dy` (divided by that
 //! count for the average) over each window's positions inside the image.
 
+use super::host::{words, words_mut};
 use super::{data, data_mut};
-use crate::backend::{Pool2d, Pool2dBwd};
+use crate::backend::{MaxFrom, Pool2d, Pool2dBwd};
 use crate::{Conv2dGeometry, PoolKind, TensorError};
 use std::ops::Range;
 
-/// Index (in the image `x` of one batch element) of the first maximum of window `(oy, ox)` in
-/// channel `c`, and its value; None when the window lies wholly in the padding.
+/// The argmax word of a window wholly in the padding (`kernels/pool.cu`'s `NO_MAX`).
+const NO_MAX: u32 = u32::MAX;
+
+/// The first maximum of window `(oy, ox)` in channel `c` of the image `x` (one batch element):
+/// its index in the image, its window offset `ky · kw + kx` and its value; None when the window
+/// lies wholly in the padding.
 fn window_max(
     g: &Conv2dGeometry,
     x: &[f32],
     oy: usize,
     ox: usize,
     c: usize,
-) -> Option<(usize, f32)> {
-    let mut best: Option<(usize, f32)> = None;
+) -> Option<(usize, u32, f32)> {
+    let mut best: Option<(usize, u32, f32)> = None;
     for ky in 0..g.kh {
         let Some(iy) = (oy * g.stride_h + ky)
             .checked_sub(g.pad_top)
@@ -44,10 +49,10 @@ fn window_max(
             let v = x[i];
             let better = match best {
                 None => true,
-                Some((_, b)) => v > b || (v.is_nan() && !b.is_nan()),
+                Some((_, _, b)) => v > b || (v.is_nan() && !b.is_nan()),
             };
             if better {
-                best = Some((i, v));
+                best = Some((i, (ky * g.kw + kx) as u32, v));
             }
         }
     }
@@ -55,11 +60,11 @@ fn window_max(
 }
 
 /// Calls `f(image, out_index, argmax)` for every output element of every image, `argmax`
-/// the image-relative index of its window's first maximum.
+/// its window's first maximum ([`window_max`]).
 fn each_window(
     g: &Conv2dGeometry,
     x: &[f32],
-    mut f: impl FnMut(usize, usize, Option<(usize, f32)>),
+    mut f: impl FnMut(usize, usize, Option<(usize, u32, f32)>),
 ) {
     let image = g.h * g.w * g.c_in;
     for n in 0..g.n {
@@ -73,6 +78,38 @@ fn each_window(
             }
         }
     }
+}
+
+/// Calls `f(image, out_index, (oy, ox, c))` for every output element of every image, in
+/// [`each_window`]'s order.
+fn each_output(g: &Conv2dGeometry, mut f: impl FnMut(usize, usize, (usize, usize, usize))) {
+    for n in 0..g.n {
+        for oy in 0..g.out_h {
+            for ox in 0..g.out_w {
+                for c in 0..g.c_out {
+                    let o = ((n * g.out_h + oy) * g.out_w + ox) * g.c_out + c;
+                    f(n, o, (oy, ox, c));
+                }
+            }
+        }
+    }
+}
+
+/// The image-relative input index of window `(oy, ox)`'s position at window offset `arg` in
+/// channel `c`; None for [`NO_MAX`] or an offset outside the window or the image (an argmax
+/// not written by this geometry's forward pass).
+fn argmax_index(g: &Conv2dGeometry, arg: u32, (oy, ox, c): (usize, usize, usize)) -> Option<usize> {
+    let k = arg as usize;
+    if arg == NO_MAX || k >= g.kh * g.kw {
+        return None;
+    }
+    let iy = (oy * g.stride_h + k / g.kw)
+        .checked_sub(g.pad_top)
+        .filter(|&v| v < g.h)?;
+    let ix = (ox * g.stride_w + k % g.kw)
+        .checked_sub(g.pad_left)
+        .filter(|&v| v < g.w)?;
+    Some((iy * g.w + ix) * g.c_in + c)
 }
 
 /// The window positions `lo..hi` along one axis that lie inside `0..len` (input index
@@ -121,15 +158,26 @@ fn divisor(kind: PoolKind, count: usize) -> f32 {
     }
 }
 
-/// Pooling forward (see the module doc).
+/// Pooling forward (see the module doc); max pooling also writes the windows' argmax offsets
+/// when asked ([`NO_MAX`] for a window wholly in the padding).
 pub(super) fn forward(c: Pool2d<'_>) -> Result<(), TensorError> {
     const OP: &str = "pool2d";
-    let Pool2d { kind, g, x, y } = c;
+    let Pool2d {
+        kind,
+        g,
+        x,
+        y,
+        argmax,
+    } = c;
     let xs = data(OP, x)?;
     let ys = data_mut(OP, y)?;
     if kind == PoolKind::Max {
+        let mut arg = argmax.map(|a| words_mut(OP, a)).transpose()?;
         each_window(&g, xs, |_, o, best| {
-            ys[o] = best.map_or(f32::NEG_INFINITY, |(_, v)| v);
+            ys[o] = best.map_or(f32::NEG_INFINITY, |(_, _, v)| v);
+            if let Some(arg) = arg.as_deref_mut() {
+                arg[o] = best.map_or(NO_MAX, |(_, k, _)| k);
+            }
         });
         return Ok(());
     }
@@ -140,18 +188,33 @@ pub(super) fn forward(c: Pool2d<'_>) -> Result<(), TensorError> {
     Ok(())
 }
 
-/// Pooling backward: `dx` (overwritten) from `dy` (and, for max pooling, the forward input).
+/// Pooling backward: `dx` (overwritten) from `dy` (and, for max pooling, the forward input
+/// or its argmax offsets: the same sums in the same order).
 pub(super) fn backward(c: Pool2dBwd<'_>) -> Result<(), TensorError> {
     const OP: &str = "pool2d_bwd";
-    let Pool2dBwd { kind, g, x, dy, dx } = c;
+    let Pool2dBwd {
+        kind,
+        g,
+        from,
+        dy,
+        dx,
+    } = c;
     let dys = data(OP, dy)?;
     let dxs = data_mut(OP, dx)?;
     dxs.fill(0.0);
-    match (kind, x) {
-        (PoolKind::Max, Some(x)) => {
-            let image = g.h * g.w * g.c_in;
+    let image = g.h * g.w * g.c_in;
+    match (kind, from) {
+        (PoolKind::Max, Some(MaxFrom::Input(x))) => {
             each_window(&g, data(OP, x)?, |n, o, best| {
-                if let Some((i, _)) = best {
+                if let Some((i, _, _)) = best {
+                    dxs[n * image + i] += dys[o];
+                }
+            });
+        }
+        (PoolKind::Max, Some(MaxFrom::Argmax(arg))) => {
+            let arg = words(OP, arg)?;
+            each_output(&g, |n, o, (oy, ox, c)| {
+                if let Some(i) = argmax_index(&g, arg[o], (oy, ox, c)) {
                     dxs[n * image + i] += dys[o];
                 }
             });
@@ -159,7 +222,7 @@ pub(super) fn backward(c: Pool2dBwd<'_>) -> Result<(), TensorError> {
         (PoolKind::Max, None) => {
             return Err(TensorError::InvalidArgument {
                 op: OP,
-                reason: "max pooling's gradient reads the forward input".into(),
+                reason: "max pooling's gradient reads the forward input or its argmax".into(),
             });
         }
         _ => each_sum_window(&g, |o, window, count| {

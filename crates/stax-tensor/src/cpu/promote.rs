@@ -13,7 +13,7 @@
 use super::elementwise::{cast, round_through, unary, unary_bwd};
 use super::{CpuBackend, conv, matmul, norm, pool};
 use crate::backend::{
-    BatchNorm, BatchNormBwd, Cast, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Matmul, Pool2d,
+    BatchNorm, BatchNormBwd, Cast, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Matmul, MaxFrom, Pool2d,
     Pool2dBwd, Unary, UnaryBwd,
 };
 use crate::{ConvPass, DType, OpDesc, PoolKind, Tensor, TensorError, WorkspaceStep};
@@ -60,12 +60,13 @@ pub(super) fn copies(op: &OpDesc) -> Vec<usize> {
             geometry: g,
             backward,
             dtype,
+            argmax,
         } if dtype != DType::F32 => {
             let (x, y) = (g.input_shape().numel(), g.output_shape().numel());
-            match (backward, kind) {
-                (false, _) => vec![x, y],
-                (true, PoolKind::Max) => vec![x, y, x],
-                (true, _) => vec![y, x],
+            match (backward, kind, argmax) {
+                (false, _, _) => vec![x, y],
+                (true, PoolKind::Max, false) => vec![x, y, x],
+                (true, _, _) => vec![y, x],
             }
         }
         _ => Vec::new(),
@@ -223,7 +224,13 @@ pub(super) fn matmul(c: Matmul<'_>) -> Result<(), TensorError> {
 
 /// A low-precision pooling.
 pub(super) fn pool2d(c: Pool2d<'_>) -> Result<(), TensorError> {
-    let Pool2d { kind, g, x, y } = c;
+    let Pool2d {
+        kind,
+        g,
+        x,
+        y,
+        argmax,
+    } = c;
     let x32 = widen(x, true)?;
     let mut y32 = widen(y, false)?;
     pool::forward(Pool2d {
@@ -231,6 +238,7 @@ pub(super) fn pool2d(c: Pool2d<'_>) -> Result<(), TensorError> {
         g,
         x: &x32,
         y: &mut y32,
+        argmax,
     })?;
     narrow(&y32, y)?;
     drop((y32, x32));
@@ -239,17 +247,28 @@ pub(super) fn pool2d(c: Pool2d<'_>) -> Result<(), TensorError> {
 
 /// A low-precision pooling's input gradient.
 pub(super) fn pool2d_bwd(c: Pool2dBwd<'_>) -> Result<(), TensorError> {
-    let Pool2dBwd { kind, g, x, dy, dx } = c;
-    let x32 = x
-        .filter(|_| kind == PoolKind::Max)
-        .map(|x| widen(x, true))
-        .transpose()?;
+    let Pool2dBwd {
+        kind,
+        g,
+        from,
+        dy,
+        dx,
+    } = c;
+    let x32 = match from {
+        Some(MaxFrom::Input(x)) if kind == PoolKind::Max => Some(widen(x, true)?),
+        _ => None,
+    };
     let dy32 = widen(dy, true)?;
     let mut dx32 = widen(dx, false)?;
+    let from = match (from, &x32) {
+        (Some(MaxFrom::Argmax(a)), _) => Some(MaxFrom::Argmax(a)),
+        (_, Some(x)) => Some(MaxFrom::Input(x)),
+        _ => None,
+    };
     pool::backward(Pool2dBwd {
         kind,
         g,
-        x: x32.as_ref(),
+        from,
         dy: &dy32,
         dx: &mut dx32,
     })?;

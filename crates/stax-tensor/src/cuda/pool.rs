@@ -1,49 +1,78 @@
 //! The poolings of [`CudaBackend`] (max, sum, average; forward and backward): our
 //! `kernels/pool.cu` kernels in the operands' dtype (f32, bf16 or f16; sums accumulated in
-//! f32, each output rounded once), max pooling's backward pass through one scheduled argmax
-//! buffer.
+//! f32, each output rounded once). Max pooling's backward pass gathers each input's gradient
+//! from the windows' argmax offsets: those its forward pass wrote ([`crate::ops::max_pool2d_argmax`]),
+//! or ones it computes first into one scheduled buffer.
 
 use super::CudaBackend;
-use crate::backend::{Pool2d, Pool2dBwd, Scratch};
+use crate::backend::{MaxFrom, Pool2d, Pool2dBwd, Scratch};
 use crate::{OpDesc, PoolKind, TensorError};
 
 impl CudaBackend {
-    /// The forward pooling (see [`crate::ops::pool2d`]).
+    /// The forward pooling (see [`crate::ops::pool2d`], [`crate::ops::max_pool2d_argmax`]).
     pub(super) fn pool_forward(&self, c: Pool2d<'_>) -> Result<(), TensorError> {
-        let Pool2d { kind, g, x, y } = c;
+        let Pool2d {
+            kind,
+            g,
+            x,
+            y,
+            argmax,
+        } = c;
         self.bind()?;
         let dtype = x.dtype();
         match kind {
-            PoolKind::Max => self.kernels.max_pool(dtype, &g, x.addr(), y.addr()),
+            PoolKind::Max => {
+                self.kernels.max_pool(dtype, &g, x.addr(), y.addr())?;
+                match argmax {
+                    Some(arg) => self
+                        .kernels
+                        .max_pool_argmax(dtype, &g, x.addr(), arg.addr()),
+                    None => Ok(()),
+                }
+            }
             _ => self.kernels.sum_pool(dtype, kind, &g, x.addr(), y.addr()),
         }
     }
 
-    /// The input gradient of a pooling (see [`crate::ops::pool2d_bwd`]).
+    /// The input gradient of a pooling (see [`crate::ops::pool2d_bwd`],
+    /// [`crate::ops::max_pool2d_bwd_argmax`]).
     pub(super) fn pool_backward(&self, c: Pool2dBwd<'_>) -> Result<(), TensorError> {
-        let Pool2dBwd { kind, g, x, dy, dx } = c;
+        let Pool2dBwd {
+            kind,
+            g,
+            from,
+            dy,
+            dx,
+        } = c;
         self.bind()?;
         let dtype = dy.dtype();
-        match (kind, x) {
-            (PoolKind::Max, Some(x)) => {
+        match (kind, from) {
+            (PoolKind::Max, Some(MaxFrom::Argmax(arg))) => {
+                let addrs = (arg.addr(), dy.addr(), dx.addr());
+                self.kernels.max_pool_gather(dtype, &g, addrs)
+            }
+            (PoolKind::Max, Some(MaxFrom::Input(x))) => {
                 let desc = OpDesc::Pool {
                     kind,
                     geometry: g,
                     backward: true,
                     dtype,
+                    argmax: false,
                 };
                 let mut ws = Scratch::new("pool2d_bwd", &self.allocator, {
                     self.op_workspace_schedule(&desc)?
                 });
                 let i = ws.alloc()?;
-                let addrs = (x.addr(), dy.addr(), dx.addr());
-                self.kernels.max_pool_bwd(dtype, &g, addrs, ws.addr(i))?;
+                self.kernels
+                    .max_pool_argmax(dtype, &g, x.addr(), ws.addr(i))?;
+                let addrs = (ws.addr(i), dy.addr(), dx.addr());
+                self.kernels.max_pool_gather(dtype, &g, addrs)?;
                 ws.free(i)?;
                 ws.finish()
             }
             (PoolKind::Max, None) => Err(TensorError::InvalidArgument {
                 op: "pool2d_bwd",
-                reason: "max pooling's gradient reads the forward input".into(),
+                reason: "max pooling's gradient reads the forward input or its argmax".into(),
             }),
             _ => self
                 .kernels

@@ -131,6 +131,7 @@ impl CudaBackend {
                 kind: PoolKind::Max,
                 geometry,
                 backward: true,
+                argmax: false,
                 ..
             } if geometry.input_shape().numel() > 0 => {
                 one(super::kernels::max_pool_bwd_bytes(&geometry).max(4))

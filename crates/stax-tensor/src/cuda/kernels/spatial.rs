@@ -316,30 +316,43 @@ impl Kernels {
         unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg).map(drop) }.map_err(driver(k))
     }
 
-    /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling, from the
-    /// forward input x and dy (NHWC `g.output_shape()`), all of `dtype`: each window's argmax
-    /// offset into `arg` (one u32 per output element, [`max_pool_bwd_bytes`]), then a gather
-    /// of dy summed in f32.
-    pub(crate) fn max_pool_bwd(
+    /// Each window's argmax: `arg` (one u32 per element of `g.output_shape()`) gets the window
+    /// offset of its first maximum in x (NHWC `g.input_shape()`, `dtype`).
+    pub(crate) fn max_pool_argmax(
         &self,
         dtype: DType,
         g: &Conv2dGeometry,
-        (x, dy, dx): (u64, u64, u64),
+        x: u64,
         arg: u64,
     ) -> Result<(), TensorError> {
-        let (n, outputs) = (g.input_shape().numel(), g.output_shape().numel());
+        let outputs = g.output_shape().numel();
+        if outputs == 0 {
+            return Ok(());
+        }
+        let (f, k) = (self.typed("max_pool_argmax", dtype)?, "max_pool_argmax");
+        let pg = WindowGeometry::of(g);
+        // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, WindowGeometry g)`; x
+        // holds g.input_shape() elements of `dtype`, arg g.output_shape() u32 words.
+        unsafe { launch!(self.stream, f, self.grid(outputs); &x, &arg, &pg).map(drop) }
+            .map_err(driver(k))
+    }
+
+    /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling from the
+    /// windows' argmax offsets `arg` ([`Self::max_pool_argmax`]) and dy (NHWC
+    /// `g.output_shape()`), dx and dy of `dtype`: each input gathers dy over the windows whose
+    /// maximum it is, summed in f32 (no atomics).
+    pub(crate) fn max_pool_gather(
+        &self,
+        dtype: DType,
+        g: &Conv2dGeometry,
+        (arg, dy, dx): (u64, u64, u64),
+    ) -> Result<(), TensorError> {
+        let n = g.input_shape().numel();
         if n == 0 {
             return Ok(());
         }
-        let pg = WindowGeometry::of(g);
-        if outputs > 0 {
-            let (f, k) = (self.typed("max_pool_argmax", dtype)?, "max_pool_argmax");
-            // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, WindowGeometry g)`; x
-            // holds g.input_shape() elements of `dtype`, arg g.output_shape() u32 words.
-            unsafe { launch!(self.stream, f, self.grid(outputs); &x, &arg, &pg).map(drop) }
-                .map_err(driver(k))?;
-        }
         let (f, k) = (self.typed("max_pool_bwd", dtype)?, "max_pool_bwd");
+        let pg = WindowGeometry::of(g);
         // SAFETY: `max_pool_bwd_<dtype>(const unsigned *arg, const T *dy, T *dx, WindowGeometry
         // g)`; arg and dy hold g.output_shape() elements, dx g.input_shape() elements of
         // `dtype`; distinct buffers.
