@@ -19,16 +19,21 @@ use stax::{
     serial,
 };
 
-/// The shallow ResNet of `tests/resnet.rs` (blocks `[1, 1, 1, 1]`, widths `[8, 16, 16, 16]`),
-/// its blocks rematerialized or not.
+/// The shallow ResNet of `tests/resnet.rs` (blocks `[1, 1, 1, 1]`, widths `[8, 16, 16, 16]`)
+/// for 28x28 images, its blocks rematerialized or not.
 fn shallow(remat: bool) -> Serial {
+    shallow_for(remat, 28)
+}
+
+/// [`shallow`] for `img`x`img` images.
+fn shallow_for(remat: bool, img: usize) -> Serial {
     let net = ResNet {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages: if remat { 4 } else { 0 },
     };
-    net.build((28, 28, 1)).unwrap()
+    net.build((img, img, 1)).unwrap()
 }
 
 /// A trainer's parameters and state as bits, its count and step (`state_bits`).
@@ -153,13 +158,14 @@ fn only_the_output_is_kept_between_the_passes() {
 
 #[test]
 fn rematerialized_blocks_lower_the_resnets_planned_peak() {
-    let (be, input) = (cpu(), Shape::new([50, 28, 28, 1]));
+    // at 56x56 the blocks' activations, not the stem's workspace, set the peak
+    let (be, input) = (cpu(), Shape::new([50, 56, 56, 1]));
     let peak = |model: Serial| {
         let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
         t.plan(50).unwrap().peak.bytes
     };
-    let (plain, remat) = (peak(shallow(false)), peak(shallow(true)));
-    println!("shallow resnet, batch 50: planned peak {plain} plain, {remat} rematerialized");
+    let (plain, remat) = (peak(shallow_for(false, 56)), peak(shallow_for(true, 56)));
+    println!("shallow resnet, batch 50, 56x56: planned peak {plain} plain, {remat} remat");
     assert!(remat < plain, "{remat} >= {plain}");
 }
 
@@ -335,4 +341,54 @@ fn saving_the_dense_outputs_recomputes_only_the_gelus() {
     let without = run(serial![body(), Dense(2)], &input, adam, &be, 3);
     assert_eq!(with.0, without.0, "losses");
     assert!(with.1 == without.1, "state");
+}
+
+#[test]
+fn saving_outputs_an_in_place_relu_copies_costs_no_more_than_recomputing_them() {
+    // the ReLUs copy the saved (shared) dense outputs; those copies are freed as soon as the
+    // next layer has used them, so saving costs no more than recomputing everything
+    let (be, input) = (cpu(), Shape::new([512, 64]));
+    let body = || serial![Dense(64), Relu, Dense(64), Relu, Dense(64), Relu];
+    let peak = |model: Serial| {
+        let adam = Adam::new(1e-3).collecting();
+        let t = Trainer::new(model, input.clone(), adam, &be, 0).unwrap();
+        t.plan(512).unwrap().peak.bytes
+    };
+    let remat = peak(serial![Remat::new(body()), Dense(2)]);
+    let saving = peak(serial![Remat::new(body()).saving(&["dense"]), Dense(2)]);
+    assert!(saving <= remat, "saving {saving} > recomputing {remat}");
+}
+
+#[test]
+fn saving_what_nothing_inside_can_save_is_a_config_error() {
+    use stax::layers::LayerError;
+    let (be, input) = (cpu(), Shape::new([4, 16]));
+    // a kind that is not inside, and one whose layers keep more than their input
+    let cases: [(Serial, &str); 2] = [
+        (
+            serial![
+                Remat::new(serial![Dense(8), Relu]).saving(&["conv"]),
+                Dense(2)
+            ],
+            "conv",
+        ),
+        (
+            serial![
+                Remat::new(serial![Relu, Dense(8)]).saving(&["relu"]),
+                Dense(2)
+            ],
+            "relu",
+        ),
+    ];
+    for (model, kind) in cases {
+        let err = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0)
+            .map(|_| ())
+            .unwrap_err();
+        let text = err.to_string();
+        let config = matches!(
+            err,
+            stax::train::TrainError::Layer(LayerError::Config { .. })
+        );
+        assert!(config && text.contains(&format!("saving {kind}")), "{text}");
+    }
 }

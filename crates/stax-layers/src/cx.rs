@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use stax_tensor::{Backend, DType, Grads, Key, Params, Path};
+use stax_tensor::{Backend, DType, Grads, Key, Params, Path, Tree};
 
 use crate::{GradSink, InBackward, Layer, LayerError, Residuals, Rng, Updates, Value};
 
@@ -55,6 +55,7 @@ pub struct Cx<'a> {
     sink: Option<&'a mut dyn GradSink>,
     updates: Option<&'a mut Updates>,
     saving: Option<Saving>,
+    discard: bool,
 }
 
 /// The outputs a [`crate::Remat`] saves (those of its `saving` kinds, by path): recorded in
@@ -92,6 +93,7 @@ impl<'a> Cx<'a> {
             sink: Some(sink),
             updates: None,
             saving: None,
+            discard: false,
         }
     }
 
@@ -107,6 +109,7 @@ impl<'a> Cx<'a> {
             sink: None,
             updates: None,
             saving: None,
+            discard: false,
         }
     }
 
@@ -187,6 +190,22 @@ impl<'a> Cx<'a> {
     /// returns the one it replaces.
     pub(crate) fn replace_saving(&mut self, saving: Option<Saving>) -> Option<Saving> {
         std::mem::replace(&mut self.saving, saving)
+    }
+
+    /// Sets whether the combinators drop their children's residuals as soon as each child
+    /// returns ([`Cx::kept`]: a [`crate::Remat`]'s forward pass, whose residuals are not used)
+    /// and returns the setting it replaces.
+    pub(crate) fn replace_discard(&mut self, discard: bool) -> bool {
+        std::mem::replace(&mut self.discard, discard)
+    }
+
+    /// A child's residuals as its combinator keeps them: `r`, or (in a [`crate::Remat`]'s
+    /// forward pass) nothing, so what they hold is freed once the next layer has used it.
+    pub(crate) fn kept(&self, r: Residuals) -> Residuals {
+        match self.discard {
+            true => Tree::empty(),
+            false => r,
+        }
     }
 
     /// `layer.apply(params, x)` as the child `key` (see [`Cx::child`]), the way a combinator

@@ -103,7 +103,7 @@ impl Layer for Parallel {
             let layer = &*self.0[i];
             let (y, r) = cx.apply_child((keys[i], i), rng, layer, children[i], branch)?;
             outs.push(y);
-            saved.push((keys[i], r));
+            saved.push((keys[i], cx.kept(r)));
         }
         Ok((indexed(outs), Tree::Node(saved)))
     }

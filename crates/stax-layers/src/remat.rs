@@ -16,7 +16,10 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, 
 /// it made, and frees it.
 ///
 /// So the memory between the two passes is the input instead of everything inside the layer,
-/// for a second forward pass of the layer. The results are the same bits: every op is
+/// for a second forward pass of the layer; the forward pass itself drops each inner layer's
+/// residuals as soon as the layer returns. It pays where several rematerialized layers follow
+/// each other (the blocks of a deep model): around a whole model, the recomputation meets the
+/// output gradient and the peak rises. The results are the same bits: every op is
 /// deterministic on both backends, and the recomputation draws the same RNG key (the same
 /// dropout masks). Wrap each block of a deep model (`ResNet { remat_stages }`) to keep one
 /// block's activations at a time in the backward pass.
@@ -63,7 +66,14 @@ impl<L: Layer> Remat<L> {
     /// hands on its saved output and makes its residuals from its recomputed input. So
     /// `Remat::new(block).saving(&["conv"])` recomputes a ResNet block's BatchNorms, ReLUs and
     /// residual sums, not its convolutions. A saved output that a later layer inside writes in
-    /// place is copied there first (it is shared).
+    /// place is copied there first (it is shared); the copy is freed once the next layer has
+    /// used it (the forward pass drops residuals as it goes).
+    ///
+    /// Only layers run by a combinator inside are saved ([`Serial`](crate::Serial),
+    /// [`Parallel`](crate::Parallel)): not the wrapped layer itself, not a conv fused with the
+    /// activation after it (the pair runs as one), not a layer under a [`crate::Mixed`] of its
+    /// own. A training forward pass in which nothing could be saved is a
+    /// [`LayerError::Config`] naming the kinds.
     pub fn saving(self, kinds: &[&'static str]) -> Remat<L> {
         Remat {
             saving: kinds.to_vec(),
@@ -146,11 +156,21 @@ impl<L: Layer> Layer for Remat<L> {
         let kept = x.map(|t| Saved::Tensor(t.clone()));
         cx.replace_rng(rng.clone());
         let outer = cx.replace_saving(self.outputs(false, Vec::new()));
+        let discard = cx.replace_discard(true);
         let out = self.layer.apply(params, x, cx);
+        cx.replace_discard(discard);
         let saved = cx.replace_saving(outer);
         let (y, inner) = out?;
         drop(inner);
         let outputs = saved.map(|s| s.outputs).unwrap_or_default();
+        if !self.saving.is_empty() && outputs.is_empty() {
+            return Err(self.config(format!(
+                "saving {}: no layer of these kinds inside could be saved (Conv and Dense run by \
+                 a serial or parallel combinator inside, not fused with an activation after \
+                 them, not under a Mixed of their own)",
+                self.saving.join(", ")
+            )));
+        }
         let replay = Saved::Replay(Box::new(Replay { rng, outputs }));
         let fields = [
             (Key::Field("x"), kept),

@@ -121,14 +121,14 @@ impl Layer for Serial {
                     let (y, r) =
                         apply_pair((layer, key, i), (act, act_key), children[i], x, cx, rng)?;
                     next_rng();
-                    saved.push((key, r));
+                    saved.push((key, cx.kept(r)));
                     saved.push((act_key, Tree::empty()));
                     x = y;
                     i += 2;
                 }
                 None => {
                     let (y, r) = cx.apply_child((key, i), rng, layer, children[i], x)?;
-                    saved.push((key, r));
+                    saved.push((key, cx.kept(r)));
                     x = y;
                     i += 1;
                 }
