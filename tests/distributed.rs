@@ -393,30 +393,36 @@ fn the_example_launches_its_ranks_and_each_step_peaks_at_its_plan() {
     );
 }
 
-/// A model computing in bf16 is refused by `data_parallel` with the reason, before any
-/// exchange (the buckets all-reduce f32 gradients): one in-process rank of a world of one.
+/// A model computing in bf16, as a whole or in one layer inside, is refused by
+/// `data_parallel` with the reason, before any exchange (the buckets all-reduce f32
+/// gradients): one in-process rank of a world of one.
 #[test]
 fn a_bf16_model_is_refused_for_data_parallel_with_the_reason() {
     use stax::layers::{Mixed, Policy};
-    let be = cpu();
-    let dir = std::env::temp_dir().join(format!("stax-dp-bf16-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let rv = Rendezvous {
-        rank: 0,
-        world: 1,
-        local_rank: 0,
-        dir: dir.clone(),
-        timeout: Duration::from_secs(5),
-        host: "127.0.0.1".into(),
-    };
-    let model = Mixed::new(mlp(&[16], CLASSES), Policy::BF16);
-    let t = Trainer::new(model, Shape::new([4, FEATURES]), Adam::new(1e-3), &be, 1).unwrap();
-    let dp = DataParallel::connect(&rv, &be).unwrap();
-    let e = t.data_parallel(dp).map(drop).unwrap_err().to_string();
-    assert!(
-        e.contains("f32 gradients only") && e.contains("bf16"),
-        "{e}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    use stax::{Dense, Layer, Relu, serial};
+    fn refused<L: Layer>(model: L, name: &str) {
+        let be = cpu();
+        let dir = std::env::temp_dir().join(format!("stax-dp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rv = Rendezvous {
+            rank: 0,
+            world: 1,
+            local_rank: 0,
+            dir: dir.clone(),
+            timeout: Duration::from_secs(5),
+            host: "127.0.0.1".into(),
+        };
+        let t = Trainer::new(model, Shape::new([4, FEATURES]), Adam::new(1e-3), &be, 1).unwrap();
+        let dp = DataParallel::connect(&rv, &be).unwrap();
+        let e = t.data_parallel(dp).map(drop).unwrap_err().to_string();
+        assert!(
+            e.contains("f32 gradients only") && e.contains("bf16"),
+            "{name}: {e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    refused(Mixed::new(mlp(&[16], CLASSES), Policy::BF16), "whole");
+    let hidden = Mixed::new(serial![Dense(16), Relu], Policy::BF16);
+    refused(serial![hidden, Dense(CLASSES)], "layer");
 }

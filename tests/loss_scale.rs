@@ -442,3 +442,18 @@ fn the_loss_scale_is_saved_and_resumed() {
         ),
     }
 }
+
+#[test]
+fn an_f16_layer_inside_a_model_turns_the_loss_scale_on() {
+    use stax::{Dense, Relu, serial};
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let be = cpu();
+    // f16 only for the hidden layer: its output cast back to f32 for the head
+    let hidden = Mixed::new(serial![Dense(64), Relu], Policy::F16);
+    let mut t = trainer(serial![hidden, Dense(2)], Adam::new(1e-3), &be);
+    assert_eq!(t.loss_scale(), Some(DynamicLossScale::default()));
+    for r in run(&mut t, &train, 3) {
+        let scaled = r.loss_scale.expect("a loss-scaled step");
+        assert!(!scaled.skipped && r.loss.is_finite(), "{r:?}");
+    }
+}

@@ -64,6 +64,10 @@ impl Layer for Parallel {
         format!("parallel[{}]", names.join(", "))
     }
 
+    fn policies(&self) -> Vec<crate::Policy> {
+        self.0.iter().flat_map(|l| l.policies()).collect()
+    }
+
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         let branches = self.branches(input, input)?;
         let outs = self

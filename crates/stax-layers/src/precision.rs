@@ -94,7 +94,7 @@ impl Policy {
             )),
             (_, DType::F16, false) => Err(refuse(
                 "f16 compute needs dynamic loss scaling (jmp's DynamicLossScale: the trainer's \
-                 with_loss_scale, on with --precision f16), or gradients below 2^-24 vanish \
+                 set_loss_scale, on with --precision f16), or gradients below 2^-24 vanish \
                  and above 65504 overflow; compute in bf16, which needs none"
                     .into(),
             )),
@@ -154,6 +154,12 @@ impl<L: Layer> Layer for Mixed<L> {
 
     fn policy(&self) -> Option<Policy> {
         Some(self.policy)
+    }
+
+    fn policies(&self) -> Vec<Policy> {
+        let mut all = vec![self.policy];
+        all.extend(self.layer.policies());
+        all
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {

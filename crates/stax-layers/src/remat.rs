@@ -131,6 +131,10 @@ impl<L: Layer> Layer for Remat<L> {
         self.layer.policy()
     }
 
+    fn policies(&self) -> Vec<Policy> {
+        self.layer.policies()
+    }
+
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         self.layer.output_shape(input)
     }

@@ -83,6 +83,10 @@ impl Layer for Serial {
         format!("serial[{}]", names.join(", "))
     }
 
+    fn policies(&self) -> Vec<crate::Policy> {
+        self.0.iter().flat_map(|l| l.policies()).collect()
+    }
+
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
         Ok(self.shapes(input)?.pop().unwrap_or_else(|| input.clone()))
     }

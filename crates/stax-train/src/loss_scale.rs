@@ -121,10 +121,10 @@ impl DynamicLossScale {
         }
     }
 
-    /// The loss scale a model's training starts with: jmp's default when its policy computes
-    /// in f16 ([`Layer::policy`]), else none.
+    /// The loss scale a model's training starts with: jmp's default when a policy it or a
+    /// layer inside it runs under computes in f16 ([`Layer::policies`]), else none.
     pub fn for_model(model: &dyn Layer) -> Option<DynamicLossScale> {
-        let f16 = model.policy().is_some_and(|p| p.compute == DType::F16);
+        let f16 = model.policies().iter().any(|p| p.compute == DType::F16);
         f16.then(DynamicLossScale::default)
     }
 }
