@@ -425,4 +425,8 @@ fn a_bf16_model_is_refused_for_data_parallel_with_the_reason() {
     refused(Mixed::new(mlp(&[16], CLASSES), Policy::BF16), "whole");
     let hidden = Mixed::new(serial![Dense(16), Relu], Policy::BF16);
     refused(serial![hidden, Dense(CLASSES)], "layer");
+    let made = stax::ShapeDependent::new(|_| {
+        Box::new(Mixed::new(serial![Dense(16), Relu], Policy::BF16)) as Box<dyn Layer>
+    });
+    refused(serial![made, Dense(CLASSES)], "made");
 }

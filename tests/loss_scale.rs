@@ -457,3 +457,37 @@ fn an_f16_layer_inside_a_model_turns_the_loss_scale_on() {
         assert!(!scaled.skipped && r.loss.is_finite(), "{r:?}");
     }
 }
+
+#[test]
+fn policies_nest_and_a_shape_dependent_layer_shows_its_own() {
+    use stax::{Dense, Relu, ShapeDependent, serial};
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let be = cpu();
+    // f16 and bf16 inside bf16: each inner output is handed on in bf16, the outer compute dtype
+    for inner in [Policy::F16, Policy::BF16] {
+        let model = Mixed::new(
+            serial![
+                Dense(32),
+                Relu,
+                Mixed::new(serial![Dense(16), Relu], inner),
+                Dense(2)
+            ],
+            Policy::BF16,
+        );
+        let mut t = trainer(model, Adam::new(1e-3).collecting(), &be);
+        let scaled = inner == Policy::F16;
+        assert_eq!(t.loss_scale().is_some(), scaled, "{inner}");
+        for r in run(&mut t, &train, 2) {
+            assert!(
+                r.loss.is_finite() && r.loss_scale.is_some() == scaled,
+                "{inner}: {r:?}"
+            );
+        }
+    }
+    // the layer a ShapeDependent makes for the input computes in f16: the loss scale is on
+    let made = ShapeDependent::new(|_| {
+        Box::new(Mixed::new(serial![Dense(16), Relu], Policy::F16)) as Box<dyn Layer>
+    });
+    let t = trainer(serial![made, Dense(2)], Adam::new(1e-3), &be);
+    assert_eq!(t.loss_scale(), Some(DynamicLossScale::default()));
+}

@@ -112,12 +112,12 @@ pub trait Layer: fmt::Debug + Send + Sync {
         None
     }
 
-    /// Every dtype policy this layer and the layers inside it run under ([`crate::Mixed`]'s),
-    /// outermost first: the trainer turns on dynamic loss scaling when one computes in f16,
-    /// wherever it is. The default is [`Layer::policy`]'s; the combinators add their layers'
-    /// (a [`crate::ShapeDependent`]'s layer is made from shapes, so its policies are not
-    /// known here).
-    fn policies(&self) -> Vec<crate::Policy> {
+    /// Every dtype policy this layer and the layers inside it run under for `input`
+    /// ([`crate::Mixed`]'s), outermost first: the trainer turns on dynamic loss scaling when
+    /// one computes in f16, wherever it is. The default is [`Layer::policy`]'s; the
+    /// combinators add their layers' for their inputs (a [`crate::ShapeDependent`] the
+    /// policies of the layer it makes for `input`); a layer `input` does not fit adds none.
+    fn policies(&self, _input: &Shapes) -> Vec<crate::Policy> {
         self.policy().into_iter().collect()
     }
 

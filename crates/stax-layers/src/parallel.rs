@@ -64,8 +64,10 @@ impl Layer for Parallel {
         format!("parallel[{}]", names.join(", "))
     }
 
-    fn policies(&self) -> Vec<crate::Policy> {
-        self.0.iter().flat_map(|l| l.policies()).collect()
+    fn policies(&self, input: &Shapes) -> Vec<crate::Policy> {
+        let branches = self.branches(input, input).unwrap_or_default();
+        let layers = self.0.iter().zip(&branches);
+        layers.flat_map(|(l, s)| l.policies(s)).collect()
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {

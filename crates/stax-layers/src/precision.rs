@@ -120,8 +120,9 @@ impl std::fmt::Display for Policy {
 /// input gradient back to the surrounding compute dtype (the enclosing [`Cx::policy`]'s). Its
 /// parameters are the layer's own (same tree, same kind), so wrapping a model changes no
 /// parameter path and no checkpoint. Wrap a whole model to choose its policy, and one layer
-/// inside it to override the policy there (give that policy the surrounding compute dtype as its
-/// output).
+/// inside it to override the policy there: inside another `Mixed` (a surrounding policy other
+/// than full f32) the output is cast to the surrounding compute dtype instead, the dtype the
+/// layers after it compute in, so `Policy::F16` nests inside `Policy::BF16` as it is.
 #[derive(Debug)]
 pub struct Mixed<L: Layer> {
     /// The layer.
@@ -156,9 +157,9 @@ impl<L: Layer> Layer for Mixed<L> {
         Some(self.policy)
     }
 
-    fn policies(&self) -> Vec<Policy> {
+    fn policies(&self, input: &Shapes) -> Vec<Policy> {
         let mut all = vec![self.policy];
-        all.extend(self.layer.policies());
+        all.extend(self.layer.policies(input));
         all
     }
 
@@ -183,7 +184,11 @@ impl<L: Layer> Layer for Mixed<L> {
         let out = self.layer.apply(params, x, cx);
         cx.set_policy(outer);
         let (y, residuals) = out?;
-        Ok((cast_value(y, self.policy.output, "cast_output")?, residuals))
+        let output = match outer == Policy::default() {
+            true => self.policy.output,
+            false => outer.compute,
+        };
+        Ok((cast_value(y, output, "cast_output")?, residuals))
     }
 
     fn vjp(

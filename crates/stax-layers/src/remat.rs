@@ -131,8 +131,8 @@ impl<L: Layer> Layer for Remat<L> {
         self.layer.policy()
     }
 
-    fn policies(&self) -> Vec<Policy> {
-        self.layer.policies()
+    fn policies(&self, input: &Shapes) -> Vec<Policy> {
+        self.layer.policies(input)
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {

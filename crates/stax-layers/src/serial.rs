@@ -83,8 +83,10 @@ impl Layer for Serial {
         format!("serial[{}]", names.join(", "))
     }
 
-    fn policies(&self) -> Vec<crate::Policy> {
-        self.0.iter().flat_map(|l| l.policies()).collect()
+    fn policies(&self, input: &Shapes) -> Vec<crate::Policy> {
+        let shapes = self.shapes(input).unwrap_or_default();
+        let layers = self.0.iter().zip(&shapes);
+        layers.flat_map(|(l, s)| l.policies(s)).collect()
     }
 
     fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {

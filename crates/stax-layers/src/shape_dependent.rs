@@ -77,6 +77,10 @@ impl Layer for ShapeDependent {
         self.layer(input).param_specs(input)
     }
 
+    fn policies(&self, input: &Shapes) -> Vec<crate::Policy> {
+        self.layer(input).policies(input)
+    }
+
     fn apply(
         &self,
         params: &Params,

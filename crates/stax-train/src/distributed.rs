@@ -243,11 +243,9 @@ impl<L: Layer, O: Optimizer, F: stax_layers::Loss> Trainer<L, O, F> {
     /// [`stax_layers::LayerError::Config`] for a model computing in bf16 or f16 (the buckets
     /// all-reduce f32 gradients; low-precision ones are not written yet), before any exchange.
     pub fn data_parallel(mut self, dp: DataParallel) -> Result<Self, TrainError> {
-        let low = self
-            .model()
-            .policies()
-            .into_iter()
-            .find(|p| p.compute != DType::F32);
+        let input = stax_tensor::Tree::leaf(self.input_shape().clone());
+        let policies = self.model().policies(&input);
+        let low = policies.into_iter().find(|p| p.compute != DType::F32);
         if let Some(p) = low {
             return Err(stax_layers::LayerError::Config {
                 path: String::new(),

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use stax_layers::Layer;
 use stax_optim::Optimizer;
-use stax_tensor::DType;
+use stax_tensor::{DType, Shape, Tree};
 
 use crate::{TrainError, Trainer};
 
@@ -121,10 +121,12 @@ impl DynamicLossScale {
         }
     }
 
-    /// The loss scale a model's training starts with: jmp's default when a policy it or a
-    /// layer inside it runs under computes in f16 ([`Layer::policies`]), else none.
-    pub fn for_model(model: &dyn Layer) -> Option<DynamicLossScale> {
-        let f16 = model.policies().iter().any(|p| p.compute == DType::F16);
+    /// The loss scale a model's training on inputs of shape `input` starts with: jmp's
+    /// default when a policy it or a layer inside it runs under computes in f16
+    /// ([`Layer::policies`]), else none.
+    pub fn for_model(model: &dyn Layer, input: &Shape) -> Option<DynamicLossScale> {
+        let policies = model.policies(&Tree::leaf(input.clone()));
+        let f16 = policies.iter().any(|p| p.compute == DType::F16);
         f16.then(DynamicLossScale::default)
     }
 }

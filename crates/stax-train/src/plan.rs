@@ -226,7 +226,7 @@ impl MemoryPlan {
         target: &Arc<dyn Backend>,
         feed: Feed,
     ) -> Result<MemoryPlan, TrainError> {
-        let parts = Parts::new(model, loss, opt);
+        let parts = Parts::new(model, input, loss, opt);
         MemoryPlan::of(parts, input, target, feed)
     }
 

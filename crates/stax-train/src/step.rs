@@ -74,14 +74,19 @@ pub(crate) struct Parts<'a> {
 impl<'a> Parts<'a> {
     /// The parts, with the optimizer applied in the backward pass where it offers to be and
     /// the loss scale a model starts with ([`DynamicLossScale::for_model`]).
-    pub fn new(model: &'a dyn Layer, loss: &'a dyn Loss, opt: &'a dyn Optimizer) -> Self {
+    pub fn new(
+        model: &'a dyn Layer,
+        input: &Shape,
+        loss: &'a dyn Loss,
+        opt: &'a dyn Optimizer,
+    ) -> Self {
         Parts {
             model,
             loss,
             opt,
             in_backward: true,
             dp: None,
-            loss_scale: DynamicLossScale::for_model(model).map(|s| s.scale),
+            loss_scale: DynamicLossScale::for_model(model, input).map(|s| s.scale),
         }
     }
 }

@@ -160,7 +160,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             None => opt.init(&params)?,
         };
         let trainer = Trainer {
-            loss_scale: crate::DynamicLossScale::for_model(&model),
+            loss_scale: crate::DynamicLossScale::for_model(&model, &input),
             rehearsed: None,
             model,
             params,
@@ -228,7 +228,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         Parts {
             dp: self.dp.as_ref(),
             loss_scale: self.loss_scale.map(|s| s.scale),
-            ..Parts::new(&self.model, &self.loss, &self.opt)
+            ..Parts::new(&self.model, &self.input, &self.loss, &self.opt)
         }
     }
 
@@ -387,7 +387,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                 in_backward: self.in_backward_for(x.dims()[0]),
                 loss_scale: self.loss_scale.map(|s| s.scale),
                 dp: self.dp.as_ref(),
-                ..Parts::new(&self.model, &self.loss, &self.opt)
+                ..Parts::new(&self.model, &self.input, &self.loss, &self.opt)
             },
             &mut self.params,
             &mut self.state,

@@ -161,7 +161,7 @@ pub fn max_batch_that_fits<L: Layer, O: Optimizer>(
     feed: Feed,
     budget: Option<u64>,
 ) -> Result<usize, TrainError> {
-    let parts = Parts::new(model, &SoftmaxCrossEntropy, opt);
+    let parts = Parts::new(model, input, &SoftmaxCrossEntropy, opt);
     largest_batch(parts, input, target, feed, budget)
 }
 
