@@ -73,7 +73,8 @@ pub(crate) struct Parts<'a> {
 
 impl<'a> Parts<'a> {
     /// The parts, with the optimizer applied in the backward pass where it offers to be and
-    /// the loss scale a model starts with ([`DynamicLossScale::for_model`]).
+    /// the loss scale a model starts with on inputs of shape `input` (`[batch, ...]`,
+    /// [`DynamicLossScale::for_model`]).
     pub fn new(
         model: &'a dyn Layer,
         input: &Shape,
