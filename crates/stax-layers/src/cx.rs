@@ -70,6 +70,14 @@ pub(crate) struct Saving {
     pub(crate) outputs: Vec<(Path, Value)>,
 }
 
+impl Saving {
+    /// The output saved for the layer at `path`, taken.
+    fn take(&mut self, path: &Path) -> Option<Value> {
+        let at = self.outputs.iter().position(|(p, _)| p == path)?;
+        Some(self.outputs.swap_remove(at).1)
+    }
+}
+
 impl std::fmt::Debug for Cx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cx")
@@ -225,26 +233,23 @@ impl<'a> Cx<'a> {
         x: Value,
     ) -> Result<(Value, Residuals), LayerError> {
         self.child(key, position, rng, |cx| {
-            let saves = cx
+            let replay = match cx
                 .saving
                 .as_ref()
-                .filter(|s| s.kinds.contains(&layer.kind()));
-            let Some(replay) = saves.map(|s| s.replay) else {
-                return layer.apply(params, x, cx);
+                .filter(|s| s.kinds.contains(&layer.kind()))
+            {
+                Some(s) => s.replay,
+                None => return layer.apply(params, x, cx),
             };
             let Some(r) = layer.residuals_from_input(&x)? else {
                 return layer.apply(params, x, cx);
             };
             let path = cx.path.clone();
-            let outputs = cx.saving.as_mut().map(|s| &mut s.outputs);
             if replay {
-                let at = outputs
-                    .as_ref()
-                    .and_then(|o| o.iter().position(|(p, _)| *p == path));
-                if let (Some(at), Some(outputs)) = (at, outputs) {
-                    return Ok((outputs.swap_remove(at).1, r));
-                }
-                return layer.apply(params, x, cx);
+                return match cx.saving.as_mut().and_then(|s| s.take(&path)) {
+                    Some(y) => Ok((y, r)),
+                    None => layer.apply(params, x, cx),
+                };
             }
             drop(r);
             let (y, r) = layer.apply(params, x, cx)?;
