@@ -67,21 +67,13 @@ fn each_window(
     mut f: impl FnMut(usize, usize, Option<(usize, u32, f32)>),
 ) {
     let image = g.h * g.w * g.c_in;
-    for n in 0..g.n {
-        let xi = &x[n * image..][..image];
-        for oy in 0..g.out_h {
-            for ox in 0..g.out_w {
-                for c in 0..g.c_out {
-                    let o = ((n * g.out_h + oy) * g.out_w + ox) * g.c_out + c;
-                    f(n, o, window_max(g, xi, oy, ox, c));
-                }
-            }
-        }
-    }
+    each_output(g, |n, o, (oy, ox, c)| {
+        f(n, o, window_max(g, &x[n * image..][..image], oy, ox, c));
+    });
 }
 
 /// Calls `f(image, out_index, (oy, ox, c))` for every output element of every image, in
-/// [`each_window`]'s order.
+/// output order.
 fn each_output(g: &Conv2dGeometry, mut f: impl FnMut(usize, usize, (usize, usize, usize))) {
     for n in 0..g.n {
         for oy in 0..g.out_h {
