@@ -659,24 +659,7 @@ fn main() {
     }
     p.print();
     for plan in gpu.conv_plans() {
-        println!(
-            "conv plan {:?} c_in {} -> c_out {}: {} {} workspace {} B {}",
-            plan.pass,
-            plan.geometry.c_in,
-            plan.geometry.c_out,
-            plan.algorithm,
-            plan.math,
-            plan.workspace_bytes,
-            plan.epilogue
-        );
-        for c in &plan.candidates {
-            let t = c.time_ms.map_or("untimed".into(), |t| format!("{t:.3} ms"));
-            let (a, m) = (&c.algorithm, &c.math);
-            println!(
-                "    {a} {m}: workspace {} B, {t}, {}",
-                c.workspace_bytes, c.status
-            );
-        }
+        println!("{plan:#}");
     }
     gpu.allocator().empty_cache().ok();
     if args.steps > 0 {

@@ -1,7 +1,7 @@
 //! What the examples tell a user: flags their model or data cannot take are refused before
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
-//! than the data, a ResNet of empty stages, a budget no batch fits); a resumed run says what it
+//! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis`); a resumed run says what it
 //! continued; a set-up out-of-memory names the batch `--batch auto` would pick.
 
 mod common;
@@ -15,7 +15,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
     };
     let resnet = cnn.with_file_name("resnet50");
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 8] = [
+    let cases: [(&std::path::Path, &[&str], &str); 9] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -47,6 +47,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &["--batch", "auto", "--budget", "30MB"],
             "--batch auto: not even a batch of one fits 30.00 MB (30,000,000 bytes): a step of \
              one example peaks at",
+        ),
+        (
+            &cnn,
+            &["--conv-apis", "fastest"],
+            "\"fastest\": expected legacy, graph or both",
         ),
         (
             &resnet,

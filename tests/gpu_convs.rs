@@ -7,10 +7,11 @@
 mod common;
 
 use common::*;
+use stax_tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT};
 use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue, NormSaved};
 use stax_tensor::{
-    Activation, Backend, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec, DType, FilterLayout,
-    Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
+    Activation, Backend, BackendOptions, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec,
+    DType, FilterLayout, Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
 };
 use std::sync::Arc;
 
@@ -317,6 +318,48 @@ fn convs_in_every_layout_match_cpu() {
         };
         for g in conv_cases().iter().chain(&transposed_cases()) {
             conv_passes_match(g, &gpu, precision);
+        }
+    }
+}
+
+/// The same passes with the candidates of each cuDNN API alone: the legacy algorithms, and
+/// the graph API's engines (a pass with no usable engine falls back to the legacy ones). Under
+/// `Highest` the 1e-5 bound also checks that no TF32 engine is taken. At least one pass of each
+/// precision must have run a graph engine, and the plans must name the API they came from.
+#[test]
+fn convs_match_cpu_through_each_cudnn_api() {
+    for apis in [ConvApis::Legacy, ConvApis::Graph] {
+        for precision in [Precision::Highest, Precision::Tf32] {
+            // a backend of its own (a limit given: not the shared one), its choices all made
+            // under `apis`
+            let options = BackendOptions {
+                workspace_limit: Some(DEFAULT_WORKSPACE_LIMIT),
+                ..with_precision(precision)
+            };
+            let Some(cuda) = cuda_backend_or_skip(&options) else {
+                return;
+            };
+            cuda.set_conv_apis(apis);
+            let gpu: Arc<dyn Backend> = cuda.clone();
+            for g in conv_cases().iter().chain(&transposed_cases()) {
+                conv_passes_match(g, &gpu, precision);
+            }
+            let plans = cuda.conv_plans();
+            let engines = plans
+                .iter()
+                .filter(|p| p.algorithm.starts_with("CUDNN_GRAPH_ENGINE_"))
+                .count();
+            match apis {
+                ConvApis::Legacy => assert_eq!(engines, 0, "{precision:?}: {plans:#?}"),
+                _ => assert!(
+                    engines > 0,
+                    "{precision:?}: no pass ran an engine: {plans:#?}"
+                ),
+            }
+            println!(
+                "{apis:?} {precision:?}: {engines} of {} passes on graph engines",
+                plans.len()
+            );
         }
     }
 }

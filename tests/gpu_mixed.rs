@@ -14,6 +14,8 @@ mod common;
 use common::*;
 use stax::layers::{Mixed, Policy};
 use stax::models::mlp;
+use stax::tensor::BackendOptions;
+use stax::tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT};
 use stax::tensor::ops::{self, Epilogue};
 use stax::tensor::{
     Activation, AdamHyper, Conv2dGeometry, ConvPass, ConvSpec, FilterLayout, Layout, OpDesc,
@@ -425,9 +427,38 @@ fn low_precision_conv_cases() -> Vec<Conv2dGeometry> {
 /// bias gradients through the ReLU's mask.
 #[test]
 fn low_precision_convolutions_match_the_cpu() {
-    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
-        return;
-    };
+    for apis in [ConvApis::Both, ConvApis::Legacy, ConvApis::Graph] {
+        // a backend of its own (a limit given: not the shared one), its choices all made
+        // under `apis`
+        let options = BackendOptions {
+            workspace_limit: Some(DEFAULT_WORKSPACE_LIMIT),
+            ..with_precision(Precision::Highest)
+        };
+        let Some(cuda) = cuda_backend_or_skip(&options) else {
+            return;
+        };
+        cuda.set_conv_apis(apis);
+        low_precision_convolutions_match(&(cuda.clone() as Arc<dyn Backend>));
+        let plans = cuda.conv_plans();
+        let engines = plans
+            .iter()
+            .filter(|p| p.algorithm.starts_with("CUDNN_GRAPH_ENGINE_"))
+            .count();
+        println!(
+            "{apis:?}: {engines} of {} passes on graph engines",
+            plans.len()
+        );
+        match apis {
+            ConvApis::Legacy => assert_eq!(engines, 0, "{plans:#?}"),
+            ConvApis::Graph => assert!(engines > 0, "no pass ran an engine: {plans:#?}"),
+            ConvApis::Both => {}
+        }
+    }
+}
+
+/// The body of [`low_precision_convolutions_match_the_cpu`] on `gpu`.
+fn low_precision_convolutions_match(gpu: &Arc<dyn Backend>) {
+    let gpu = gpu.clone();
     let cpu = cpu();
     for dtype in [DType::BF16, DType::F16] {
         for g in &low_precision_conv_cases() {

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
 use stax::tensor::cpu::CpuBackend;
-use stax::tensor::cuda::CudaBackend;
+use stax::tensor::cuda::{ConvApis, CudaBackend};
 use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
@@ -157,6 +157,10 @@ pub struct Common {
     /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
     #[arg(long)]
     pub deterministic: bool,
+    /// CUDA: which cuDNN API's algorithms the conv search times: legacy (default), graph (the
+    /// graph API's engines, as PyTorch and XLA run them) or both.
+    #[arg(long, default_value = "legacy", value_parser = |s: &str| s.parse::<ConvApis>())]
+    pub conv_apis: ConvApis,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }
@@ -275,7 +279,7 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
     }
 }
 
-/// CUDA device `ordinal`, with `--deterministic` cuDNN choices.
+/// CUDA device `ordinal`, with `--deterministic` and `--conv-apis` cuDNN choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -283,6 +287,7 @@ fn open_cuda(
 ) -> Result<Arc<dyn stax::Backend>, Error> {
     let cuda = CudaBackend::new(ordinal, options)?;
     cuda.set_deterministic(args.deterministic);
+    cuda.set_conv_apis(args.conv_apis);
     Ok(cuda)
 }
 

@@ -16,6 +16,13 @@ pub fn show_plan(
     backend: &Arc<dyn stax::Backend>,
 ) -> Result<(), Error> {
     println!("{plan}");
+    if let Some(gpu) = backend.as_cuda() {
+        // cuDNN's choice per conv pass, and the candidates it was made from (issue 12's
+        // "what a larger allowance would buy": those over the limit are listed untimed)
+        for conv in gpu.conv_plans() {
+            println!("{conv:#}");
+        }
+    }
     println!(
         "memory the run needs under the {} allocator (rounding, granules, fragmentation): {}",
         backend.allocator().strategy(),

@@ -47,7 +47,7 @@ use stax_alloc::{Allocator, RawMemory, Strategy};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use cudnn::{ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
+pub use cudnn::{ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
 pub use transfer::STAGING_CHUNK_BYTES;
 
 /// A CUDA device opened for computing (see the module docs).
@@ -223,6 +223,14 @@ impl CudaBackend {
     /// them, with each candidate's determinism).
     pub fn set_deterministic(&self, on: bool) {
         self.dnn.set_deterministic(on);
+    }
+
+    /// Chooses which of cuDNN's APIs the conv algorithm search takes candidates from (default
+    /// [`ConvApis::Legacy`]). Set it before the first convolution runs or is calibrated: choices
+    /// already made stay. For tests and A/B timing of the graph API's engines against the
+    /// legacy algorithms.
+    pub fn set_conv_apis(&self, apis: ConvApis) {
+        self.dnn.set_apis(apis);
     }
 
     /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).

@@ -2,14 +2,17 @@
 //! per geometry under a workspace budget, and the three passes.
 //!
 //! Algorithms are chosen once per (geometry, dtype, precision, pass), by calibration
-//! ([`crate::Backend::calibrate`], or the pass's first run): cuDNN's heuristics
-//! (`cudnnGet*Algorithm_v7`) list the candidates and their workspace needs, then
-//! `cudnnFind*AlgorithmEx` times those that fit the budget on scratch buffers of the pass's
-//! shapes, with a workspace from our allocator sized to the largest candidate that fits. The
-//! fastest is kept with its workspace size and reported by [`ConvPlanInfo`]. Every later call
-//! of that pass runs with exactly that workspace, allocated by the caller from the pass's
-//! schedule. Before the choice, the largest of those candidates' workspaces is the bound a
-//! memory plan uses ([`Dnn::bound`]: a host-side query, nothing allocated).
+//! ([`crate::Backend::calibrate`], or the pass's first run). The candidates are the legacy
+//! API's (`cudnnGet*Algorithm_v7`, `calls.rs`) and the graph API's engine configurations
+//! (heuristic modes A and FALLBACK, `graph.rs`), each with its workspace need. Those that fit
+//! the budget (the largest usable workspace within the limit) are timed on scratch buffers of
+//! the pass's shapes with one workspace from our allocator: one untimed run, then CUDA events
+//! around three runs (not `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode
+//! and made concurrent calls of other threads fail). The fastest is kept with its workspace
+//! size and reported by [`ConvPlanInfo`]. Every later call of that pass runs with exactly that
+//! workspace, allocated by the caller from the pass's schedule. Before the choice, the largest
+//! of those candidates' workspaces is the bound a memory plan uses ([`Dnn::bound`]: host-side
+//! queries, nothing allocated on the device).
 //!
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
 //! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`. Both apply to
@@ -19,12 +22,18 @@
 //! type; products of bf16 or f16 values are exact in f32, so no precision is given up).
 
 mod calls;
+mod graph;
+mod report;
+mod search;
+
+pub use report::{ConvCandidate, ConvPlanInfo};
 
 use crate::{Conv2dGeometry, ConvPass, DType, Precision, TensorError};
-use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute, execute_bias_act};
+use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
-use stax_alloc::{Allocation, Allocator, Category};
+use search::{Search, budget, choose, choose_deterministic, engine_choices, run_choice, select};
+use stax_alloc::{Allocation, Allocator};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
@@ -34,52 +43,44 @@ use std::sync::{Arc, Mutex};
 /// 1 GB activations, and far from the multi-GB autotuning scratch JAX takes.
 pub const DEFAULT_WORKSPACE_LIMIT: usize = 256 << 20;
 
-/// The algorithm chosen for one pass of one convolution, as the trainer reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConvPlanInfo {
-    /// The convolution (shapes, strides, padding).
-    pub geometry: Conv2dGeometry,
-    /// The element type of its input, filter and output (computed in f32).
-    pub dtype: DType,
-    /// The precision it was chosen for.
-    pub precision: Precision,
-    /// Which pass.
-    pub pass: ConvPass,
-    /// cuDNN's name for the algorithm, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
-    pub algorithm: String,
-    /// cuDNN's math type for it: `CUDNN_DEFAULT_MATH` or `CUDNN_TENSOR_OP_MATH` may use TF32
-    /// tensor cores (only under [`Precision::Tf32`]), `CUDNN_FMA_MATH` never does.
-    pub math: String,
-    /// cuDNN workspace bytes each call of this pass allocates (tagged `Workspace`).
-    pub workspace_bytes: usize,
-    /// Further workspace bytes each call allocates for layout changes: the OHWI filter copy,
-    /// a padded input or input gradient (asymmetric padding), the bias-gradient partials.
-    pub layout_bytes: usize,
-    /// Time `cudnnFind*AlgorithmEx` measured for it, in ms; NaN when it was chosen without
-    /// timing ([`crate::cuda::CudaBackend::set_deterministic`]).
-    pub time_ms: f32,
-    /// Every candidate cuDNN's heuristics listed, with its workspace need and, for those that
-    /// were timed, the time: what the choice was made from.
-    pub candidates: Vec<ConvCandidate>,
-    /// For the forward pass: how the bias (and a following ReLU) ran last, `fused` (in
-    /// cuDNN's epilogue), `separate` (our own passes), or why cuDNN refused to fuse them.
-    pub epilogue: String,
+/// Which of cuDNN's APIs the algorithm search of a conv pass takes candidates from
+/// ([`crate::cuda::CudaBackend::set_conv_apis`]; `legacy`, `graph` or `both` as text).
+///
+/// The default is the legacy API. Measured on the H200 on 2026-12-02 (BENCHMARKS.md): the
+/// graph API's engines win most passes timed alone (ResNet-50's bf16 1x1 convs 4-6x), yet
+/// whole steps did not get faster with them (ResNet-50 at batch 128: TF32 59.2 ms against
+/// 56.6 ms, bf16 46.5 against 44-46 ms; the seed: TF32 13.5 against 13.1-13.3 ms, bf16
+/// unchanged), so they are offered for A/B runs until a step gains from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvApis {
+    /// The legacy `cudnnConvolution*` algorithms only (the default).
+    #[default]
+    Legacy,
+    /// The legacy algorithms and the graph API's engines, the fastest of all as timed.
+    Both,
+    /// The graph API's engines, and the legacy algorithms only for a pass that has no usable
+    /// engine.
+    Graph,
 }
 
-/// One algorithm cuDNN offered for a pass.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConvCandidate {
-    /// cuDNN's name for the algorithm.
-    pub algorithm: String,
-    /// cuDNN's math type for it.
-    pub math: String,
-    /// Workspace bytes it needs.
-    pub workspace_bytes: usize,
-    /// Time measured by `cudnnFind*AlgorithmEx`, in ms, or None if it was not timed (over the
-    /// workspace budget, or not supported).
-    pub time_ms: Option<f32>,
-    /// cuDNN's status for it (`CUDNN_STATUS_SUCCESS` when usable).
-    pub status: String,
+impl std::str::FromStr for ConvApis {
+    type Err = TensorError;
+
+    /// `legacy`, `graph` or `both`.
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidArgument`] naming the accepted words.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "legacy" => Ok(ConvApis::Legacy),
+            "graph" => Ok(ConvApis::Graph),
+            "both" => Ok(ConvApis::Both),
+            _ => Err(TensorError::InvalidArgument {
+                op: "conv_apis",
+                reason: format!("{s:?}: expected legacy, graph or both"),
+            }),
+        }
+    }
 }
 
 /// What cuDNN computes: the geometry with symmetric padding `(pad_h, pad_w)` on an input of
@@ -120,6 +121,8 @@ pub(crate) struct Operands {
 #[derive(Debug)]
 struct Plan {
     desc: Descriptors,
+    /// Each pass's graph-API engines, built on first use (or why they could not be).
+    graphs: [Option<Result<graph::Engines, String>>; 3],
     chosen: [Option<Choice>; 3],
     candidates: [Vec<ConvCandidate>; 3],
     layout_bytes: [usize; 3],
@@ -146,6 +149,8 @@ struct State {
     /// Choose deterministic algorithms by cuDNN's heuristics, without timing (see
     /// [`Dnn::set_deterministic`]).
     deterministic: bool,
+    /// Which API's candidates the search takes (see [`ConvApis`]).
+    apis: ConvApis,
 }
 
 // SAFETY: the cuDNN handle and descriptors are used from one thread at a time (the Mutex in
@@ -164,6 +169,8 @@ impl Drop for State {
 #[derive(Debug)]
 pub(crate) struct Dnn {
     state: Mutex<State>,
+    /// The handle's stream, on which the search times the candidates.
+    stream: Arc<CudaStream>,
 }
 
 impl Dnn {
@@ -177,12 +184,14 @@ impl Dnn {
             handle,
             plans: HashMap::new(),
             deterministic: false,
+            apis: ConvApis::Legacy,
         };
         // SAFETY: valid handle and live stream (the backend keeps it alive).
         unsafe { result::set_stream(state.handle, stream.cu_stream() as sys::cudaStream_t) }
             .map_err(cudnn("cudnnSetStream"))?;
         Ok(Dnn {
             state: Mutex::new(state),
+            stream: stream.clone(),
         })
     }
 
@@ -191,6 +200,11 @@ impl Dnn {
     /// workspace limit, without timing anything (PyTorch's `cudnn.deterministic = True,
     /// benchmark = False`): the same bits on every run, and the same choice in every process
     /// on the same GPU and cuDNN. Choices made before stay.
+    pub(crate) fn set_apis(&self, apis: ConvApis) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.apis = apis;
+    }
+
     pub(crate) fn set_deterministic(&self, on: bool) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.deterministic = on;
@@ -261,7 +275,14 @@ impl Dnn {
         alloc: &Arc<Allocator>,
     ) -> Result<usize, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (_, choice) = plan_and_choice(&mut state, pass, conv, precision, ops, limit, alloc)?;
+        let search = (limit, alloc);
+        let (_, choice) = plan_and_choice(
+            &mut state,
+            &self.stream,
+            (pass, conv, precision),
+            ops,
+            search,
+        )?;
         Ok(choice.workspace)
     }
 
@@ -279,11 +300,12 @@ impl Dnn {
         limit: usize,
     ) -> Result<usize, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let handle = state.handle;
+        let (handle, apis) = (state.handle, state.apis);
         let plan = plan_of(&mut state, conv, precision)?;
         plan.desc.set_math(search_math(precision, conv.dtype))?;
-        let heuristic = candidates(handle, &plan.desc, pass, None)?;
-        budget(&heuristic, pass, limit)
+        let mut all = candidates(handle, &plan.desc, pass)?;
+        all.extend(engine_choices(handle, plan, pass, conv, precision));
+        budget(&select(all, apis), pass, limit)
     }
 
     /// Runs `pass` of `conv` on `ops` (output overwritten) with its chosen algorithm and
@@ -302,8 +324,14 @@ impl Dnn {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
-        plan.desc.set_math(math(precision, conv.dtype, choice))?;
-        execute(handle, &plan.desc, choice.algo, ops, workspace)
+        run_choice(
+            handle,
+            plan,
+            (pass, precision, conv.dtype),
+            choice,
+            ops,
+            workspace,
+        )
     }
 }
 
@@ -349,7 +377,6 @@ impl Dnn {
         let handle = state.handle;
         let pass = ConvPass::Forward;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
-        plan.desc.set_math(math(precision, conv.dtype, choice))?;
         let ws = workspace;
         let precomp =
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
@@ -357,6 +384,7 @@ impl Dnn {
             && algo == precomp
             && plan.no_fused_epilogue.is_none()
         {
+            plan.desc.set_math(math(precision, conv.dtype, choice))?;
             // Any refusal (the output is then untouched) falls back to the separate epilogue,
             // for good: the status is kept for the plan report.
             let (bias, relu) = (epi.bias, epi.relu);
@@ -369,7 +397,7 @@ impl Dnn {
             }
         }
         plan.fused_last = false;
-        execute(handle, &plan.desc, choice.algo, ops, ws)?;
+        run_choice(handle, plan, (pass, precision, conv.dtype), choice, ops, ws)?;
         Ok(false)
     }
 }
@@ -385,6 +413,7 @@ fn plan_of<'s>(
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(Plan {
                 desc: Descriptors::new(conv)?,
+                graphs: Default::default(),
                 chosen: [None; 3],
                 candidates: Default::default(),
                 layout_bytes: [0; 3],
@@ -419,17 +448,16 @@ fn chosen<'s>(
     }
 }
 
-/// The plan of `conv` (created on first use) and the choice for `pass` (made on first use).
+/// The plan of `conv` (created on first use) and the choice for `pass` (made on first use,
+/// timed on `stream` within `limit` workspace bytes from `alloc`).
 fn plan_and_choice<'s>(
     state: &'s mut State,
-    pass: ConvPass,
-    conv: &CudnnConv,
-    precision: Precision,
+    stream: &Arc<CudaStream>,
+    (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
     ops: Operands,
-    limit: usize,
-    alloc: &Arc<Allocator>,
+    (limit, alloc): (usize, &Arc<Allocator>),
 ) -> Result<(&'s mut Plan, Choice), TensorError> {
-    let (handle, deterministic) = (state.handle, state.deterministic);
+    let (handle, deterministic, apis) = (state.handle, state.deterministic, state.apis);
     let plan = plan_of(state, conv, precision)?;
     plan.layout_bytes[pass as usize] = conv.layout_bytes;
     if let Some(c) = plan.chosen[pass as usize] {
@@ -437,9 +465,15 @@ fn plan_and_choice<'s>(
     }
     plan.desc.set_math(search_math(precision, conv.dtype))?;
     let (c, all) = if deterministic {
-        choose_deterministic(candidates(handle, &plan.desc, pass, None)?, pass, limit)?
+        choose_deterministic(candidates(handle, &plan.desc, pass)?, pass, limit)?
     } else {
-        choose(handle, &plan.desc, pass, ops, limit, alloc)?
+        let search = Search {
+            handle,
+            stream,
+            key: (pass, precision, conv.dtype),
+            apis,
+        };
+        choose(&search, plan, conv, ops, (limit, alloc))?
     };
     // The search's workspaces are freed; return what they left cached (see `release_search`).
     release_search(alloc)?;
@@ -457,102 +491,4 @@ fn plan_and_choice<'s>(
 /// [`TensorError::Alloc`] when the driver refuses a release.
 pub(crate) fn release_search(alloc: &Allocator) -> Result<(), TensorError> {
     Ok(alloc.empty_cache()?)
-}
-
-fn workspace(alloc: &Arc<Allocator>, bytes: usize) -> Result<Option<Allocation>, TensorError> {
-    Ok(if bytes == 0 {
-        None
-    } else {
-        Some(alloc.allocate(bytes, Category::Workspace)?)
-    })
-}
-
-/// The largest workspace of the usable `candidates` within `limit`.
-fn budget(candidates: &[Choice], pass: ConvPass, limit: usize) -> Result<usize, TensorError> {
-    candidates
-        .iter()
-        .filter(|c| c.ok && c.workspace <= limit)
-        .map(|c| c.workspace)
-        .max()
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"
-            ),
-        })
-}
-
-/// Lists candidates by heuristics, times those within `limit` with FindEx, keeps the fastest;
-/// returns it with every candidate for the report.
-fn choose(
-    handle: sys::cudnnHandle_t,
-    d: &Descriptors,
-    pass: ConvPass,
-    ops: Operands,
-    limit: usize,
-    alloc: &Arc<Allocator>,
-) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
-    let heuristic = candidates(handle, d, pass, None)?;
-    let budget = budget(&heuristic, pass, limit)?;
-    let ws = workspace(alloc, budget)?;
-    let timed = {
-        // The search may capture CUDA graphs; keep other threads' unsafe calls out meanwhile.
-        let _exclusive = super::exclusive();
-        candidates(handle, d, pass, Some((ops, ws.as_ref(), budget)))?
-    };
-    let report = heuristic
-        .iter()
-        .map(|h| {
-            let t = timed
-                .iter()
-                .find(|t| t.algo == h.algo && t.math == h.math && t.ok);
-            candidate(h, t)
-        })
-        .collect();
-    let best = timed
-        .into_iter()
-        .chain(heuristic)
-        .find(|c| c.ok && c.workspace <= budget)
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!("cuDNN found no {pass:?} algorithm within {budget} workspace bytes"),
-        })?;
-    Ok((best, report))
-}
-
-/// The first of cuDNN's `heuristic` candidates (in its order) that is deterministic, usable
-/// and within `limit` (see [`Dnn::set_deterministic`]); returned with every candidate.
-fn choose_deterministic(
-    heuristic: Vec<Choice>,
-    pass: ConvPass,
-    limit: usize,
-) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
-    let report = heuristic.iter().map(|h| candidate(h, None)).collect();
-    let mut best = heuristic
-        .into_iter()
-        .find(|c| c.ok && c.deterministic && c.workspace <= limit)
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "cuDNN lists no deterministic {pass:?} algorithm within {limit} workspace bytes"
-            ),
-        })?;
-    best.time_ms = f32::NAN;
-    Ok((best, report))
-}
-
-/// A heuristic candidate `h` as reported, with its timing `t` when it was timed.
-fn candidate(h: &Choice, t: Option<&Choice>) -> ConvCandidate {
-    let status = format!("{:?}", t.map_or(h.status, |t| t.status));
-    ConvCandidate {
-        algorithm: h.algo.name(),
-        math: format!("{:?}", h.math),
-        workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
-        time_ms: t.map(|t| t.time_ms),
-        status: if h.deterministic {
-            status
-        } else {
-            status + " (non-deterministic)"
-        },
-    }
 }

@@ -1,5 +1,5 @@
-//! The raw cuDNN calls of the conv passes: descriptors, algorithm listing (heuristics and
-//! `cudnnFind*AlgorithmEx`) and execution, each a `match` over the three passes.
+//! The raw legacy cuDNN calls of the conv passes: descriptors, algorithm listing (heuristics)
+//! and execution, each a `match` over the three passes (the graph API's are in `graph.rs`).
 
 use super::{CudnnConv, Operands};
 use crate::{ConvPass, DType, TensorError};
@@ -207,6 +207,12 @@ pub(super) enum Algo {
     Fwd(sys::cudnnConvolutionFwdAlgo_t),
     Data(sys::cudnnConvolutionBwdDataAlgo_t),
     Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+    /// A configuration of cuDNN's graph API: `index` into the pass's usable engines
+    /// (`graph::Engines`), `global` cuDNN's index of the engine.
+    Engine {
+        index: usize,
+        global: i64,
+    },
 }
 
 impl Algo {
@@ -215,6 +221,9 @@ impl Algo {
             Algo::Fwd(a) => format!("{a:?}"),
             Algo::Data(a) => format!("{a:?}"),
             Algo::Filter(a) => format!("{a:?}"),
+            Algo::Engine { index, global } => {
+                format!("CUDNN_GRAPH_ENGINE_{global} (heuristic config {index})")
+            }
         }
     }
 }
@@ -238,20 +247,18 @@ macro_rules! choices {
 
 pub(super) const MAX_ALGOS: usize = 16;
 
-/// Heuristic candidates (`find == None`), or candidates timed on `ops` with a workspace.
+/// The candidates cuDNN's heuristics list for `pass` (`cudnnGet*Algorithm_v7`), with their
+/// workspace needs: nothing runs on the device.
 pub(super) fn candidates(
     handle: sys::cudnnHandle_t,
     d: &Descriptors,
     pass: ConvPass,
-    find: Option<(Operands, Option<&Allocation>, usize)>,
 ) -> Result<Vec<Choice>, TensorError> {
     let mut count: c_int = 0;
     let req = MAX_ALGOS as c_int;
-    // SAFETY (all arms): live handle and descriptors; `perf` has room for `req` results;
-    // for FindEx the operands are device buffers of the descriptors' shapes and the workspace
-    // holds `bytes` bytes (or is null with 0 bytes).
-    let out = match (pass, find) {
-        (ConvPass::Forward, None) => unsafe {
+    // SAFETY (all arms): live handle and descriptors; `perf` has room for `req` results.
+    let out = match pass {
+        ConvPass::Forward => unsafe {
             let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_forward_algorithm(
                 handle,
@@ -266,28 +273,7 @@ pub(super) fn candidates(
             .map_err(cudnn("cudnnGetConvolutionForwardAlgorithm_v7"))?;
             choices!(perf, count, Fwd)
         },
-        (ConvPass::Forward, Some((o, ws, bytes))) => unsafe {
-            let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
-            sys::cudnnFindConvolutionForwardAlgorithmEx(
-                handle,
-                d.x,
-                ptr(o.x),
-                d.w,
-                ptr(o.w),
-                d.conv,
-                d.y,
-                ptr(o.y) as *mut c_void,
-                req,
-                &mut count,
-                perf.as_mut_ptr(),
-                ws_ptr(ws),
-                bytes,
-            )
-            .result()
-            .map_err(cudnn("cudnnFindConvolutionForwardAlgorithmEx"))?;
-            choices!(perf, count, Fwd)
-        },
-        (ConvPass::BackwardData, None) => unsafe {
+        ConvPass::BackwardData => unsafe {
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_backward_data_algorithm(
@@ -303,29 +289,7 @@ pub(super) fn candidates(
             .map_err(cudnn("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
             choices!(perf, count, Data)
         },
-        (ConvPass::BackwardData, Some((o, ws, bytes))) => unsafe {
-            let mut perf =
-                [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
-            sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                handle,
-                d.w,
-                ptr(o.w),
-                d.y,
-                ptr(o.y),
-                d.conv,
-                d.x,
-                ptr(o.x) as *mut c_void,
-                req,
-                &mut count,
-                perf.as_mut_ptr(),
-                ws_ptr(ws),
-                bytes,
-            )
-            .result()
-            .map_err(cudnn("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
-            choices!(perf, count, Data)
-        },
-        (ConvPass::BackwardFilter, None) => unsafe {
+        ConvPass::BackwardFilter => unsafe {
             let mut perf =
                 [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
             result::get_convolution_backward_filter_algorithm(
@@ -339,28 +303,6 @@ pub(super) fn candidates(
                 perf.as_mut_ptr(),
             )
             .map_err(cudnn("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
-            choices!(perf, count, Filter)
-        },
-        (ConvPass::BackwardFilter, Some((o, ws, bytes))) => unsafe {
-            let mut perf =
-                [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
-            sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                handle,
-                d.x,
-                ptr(o.x),
-                d.y,
-                ptr(o.y),
-                d.conv,
-                d.w,
-                ptr(o.w) as *mut c_void,
-                req,
-                &mut count,
-                perf.as_mut_ptr(),
-                ws_ptr(ws),
-                bytes,
-            )
-            .result()
-            .map_err(cudnn("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
             choices!(perf, count, Filter)
         },
     };
@@ -439,6 +381,10 @@ pub(super) fn execute(
                 o.w as *mut c_void,
             )
             .map_err(cudnn("cudnnConvolutionBackwardFilter")),
+            Algo::Engine { global, .. } => Err(TensorError::InvalidArgument {
+                op: "conv2d",
+                reason: format!("internal: graph engine {global} run as a legacy algorithm"),
+            }),
         }
     }
 }

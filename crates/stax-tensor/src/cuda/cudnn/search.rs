@@ -1,0 +1,260 @@
+//! The algorithm search of a conv pass: the candidates of both cuDNN APIs, timed on the
+//! pass's scratch buffers within the workspace budget, and the fastest kept (see `cudnn.rs`).
+
+use super::calls::{Algo, Choice, candidates, execute};
+use super::{ConvApis, ConvCandidate, CudnnConv, Operands, Plan, graph, math};
+use crate::{ConvPass, DType, Precision, TensorError};
+use cudarc::cudnn::sys;
+use cudarc::driver::CudaStream;
+use stax_alloc::{Allocation, Allocator, Category};
+use std::sync::Arc;
+
+pub(super) fn workspace(
+    alloc: &Arc<Allocator>,
+    bytes: usize,
+) -> Result<Option<Allocation>, TensorError> {
+    Ok(if bytes == 0 {
+        None
+    } else {
+        Some(alloc.allocate(bytes, Category::Workspace)?)
+    })
+}
+
+/// The largest workspace of the usable `candidates` within `limit`.
+pub(super) fn budget(
+    candidates: &[Choice],
+    pass: ConvPass,
+    limit: usize,
+) -> Result<usize, TensorError> {
+    candidates
+        .iter()
+        .filter(|c| c.ok && c.workspace <= limit)
+        .map(|c| c.workspace)
+        .max()
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "no cuDNN {pass:?} algorithm fits the workspace limit of {limit} bytes"
+            ),
+        })
+}
+
+/// What a search needs besides the plan: the handle, the stream it times on, and the pass.
+pub(super) struct Search<'a> {
+    pub(super) handle: sys::cudnnHandle_t,
+    pub(super) stream: &'a Arc<CudaStream>,
+    pub(super) key: (ConvPass, Precision, DType),
+    pub(super) apis: ConvApis,
+}
+
+/// The candidates of `all` that `apis` admits (with [`ConvApis::Graph`], the legacy ones only
+/// when no engine is usable).
+pub(super) fn select(mut all: Vec<Choice>, apis: ConvApis) -> Vec<Choice> {
+    let engine = |c: &Choice| matches!(c.algo, Algo::Engine { .. });
+    match apis {
+        ConvApis::Both => {}
+        ConvApis::Legacy => all.retain(|c| !engine(c)),
+        ConvApis::Graph if all.iter().any(|c| engine(c) && c.ok) => all.retain(engine),
+        ConvApis::Graph => {}
+    }
+    all
+}
+
+/// Runs of each candidate between the two timing events, after one untimed run.
+const TIMED_RUNS: usize = 3;
+
+/// Lists the legacy API's heuristic candidates and the graph API's engines, times on `ops`
+/// those that fit the budget (the largest usable workspace within `limit`, allocated once),
+/// and keeps the fastest; returns it with every candidate for the report. Our own timing
+/// (events around [`TIMED_RUNS`] runs after a first untimed one) replaces
+/// `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode and so made other
+/// threads' concurrent cuDNN calls fail (`CUDNN_STATUS_EXECUTION_FAILED`, seen in `gpu_ops`).
+pub(super) fn choose(
+    s: &Search<'_>,
+    plan: &mut Plan,
+    conv: &CudnnConv,
+    ops: Operands,
+    (limit, alloc): (usize, &Arc<Allocator>),
+) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
+    let (pass, precision, _) = s.key;
+    let mut all = candidates(s.handle, &plan.desc, pass)?;
+    all.extend(engine_choices(s.handle, plan, pass, conv, precision));
+    let all = select(all, s.apis);
+    let budget = budget(&all, pass, limit)?;
+    let ws = workspace(alloc, budget)?;
+    let _exclusive = crate::cuda::exclusive();
+    let mut timed = Vec::with_capacity(all.len());
+    for c in &all {
+        let t = if c.ok && c.workspace <= budget {
+            Some(time_choice(s, plan, *c, ops, ws.as_ref()))
+        } else {
+            None
+        };
+        timed.push(match t.transpose()? {
+            Some(Ok(ms)) => Some(Choice { time_ms: ms, ..*c }),
+            Some(Err(status)) => Some(Choice {
+                ok: false,
+                status,
+                ..*c
+            }),
+            None => None,
+        });
+    }
+    let mut report: Vec<_> = all
+        .iter()
+        .zip(&timed)
+        .map(|(h, t)| candidate(h, t.as_ref()))
+        .collect();
+    match &plan.graphs[pass as usize] {
+        Some(Err(why)) => report.push(unusable(why)),
+        Some(Ok(engines)) => report.extend(engines.skipped.iter().map(|why| unusable(why))),
+        None => {}
+    }
+    let best = timed
+        .into_iter()
+        .flatten()
+        .filter(|c| c.ok)
+        .min_by(|a, b| a.time_ms.total_cmp(&b.time_ms))
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!("cuDNN ran no {pass:?} algorithm within {budget} workspace bytes"),
+        })?;
+    Ok((best, report))
+}
+
+/// Times `c` on `ops`: `Ok(Ok(ms))` per run, `Ok(Err(status))` when cuDNN refuses to run it,
+/// `Err` when the events fail.
+fn time_choice(
+    s: &Search<'_>,
+    plan: &Plan,
+    c: Choice,
+    ops: Operands,
+    ws: Option<&Allocation>,
+) -> Result<Result<f32, sys::cudnnStatus_t>, TensorError> {
+    let run = || run_choice(s.handle, plan, s.key, c, ops, ws);
+    if let Err(e) = run() {
+        return match e {
+            TensorError::Cudnn { source, .. } => Ok(Err(source.0)),
+            e => Err(e),
+        };
+    }
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let event = |e| crate::cuda::driver("cuEventRecord")(e);
+    let start = s.stream.record_event(flags).map_err(event)?;
+    for _ in 0..TIMED_RUNS {
+        run()?;
+    }
+    let end = s.stream.record_event(flags).map_err(event)?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(crate::cuda::driver("cuEventElapsedTime"))?;
+    Ok(Ok(ms / TIMED_RUNS as f32))
+}
+
+/// Runs `c` (a legacy algorithm with its math type, or a graph engine of `plan`).
+pub(super) fn run_choice(
+    handle: sys::cudnnHandle_t,
+    plan: &Plan,
+    (pass, precision, dtype): (ConvPass, Precision, DType),
+    c: Choice,
+    ops: Operands,
+    ws: Option<&Allocation>,
+) -> Result<(), TensorError> {
+    if let Algo::Engine { index, .. } = c.algo {
+        let Some(Ok(engines)) = &plan.graphs[pass as usize] else {
+            return Err(TensorError::InvalidArgument {
+                op: "conv2d",
+                reason: format!("internal: {pass:?} chose a graph engine it does not have"),
+            });
+        };
+        return graph::execute(handle, &engines.engines[index], ops, ws);
+    }
+    plan.desc.set_math(math(precision, dtype, c))?;
+    execute(handle, &plan.desc, c.algo, ops, ws)
+}
+
+/// The graph API's usable engines of `pass` as candidates (built on first use; none when the
+/// graph cannot be built, the reason kept for the report).
+pub(super) fn engine_choices(
+    handle: sys::cudnnHandle_t,
+    plan: &mut Plan,
+    pass: ConvPass,
+    conv: &CudnnConv,
+    precision: Precision,
+) -> Vec<Choice> {
+    let built = plan.graphs[pass as usize].get_or_insert_with(|| {
+        graph::engines(handle, conv, pass, precision).map_err(|e| e.to_string())
+    });
+    let Ok(engines) = built else {
+        return Vec::new();
+    };
+    let math = |tc| match tc {
+        true => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        false => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+    };
+    engines
+        .engines
+        .iter()
+        .enumerate()
+        .map(|(index, e)| Choice {
+            algo: Algo::Engine {
+                index,
+                global: e.global,
+            },
+            ok: true,
+            status: sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+            time_ms: f32::NAN,
+            workspace: e.workspace,
+            math: math(e.tensor_core),
+            deterministic: e.deterministic,
+        })
+        .collect()
+}
+
+/// The report line of a graph that could not be built, or of an engine left out.
+fn unusable(why: &str) -> ConvCandidate {
+    ConvCandidate {
+        algorithm: "cuDNN graph API".into(),
+        math: String::new(),
+        workspace_bytes: 0,
+        time_ms: None,
+        status: format!("unusable: {why}"),
+    }
+}
+
+/// The first of cuDNN's `heuristic` candidates (in its order) that is deterministic, usable
+/// and within `limit` (see [`Dnn::set_deterministic`]); returned with every candidate.
+pub(super) fn choose_deterministic(
+    heuristic: Vec<Choice>,
+    pass: ConvPass,
+    limit: usize,
+) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
+    let report = heuristic.iter().map(|h| candidate(h, None)).collect();
+    let mut best = heuristic
+        .into_iter()
+        .find(|c| c.ok && c.deterministic && c.workspace <= limit)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "cuDNN lists no deterministic {pass:?} algorithm within {limit} workspace bytes"
+            ),
+        })?;
+    best.time_ms = f32::NAN;
+    Ok((best, report))
+}
+
+/// A heuristic candidate `h` as reported, with its timing `t` when it was timed.
+fn candidate(h: &Choice, t: Option<&Choice>) -> ConvCandidate {
+    let status = format!("{:?}", t.map_or(h.status, |t| t.status));
+    ConvCandidate {
+        algorithm: h.algo.name(),
+        math: format!("{:?}", h.math),
+        workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
+        time_ms: t.map(|t| t.time_ms),
+        status: if h.deterministic {
+            status
+        } else {
+            status + " (non-deterministic)"
+        },
+    }
+}
