@@ -364,6 +364,54 @@ fn convs_match_cpu_through_each_cudnn_api() {
     }
 }
 
+/// Full fp32 under a workspace limit below what its fastest algorithms need at the whole
+/// batch: a pass may then run over batch chunks whose workspace fits (`cudnn/chunks.rs`). The
+/// limit is half the largest workspace a search without that bound chose, so at least one pass
+/// must run in chunks, every pass within the limit, and every pass must still match the CPU.
+#[test]
+fn full_fp32_passes_over_the_workspace_limit_run_in_batch_chunks() {
+    let g = Conv2dGeometry::new(
+        &[8, 32, 32, 64].into(),
+        &[3, 3, 64, 64].into(),
+        (1, 1),
+        Padding::Same,
+    )
+    .unwrap();
+    let backend = |limit| {
+        let options = BackendOptions {
+            workspace_limit: Some(limit),
+            ..with_precision(Precision::Highest)
+        };
+        cuda_backend_or_skip(&options)
+    };
+    let Some(roomy) = backend(1 << 30) else {
+        return;
+    };
+    let gpu: Arc<dyn Backend> = roomy.clone();
+    conv_passes_match(&g, &gpu, Precision::Highest);
+    let most = roomy.conv_plans().iter().map(|p| p.workspace_bytes).max();
+    let limit = most.unwrap_or(0).div_ceil(2);
+    assert!(
+        limit > 0,
+        "no pass took workspace: {:#?}",
+        roomy.conv_plans()
+    );
+    let Some(tight) = backend(limit) else {
+        return;
+    };
+    let gpu: Arc<dyn Backend> = tight.clone();
+    conv_passes_match(&g, &gpu, Precision::Highest);
+    let plans = tight.conv_plans();
+    for p in &plans {
+        assert!(p.workspace_bytes <= limit, "over {limit} bytes: {p:#}");
+        println!("{p:#}");
+    }
+    assert!(
+        plans.iter().any(|p| p.algorithm.contains("batch chunks")),
+        "no pass ran in batch chunks within {limit} bytes: {plans:#?}"
+    );
+}
+
 /// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, and
 /// one with many splits.
 const NORM_CASES: [[usize; 3]; 6] = [

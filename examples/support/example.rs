@@ -309,8 +309,8 @@ fn line(r: &StepReport, total: u64) -> String {
         _ => String::new(),
     };
     format!(
-        "step {:>4}/{total} loss {:.4} | {:>8.2} ms | {}{scale}",
-        r.step, r.loss, r.step_ms, r.memory
+        "step {:>4}/{total} loss {:.4} | {:>8.2} ms (loss at {:.2}, queued at {:.2}) | {}{scale}",
+        r.step, r.loss, r.step_ms, r.loss_ms, r.queued_ms, r.memory
     )
 }
 

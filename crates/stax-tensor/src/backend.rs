@@ -4,7 +4,7 @@
 //! (convolutions and pooling), [`MatmulOps`], [`ElementwiseOps`] (activations, binary ops,
 //! bias), [`LossOps`], [`OptimOps`] and [`NormOps`] (batch normalization, channel bias). A
 //! backend is all of them. Every op takes its operands
-//! as a [`Checked`] call that only the front end ([`crate::ops`]) can make: device (by backend
+//! as a [`Checked`](crate::Checked) call that only the front end ([`crate::ops`]) can make: device (by backend
 //! identity), dtype, shape and aliasing are checked there, once, so the CPU, CUDA and planning
 //! backends compute (or, the planner, allocate) and check nothing again. Ops write into
 //! caller-provided outputs (`&mut Tensor`), so the caller decides which buffer is reused and

@@ -4,7 +4,7 @@
 //! [`matrixmultiply`] crate (`sgemm` with strides, so transposes cost no copies); everything
 //! else is a simple loop. Buffers come from the backend's own [`Allocator`] over host memory, so
 //! host tensors are accounted like device ones, and the im2col column buffers are allocated as
-//! [`Category::Workspace`] and freed before the op returns.
+//! [`Category::Workspace`](crate::Category::Workspace) and freed before the op returns.
 //!
 //! Each op family lives in its own file under `cpu/`: `conv.rs` (forward, backward data,
 //! backward filter, any layout and dilation), `pool.rs` (max, sum and average pooling),

@@ -10,7 +10,7 @@
 //! module compiled and loaded (`warm_up`), and only then the [`Allocator`]. Every device
 //! buffer comes from that allocator; kernels and libraries get raw `CUdeviceptr`s
 //! ([`crate::Tensor::addr`]). Ops are queued on the one compute stream; downloads and
-//! [`Backend::synchronize`] wait for it. [`Backend::upload_async`] copies on a second stream,
+//! [`Backend::synchronize`] wait for it. [`Backend::upload_async`](crate::MemoryOps::upload_async) copies on a second stream,
 //! so the next batch's copy overlaps the current step.
 //!
 //! ```
@@ -154,6 +154,9 @@ impl CudaBackend {
     ///
     /// `options.workspace_limit` bounds each cuDNN call's workspace (default
     /// [`DEFAULT_WORKSPACE_LIMIT`]) and cuBLAS's ([`cublas::CUBLAS_WORKSPACE_BYTES`] at most).
+    /// A conv pass whose fast algorithms need more at the whole batch may run over batch
+    /// chunks whose workspace fits, when that is timed faster (its plan says so:
+    /// [`ConvPlanInfo::algorithm`]).
     ///
     /// # Errors
     /// [`TensorError::CudaUnavailable`] when a CUDA library cannot be loaded (with a hint);

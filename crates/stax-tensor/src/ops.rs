@@ -1,5 +1,5 @@
 //! The checked front end: one function per op. Each checks its operands once (all on one
-//! backend, by identity; dtypes; shapes; outputs not shared), builds the op's [`Checked`]
+//! backend, by identity; dtypes; shapes; outputs not shared), builds the op's [`Checked`](crate::Checked)
 //! call and hands it to the backend of its first operand. Layers, optimizers and the trainer
 //! call these, never a backend directly.
 //!

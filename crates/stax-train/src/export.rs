@@ -2,8 +2,8 @@
 //! one step stacked by category ([`plot`]).
 //!
 //! Both take a [`Timeline`](crate::plan::Timeline): a plan's step
-//! ([`MemoryPlan::timeline`](crate::plan::MemoryPlan)) or a recorded run named by a plan
-//! ([`MemoryPlan::name_trace`](crate::plan::MemoryPlan::name_trace)).
+//! ([`MemoryPlan::timeline`](crate::plan::MemoryPlan)) or a recorded run, each event named
+//! after its buffer ([`NamedTrace::of`](crate::plan::NamedTrace::of)).
 
 pub mod perfetto;
 pub mod plot;

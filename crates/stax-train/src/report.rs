@@ -371,6 +371,15 @@ pub struct StepReport {
     pub loss: f32,
     /// Wall time of the step including the final device synchronization, ms.
     pub step_ms: f64,
+    /// Wall time from the step's start until its loss (the first micro-batch's) was on the
+    /// host, ms: the forward pass and the loss as the device ran them, since the host waits
+    /// for the loss before the backward pass ([`crate::TrainError::NonFiniteLoss`]).
+    pub loss_ms: f64,
+    /// Wall time from the step's start until the host had queued all of the step's work,
+    /// ms. `step_ms - queued_ms` is what came after: gathering the next batch where the loop
+    /// prefetches, and waiting for the device. Near zero, the host's issuing of the backward
+    /// pass and the update, not the device, bounds the step (a "CPU-bound" step).
+    pub queued_ms: f64,
     /// Memory counters of the step.
     pub memory: MemoryReport,
     /// Bytes of the parameters and the optimizer's state by dtype after the step (the

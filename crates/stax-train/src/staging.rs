@@ -1,7 +1,7 @@
 //! Host staging: the host buffers a batch is assembled in before placement, allocated through
 //! a [`stax_alloc`] allocator so that host bytes are counted like device bytes. On a backend
 //! with pinned memory ([`Backend::staging_allocator`], CUDA) batches are gathered straight
-//! into pinned buffers and copied asynchronously ([`Backend::upload_async`]); elsewhere into
+//! into pinned buffers and copied asynchronously ([`Backend::upload_async`](stax_tensor::MemoryOps::upload_async)); elsewhere into
 //! pageable buffers of the staging's own allocator.
 //!
 //! ```
@@ -159,7 +159,7 @@ impl HostBatch {
 
     /// Starts placing the batch on `backend` (tagged [`Category::Input`], named
     /// `input/images` and `input/labels`): the copies run asynchronously where the backend
-    /// can ([`Backend::upload_async`]); wait on the two uploads before using the tensors.
+    /// can ([`Backend::upload_async`](stax_tensor::MemoryOps::upload_async)); wait on the two uploads before using the tensors.
     ///
     /// # Errors
     /// Allocation and copy errors.

@@ -12,11 +12,11 @@ use stax_layers::{Layer, LayerError, Loss, ParamSource, Rng, SoftmaxCrossEntropy
 use stax_optim::{Adam, OptState, Optimizer};
 use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, TensorError, Tree};
 
-use crate::TrainError;
 use crate::plan::{self, Feed, MemoryPlan};
 use crate::report::{MemoryReport, StepOom, StepReport};
 use crate::staging::{HostStaging, Labels, Layout};
 use crate::step::{Parts, check_input_shape, output_shape, run_step};
+use crate::{Phase, TrainError};
 
 mod eval;
 pub use eval::summarize;
@@ -382,6 +382,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         allocator.reset_peak();
         let start = Instant::now();
         let step = self.steps + 1;
+        let mut loss_at = None;
         let run = run_step(
             Parts {
                 in_backward: self.in_backward_for(x.dims()[0]),
@@ -393,8 +394,13 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             &mut self.state,
             batches,
             (step, self.seed),
-            &mut |_| {},
+            &mut |phase| {
+                if phase == Phase::Backward && loss_at.is_none() {
+                    loss_at = Some(start.elapsed());
+                }
+            },
         );
+        let queued = start.elapsed();
         let (loss, finite) = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live
             // buffers define, not from the order the unwinding freed them in.
@@ -403,12 +409,15 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         })?;
         meanwhile();
         self.backend.synchronize()?;
-        let step_ms = start.elapsed().as_secs_f64() * 1e3;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let step_ms = ms(start.elapsed());
         self.steps = step;
         Ok(StepReport {
             step,
             loss,
             step_ms,
+            loss_ms: loss_at.map_or(ms(queued), ms),
+            queued_ms: ms(queued),
             memory: self.memory_report()?,
             state_by_dtype: self.state_by_dtype(),
             loss_scale: self.adjust_loss_scale(finite),

@@ -8,10 +8,12 @@
 //! the budget (the largest usable workspace within the limit) are timed on scratch buffers of
 //! the pass's shapes with one workspace from our allocator: one untimed run, then CUDA events
 //! around three runs (not `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode
-//! and made concurrent calls of other threads fail). The fastest is kept with its workspace
-//! size and reported by [`ConvPlanInfo`]. Every later call of that pass runs with exactly that
+//! and made concurrent calls of other threads fail). Where legacy algorithms need more than
+//! the limit at the whole batch, their forms over batch chunks whose workspace fits are
+//! candidates too (`chunks.rs`: full fp32's fast algorithms within 256 MiB). The fastest is
+//! kept with its workspace size and reported by [`ConvPlanInfo`]. Every later call of that pass runs with exactly that
 //! workspace, allocated by the caller from the pass's schedule. Before the choice, the largest
-//! of those candidates' workspaces is the bound a memory plan uses ([`Dnn::bound`]: host-side
+//! of those candidates' workspaces is the bound a memory plan uses (`Dnn::bound`: host-side
 //! queries, nothing allocated on the device).
 //!
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
@@ -22,6 +24,7 @@
 //! type; products of bf16 or f16 values are exact in f32, so no precision is given up).
 
 mod calls;
+mod chunks;
 mod graph;
 mod report;
 mod search;
@@ -32,7 +35,7 @@ use crate::{Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
-use search::{Search, budget, choose, choose_deterministic, engine_choices, run_choice, select};
+use search::{Search, budget, choose, choose_deterministic, listed, run_choice};
 use stax_alloc::{Allocation, Allocator};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -123,6 +126,8 @@ struct Plan {
     desc: Descriptors,
     /// Each pass's graph-API engines, built on first use (or why they could not be).
     graphs: [Option<Result<graph::Engines, String>>; 3],
+    /// The descriptors of the batch chunk sizes the search looked at (`chunks.rs`).
+    chunkings: Vec<chunks::Chunking>,
     chosen: [Option<Choice>; 3],
     candidates: [Vec<ConvCandidate>; 3],
     layout_bytes: [usize; 3],
@@ -228,7 +233,7 @@ impl Dnn {
                     dtype: *dtype,
                     precision: *precision,
                     pass,
-                    algorithm: c.algo.name(),
+                    algorithm: c.name(),
                     math: format!("{:?}", c.math),
                     workspace_bytes: c.workspace,
                     layout_bytes: plan.layout_bytes[pass as usize],
@@ -287,8 +292,8 @@ impl Dnn {
     }
 
     /// The largest workspace, at most `limit` bytes, of the candidates cuDNN's heuristics
-    /// list for `pass` of `conv`: the most a search within `limit` can choose. Allocates
-    /// nothing on the device.
+    /// list for `pass` of `conv` (over the whole batch or over batch chunks): the most a
+    /// search within `limit` can choose. Allocates nothing on the device.
     ///
     /// # Errors
     /// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] if no candidate fits `limit`.
@@ -300,12 +305,14 @@ impl Dnn {
         limit: usize,
     ) -> Result<usize, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (handle, apis) = (state.handle, state.apis);
+        let search = Search {
+            handle: state.handle,
+            stream: &self.stream,
+            key: (pass, precision, conv.dtype),
+            apis: state.apis,
+        };
         let plan = plan_of(&mut state, conv, precision)?;
-        plan.desc.set_math(search_math(precision, conv.dtype))?;
-        let mut all = candidates(handle, &plan.desc, pass)?;
-        all.extend(engine_choices(handle, plan, pass, conv, precision));
-        budget(&select(all, apis), pass, limit)
+        budget(&listed(&search, plan, conv, limit)?, pass, limit)
     }
 
     /// Runs `pass` of `conv` on `ops` (output overwritten) with its chosen algorithm and
@@ -382,6 +389,7 @@ impl Dnn {
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
         if let Algo::Fwd(algo) = choice.algo
             && algo == precomp
+            && choice.chunks == 1
             && plan.no_fused_epilogue.is_none()
         {
             plan.desc.set_math(math(precision, conv.dtype, choice))?;
@@ -414,6 +422,7 @@ fn plan_of<'s>(
             Entry::Vacant(e) => e.insert(Plan {
                 desc: Descriptors::new(conv)?,
                 graphs: Default::default(),
+                chunkings: Vec::new(),
                 chosen: [None; 3],
                 candidates: Default::default(),
                 layout_bytes: [0; 3],
@@ -464,6 +473,7 @@ fn plan_and_choice<'s>(
         return Ok((plan, c));
     }
     plan.desc.set_math(search_math(precision, conv.dtype))?;
+    // deterministic: cuDNN's heuristic order over the whole batch, no chunks
     let (c, all) = if deterministic {
         choose_deterministic(candidates(handle, &plan.desc, pass)?, pass, limit)?
     } else {

@@ -184,7 +184,7 @@ pub fn concat(axis: usize, inputs: &[&Tensor], out: &mut Tensor) -> Result<(), T
     be.concat(Checked::new(Concat { axis, inputs, out }))
 }
 
-/// `outs` = consecutive pieces of `src` along `axis` (the reverse of [`concat`]): their
+/// `outs` = consecutive pieces of `src` along `axis` (the reverse of [`concat()`]): their
 /// shapes concatenate to `src`'s.
 ///
 /// # Errors

@@ -200,6 +200,19 @@ pub(super) struct Choice {
     pub(super) math: sys::cudnnMathType_t,
     /// Whether cuDNN says the algorithm gives the same bits on every run.
     pub(super) deterministic: bool,
+    /// Batch chunks the pass runs in (1: the whole batch at once; see `chunks.rs`); the
+    /// workspace is one chunk's.
+    pub(super) chunks: usize,
+}
+
+impl Choice {
+    /// The algorithm's name, with its batch chunks when there are several.
+    pub(super) fn name(&self) -> String {
+        match self.chunks {
+            1 => self.algo.name(),
+            k => format!("{} in {k} batch chunks", self.algo.name()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -240,6 +253,7 @@ macro_rules! choices {
                 workspace: p.memory,
                 math: p.mathType,
                 deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
+                chunks: 1,
             })
             .collect::<Vec<_>>()
     };
@@ -317,15 +331,17 @@ fn ws_ptr(ws: Option<&Allocation>) -> *mut c_void {
     ws.map_or(std::ptr::null_mut(), |a| a.addr() as *mut c_void)
 }
 
-/// Runs one pass with `algo` (alpha 1, beta 0: the output is overwritten).
+/// Runs one pass with `algo`: the output is `1 · result + beta · output` (cuDNN's blending;
+/// `beta` 0 overwrites it, 1 adds to it).
 pub(super) fn execute(
     handle: sys::cudnnHandle_t,
     d: &Descriptors,
     algo: Algo,
     o: Operands,
     ws: Option<&Allocation>,
+    beta: f32,
 ) -> Result<(), TensorError> {
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let alpha = 1.0f32;
     let (a, b) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
     let bytes = ws.map_or(0, |w| w.bytes());
     // SAFETY (all arms): live handle and descriptors; x, w, y are device buffers of the

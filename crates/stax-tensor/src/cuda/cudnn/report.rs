@@ -16,7 +16,9 @@ pub struct ConvPlanInfo {
     /// Which pass.
     pub pass: ConvPass,
     /// cuDNN's name for the algorithm, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`,
-    /// or `CUDNN_GRAPH_ENGINE_<global index> (heuristic config <i>)` for a graph-API engine.
+    /// or `CUDNN_GRAPH_ENGINE_<global index> (heuristic config <i>)` for a graph-API engine,
+    /// followed by ` in <k> batch chunks` when the pass runs as `k` passes over `n / k` images
+    /// each (its workspace is one chunk's; see [`crate::cuda::CudaBackend`]).
     pub algorithm: String,
     /// cuDNN's math type for it: `CUDNN_DEFAULT_MATH` or `CUDNN_TENSOR_OP_MATH` may use TF32
     /// tensor cores (only under [`Precision::Tf32`]), `CUDNN_FMA_MATH` never does.

@@ -2,7 +2,7 @@
 //! pass's scratch buffers within the workspace budget, and the fastest kept (see `cudnn.rs`).
 
 use super::calls::{Algo, Choice, candidates, execute};
-use super::{ConvApis, ConvCandidate, CudnnConv, Operands, Plan, graph, math};
+use super::{ConvApis, ConvCandidate, CudnnConv, Operands, Plan, chunks, graph, math, search_math};
 use crate::{ConvPass, DType, Precision, TensorError};
 use cudarc::cudnn::sys;
 use cudarc::driver::CudaStream;
@@ -60,6 +60,29 @@ pub(super) fn select(mut all: Vec<Choice>, apis: ConvApis) -> Vec<Choice> {
     all
 }
 
+/// Every candidate of the pass of `s` the search may time within `limit`: cuDNN's legacy
+/// heuristics and the graph API's engines as `s.apis` admits them (with the descriptors' math
+/// type set for the search), and the chunked forms of those over `limit` (`chunks.rs`).
+///
+/// # Errors
+/// [`TensorError::Cudnn`] from the listings.
+pub(super) fn listed(
+    s: &Search<'_>,
+    plan: &mut Plan,
+    conv: &CudnnConv,
+    limit: usize,
+) -> Result<Vec<Choice>, TensorError> {
+    let (pass, precision, dtype) = s.key;
+    let math = search_math(precision, dtype);
+    plan.desc.set_math(math)?;
+    let mut all = candidates(s.handle, &plan.desc, pass)?;
+    all.extend(engine_choices(s.handle, plan, pass, conv, precision));
+    let mut all = select(all, s.apis);
+    let chunked = chunks::chunked_candidates(s.handle, plan, (conv, pass, math), &all, limit)?;
+    all.extend(chunked);
+    Ok(all)
+}
+
 /// Runs of each candidate between the two timing events, after one untimed run.
 const TIMED_RUNS: usize = 3;
 
@@ -76,10 +99,8 @@ pub(super) fn choose(
     ops: Operands,
     (limit, alloc): (usize, &Arc<Allocator>),
 ) -> Result<(Choice, Vec<ConvCandidate>), TensorError> {
-    let (pass, precision, _) = s.key;
-    let mut all = candidates(s.handle, &plan.desc, pass)?;
-    all.extend(engine_choices(s.handle, plan, pass, conv, precision));
-    let all = select(all, s.apis);
+    let pass = s.key.0;
+    let all = listed(s, plan, conv, limit)?;
     let budget = budget(&all, pass, limit)?;
     let ws = workspace(alloc, budget)?;
     let _exclusive = crate::cuda::exclusive();
@@ -169,8 +190,12 @@ pub(super) fn run_choice(
         };
         return graph::execute(handle, &engines.engines[index], ops, ws);
     }
-    plan.desc.set_math(math(precision, dtype, c))?;
-    execute(handle, &plan.desc, c.algo, ops, ws)
+    let math = math(precision, dtype, c);
+    if c.chunks > 1 {
+        return chunks::run(handle, plan, (pass, math), c, ops, ws);
+    }
+    plan.desc.set_math(math)?;
+    execute(handle, &plan.desc, c.algo, ops, ws, 0.0)
 }
 
 /// The graph API's usable engines of `pass` as candidates (built on first use; none when the
@@ -207,6 +232,7 @@ pub(super) fn engine_choices(
             workspace: e.workspace,
             math: math(e.tensor_core),
             deterministic: e.deterministic,
+            chunks: 1,
         })
         .collect()
 }
@@ -247,7 +273,7 @@ pub(super) fn choose_deterministic(
 fn candidate(h: &Choice, t: Option<&Choice>) -> ConvCandidate {
     let status = format!("{:?}", t.map_or(h.status, |t| t.status));
     ConvCandidate {
-        algorithm: h.algo.name(),
+        algorithm: h.name(),
         math: format!("{:?}", h.math),
         workspace_bytes: t.map_or(h.workspace, |t| t.workspace),
         time_ms: t.map(|t| t.time_ms),

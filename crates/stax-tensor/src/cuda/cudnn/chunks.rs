@@ -1,0 +1,202 @@
+//! A conv pass over batch chunks: when algorithms cuDNN lists for the whole batch need more
+//! workspace than the limit, the pass may run as `k` equal passes over `n / k` images each,
+//! whose workspace (which for those algorithms grows with the batch) fits.
+//!
+//! The batch is the outermost dimension of the NHWC and NCHW tensors, so chunk `i` of the
+//! input (or its gradient) and of the output (or its gradient) are contiguous slices at `i`
+//! times a chunk's bytes; the filter is whole. The forward and backward-data passes write
+//! disjoint slices; the backward-filter pass sums the chunks' filter gradients in place
+//! (cuDNN's `beta = 1` from the second chunk on). One workspace of the chunk pass's size
+//! serves every chunk in turn, so the pass's schedule (one block) is exact.
+//!
+//! Chunked candidates are searched and timed as the others (`search.rs`); full fp32 is where
+//! they matter: under `CUDNN_FMA_MATH` the seed's 64-channel conv has only slow algorithms
+//! within 256 MiB at batch 100 (its backward data 601.6 ms with `ALGO_0`, against 13.7 ms with
+//! `ALGO_1`'s 2 GB; BENCHMARKS.md, "Issue 12 baselines").
+
+use super::calls::{Algo, Choice, Descriptors, candidates, execute};
+use super::{CudnnConv, Operands, Plan};
+use crate::{ConvPass, TensorError};
+use cudarc::cudnn::sys;
+
+/// The descriptors of one chunk size of a geometry, with the bytes of one chunk of the
+/// input and output tensors (as cuDNN sees them).
+#[derive(Debug)]
+pub(super) struct Chunking {
+    /// Number of chunks.
+    k: usize,
+    desc: Descriptors,
+    x_bytes: u64,
+    y_bytes: u64,
+}
+
+/// Chunk counts tried for one pass, smallest first (the divisors of the batch from 2).
+const MAX_TRIES: usize = 8;
+
+/// Bytes of one of `k` chunks of `conv`'s input and output (`(x, y)`), or `None` when `k`
+/// does not divide the batch or a chunk is not a multiple of 16 bytes (cuDNN's tensor cores
+/// want 16-byte aligned tensors).
+pub(super) fn chunk_bytes(conv: &CudnnConv, k: usize) -> Option<(u64, u64)> {
+    let g = &conv.geometry;
+    if k == 0 || g.n % k != 0 {
+        return None;
+    }
+    let (m, size) = (g.n / k, conv.dtype.size_bytes());
+    let x = (m * conv.h * conv.w * conv.c * size) as u64;
+    let y = (m * g.out_h * g.out_w * g.c_out * size) as u64;
+    (x % 16 == 0 && y % 16 == 0).then_some((x, y))
+}
+
+/// The chunking of `plan` into `k` chunks (created on first use).
+fn chunking<'p>(
+    plan: &'p mut Plan,
+    conv: &CudnnConv,
+    k: usize,
+    (x_bytes, y_bytes): (u64, u64),
+) -> Result<&'p Chunking, TensorError> {
+    let at = match plan.chunkings.iter().position(|c| c.k == k) {
+        Some(i) => i,
+        None => {
+            let geometry = crate::Conv2dGeometry {
+                n: conv.geometry.n / k,
+                ..conv.geometry
+            };
+            let desc = Descriptors::new(&CudnnConv { geometry, ..*conv })?;
+            plan.chunkings.push(Chunking {
+                k,
+                desc,
+                x_bytes,
+                y_bytes,
+            });
+            plan.chunkings.len() - 1
+        }
+    };
+    Ok(&plan.chunkings[at])
+}
+
+/// The chunked candidates of `pass`: for the smallest chunk count (of at most [`MAX_TRIES`]
+/// divisors of the batch) at which some legacy algorithm of `listed` that is usable but over
+/// `limit` at the whole batch fits `limit`, those algorithms as cuDNN's heuristics list them
+/// for one chunk (host-side queries; nothing runs). Empty when none is over the limit.
+///
+/// # Errors
+/// [`TensorError::Cudnn`] from the descriptors or the listing.
+pub(super) fn chunked_candidates(
+    handle: sys::cudnnHandle_t,
+    plan: &mut Plan,
+    (conv, pass, math): (&CudnnConv, ConvPass, sys::cudnnMathType_t),
+    listed: &[Choice],
+    limit: usize,
+) -> Result<Vec<Choice>, TensorError> {
+    let over: Vec<Algo> = listed
+        .iter()
+        .filter(|c| c.ok && c.workspace > limit && !matches!(c.algo, Algo::Engine { .. }))
+        .map(|c| c.algo)
+        .collect();
+    if over.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = conv.geometry.n;
+    for k in (2..=n).filter(|k| n % k == 0).take(MAX_TRIES) {
+        let Some(bytes) = chunk_bytes(conv, k) else {
+            continue;
+        };
+        let ch = chunking(plan, conv, k, bytes)?;
+        ch.desc.set_math(math)?;
+        let fit: Vec<Choice> = candidates(handle, &ch.desc, pass)?
+            .into_iter()
+            .filter(|c| c.ok && c.workspace <= limit && over.contains(&c.algo))
+            .map(|c| Choice { chunks: k, ..c })
+            .collect();
+        if !fit.is_empty() {
+            return Ok(fit);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Runs `c` (a legacy algorithm over `c.chunks` chunks) of `pass` on `ops` with math type
+/// `math` and the chunk pass's workspace `ws`.
+///
+/// # Errors
+/// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] when `plan` has no chunking of
+/// that count (an internal error).
+pub(super) fn run(
+    handle: sys::cudnnHandle_t,
+    plan: &Plan,
+    (pass, math): (ConvPass, sys::cudnnMathType_t),
+    c: Choice,
+    ops: Operands,
+    ws: Option<&stax_alloc::Allocation>,
+) -> Result<(), TensorError> {
+    let Some(ch) = plan.chunkings.iter().find(|ch| ch.k == c.chunks) else {
+        return Err(TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "internal: {pass:?} chose {} chunks it has no plan of",
+                c.chunks
+            ),
+        });
+    };
+    ch.desc.set_math(math)?;
+    for i in 0..ch.k as u64 {
+        let o = Operands {
+            x: ops.x + i * ch.x_bytes,
+            w: ops.w,
+            y: ops.y + i * ch.y_bytes,
+        };
+        // the filter gradient sums over the batch: every chunk after the first adds to it
+        let beta = if pass == ConvPass::BackwardFilter && i > 0 {
+            1.0
+        } else {
+            0.0
+        };
+        execute(handle, &ch.desc, c.algo, o, ws, beta)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Conv2dGeometry, DType, Padding};
+
+    fn conv(n: usize, c: usize, dtype: DType) -> CudnnConv {
+        let g = Conv2dGeometry::new(
+            &[n, 10, 10, c].into(),
+            &[3, 3, c, 6].into(),
+            (2, 2),
+            Padding::Valid,
+        )
+        .unwrap();
+        CudnnConv {
+            geometry: g,
+            dtype,
+            h: 10,
+            w: 10,
+            c,
+            pad_h: 0,
+            pad_w: 0,
+            layout_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn chunks_are_whole_images_of_the_input_and_output() {
+        // 10x10x4 f32 input images (1600 B), 4x4x6 output images (384 B)
+        assert_eq!(chunk_bytes(&conv(12, 4, DType::F32), 3), Some((6400, 1536)));
+        assert_eq!(chunk_bytes(&conv(12, 4, DType::F32), 12), Some((1600, 384)));
+        // bf16: 800 B and 192 B an image
+        assert_eq!(chunk_bytes(&conv(12, 4, DType::BF16), 6), Some((1600, 384)));
+    }
+
+    #[test]
+    fn chunks_must_divide_the_batch_and_keep_16_byte_alignment() {
+        assert_eq!(chunk_bytes(&conv(12, 4, DType::F32), 5), None);
+        assert_eq!(chunk_bytes(&conv(12, 4, DType::F32), 0), None);
+        // 3 channels: 300 f32 = 1200 B an image (16 | 1200), 100 bf16 x 3 = 600 B (16 ∤ 600)
+        assert_eq!(chunk_bytes(&conv(4, 3, DType::F32), 4), Some((1200, 384)));
+        assert_eq!(chunk_bytes(&conv(4, 3, DType::BF16), 4), None);
+        assert_eq!(chunk_bytes(&conv(4, 3, DType::BF16), 2), Some((1200, 384)));
+    }
+}
