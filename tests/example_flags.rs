@@ -178,3 +178,47 @@ fn the_set_up_out_of_memory_names_the_batch_auto_picks() {
         "{oom}"
     );
 }
+
+/// `--profile`: one more step after the loop (step 3 after two), its phases and the seed
+/// model's leaf layers by kind: 2 convs (their ReLUs fused, in the convs' spans), 2 denses,
+/// the one ReLU between them and the flatten.
+#[test]
+fn profile_prints_the_extra_step_by_phase_and_layer_kind() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let args = [
+        "--device",
+        "cpu",
+        "--img",
+        "12",
+        "--batch",
+        "20",
+        "--max-steps",
+        "2",
+        "--profile",
+    ];
+    let (ok, out) = run_example(&cnn, &std::env::temp_dir(), &args);
+    assert!(ok, "{args:?} failed:\n{out}");
+    let profile = out
+        .lines()
+        .find(|l| l.starts_with("profile: step 3: "))
+        .unwrap_or_else(|| panic!("no profile of step 3:\n{out}"));
+    for phase in [" forward ", " loss ", " backward ", " update "] {
+        assert!(profile.contains(phase), "{phase:?} in {profile:?}");
+    }
+    let row = |kind: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string())
+    };
+    for (kind, count) in [
+        ("conv", "2"),
+        ("dense", "2"),
+        ("relu", "1"),
+        ("flatten", "1"),
+    ] {
+        assert_eq!(row(kind).as_deref(), Some(count), "{kind}: {out}");
+    }
+    assert!(out.contains("slowest layers:"), "{out}");
+}

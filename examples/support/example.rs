@@ -114,6 +114,11 @@ pub struct Common {
     /// every step.
     #[arg(long)]
     pub breakdown: bool,
+    /// After the loop, one more training step on the first batch with its phases and every
+    /// layer's forward and backward pass timed (CUDA events; the host clock on the CPU):
+    /// time by layer kind and the slowest layers.
+    #[arg(long)]
+    pub profile: bool,
     /// Place each batch just before its step instead of prefetching it (the next batch's copy
     /// overlapping the current step): one batch fewer on the device, less overlap.
     #[arg(long)]
@@ -577,6 +582,11 @@ fn train_and_test(
     }
     if let Some(line) = saver.maybe(&trainer, true)? {
         println!("{line}");
+    }
+    if args.profile {
+        let first: Vec<usize> = (0..batch.min(train.len())).collect();
+        let (x, y) = trainer.place_batch(train, &first)?;
+        println!("profile: {}", trainer.profile_step(&x, &y)?);
     }
     println!("test: {}", trainer.evaluate(test, batch)?);
     Ok(())

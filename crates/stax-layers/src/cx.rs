@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use stax_tensor::{Backend, DType, Grads, Key, Params, Path, Tree};
 
-use crate::{GradSink, InBackward, Layer, LayerError, Residuals, Rng, Updates, Value};
+use crate::{GradSink, InBackward, Layer, LayerError, Profiler, Residuals, Rng, Updates, Value};
 
 /// Training or evaluation (stax's Dropout `mode`; BatchNorm ignores it, as stax's does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,6 +56,7 @@ pub struct Cx<'a> {
     updates: Option<&'a mut Updates>,
     saving: Option<Saving>,
     discard: bool,
+    profiler: Option<&'a Profiler>,
 }
 
 /// The outputs a [`crate::Remat`] saves (those of its `saving` kinds, by path): recorded in
@@ -102,6 +103,7 @@ impl<'a> Cx<'a> {
             updates: None,
             saving: None,
             discard: false,
+            profiler: None,
         }
     }
 
@@ -118,6 +120,7 @@ impl<'a> Cx<'a> {
             updates: None,
             saving: None,
             discard: false,
+            profiler: None,
         }
     }
 
@@ -130,6 +133,13 @@ impl<'a> Cx<'a> {
     /// This context with parameters to update in the backward pass ([`Cx::take_update`]).
     pub fn with_updates(mut self, updates: &'a mut Updates) -> Cx<'a> {
         self.updates = Some(updates);
+        self
+    }
+
+    /// This context with every child layer's forward and backward pass timed into `profiler`
+    /// (a backend [`stax_tensor::Mark`] before and after each; see [`crate::profile`]).
+    pub fn with_profiler(mut self, profiler: &'a Profiler) -> Cx<'a> {
+        self.profiler = Some(profiler);
         self
     }
 
@@ -273,13 +283,43 @@ impl<'a> Cx<'a> {
         rng: Option<Rng>,
         f: impl FnOnce(&mut Cx<'_>) -> Result<T, LayerError>,
     ) -> Result<T, LayerError> {
+        self.enter((key, position), rng, true, f)
+    }
+
+    /// [`Cx::child`] for naming alone: the child's path and allocator scope around `f`,
+    /// which runs none of the child's own work (a fused activation's buffers, made for the
+    /// layer it is fused into), so no profiler span.
+    pub(crate) fn name_scope<T>(
+        &mut self,
+        (key, position): (Key, usize),
+        f: impl FnOnce(&mut Cx<'_>) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
+        self.enter((key, position), None, false, f)
+    }
+
+    fn enter<T>(
+        &mut self,
+        (key, position): (Key, usize),
+        rng: Option<Rng>,
+        profiled: bool,
+        f: impl FnOnce(&mut Cx<'_>) -> Result<T, LayerError>,
+    ) -> Result<T, LayerError> {
         let _scope = self.backend.allocator().scope(&key.to_string());
+        let profiler = self.profiler.filter(|_| profiled);
+        let open = profiler.map(|p| p.begin(&*self.backend)).transpose()?;
         let parent = std::mem::replace(&mut self.path, Path::root());
         self.path = parent.child(key, position);
         let saved_rng = std::mem::replace(&mut self.rng, rng);
         let out = f(self).map_err(|e| e.at(key));
-        self.path = parent;
+        let path = std::mem::replace(&mut self.path, parent);
         self.rng = saved_rng;
+        if let (Some(p), Some(open), Ok(_)) = (profiler, open, &out) {
+            let kind = match key {
+                Key::Layer(_, kind) => kind,
+                _ => "",
+            };
+            p.end(&*self.backend, open, (&path, kind))?;
+        }
         out
     }
 

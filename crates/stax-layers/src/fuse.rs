@@ -39,11 +39,11 @@ pub(crate) fn apply_pair(
             .shape_error("fusion needs one output tensor".into(), &out)
             .at(key)
     })?;
-    let aux = cx.child(act_key, i + 1, None, |cx| {
+    let aux = cx.name_scope((act_key, i + 1), |cx| {
         crate::activation::aux_for(act, shape, cx.backend())
     })?;
     let (y, r) = cx.child(key, i, rng, |cx| layer.apply_fused(params, x, cx, act, aux))?;
-    cx.child(act_key, i + 1, None, |_| {
+    cx.name_scope((act_key, i + 1), |_| {
         y.leaves().iter().for_each(|t| t.note_role("output"));
         Ok(())
     })?;
@@ -61,7 +61,7 @@ pub(crate) fn vjp_pair(
     cx: &mut Cx<'_>,
     need_dx: bool,
 ) -> Result<Option<Value>, LayerError> {
-    cx.child(act_key, i + 1, None, |_| {
+    cx.name_scope((act_key, i + 1), |_| {
         dy.leaves().iter().for_each(|t| t.note_role("dx"));
         Ok(())
     })?;

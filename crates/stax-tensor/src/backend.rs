@@ -215,6 +215,16 @@ pub trait Backend:
         None
     }
 
+    /// A [`Mark`](crate::Mark) after the work queued so far, for timing the work between two
+    /// marks ([`Mark::elapsed_ms`](crate::Mark::elapsed_ms)). The default is the host clock,
+    /// right for a backend whose ops have finished when they return (the CPU's).
+    ///
+    /// # Errors
+    /// The device's errors (CUDA: `cuEventRecord`).
+    fn mark(&self) -> Result<crate::Mark, TensorError> {
+        Ok(crate::Mark::host())
+    }
+
     /// This backend as the CUDA backend, for what only CUDA has (NCCL's communicator runs on
     /// its stream: [`crate::cuda::nccl::NcclCollective`]); `None` (the default) elsewhere.
     fn as_cuda(&self) -> Option<&crate::cuda::CudaBackend> {

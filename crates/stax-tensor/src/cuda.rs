@@ -10,7 +10,8 @@
 //! module compiled and loaded (`warm_up`), and only then the [`Allocator`]. Every device
 //! buffer comes from that allocator; kernels and libraries get raw `CUdeviceptr`s
 //! ([`crate::Tensor::addr`]). Ops are queued on the one compute stream; downloads and
-//! [`Backend::synchronize`] wait for it. [`Backend::upload_async`](crate::MemoryOps::upload_async) copies on a second stream,
+//! [`Backend::synchronize`] wait for it.
+//! [`Backend::upload_async`](crate::MemoryOps::upload_async) copies on a second stream,
 //! so the next batch's copy overlaps the current step.
 //!
 //! ```
@@ -111,17 +112,19 @@ fn probe_libraries() -> Result<(), TensorError> {
 
 /// A process-wide lock for the CUDA calls that must not overlap cuDNN's algorithm search.
 ///
-/// `cudnnFind*AlgorithmEx` may capture CUDA graphs in global mode; while it does, other
-/// threads of the process may not create streams or allocate and free device or pinned memory
-/// (they fail with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: seen on the H200 on 2026-11-30,
-/// a backend opened while another thread's search ran). The search, backend set-up and every
-/// raw memory reserve and release take this lock; none of them allocates while holding it.
+/// It was made for `cudnnFind*AlgorithmEx`, which may capture CUDA graphs in global mode;
+/// while it did, other threads of the process could not create streams or allocate and free
+/// device or pinned memory (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: seen on the H200 on
+/// 2026-11-30, a backend opened while another thread's search ran). The search now times the
+/// candidates itself, with no capture; the lock stays so that a search's timings never share
+/// the device with another thread's set-up. The search, backend set-up and every raw memory
+/// reserve and release take it; none of them allocates while holding it.
 pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
+pub(crate) fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
     move |source| TensorError::Driver { op, source }
 }
 
@@ -316,6 +319,16 @@ impl Backend for CudaBackend {
         self.stream
             .synchronize()
             .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// An event recorded on the compute stream, with timing.
+    fn mark(&self) -> Result<crate::Mark, TensorError> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = self
+            .stream
+            .record_event(flags)
+            .map_err(driver("cuEventRecord"))?;
+        Ok(crate::Mark::cuda(event))
     }
 
     fn driver_memory(&self) -> Result<Option<(u64, u64)>, TensorError> {

@@ -25,6 +25,7 @@ pub mod dtype;
 pub mod error;
 pub mod geometry;
 pub mod interop;
+pub mod mark;
 pub mod op;
 pub mod ops;
 pub mod scalar;
@@ -44,6 +45,7 @@ pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::TensorError;
 pub use geometry::{Conv2dGeometry, ConvSpec, FilterLayout, Layout, Padding};
+pub use mark::Mark;
 pub use op::Alpha;
 pub use op::{
     Activation, BinaryOp, ChannelGeometry, ConvPass, OpDesc, PoolKind, Saves, WorkspaceStep,

@@ -26,4 +26,4 @@ pub use report::{
 };
 pub use staging::{HostBatch, HostStaging, Labels, Layout};
 pub use step::Phase;
-pub use trainer::{Trainer, place_batch, summarize};
+pub use trainer::{KindTime, StepProfile, Trainer, place_batch, summarize};

@@ -140,11 +140,12 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             Ok(next) => feed.placed = next,
             Err(e) => feed.gathered = Some(Err(e)), // the next call reports it
         }
-        let report = self.step_with(&[(&x, &y)], &mut || {
+        let mut gather = || {
             if feed.gathered.is_none() {
                 feed.gathered = feed.gather_next();
             }
-        })?;
+        };
+        let report = self.step_with(&[(&x, &y)], &mut gather, None)?;
         Ok(Some(report))
     }
 }

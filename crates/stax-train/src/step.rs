@@ -21,11 +21,14 @@
 //! when every gradient is finite ([`ops::all_finite`], one download of one flag), reading the
 //! gradients times `1 / scale`; otherwise the step changes nothing and says so.
 
-use stax_layers::{Collect, Cx, InBackward, Layer, LayerError, Loss, Rng, Updates};
+use stax_layers::{
+    Collect, Cx, GradSink, InBackward, Layer, LayerError, Loss, Profiler, Rng, Updates,
+};
 
 use crate::distributed::{DataParallel, sink::ReduceSink};
 use stax_optim::{OptState, Optimizer};
-use stax_tensor::{BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
+use stax_tensor::{Backend, BinaryOp, Key, Params, Path, Shape, Tensor, Tree, ops};
+use std::sync::Arc;
 
 use crate::{DynamicLossScale, TrainError};
 
@@ -43,14 +46,21 @@ pub enum Phase {
     Update,
 }
 
-impl std::fmt::Display for Phase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
+impl Phase {
+    /// `forward`, `loss`, `backward` or `update`.
+    pub fn name(self) -> &'static str {
+        match self {
             Phase::Forward => "forward",
             Phase::Loss => "loss",
             Phase::Backward => "backward",
             Phase::Update => "update",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
     }
 }
 
@@ -69,6 +79,9 @@ pub(crate) struct Parts<'a> {
     pub dp: Option<&'a DataParallel>,
     /// The loss scale of the step (jmp's dynamic loss scaling; `None`: the loss as it is).
     pub loss_scale: Option<f32>,
+    /// Where every layer's forward and backward pass is timed, if anywhere
+    /// ([`crate::Trainer::profile_step`]).
+    pub profiler: Option<&'a Profiler>,
 }
 
 impl<'a> Parts<'a> {
@@ -88,6 +101,7 @@ impl<'a> Parts<'a> {
             in_backward: true,
             dp: None,
             loss_scale: DynamicLossScale::for_model(model, input).map(|s| s.scale),
+            profiler: None,
         }
     }
 }
@@ -135,9 +149,7 @@ pub(crate) fn run_step(
         false => take_in_backward(parts, params, state, x.shape())?,
     };
     let run = (|| {
-        let mut cx = Cx::train(&be, &mut sink)
-            .with_updates(&mut updates)
-            .with_loss_scaling(parts.loss_scale.is_some());
+        let mut cx = train_cx(&be, &mut sink, parts).with_updates(&mut updates);
         parts
             .model
             .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;
@@ -203,9 +215,7 @@ fn forward(
     let be = x.backend().clone();
     on_phase(Phase::Forward);
     let mut unused = Collect::new();
-    let mut cx = Cx::train(&be, &mut unused)
-        .with_rng(key)
-        .with_loss_scaling(parts.loss_scale.is_some());
+    let mut cx = train_cx(&be, &mut unused, parts).with_rng(key);
     let (logits, residuals) = parts.model.apply(params, Tree::leaf(x.clone()), &mut cx)?;
     on_phase(Phase::Loss);
     let logits = one_output(parts.model, logits)?;
@@ -220,6 +230,16 @@ fn forward(
         ops::binary(BinaryOp::Mul, &mut dlogits, &scale)?;
     }
     Ok((loss, residuals, dlogits))
+}
+
+/// A training context on `be` whose gradients go to `sink`, with the step's loss scaling and
+/// profiler.
+fn train_cx<'c>(be: &Arc<dyn Backend>, sink: &'c mut dyn GradSink, parts: Parts<'c>) -> Cx<'c> {
+    let cx = Cx::train(be, sink).with_loss_scaling(parts.loss_scale.is_some());
+    match parts.profiler {
+        Some(p) => cx.with_profiler(p),
+        None => cx,
+    }
 }
 
 /// [`run_step`] over several micro-batches: each one's forward and backward pass in turn, its
@@ -243,7 +263,7 @@ fn accumulate(
         total += loss;
         on_phase(Phase::Backward);
         let be = batch.0.backend().clone();
-        let mut cx = Cx::train(&be, &mut sink).with_loss_scaling(parts.loss_scale.is_some());
+        let mut cx = train_cx(&be, &mut sink, parts);
         parts
             .model
             .vjp(params, residuals, Tree::leaf(dlogits), &mut cx, false)?;

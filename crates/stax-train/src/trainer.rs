@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use stax_layers::layer::expect_params;
-use stax_layers::{Layer, LayerError, Loss, ParamSource, Rng, SoftmaxCrossEntropy, init_params};
+use stax_layers::{
+    Layer, LayerError, Loss, ParamSource, Profiler, Rng, SoftmaxCrossEntropy, init_params,
+};
 use stax_optim::{Adam, OptState, Optimizer};
 use stax_tensor::{Backend, Params, Shape, Strategy, Tensor, TensorError, Tree};
 
@@ -19,7 +21,9 @@ use crate::step::{Parts, check_input_shape, output_shape, run_step};
 use crate::{Phase, TrainError};
 
 mod eval;
+mod profile;
 pub use eval::summarize;
+pub use profile::{KindTime, StepProfile};
 
 /// A model, its parameters, loss and optimizer state on one backend.
 ///
@@ -339,7 +343,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// the failed request and its name (`2.conv/workspace`), and the largest batch that fits;
     /// [`TrainError::BatchShape`], [`TrainError::NonFiniteLoss`] and other tensor errors.
     pub fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<StepReport, TrainError> {
-        self.step_with(&[(x, y)], &mut || {})
+        self.step_with(&[(x, y)], &mut || {}, None)
     }
 
     /// One update from several micro-batches (gradient accumulation, optax's `MultiSteps`):
@@ -360,16 +364,17 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         if micro.len() > 1 {
             self.set_feed(Feed::Accumulated(micro.len()));
         }
-        self.step_with(micro, &mut || {})
+        self.step_with(micro, &mut || {}, None)
     }
 
     /// [`Trainer::step`] of `batches` (several: accumulated), running `meanwhile` on the host
     /// after the step's work is queued and before waiting for the device (where the next
-    /// batch is gathered).
+    /// batch is gathered), its phases and layers timed into `profiler` if given.
     pub(crate) fn step_with(
         &mut self,
         batches: &[(&Tensor, &Tensor)],
         meanwhile: &mut dyn FnMut(),
+        profiler: Option<&Profiler>,
     ) -> Result<StepReport, TrainError> {
         let Some(&(x, _)) = batches.first() else {
             return Err(TrainError::ZeroBatchSize { op: "step" });
@@ -382,12 +387,14 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         allocator.reset_peak();
         let start = Instant::now();
         let step = self.steps + 1;
-        let mut loss_at = None;
+        let (mut loss_at, mut marked) = (None, Ok(()));
+        let be = self.backend.clone();
         let run = run_step(
             Parts {
                 in_backward: self.in_backward_for(x.dims()[0]),
                 loss_scale: self.loss_scale.map(|s| s.scale),
                 dp: self.dp.as_ref(),
+                profiler,
                 ..Parts::new(&self.model, &self.input, &self.loss, &self.opt)
             },
             &mut self.params,
@@ -398,8 +405,12 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                 if phase == Phase::Backward && loss_at.is_none() {
                     loss_at = Some(start.elapsed());
                 }
+                if let (Some(p), Ok(())) = (profiler, &marked) {
+                    marked = p.set_phase(&*be, phase.name());
+                }
             },
         );
+        let marked = marked.and_then(|()| profiler.map_or(Ok(()), |p| p.stop(&*be)));
         let queued = start.elapsed();
         let (loss, finite) = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live
@@ -407,6 +418,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             allocator.coalesce();
             self.explain(e, x.dims()[0])
         })?;
+        marked?;
         meanwhile();
         self.backend.synchronize()?;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
