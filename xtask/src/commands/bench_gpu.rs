@@ -4,7 +4,9 @@
 //! `bundle/compare.py`. On the GPU machine, `bash bundle/bench.sh` runs our seed step
 //! (`stax_cnn --img 200 --batch 100`), `jax_stax_anchor.py` (default and donate) and
 //! `torch_anchor.py` one after another on the same GPU and prints the ratios of median step time
-//! and peak bytes. Run `cargo xtask gpu-bundle` first (it builds the example).
+//! and peak bytes. `bash bundle/resnet.sh` runs ResNet-50 (batch 128) in TF32 and bf16 with
+//! `--profile` (each layer's time), the ResNet-50 anchors in the same modes, and JAX's largest
+//! batch in 80 GB. Run `cargo xtask gpu-bundle` first (it builds the examples).
 
 use clap::Args;
 use std::fs;
@@ -40,20 +42,28 @@ pub fn run(args: BenchGpuArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let dest = out.join("anchors");
     fs::create_dir_all(&dest)?;
-    for name in ["jax_stax_anchor.py", "torch_anchor.py"] {
+    let names = [
+        "jax_stax_anchor.py",
+        "torch_anchor.py",
+        "jax_resnet50_anchor.py",
+        "torch_resnet50_anchor.py",
+    ];
+    for name in names {
         let src = anchors.join(name);
         fs::copy(&src, dest.join(name))
             .map_err(|e| format!("bench-gpu: {}: {e}", src.display()))?;
     }
     fs::write(out.join("bench.sh"), include_str!("../../assets/bench.sh"))?;
     fs::write(
+        out.join("resnet.sh"),
+        include_str!("../../assets/resnet.sh"),
+    )?;
+    fs::write(
         out.join("compare.py"),
         include_str!("../../assets/compare.py"),
     )?;
     println!(
-        "bench-gpu: wrote {}/bench.sh; on the device: run with carry [\"{}\"] and command `bash {}/bench.sh`",
-        args.out.display(),
-        args.out.display(),
+        "bench-gpu: wrote {0}/bench.sh and {0}/resnet.sh; on the device: run with carry [\"{0}\"] and command `bash {0}/bench.sh` (the seed) or `bash {0}/resnet.sh` (ResNet-50)",
         args.out.display()
     );
     Ok(())
