@@ -179,7 +179,7 @@ fn the_set_up_out_of_memory_names_the_batch_auto_picks() {
     );
 }
 
-/// `--profile`: one more step after the loop (step 3 after two), its phases and the seed
+/// `--profile`: one more step after the loop and the test (step 3 after two), its phases and the seed
 /// model's leaf layers by kind: 2 convs (their ReLUs fused, in the convs' spans), 2 denses,
 /// the one ReLU between them and the flatten.
 #[test]
@@ -202,7 +202,7 @@ fn profile_prints_the_extra_step_by_phase_and_layer_kind() {
     assert!(ok, "{args:?} failed:\n{out}");
     let profile = out
         .lines()
-        .find(|l| l.starts_with("profile: step 3: "))
+        .find(|l| l.starts_with("profile (one more step, neither saved nor evaluated): step 3: "))
         .unwrap_or_else(|| panic!("no profile of step 3:\n{out}"));
     for phase in [" forward ", " loss ", " backward ", " update "] {
         assert!(profile.contains(phase), "{phase:?} in {profile:?}");

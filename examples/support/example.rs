@@ -114,9 +114,10 @@ pub struct Common {
     /// every step.
     #[arg(long)]
     pub breakdown: bool,
-    /// After the loop, one more training step on the first batch with its phases and every
-    /// layer's forward and backward pass timed (CUDA events; the host clock on the CPU):
-    /// time by layer kind and the slowest layers.
+    /// After the loop, the save and the test, one more training step (on the training set's
+    /// first `--batch` images, in file order) with its phases and every layer's forward and
+    /// backward pass timed (CUDA events; the host clock on the CPU): time by layer kind and
+    /// the slowest layers. That step is neither saved nor evaluated.
     #[arg(long)]
     pub profile: bool,
     /// Place each batch just before its step instead of prefetching it (the next batch's copy
@@ -583,11 +584,15 @@ fn train_and_test(
     if let Some(line) = saver.maybe(&trainer, true)? {
         println!("{line}");
     }
+    println!("test: {}", trainer.evaluate(test, batch)?);
     if args.profile {
+        // after the save and the test: the extra update reaches neither
         let first: Vec<usize> = (0..batch.min(train.len())).collect();
         let (x, y) = trainer.place_batch(train, &first)?;
-        println!("profile: {}", trainer.profile_step(&x, &y)?);
+        println!(
+            "profile (one more step, neither saved nor evaluated): {}",
+            trainer.profile_step(&x, &y)?
+        );
     }
-    println!("test: {}", trainer.evaluate(test, batch)?);
     Ok(())
 }

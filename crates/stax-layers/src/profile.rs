@@ -23,7 +23,9 @@ pub struct LayerTime {
     pub path: Path,
     /// Its kind (`conv`, `batch_norm`, ...; empty for a branch of a `FanOut`).
     pub kind: &'static str,
-    /// The phase it ran in ([`Profiler::set_phase`]: `forward`, `backward`, ...).
+    /// The phase it ran in ([`Profiler::set_phase`]: `forward`, `backward`, ...). Inside a
+    /// [`crate::Remat`] a layer has two `backward` spans of the same path: its recomputed
+    /// forward pass, then its backward pass.
     pub phase: &'static str,
     /// Milliseconds from the mark before it to the mark after it.
     pub ms: f64,

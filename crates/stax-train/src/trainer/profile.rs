@@ -75,17 +75,25 @@ impl StepProfile {
 }
 
 impl fmt::Display for StepProfile {
-    /// The phases, the leaf layers by kind (with their share of the phases' sum), and the ten
-    /// slowest leaf layers.
+    /// The phases, the leaf layers by kind (with their share of the phases' sum), what the
+    /// phases spent outside leaf layers (the loss, the update after the backward pass,
+    /// combinators' own work), and the ten slowest leaf layers. A layer's row holds what runs
+    /// inside it: an activation fused into it, and an optimizer applied in its backward pass
+    /// (Adam on the dense weights, [`stax_optim::Optimizer::in_backward`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let total: f64 = self.profile.phases.iter().map(|p| p.1).sum();
+        let r = &self.report;
         write!(
             f,
-            "step {}: {:.2} ms;",
-            self.report.step, self.report.step_ms
+            "step {}: loss {:.4}, {:.2} ms;",
+            r.step, r.loss, r.step_ms
         )?;
         for (phase, ms) in &self.profile.phases {
             write!(f, " {phase} {ms:.3} ms")?;
+        }
+        if let Some(s) = r.loss_scale.filter(|s| s.skipped) {
+            let (a, b) = (s.scale, s.next_scale);
+            write!(f, "; skipped: non-finite gradients, loss scale {a} -> {b}")?;
         }
         writeln!(f)?;
         writeln!(
@@ -93,7 +101,9 @@ impl fmt::Display for StepProfile {
             "{:<16} {:>5} {:>11} {:>12} {:>10} {:>6}",
             "kind", "count", "forward ms", "backward ms", "total ms", "share"
         )?;
-        for k in self.by_kind() {
+        let kinds = self.by_kind();
+        let leaves: f64 = kinds.iter().map(|k| k.forward_ms + k.backward_ms).sum();
+        for k in kinds {
             let sum = k.forward_ms + k.backward_ms;
             writeln!(
                 f,
@@ -106,6 +116,17 @@ impl fmt::Display for StepProfile {
                 100.0 * sum / total.max(f64::MIN_POSITIVE)
             )?;
         }
+        let rest = total - leaves;
+        writeln!(
+            f,
+            "{:<16} {:>5} {:>11} {:>12} {:>10.3} {:>5.1}%",
+            "(outside layers)",
+            "",
+            "",
+            "",
+            rest,
+            100.0 * rest / total.max(f64::MIN_POSITIVE)
+        )?;
         write!(f, "slowest layers:")?;
         for l in self.slowest(10) {
             write!(f, "\n{:>10.3} ms  {:<8} {}", l.ms, l.phase, l.path)?;
