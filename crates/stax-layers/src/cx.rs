@@ -318,7 +318,7 @@ impl<'a> Cx<'a> {
                 Key::Layer(_, kind) => kind,
                 _ => "",
             };
-            p.end(&*self.backend, open, (&path, kind))?;
+            p.end(&*self.backend, open, (path, kind))?;
         }
         out
     }

@@ -125,12 +125,12 @@ impl Profiler {
         &self,
         backend: &dyn Backend,
         open: Open,
-        (path, kind): (&Path, &'static str),
+        (path, kind): (Path, &'static str),
     ) -> Result<(), TensorError> {
         let end = backend.mark()?;
         let mut inner = self.lock();
         let span = Span {
-            path: path.clone(),
+            path,
             kind,
             phase: inner.phase(),
             leaf: inner.begun == open.index,

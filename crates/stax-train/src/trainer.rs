@@ -388,7 +388,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let start = Instant::now();
         let step = self.steps + 1;
         let (mut loss_at, mut marked) = (None, Ok(()));
-        let be = self.backend.clone();
+        let be = &*self.backend;
         let run = run_step(
             Parts {
                 in_backward: self.in_backward_for(x.dims()[0]),
@@ -406,11 +406,11 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                     loss_at = Some(start.elapsed());
                 }
                 if let (Some(p), Ok(())) = (profiler, &marked) {
-                    marked = p.set_phase(&*be, phase.name());
+                    marked = p.set_phase(be, phase.name());
                 }
             },
         );
-        let marked = marked.and_then(|()| profiler.map_or(Ok(()), |p| p.stop(&*be)));
+        let marked = marked.and_then(|()| profiler.map_or(Ok(()), |p| p.stop(be)));
         let queued = start.elapsed();
         let (loss, finite) = run.map_err(|e| {
             // The failed step's buffers are freed; start the next one from the state its live

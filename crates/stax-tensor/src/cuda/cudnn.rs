@@ -11,10 +11,10 @@
 //! and made concurrent calls of other threads fail). Where legacy algorithms need more than
 //! the limit at the whole batch, their forms over batch chunks whose workspace fits are
 //! candidates too (`chunks.rs`: full fp32's fast algorithms within 256 MiB). The fastest is
-//! kept with its workspace size and reported by [`ConvPlanInfo`]. Every later call of that pass runs with exactly that
-//! workspace, allocated by the caller from the pass's schedule. Before the choice, the largest
-//! of those candidates' workspaces is the bound a memory plan uses (`Dnn::bound`: host-side
-//! queries, nothing allocated on the device).
+//! kept with its workspace size and reported by [`ConvPlanInfo`]. Every later call of that
+//! pass runs with exactly that workspace, allocated by the caller from the pass's schedule.
+//! Before the choice, the largest of those candidates' workspaces is the bound a memory plan
+//! uses (`Dnn::bound`: host-side queries, nothing allocated on the device).
 //!
 //! [`Precision::Tf32`] lets cuDNN use TF32 tensor cores (`CUDNN_DEFAULT_MATH`, then the math
 //! type of the chosen algorithm); [`Precision::Highest`] forces `CUDNN_FMA_MATH`. Both apply to
@@ -200,16 +200,19 @@ impl Dnn {
         })
     }
 
-    /// From now on, chooses for each pass the first algorithm in cuDNN's heuristic order
-    /// (`cudnnGet*Algorithm_v7`) that cuDNN marks `CUDNN_DETERMINISTIC`, succeeds and fits the
-    /// workspace limit, without timing anything (PyTorch's `cudnn.deterministic = True,
-    /// benchmark = False`): the same bits on every run, and the same choice in every process
-    /// on the same GPU and cuDNN. Choices made before stay.
+    /// From now on, takes the candidates of the searches not made yet from `apis` (see
+    /// [`ConvApis`]; a deterministic choice takes the legacy API's alone). Choices made
+    /// before stay.
     pub(crate) fn set_apis(&self, apis: ConvApis) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.apis = apis;
     }
 
+    /// From now on, chooses for each pass the first algorithm in cuDNN's heuristic order
+    /// (`cudnnGet*Algorithm_v7`) that cuDNN marks `CUDNN_DETERMINISTIC`, succeeds and fits the
+    /// workspace limit, without timing anything (PyTorch's `cudnn.deterministic = True,
+    /// benchmark = False`): the same bits on every run, and the same choice in every process
+    /// on the same GPU and cuDNN. Choices made before stay.
     pub(crate) fn set_deterministic(&self, on: bool) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.deterministic = on;
@@ -472,9 +475,9 @@ fn plan_and_choice<'s>(
     if let Some(c) = plan.chosen[pass as usize] {
         return Ok((plan, c));
     }
-    plan.desc.set_math(search_math(precision, conv.dtype))?;
     // deterministic: cuDNN's heuristic order over the whole batch, no chunks
     let (c, all) = if deterministic {
+        plan.desc.set_math(search_math(precision, conv.dtype))?;
         choose_deterministic(candidates(handle, &plan.desc, pass)?, pass, limit)?
     } else {
         let search = Search {
