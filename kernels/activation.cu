@@ -188,14 +188,12 @@ __device__ void bias_grad_partial_impl(const T *dy, double *partial, size_t rows
     }
 }
 
-// Stage 2: db[j] = sum_s partial[s, j].
+// Stage 2: db[j] = sum_s partial[s, j] (blocks of 32 x 32 threads: column_sums).
 template <typename T>
 __device__ void bias_grad_finish_impl(const double *partial, T *db, size_t splits, size_t c) {
-    GRID_STRIDE(j, c) {
-        double t = 0.0;
-        for (size_t s = 0; s < splits; ++s) t += partial[s * c + j];
-        db[j] = from_f32<T>((float)t);
-    }
+    size_t j;
+    double t[1];
+    if (column_sums<1>(partial, splits, c, &j, t)) db[j] = from_f32<T>((float)t[0]);
 }
 
 #define INSTANTIATE(T, S)                                                                      \

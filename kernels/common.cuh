@@ -78,6 +78,68 @@ template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float v) {
     return r;
 }
 
+// Eight consecutive elements as f32 (16 bytes of bf16 or f16, 32 of f32), loaded and stored
+// with 16-byte accesses: p must be 16-byte aligned. The vectorized kernels move every
+// dtype 8 elements per thread; a 16-bit element widens exactly and rounds back to itself.
+__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+template <typename T> __device__ __forceinline__ void load8(const T *p, float (&f)[8]) {
+    uint4 q = *(const uint4 *)p;
+    u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        T lo, hi;
+        lo.bits = (unsigned short)(w[k] & 0xffffu);
+        hi.bits = (unsigned short)(w[k] >> 16);
+        f[2 * k] = to_f32(lo);
+        f[2 * k + 1] = to_f32(hi);
+    }
+}
+__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
+    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+template <typename T> __device__ __forceinline__ void store8(T *p, const float (&f)[8]) {
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        w[k] = (u32)from_f32<T>(f[2 * k]).bits | ((u32)from_f32<T>(f[2 * k + 1]).bits << 16);
+    }
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The second stage of a deterministic two-stage reduction: the sums over the splits of a
+// [splits, c, W] array of f64 partials, by a block of 32 x 32 threads for channels
+// blockIdx.x * 32 .. + 31: thread (x, y) adds splits y, y + 32, ... of its channel, then
+// thread (x, 0) adds the 32 in order (a fixed order whatever the launch). Every thread of the
+// block must call it; returns whether this thread holds channel *j's sums in out.
+template <int W>
+__device__ bool column_sums(const double *partial, size_t splits, size_t c, size_t *j,
+                            double (&out)[W]) {
+    __shared__ double acc[W][32][33];
+    *j = (size_t)blockIdx.x * 32 + threadIdx.x;
+#pragma unroll
+    for (int w = 0; w < W; ++w) out[w] = 0.0;
+    if (*j < c) {
+        for (size_t k = threadIdx.y; k < splits; k += 32) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) out[w] += partial[(k * c + *j) * W + w];
+        }
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w) acc[w][threadIdx.y][threadIdx.x] = out[w];
+    __syncthreads();
+    if (threadIdx.y != 0 || *j >= c) return false;
+    for (int y = 1; y < 32; ++y) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) out[w] += acc[w][y][threadIdx.x];
+    }
+    return true;
+}
+
 // Instantiates M(type, suffix) for every float dtype: f32, bf16, f16.
 #define FOR_FLOATS(M) M(float, f32) M(bf16_t, bf16) M(f16_t, f16)
 

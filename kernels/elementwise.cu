@@ -1,6 +1,6 @@
 // elementwise.cu: fills, casts between float dtypes, and the vectorized fast paths (8 elements
 // of any float dtype per thread, 16-byte accesses) of the casts, the ReLU (forward with a packed
-// bit mask, and backward) and the bias add and gradient. The scalar kernels of every dtype (the
+// bit mask, and backward), the binary ops and the bias add and gradient. The scalar kernels of every dtype (the
 // tails of these) are in activation.cu. Row-major.
 
 // p[i] = value for i < n (32-bit words: an f32 bit pattern or a u32).
@@ -11,39 +11,6 @@ extern "C" __global__ void fill_u32(u32 *p, u32 value, size_t n) {
 // p[i] = value for i < n (16-bit words: a bf16 or f16 bit pattern).
 extern "C" __global__ void fill_u16(unsigned short *p, unsigned short value, size_t n) {
     GRID_STRIDE(i, n) { p[i] = value; }
-}
-
-// Eight consecutive elements as f32 (16 bytes of bf16 or f16, 32 of f32), loaded and stored
-// with 16-byte accesses: p must be 16-byte aligned. The vectorized kernels below move every
-// dtype 8 elements per thread; a 16-bit element widens exactly and rounds back to itself.
-__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
-    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
-    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-template <typename T> __device__ __forceinline__ void load8(const T *p, float (&f)[8]) {
-    uint4 q = *(const uint4 *)p;
-    u32 w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        T lo, hi;
-        lo.bits = (unsigned short)(w[k] & 0xffffu);
-        hi.bits = (unsigned short)(w[k] >> 16);
-        f[2 * k] = to_f32(lo);
-        f[2 * k + 1] = to_f32(hi);
-    }
-}
-__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
-    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-template <typename T> __device__ __forceinline__ void store8(T *p, const float (&f)[8]) {
-    u32 w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        w[k] = (u32)from_f32<T>(f[2 * k]).bits | ((u32)from_f32<T>(f[2 * k + 1]).bits << 16);
-    }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // dst[i] = src[i] converted (read as f32, rounded once to nearest even: from_f32), i < n.
@@ -139,6 +106,19 @@ template <typename T> __device__ void relu_bwd_vec_t(T *dy, const u32 *mask, siz
     }
 }
 
+// In place a = a op b (activation.cu's binary op codes: 0 add, 1 multiply) on n8 groups of 8
+// elements; a and b 16-byte aligned (the scalar tail: binary_<dtype>).
+template <typename T> __device__ void binary_vec_t(T *a, const T *b, size_t n8, int op) {
+    GRID_STRIDE(i, n8) {
+        float x[8], z[8];
+        load8(a + 8 * i, x);
+        load8(b + 8 * i, z);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] = op == 1 ? x[k] * z[k] : x[k] + z[k];
+        store8(a + 8 * i, x);
+    }
+}
+
 // y[r, j] += b[j] on n8 groups of 8 of rows of c = 8 c8 elements; y and b 16-byte aligned.
 template <typename T> __device__ void bias_add_vec_t(T *y, const T *b, size_t n8, size_t c8) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -215,6 +195,9 @@ __device__ void bias_grad_vec_t(T *dy, const u32 *mask, double *partial, size_t 
     }                                                                                          \
     extern "C" __global__ void relu_bwd_vec_##S(T *dy, const u32 *mask, size_t n8) {          \
         relu_bwd_vec_t<T>(dy, mask, n8);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void binary_vec_##S(T *a, const T *b, size_t n8, int op) {          \
+        binary_vec_t<T>(a, b, n8, op);                                                         \
     }                                                                                          \
     extern "C" __global__ void bias_add_vec_##S(T *y, const T *b, size_t n8, size_t c8) {     \
         bias_add_vec_t<T>(y, b, n8, c8);                                                       \

@@ -52,25 +52,15 @@ __device__ void channel_moments_impl(const T *a, const T *b, const float *shift,
     }
 }
 
-// The two sums of channel j over the splits.
-__device__ void split_sums(const double *partial, size_t splits, size_t c, size_t j, double *s,
-                           double *t) {
-    *s = 0.0;
-    *t = 0.0;
-    for (size_t k = 0; k < splits; ++k) {
-        *s += partial[(k * c + j) * 2];
-        *t += partial[(k * c + j) * 2 + 1];
-    }
-}
+// The finishing kernels run in blocks of 32 x 32 threads, each block adding the splits of 32
+// channels (column_sums).
 
 // out[j] = sum of a over channel j (from channel_moments with b null), rounded once to T.
 template <typename T>
 __device__ void channel_sum_finish_impl(const double *partial, size_t splits, size_t c, T *out) {
-    GRID_STRIDE(j, c) {
-        double s, t;
-        split_sums(partial, splits, c, j, &s, &t);
-        out[j] = from_f32<T>((float)s);
-    }
+    size_t j;
+    double st[2];
+    if (column_sums<2>(partial, splits, c, &j, st)) out[j] = from_f32<T>((float)st[0]);
 }
 
 // Forward statistics from the sums of x and x * x over m elements per channel:
@@ -79,9 +69,10 @@ __device__ void channel_sum_finish_impl(const double *partial, size_t splits, si
 extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, size_t c, double m,
                                          float eps, const float *gamma, float *mean, float *rstd,
                                          float *scale) {
-    GRID_STRIDE(j, c) {
-        double s, t;
-        split_sums(partial, splits, c, j, &s, &t);
+    size_t j;
+    double st[2];
+    if (column_sums<2>(partial, splits, c, &j, st)) {
+        double s = st[0], t = st[1];
         double mu = s / m;
         double var = t / m - mu * mu;
         if (var < 0.0) var = 0.0;
@@ -151,9 +142,10 @@ __device__ void bn_apply_relu_impl(const T *x, T *y, const float *mean, const fl
 extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t splits, size_t c,
                                              double m, const float *gamma, const float *rstd,
                                              float *dgamma, float *dbeta, float *coef) {
-    GRID_STRIDE(j, c) {
-        double s, t;
-        split_sums(partial, splits, c, j, &s, &t);
+    size_t j;
+    double st[2];
+    if (column_sums<2>(partial, splits, c, &j, st)) {
+        double s = st[0], t = st[1];
         double r = (double)rstd[j];
         double dg = r * t;
         if (dgamma) dgamma[j] = (float)dg;
@@ -181,6 +173,136 @@ template <typename T>
 __device__ void channel_bias_add_impl(T *y, const T *b, size_t n, size_t c, size_t inner) {
     GRID_STRIDE(i, n) {
         y[i] = from_f32<T>(to_f32(y[i]) + to_f32(b[(i / inner) % c]));
+    }
+}
+
+// The vectorized forms of an NHWC view (inner == 1) with c = 8 c8 channels: group i is
+// elements 8 i .. 8 i + 7, channels 8 (i % c8) .. 8 (i % c8) + 7 of one row, moved with
+// 16-byte accesses (load8/store8: every tensor 16-byte aligned). Each element gets the same
+// arithmetic as in the scalar kernels above.
+
+// The 8 mask bits of group i (all set with no mask).
+__device__ __forceinline__ u32 group_bits(const u32 *mask, size_t i) {
+    return mask ? (mask[i >> 2] >> ((i & 3) * 8)) & 255u : 255u;
+}
+
+// Group i added to the sums s (of a, where bits are set) and q (of a * (b - sh)).
+template <typename T>
+__device__ __forceinline__ void moments_group(const T *a, const T *b, const float (&sh)[8],
+                                              const u32 *mask, size_t i, double (&s)[8],
+                                              double (&q)[8]) {
+    u32 bits = group_bits(mask, i);
+    float fa[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, fb[8];
+    if (bits) load8(a + 8 * i, fa);
+    if (b && b != a) load8(b + 8 * i, fb);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        double v = (bits >> k) & 1u ? (double)fa[k] : 0.0;
+        s[k] += v;
+        if (b) q[k] += v * ((double)(b == a ? fa[k] : fb[k]) - (double)sh[k]);
+    }
+}
+
+// channel_moments_<dtype> on n8 groups: block `split` writes the same partial[(split * c + j)
+// * 2 + {0, 1}]. Needs blockDim.x == 256 and c8 dividing 256, so that thread t of every block
+// always sees channel group t % c8; four groups in flight per thread.
+template <typename T>
+__device__ void channel_moments_vec_impl(const T *a, const T *b, const float *shift,
+                                         const u32 *mask, double *partial, size_t n8,
+                                         size_t c) {
+    __shared__ double acc[16][256];
+    const size_t stride = (size_t)gridDim.x * 256;
+    unsigned t = threadIdx.x, c8 = (unsigned)(c / 8), col = t % c8;
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    double q[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    float sh[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sh[k] = shift ? shift[8 * col + k] : 0.0f;
+    size_t i = (size_t)blockIdx.x * 256 + t;
+    for (; i + 3 * stride < n8; i += 4 * stride) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) moments_group(a, b, sh, mask, i + u * stride, s, q);
+    }
+    for (; i < n8; i += stride) moments_group(a, b, sh, mask, i, s, q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        acc[k][t] = s[k];
+        acc[8 + k][t] = q[k];
+    }
+    __syncthreads();
+    if (t < c8) {
+        for (unsigned u = t + c8; u < 256; u += c8) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                s[k] += acc[k][u];
+                q[k] += acc[8 + k][u];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            size_t j = (size_t)blockIdx.x * c + 8 * t + k;
+            partial[j * 2] = s[k];
+            partial[j * 2 + 1] = q[k];
+        }
+    }
+}
+
+// bn_apply_<dtype> (mask null) or bn_apply_relu_<dtype> on n8 groups, mask byte i % 4 of word
+// i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their bytes). The loop bound is
+// warp-uniform, so blocks must be whole warps.
+template <typename T>
+__device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const float *scale,
+                                  const float *beta, u32 *mask, size_t n8, size_t c8) {
+    const size_t stride = (size_t)blockDim.x * gridDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t lane = threadIdx.x & 31, col = i % c8, step = stride % c8;
+    for (size_t base = i - lane; base < n8; base += stride, i += stride) {
+        u32 byte = 0;
+        if (i < n8) {
+            float f[8];
+            load8(x + 8 * i, f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                size_t j = 8 * col + k;
+                float v = (f[k] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+                byte |= (u32)(v > 0.0f) << k;
+                f[k] = mask && v <= 0.0f ? 0.0f : v;
+            }
+            store8(y + 8 * i, f);
+        }
+        if (mask) {
+            u32 word = byte << (8 * (lane & 3));
+            word |= __shfl_xor_sync(FULL_MASK, word, 1);
+            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            if ((lane & 3) == 0 && i < n8) mask[i >> 2] = word;
+        }
+        col += step;
+        if (col >= c8) col -= c8;
+    }
+}
+
+// bn_bwd_apply_<dtype> on n8 groups (dy of a group with no mask bit set is not read).
+template <typename T>
+__device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, const float *coef,
+                                      const u32 *mask, size_t n8, size_t c8) {
+    const size_t stride = (size_t)blockDim.x * gridDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t col = i % c8, step = stride % c8;
+    for (; i < n8; i += stride) {
+        u32 bits = group_bits(mask, i);
+        float f[8], d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        load8(x + 8 * i, f);
+        if (bits) load8(dy + 8 * i, d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            size_t j = 8 * col + k;
+            float dk = (bits >> k) & 1u ? d[k] : 0.0f;
+            float z = (f[k] - mean[j]) * coef[3 * j + 2];
+            d[k] = coef[3 * j] * (dk - coef[3 * j + 1] - z);
+        }
+        store8(dy + 8 * i, d);
+        col += step;
+        if (col >= c8) col -= c8;
     }
 }
 
@@ -213,5 +335,20 @@ __device__ void channel_bias_add_impl(T *y, const T *b, size_t n, size_t c, size
                                                 const float *coef, const u32 *mask, size_t n,  \
                                                 size_t c, size_t inner) {                      \
         bn_bwd_apply_impl<T>(x, dy, mean, coef, mask, n, c, inner);                            \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        channel_moments_vec_##S(const T *a, const T *b, const float *shift, const u32 *mask,   \
+                                double *partial, size_t n8, size_t c) {                        \
+        channel_moments_vec_impl<T>(a, b, shift, mask, partial, n8, c);                        \
+    }                                                                                          \
+    extern "C" __global__ void bn_apply_vec_##S(const T *x, T *y, const float *mean,           \
+                                                const float *scale, const float *beta,         \
+                                                u32 *mask, size_t n8, size_t c8) {             \
+        bn_apply_vec_impl<T>(x, y, mean, scale, beta, mask, n8, c8);                           \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_apply_vec_##S(const T *x, T *dy, const float *mean,      \
+                                                    const float *coef, const u32 *mask,        \
+                                                    size_t n8, size_t c8) {                    \
+        bn_bwd_apply_vec_impl<T>(x, dy, mean, coef, mask, n8, c8);                             \
     }
 FOR_FLOATS(CHANNEL_KERNELS)

@@ -7,84 +7,111 @@
 
 #define NO_MAX 0xffffffffu
 
-// The window offset (ky * kw + kx) of the first maximum of window (oy, ox) in channel c of
-// image x, or NO_MAX when the window lies wholly in the padding; its value in *best.
-template <typename T>
-__device__ unsigned window_argmax(const WindowGeometry &g, const T *x, size_t oy, size_t ox,
-                                  size_t c, float *best) {
-    unsigned arg = NO_MAX;
-    float b = __int_as_float(0xff800000); // -inf
-    for (size_t ky = 0; ky < g.kh; ++ky) {
-        long long iy = (long long)(oy * g.sh + ky) - (long long)g.pad_top;
-        if (iy < 0 || iy >= (long long)g.h) continue;
-        for (size_t kx = 0; kx < g.kw; ++kx) {
-            long long ix = (long long)(ox * g.sw + kx) - (long long)g.pad_left;
-            if (ix < 0 || ix >= (long long)g.w) continue;
-            float v = to_f32(x[((size_t)iy * g.w + (size_t)ix) * g.c + c]);
-            if (arg == NO_MAX || v > b || (isnan(v) && !isnan(b))) {
-                arg = (unsigned)(ky * g.kw + kx);
-                b = v;
+// G consecutive elements as f32: one (any alignment) or eight (load8: 16-byte aligned).
+template <typename T> __device__ __forceinline__ void load_g(const T *p, float (&f)[1]) {
+    f[0] = to_f32(p[0]);
+}
+template <typename T> __device__ __forceinline__ void load_g(const T *p, float (&f)[8]) {
+    load8(p, f);
+}
+template <typename T> __device__ __forceinline__ void store_g(T *p, const float (&f)[1]) {
+    p[0] = from_f32<T>(f[0]);
+}
+template <typename T> __device__ __forceinline__ void store_g(T *p, const float (&f)[8]) {
+    store8(p, f);
+}
+
+// The NHWC position (n, y, x) of group o of G channels of a [n, hh, ww, c] tensor, and its
+// first channel.
+struct Pixel {
+    size_t n, y, x, c;
+};
+__device__ __forceinline__ Pixel pixel_of(size_t o, size_t hh, size_t ww, size_t c, int G) {
+    size_t groups = c / G;
+    size_t cg = o % groups, r = o / groups;
+    size_t x = r % ww, r2 = r / ww;
+    return Pixel{r2 / hh, r2 % hh, x, cg * G};
+}
+
+// Max pooling forward for G channels a thread (G = 1, or 8 with c % 8 == 0 and every tensor
+// 16-byte aligned): each window's maximum into y and the window offset (ky * kw + kx) of its
+// first maximum into arg (NO_MAX for a window wholly in the padding), each when not null. A
+// later maximum replaces the first only when greater, or when NaN over a number (NaN
+// propagates).
+template <int G, typename T>
+__device__ void max_pool_impl(const T *x, T *y, unsigned *arg, WindowGeometry g) {
+    size_t total = g.n * g.out_h * g.out_w * g.c / G;
+    GRID_STRIDE(o, total) {
+        Pixel p = pixel_of(o, g.out_h, g.out_w, g.c, G);
+        const T *img = x + p.n * g.h * g.w * g.c + p.c;
+        unsigned a[G];
+        float b[G];
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+            a[k] = NO_MAX;
+            b[k] = __int_as_float(0xff800000); // -inf
+        }
+        for (size_t ky = 0; ky < g.kh; ++ky) {
+            long long iy = (long long)(p.y * g.sh + ky) - (long long)g.pad_top;
+            if (iy < 0 || iy >= (long long)g.h) continue;
+            for (size_t kx = 0; kx < g.kw; ++kx) {
+                long long ix = (long long)(p.x * g.sw + kx) - (long long)g.pad_left;
+                if (ix < 0 || ix >= (long long)g.w) continue;
+                float v[G];
+                load_g(img + ((size_t)iy * g.w + (size_t)ix) * g.c, v);
+#pragma unroll
+                for (int k = 0; k < G; ++k) {
+                    if (a[k] == NO_MAX || v[k] > b[k] || (isnan(v[k]) && !isnan(b[k]))) {
+                        a[k] = (unsigned)(ky * g.kw + kx);
+                        b[k] = v[k];
+                    }
+                }
             }
         }
-    }
-    *best = b;
-    return arg;
-}
-
-// y[n, oy, ox, c] = max over the window (one thread an output element).
-template <typename T> __device__ void max_pool_impl(const T *x, T *y, WindowGeometry g) {
-    size_t total = g.n * g.out_h * g.out_w * g.c;
-    size_t image = g.h * g.w * g.c;
-    GRID_STRIDE(o, total) {
-        size_t c = o % g.c, r = o / g.c;
-        size_t ox = r % g.out_w, r2 = r / g.out_w;
-        size_t oy = r2 % g.out_h, n = r2 / g.out_h;
-        float best;
-        window_argmax<T>(g, x + n * image, oy, ox, c, &best);
-        y[o] = from_f32<T>(best);
-    }
-}
-
-// arg[n, oy, ox, c] = the window offset of the window's first maximum (one thread an output
-// element): the first half of the backward pass, which then reads one word per window.
-template <typename T>
-__device__ void max_pool_argmax_impl(const T *x, unsigned *arg, WindowGeometry g) {
-    size_t total = g.n * g.out_h * g.out_w * g.c;
-    size_t image = g.h * g.w * g.c;
-    GRID_STRIDE(o, total) {
-        size_t c = o % g.c, r = o / g.c;
-        size_t ox = r % g.out_w, r2 = r / g.out_w;
-        size_t oy = r2 % g.out_h, n = r2 / g.out_h;
-        float best;
-        arg[o] = window_argmax<T>(g, x + n * image, oy, ox, c, &best);
+        if (y) store_g(y + o * G, b);
+        if (arg) {
+#pragma unroll
+            for (int k = 0; k < G; ++k) arg[o * G + k] = a[k];
+        }
     }
 }
 
 // dx[i] = sum of dy over the windows whose first maximum is i, from the windows' argmax
-// offsets (one thread an input element, gathering over the windows that cover it:
-// deterministic, no atomics).
-template <typename T>
+// offsets, G channels a thread as in max_pool_impl (each input gathers over the windows that
+// cover it, in window order: deterministic, no atomics; dy read only where a window's
+// maximum is one of the G inputs).
+template <int G, typename T>
 __device__ void max_pool_bwd_impl(const unsigned *arg, const T *dy, T *dx, WindowGeometry g) {
-    size_t total = g.n * g.h * g.w * g.c;
+    size_t total = g.n * g.h * g.w * g.c / G;
     GRID_STRIDE(t, total) {
-        size_t c = t % g.c, r = t / g.c;
-        size_t ix = r % g.w, r2 = r / g.w;
-        size_t iy = r2 % g.h, n = r2 / g.h;
+        Pixel p = pixel_of(t, g.h, g.w, g.c, G);
         // windows oy with oy*sh <= iy + pad_top < oy*sh + kh
-        long long py = (long long)(iy + g.pad_top), px = (long long)(ix + g.pad_left);
+        long long py = (long long)(p.y + g.pad_top), px = (long long)(p.x + g.pad_left);
         long long oy0 = py >= (long long)g.kh ? (py - (long long)g.kh) / (long long)g.sh + 1 : 0;
         long long ox0 = px >= (long long)g.kw ? (px - (long long)g.kw) / (long long)g.sw + 1 : 0;
-        float acc = 0.0f;
+        float acc[G];
+#pragma unroll
+        for (int k = 0; k < G; ++k) acc[k] = 0.0f;
         for (long long oy = oy0; oy <= py / (long long)g.sh && oy < (long long)g.out_h; ++oy) {
             size_t ky = (size_t)(py - oy * (long long)g.sh);
             for (long long ox = ox0; ox <= px / (long long)g.sw && ox < (long long)g.out_w;
                  ++ox) {
-                size_t kx = (size_t)(px - ox * (long long)g.sw);
-                size_t o = ((n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + c;
-                if (arg[o] == (unsigned)(ky * g.kw + kx)) acc += to_f32(dy[o]);
+                unsigned off = (unsigned)(ky * g.kw + (size_t)(px - ox * (long long)g.sw));
+                size_t o = ((p.n * g.out_h + (size_t)oy) * g.out_w + (size_t)ox) * g.c + p.c;
+                bool any = false, hit[G];
+#pragma unroll
+                for (int k = 0; k < G; ++k) {
+                    hit[k] = arg[o + k] == off;
+                    any |= hit[k];
+                }
+                if (!any) continue;
+                float d[G];
+                load_g(dy + o, d);
+#pragma unroll
+                for (int k = 0; k < G; ++k) acc[k] += hit[k] ? d[k] : 0.0f;
             }
         }
-        dx[t] = from_f32<T>(acc);
+        store_g(dx + t * G, acc);
     }
 }
 
@@ -154,15 +181,20 @@ __device__ void sum_pool_bwd_impl(const T *dy, T *dx, WindowGeometry g, int avg)
 }
 
 #define POOL_KERNELS(T, S)                                                                     \
-    extern "C" __global__ void max_pool_##S(const T *x, T *y, WindowGeometry g) {                \
-        max_pool_impl<T>(x, y, g);                                                             \
+    extern "C" __global__ void max_pool_##S(const T *x, T *y, unsigned *arg, WindowGeometry g) { \
+        max_pool_impl<1, T>(x, y, arg, g);                                                     \
     }                                                                                          \
-    extern "C" __global__ void max_pool_argmax_##S(const T *x, unsigned *arg, WindowGeometry g) { \
-        max_pool_argmax_impl<T>(x, arg, g);                                                    \
+    extern "C" __global__ void max_pool_vec_##S(const T *x, T *y, unsigned *arg,               \
+                                                WindowGeometry g) {                            \
+        max_pool_impl<8, T>(x, y, arg, g);                                                     \
     }                                                                                          \
     extern "C" __global__ void max_pool_bwd_##S(const unsigned *arg, const T *dy, T *dx,       \
                                                 WindowGeometry g) {                              \
-        max_pool_bwd_impl<T>(arg, dy, dx, g);                                                  \
+        max_pool_bwd_impl<1, T>(arg, dy, dx, g);                                               \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_bwd_vec_##S(const unsigned *arg, const T *dy, T *dx,   \
+                                                    WindowGeometry g) {                        \
+        max_pool_bwd_impl<8, T>(arg, dy, dx, g);                                               \
     }                                                                                          \
     extern "C" __global__ void sum_pool_##S(const T *x, T *y, WindowGeometry g, int avg) {       \
         sum_pool_impl<T>(x, y, g, avg);                                                        \

@@ -412,15 +412,21 @@ fn full_fp32_passes_over_the_workspace_limit_run_in_batch_chunks() {
     );
 }
 
-/// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, and
-/// one with many splits.
-const NORM_CASES: [[usize; 3]; 6] = [
+/// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, one
+/// with many splits; NHWC views the vectorized kernels take (8 channels a thread: 16, 64, 512,
+/// 2048 channels, and 8 with a mask word of fewer than 4 groups) and 24 channels, whose
+/// elementwise passes vectorize but whose reduction does not (24 does not divide 2048).
+const NORM_CASES: [[usize; 3]; 10] = [
     [4 * 9 * 7, 16, 1],
     [3, 5, 42],
     [37, 10, 1],
     [2 * 5 * 5, 70, 1],
     [16 * 28 * 28, 64, 1],
     [1, 3, 2],
+    [3, 8, 1],
+    [7 * 3, 24, 1],
+    [1000, 512, 1],
+    [5, 2048, 1],
 ];
 
 /// Batch normalization's forward and backward passes on `be`: `(y, mean, rstd, dx, dgamma,

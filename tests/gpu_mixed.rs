@@ -18,8 +18,8 @@ use stax::tensor::BackendOptions;
 use stax::tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT};
 use stax::tensor::ops::{self, Epilogue};
 use stax::tensor::{
-    Activation, AdamHyper, Conv2dGeometry, ConvPass, ConvSpec, FilterLayout, Layout, OpDesc,
-    Padding, PoolKind,
+    Activation, AdamHyper, BinaryOp, Conv2dGeometry, ConvPass, ConvSpec, FilterLayout, Layout,
+    OpDesc, Padding, PoolKind,
 };
 use stax::train::Trainer;
 use stax::train::plan::MemoryPlan;
@@ -125,6 +125,31 @@ fn relu_and_bias_kernels_match_the_cpu_in_low_precision() {
     }
 }
 
+/// The binary ops (the residual add and its like) in every float dtype equal the CPU's bit
+/// for bit, on sizes with whole 8-element vector groups and with tails.
+#[test]
+fn binary_ops_match_the_cpu_bit_for_bit() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for n in [1, 7, 8, 9, 1000, 100_003] {
+            let mut rng = Rng::new(seed_for("binary", &[n]));
+            let (a, b) = (rng.vec(n, -2.0, 2.0), rng.vec(n, -2.0, 2.0));
+            for op in [BinaryOp::Add, BinaryOp::Mul] {
+                let run = |be: &Arc<dyn Backend>| {
+                    let mut at = typed(be, &a, &[n], dtype);
+                    ops::binary(op, &mut at, &typed(be, &b, &[n], dtype)).unwrap();
+                    at.to_vec().unwrap()
+                };
+                let what = format!("{dtype} {op:?} [{n}]");
+                assert_close(&run(&gpu), &run(&cpu), 0.0, 0.0, &what);
+            }
+        }
+    }
+}
+
 /// Batch normalization on bf16 and f16 activations (f32 parameters and statistics), forward
 /// with a fused ReLU and backward with the input gradient, equals the CPU's: the output and the
 /// input gradient within two roundings of the dtype, the statistics and parameter gradients
@@ -137,7 +162,8 @@ fn low_precision_batch_norm_matches_the_cpu() {
     };
     let cpu = cpu();
     for dtype in [DType::BF16, DType::F16] {
-        for [outer, c, inner] in [[50, 16, 1], [16 * 28 * 28, 64, 1], [3, 70, 5]] {
+        // the vectorized kernels (16 and 64 channels, 24: elementwise only), the scalar ones
+        for [outer, c, inner] in [[50, 16, 1], [16 * 28 * 28, 64, 1], [9, 24, 1], [3, 70, 5]] {
             let g = stax::tensor::ChannelGeometry { outer, c, inner };
             let n = outer * c * inner;
             let mut rng = Rng::new(seed_for("bn16", &[outer, c, inner]));
@@ -535,6 +561,8 @@ fn low_precision_poolings_match_the_cpu() {
             (1, 2),
             Padding::Explicit([(1, 1), (0, 1)]),
         ),
+        // 8 channels a thread on the GPU
+        ([2, 9, 8, 16], (3, 3), (2, 2), Padding::Same),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (dims, window, strides, padding) in pools {

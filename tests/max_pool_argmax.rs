@@ -27,10 +27,17 @@ fn geometry(
 }
 
 /// Pooling geometries: overlapping windows, SAME and explicit padding, a window as large as the
-/// image, batch 1.
+/// image, batch 1; channels a multiple of 8 (the GPU's vectorized kernels) and not.
 fn geometries() -> Vec<Conv2dGeometry> {
     vec![
         geometry([2, 9, 8, 3], (3, 3), (2, 2), Padding::Same),
+        geometry([2, 9, 8, 8], (3, 3), (2, 2), Padding::Same),
+        geometry(
+            [1, 6, 5, 16],
+            (2, 3),
+            (1, 2),
+            Padding::Explicit([(1, 0), (0, 1)]),
+        ),
         geometry([1, 7, 6, 2], (3, 3), (2, 2), Padding::Valid),
         geometry([2, 5, 4, 3], (2, 2), (1, 1), Padding::Valid),
         geometry(

@@ -236,7 +236,8 @@ impl BinaryOp {
         }
     }
 
-    /// The op code `kernels/activation.cu` switches on (`BIN_*`).
+    /// The op code `kernels/activation.cu` (`BIN_*`) and `binary_vec` in `kernels/elementwise.cu`
+    /// switch on.
     pub fn code(self) -> i32 {
         match self {
             BinaryOp::Add => 0,

@@ -156,6 +156,16 @@ impl Kernels {
         }
     }
 
+    /// The launch of a reduction's finishing kernel over `c` channels: blocks of 32 x 32
+    /// threads, 32 channels a block (`column_sums` in `kernels/common.cuh`).
+    fn finish_grid(c: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (c.div_ceil(32).max(1) as u32, 1, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
     /// A 1-D grid-stride configuration for `n` work items.
     fn grid(&self, n: usize) -> LaunchConfig {
         let blocks = n

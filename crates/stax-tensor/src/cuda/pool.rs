@@ -22,13 +22,8 @@ impl CudaBackend {
         let dtype = x.dtype();
         match kind {
             PoolKind::Max => {
-                self.kernels.max_pool(dtype, &g, x.addr(), y.addr())?;
-                match argmax {
-                    Some(arg) => self
-                        .kernels
-                        .max_pool_argmax(dtype, &g, x.addr(), arg.addr()),
-                    None => Ok(()),
-                }
+                let arg = argmax.map_or(0, |a| a.addr());
+                self.kernels.max_pool(dtype, &g, (x.addr(), y.addr(), arg))
             }
             _ => self.kernels.sum_pool(dtype, kind, &g, x.addr(), y.addr()),
         }
@@ -64,7 +59,7 @@ impl CudaBackend {
                 });
                 let i = ws.alloc()?;
                 self.kernels
-                    .max_pool_argmax(dtype, &g, x.addr(), ws.addr(i))?;
+                    .max_pool(dtype, &g, (x.addr(), 0, ws.addr(i)))?;
                 let addrs = (ws.addr(i), dy.addr(), dx.addr());
                 self.kernels.max_pool_gather(dtype, &g, addrs)?;
                 ws.free(i)?;

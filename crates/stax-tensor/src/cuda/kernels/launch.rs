@@ -175,9 +175,12 @@ impl Kernels {
         }
         let (f, sym) = (self.typed("bias_grad_finish", dtype)?, "bias_grad_finish");
         // SAFETY: `bias_grad_finish_<dtype>(const double *partial, T *db, size_t splits,
-        // size_t c)`; partial holds splits*c doubles, db holds c elements of `dtype`.
-        unsafe { launch!(self.stream, f, self.grid(c); &partial, &db, &splits, &c).map(drop) }
-            .map_err(driver(sym))
+        // size_t c)`; partial holds splits*c doubles, db holds c elements of `dtype`; blocks
+        // of 32 x 32 threads (finish_grid), as column_sums needs.
+        unsafe {
+            launch!(self.stream, f, Self::finish_grid(c); &partial, &db, &splits, &c).map(drop)
+        }
+        .map_err(driver(sym))
     }
 
     /// In-place ReLU on `n` elements of `dtype` at `x`; `mask` (0 for none) receives
@@ -312,10 +315,23 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
+        let n8 = if aligned16(&[a, b]) { n / 8 } else { 0 };
+        if n8 > 0 {
+            let (f, sym) = (self.typed("binary_vec", dtype)?, "binary_vec");
+            // SAFETY: `binary_vec_<dtype>(T *a, const T *b, size_t n8, int op)`; a and b hold
+            // at least 8 n8 elements of `dtype` each, 16-byte aligned.
+            unsafe { launch!(self.stream, f, self.grid(n8); &a, &b, &n8, &op).map(drop) }
+                .map_err(driver(sym))?;
+        }
+        let (done, size) = (8 * n8, dtype.size_bytes() as u64);
+        if done == n {
+            return Ok(());
+        }
+        let (at, bt, nt) = (a + done as u64 * size, b + done as u64 * size, n - done);
         let (f, sym) = (self.typed("binary", dtype)?, "binary");
-        // SAFETY: `binary_<dtype>(T *a, const T *b, size_t n, int op)`; a and b hold n
-        // elements of `dtype` each.
-        unsafe { launch!(self.stream, f, self.grid(n); &a, &b, &n, &op).map(drop) }
+        // SAFETY: `binary_<dtype>(T *a, const T *b, size_t n, int op)`; from element `done`,
+        // a and b hold nt elements of `dtype` each.
+        unsafe { launch!(self.stream, f, self.grid(nt); &at, &bt, &nt, &op).map(drop) }
             .map_err(driver(sym))
     }
 }

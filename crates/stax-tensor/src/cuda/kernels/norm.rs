@@ -2,20 +2,43 @@
 //! normalization forward and backward, a channel bias's gradient), the elementwise passes
 //! that apply them, and the channel bias.
 
-use super::{Kernels, driver};
+use super::{Kernels, aligned16, driver};
 use crate::{ChannelGeometry, DType, TensorError};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Blocks of 32 channels x 8 reducing threads (`channel_moments_<dtype>`'s shared arrays).
 const MOMENT_BLOCK: (u32, u32, u32) = (32, 8, 1);
 
+/// Whether the elementwise passes over `g` take the vectorized kernels (`bn_apply_vec`,
+/// `bn_bwd_apply_vec`: 8 channels a thread, 16-byte accesses, given aligned tensors): an NHWC
+/// view (`inner == 1`) of a multiple of 8 channels.
+fn apply_vectorizes(g: &ChannelGeometry) -> bool {
+    g.inner == 1 && g.c % 8 == 0 && g.c > 0
+}
+
+/// Whether the reduction over `g` takes `channel_moments_vec` (given aligned tensors):
+/// [`apply_vectorizes`], and `c` divides 2048 so that one block of 256 threads covers whole
+/// rows.
+fn moments_vectorize(g: &ChannelGeometry) -> bool {
+    apply_vectorizes(g) && 2048 % g.c == 0
+}
+
 impl Kernels {
     /// How many splits the reduction of `g` uses: the partial sums workspace holds
-    /// `splits · c` pairs of doubles ([`Kernels::moments_bytes`]). Enough blocks for one wave of
-    /// at most 4 per multiprocessor, each split at least 256 elements.
+    /// `splits · c` pairs of doubles ([`Kernels::moments_bytes`]). A view the vectorized kernel
+    /// takes ([`moments_vectorize`]) gets one block of 256 threads per split, at most 4 per
+    /// multiprocessor and at most 4 MiB of partials; any other view enough blocks of 32
+    /// channels for one wave of at most 4 per multiprocessor, each split at least 256 elements.
+    /// The count depends on the geometry alone, so a plan made before the buffers exist
+    /// holds.
     pub(crate) fn moment_splits(&self, g: &ChannelGeometry) -> usize {
+        let wave = 4 * self.sms as usize;
+        if moments_vectorize(g) {
+            let cap = ((4 << 20) / (16 * g.c)).max(1);
+            return (g.numel() / 8).div_ceil(256).clamp(1, wave.min(cap));
+        }
         let blocks_x = g.c.div_ceil(32).max(1);
-        let want = (4 * self.sms as usize).div_ceil(blocks_x).max(1);
+        let want = wave.div_ceil(blocks_x).max(1);
         g.per_channel().div_ceil(256).clamp(1, want)
     }
 
@@ -35,6 +58,26 @@ impl Kernels {
         partial: u64,
     ) -> Result<usize, TensorError> {
         let splits = self.moment_splits(g);
+        if moments_vectorize(g) && aligned16(&[a, b]) {
+            let (f, sym) = (
+                self.typed("channel_moments_vec", dtype)?,
+                "channel_moments_vec",
+            );
+            let (n8, c) = (g.numel() / 8, g.c);
+            let cfg = LaunchConfig {
+                grid_dim: (splits as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `channel_moments_vec_<dtype>(const T *a, const T *b, const float *shift,
+            // const u32 *mask, double *partial, size_t n8, size_t c)`; a (and b unless null)
+            // hold 8 n8 = outer*c elements of `dtype`, 16-byte aligned, shift is null or holds
+            // c floats, mask null or ceil(8 n8 / 32) words, partial splits*c*2 doubles; blocks
+            // of 256 threads and c / 8 dividing 256 (moments_vectorize), as the kernel needs.
+            unsafe { launch!(self.stream, f, cfg; &a, &b, &shift, &mask, &partial, &n8, &c) }
+                .map_err(driver(sym))?;
+            return Ok(splits);
+        }
         let per_split = g.per_channel().div_ceil(splits).max(1);
         let (outer, c, inner) = (g.outer, g.c, g.inner);
         let (f, sym) = (self.typed("channel_moments", dtype)?, "channel_moments");
@@ -70,9 +113,12 @@ impl Kernels {
             "channel_sum_finish",
         );
         // SAFETY: `channel_sum_finish_<dtype>(const double *partial, size_t splits, size_t c, T
-        // *out)`; partial holds splits*c*2 doubles, out c elements of `dtype`.
-        unsafe { launch!(self.stream, f, self.grid(c); &partial, &splits, &c, &out).map(drop) }
-            .map_err(driver(sym))
+        // *out)`; partial holds splits*c*2 doubles, out c elements of `dtype`; blocks of 32 x
+        // 32 threads (finish_grid), as column_sums needs.
+        unsafe {
+            launch!(self.stream, f, Self::finish_grid(c); &partial, &splits, &c, &out).map(drop)
+        }
+        .map_err(driver(sym))
     }
 
     /// Batch normalization statistics of `m` elements per channel: mean, rstd and
@@ -90,9 +136,10 @@ impl Kernels {
         let sym = "bn_finish_f32";
         // SAFETY: `bn_finish_f32(const double *partial, size_t splits, size_t c, double m,
         // float eps, const float *gamma, float *mean, float *rstd, float *scale)`; partial holds
-        // splits*c*2 doubles, gamma is null or holds c floats, mean, rstd and scale c floats.
+        // splits*c*2 doubles, gamma is null or holds c floats, mean, rstd and scale c floats;
+        // blocks of 32 x 32 threads (finish_grid), as column_sums needs.
         unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &m, &eps, &gamma, &mean, &rstd, &scale)
+            launch!(self.stream, self.function(sym)?, Self::finish_grid(c); &partial, &splits, &c, &m, &eps, &gamma, &mean, &rstd, &scale)
                 .map(drop)
         }
         .map_err(driver(sym))
@@ -107,6 +154,20 @@ impl Kernels {
         (mean, scale, beta): (u64, u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
+        if apply_vectorizes(g) && aligned16(&[x, y]) {
+            let (f, sym) = (self.typed("bn_apply_vec", dtype)?, "bn_apply_vec");
+            let (n8, c8) = (n / 8, c / 8);
+            // SAFETY: `bn_apply_vec_<dtype>(const T *x, T *y, const float *mean, const float
+            // *scale, const float *beta, u32 *mask, size_t n8, size_t c8)`; x and y hold 8 n8 =
+            // outer*c elements of `dtype` (16-byte aligned; the same buffer or distinct), mean
+            // and scale c = 8 c8 floats, beta null or c, mask null or ceil(8 n8 / 32) words;
+            // blocks are whole warps (256 threads), as its shuffles need.
+            return unsafe {
+                launch!(self.stream, f, self.grid(n8); &x, &y, &mean, &scale, &beta, &mask, &n8, &c8)
+                    .map(drop)
+            }
+            .map_err(driver(sym));
+        }
         if mask != 0 {
             let (f, sym) = (self.typed("bn_apply_relu", dtype)?, "bn_apply_relu");
             // SAFETY: `bn_apply_relu_<dtype>(const T *x, T *y, const float *mean, const float
@@ -148,9 +209,10 @@ impl Kernels {
         // SAFETY: `bn_bwd_finish_f32(const double *partial, size_t splits, size_t c, double m,
         // const float *gamma, const float *rstd, float *dgamma, float *dbeta, float *coef)`;
         // partial holds splits*c*2 doubles, gamma, dgamma, dbeta are null or hold c floats,
-        // rstd c floats, coef 3c floats.
+        // rstd c floats, coef 3c floats; blocks of 32 x 32 threads (finish_grid), as
+        // column_sums needs.
         unsafe {
-            launch!(self.stream, self.function(sym)?, self.grid(c); &partial, &splits, &c, &m, &gamma, &rstd, &dgamma, &dbeta, &coef)
+            launch!(self.stream, self.function(sym)?, Self::finish_grid(c); &partial, &splits, &c, &m, &gamma, &rstd, &dgamma, &dbeta, &coef)
                 .map(drop)
         }
         .map_err(driver(sym))
@@ -166,6 +228,19 @@ impl Kernels {
         (mean, coef): (u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
+        if apply_vectorizes(g) && aligned16(&[x, dy]) {
+            let (f, sym) = (self.typed("bn_bwd_apply_vec", dtype)?, "bn_bwd_apply_vec");
+            let (n8, c8) = (n / 8, c / 8);
+            // SAFETY: `bn_bwd_apply_vec_<dtype>(const T *x, T *dy, const float *mean, const
+            // float *coef, const u32 *mask, size_t n8, size_t c8)`; x and dy hold 8 n8 =
+            // outer*c elements of `dtype` (distinct buffers, 16-byte aligned), mean c = 8 c8
+            // floats, coef 3c floats, mask null or ceil(8 n8 / 32) words.
+            return unsafe {
+                launch!(self.stream, f, self.grid(n8); &x, &dy, &mean, &coef, &mask, &n8, &c8)
+                    .map(drop)
+            }
+            .map_err(driver(sym));
+        }
         let (f, sym) = (self.typed("bn_bwd_apply", dtype)?, "bn_bwd_apply");
         // SAFETY: `bn_bwd_apply_<dtype>(const T *x, T *dy, const float *mean, const float
         // *coef, const u32 *mask, size_t n, size_t c, size_t inner)`; x and dy hold n =

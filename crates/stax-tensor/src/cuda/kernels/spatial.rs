@@ -295,52 +295,36 @@ impl Kernels {
         .map_err(driver(k))
     }
 
-    /// Max pooling of x NHWC `g.input_shape()` into y NHWC `g.output_shape()`, both of
-    /// `dtype`.
+    /// Max pooling of x (NHWC `g.input_shape()`): each window's maximum into y (NHWC
+    /// `g.output_shape()`, `dtype` as x) and the window offset of its first maximum into `arg`
+    /// (one u32 per element of `g.output_shape()`), each when not 0. One pass, 8 channels a
+    /// thread where [`pool_vectorizes`].
     pub(crate) fn max_pool(
         &self,
         dtype: DType,
         g: &Conv2dGeometry,
-        x: u64,
-        y: u64,
+        (x, y, arg): (u64, u64, u64),
     ) -> Result<(), TensorError> {
         let n = g.output_shape().numel();
         if n == 0 {
             return Ok(());
         }
-        let (k, pg) = ("max_pool", WindowGeometry::of(g));
-        let f = self.typed(k, dtype)?;
-        // SAFETY: `max_pool_<dtype>(const T *x, T *y, WindowGeometry g)`; x holds
-        // g.input_shape() elements of `dtype`, y g.output_shape(); WindowGeometry's layout
-        // matches.
-        unsafe { launch!(self.stream, f, self.grid(n); &x, &y, &pg).map(drop) }.map_err(driver(k))
-    }
-
-    /// Each window's argmax: `arg` (one u32 per element of `g.output_shape()`) gets the window
-    /// offset of its first maximum in x (NHWC `g.input_shape()`, `dtype`).
-    pub(crate) fn max_pool_argmax(
-        &self,
-        dtype: DType,
-        g: &Conv2dGeometry,
-        x: u64,
-        arg: u64,
-    ) -> Result<(), TensorError> {
-        let outputs = g.output_shape().numel();
-        if outputs == 0 {
-            return Ok(());
-        }
-        let (f, k) = (self.typed("max_pool_argmax", dtype)?, "max_pool_argmax");
-        let pg = WindowGeometry::of(g);
-        // SAFETY: `max_pool_argmax_<dtype>(const T *x, unsigned *arg, WindowGeometry g)`; x
-        // holds g.input_shape() elements of `dtype`, arg g.output_shape() u32 words.
-        unsafe { launch!(self.stream, f, self.grid(outputs); &x, &arg, &pg).map(drop) }
+        let vec = pool_vectorizes(g, &[x, y, arg]);
+        let k = if vec { "max_pool_vec" } else { "max_pool" };
+        let (f, pg) = (self.typed(k, dtype)?, WindowGeometry::of(g));
+        let threads = if vec { n / 8 } else { n };
+        // SAFETY: `max_pool[_vec]_<dtype>(const T *x, T *y, unsigned *arg, WindowGeometry g)`;
+        // x holds g.input_shape() elements of `dtype`, y (unless null) g.output_shape(), arg
+        // (unless null) g.output_shape() u32 words; WindowGeometry's layout matches; the
+        // vectorized kernel's c % 8 == 0 and 16-byte alignment hold (pool_vectorizes).
+        unsafe { launch!(self.stream, f, self.grid(threads); &x, &y, &arg, &pg).map(drop) }
             .map_err(driver(k))
     }
 
     /// The input gradient dx (NHWC `g.input_shape()`, overwritten) of max pooling from the
-    /// windows' argmax offsets `arg` ([`Self::max_pool_argmax`]) and dy (NHWC
-    /// `g.output_shape()`), dx and dy of `dtype`: each input gathers dy over the windows whose
-    /// maximum it is, summed in f32 (no atomics).
+    /// windows' argmax offsets `arg` ([`Self::max_pool`]) and dy (NHWC `g.output_shape()`), dx
+    /// and dy of `dtype`: each input gathers dy over the windows whose maximum it is, summed
+    /// in f32 (no atomics); 8 channels a thread where [`pool_vectorizes`].
     pub(crate) fn max_pool_gather(
         &self,
         dtype: DType,
@@ -351,14 +335,27 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (f, k) = (self.typed("max_pool_bwd", dtype)?, "max_pool_bwd");
-        let pg = WindowGeometry::of(g);
-        // SAFETY: `max_pool_bwd_<dtype>(const unsigned *arg, const T *dy, T *dx, WindowGeometry
-        // g)`; arg and dy hold g.output_shape() elements, dx g.input_shape() elements of
-        // `dtype`; distinct buffers.
-        unsafe { launch!(self.stream, f, self.grid(n); &arg, &dy, &dx, &pg).map(drop) }
+        let vec = pool_vectorizes(g, &[arg, dy, dx]);
+        let k = if vec {
+            "max_pool_bwd_vec"
+        } else {
+            "max_pool_bwd"
+        };
+        let (f, pg) = (self.typed(k, dtype)?, WindowGeometry::of(g));
+        let threads = if vec { n / 8 } else { n };
+        // SAFETY: `max_pool_bwd[_vec]_<dtype>(const unsigned *arg, const T *dy, T *dx,
+        // WindowGeometry g)`; arg and dy hold g.output_shape() elements, dx g.input_shape()
+        // elements of `dtype`; distinct buffers; the vectorized kernel's c % 8 == 0 and
+        // 16-byte alignment hold (pool_vectorizes).
+        unsafe { launch!(self.stream, f, self.grid(threads); &arg, &dy, &dx, &pg).map(drop) }
             .map_err(driver(k))
     }
+}
+
+/// Whether max pooling over `g` with the buffers at `addrs` takes the vectorized kernels (8
+/// channels a thread, 16-byte accesses): a multiple of 8 channels, every buffer 16-byte aligned.
+fn pool_vectorizes(g: &Conv2dGeometry, addrs: &[u64]) -> bool {
+    g.c_in % 8 == 0 && aligned16(addrs)
 }
 
 /// Workspace bytes of max pooling's backward pass: one u32 argmax offset per output element.
