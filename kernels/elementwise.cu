@@ -107,15 +107,33 @@ template <typename T> __device__ void relu_bwd_vec_t(T *dy, const u32 *mask, siz
 }
 
 // In place a = a op b (activation.cu's binary op codes: 0 add, 1 multiply) on n8 groups of 8
-// elements; a and b 16-byte aligned (the scalar tail: binary_<dtype>).
-template <typename T> __device__ void binary_vec_t(T *a, const T *b, size_t n8, int op) {
+// elements; a and b 16-byte aligned (the scalar tail: binary_<dtype>). With a mask, then
+// relu_vec's ReLU of the rounded result, its byte of group i going to mask word i / 4: n8 must
+// then be a multiple of 32 (whole warps' words; the loop bound is warp-uniform).
+template <typename T>
+__device__ void binary_vec_t(T *a, const T *b, u32 *mask, size_t n8, int op) {
+    size_t lane = threadIdx.x & 31;
     GRID_STRIDE(i, n8) {
         float x[8], z[8];
         load8(a + 8 * i, x);
         load8(b + 8 * i, z);
+        u32 byte = 0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] = op == 1 ? x[k] * z[k] : x[k] + z[k];
+        for (int k = 0; k < 8; ++k) {
+            x[k] = op == 1 ? x[k] * z[k] : x[k] + z[k];
+            if (mask) {
+                float v = to_f32(from_f32<T>(x[k]));
+                byte |= (u32)(v > 0.0f) << k;
+                x[k] = v <= 0.0f ? 0.0f : v;
+            }
+        }
         store8(a + 8 * i, x);
+        if (mask) {
+            u32 word = byte << (8 * (lane & 3));
+            word |= __shfl_xor_sync(FULL_MASK, word, 1);
+            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            if ((lane & 3) == 0) mask[i >> 2] = word;
+        }
     }
 }
 
@@ -196,8 +214,9 @@ __device__ void bias_grad_vec_t(T *dy, const u32 *mask, double *partial, size_t 
     extern "C" __global__ void relu_bwd_vec_##S(T *dy, const u32 *mask, size_t n8) {          \
         relu_bwd_vec_t<T>(dy, mask, n8);                                                       \
     }                                                                                          \
-    extern "C" __global__ void binary_vec_##S(T *a, const T *b, size_t n8, int op) {          \
-        binary_vec_t<T>(a, b, n8, op);                                                         \
+    extern "C" __global__ void binary_vec_##S(T *a, const T *b, u32 *mask, size_t n8,         \
+                                              int op) {                                        \
+        binary_vec_t<T>(a, b, mask, n8, op);                                                   \
     }                                                                                          \
     extern "C" __global__ void bias_add_vec_##S(T *y, const T *b, size_t n8, size_t c8) {     \
         bias_add_vec_t<T>(y, b, n8, c8);                                                       \

@@ -247,15 +247,32 @@ __device__ void channel_moments_vec_impl(const T *a, const T *b, const float *sh
     }
 }
 
+// The W f32 values per channel of channels 8 col .. 8 col + 7 of p (p[W j + w] for channel j),
+// into v[w][k]; zeros for a null p.
+template <int W>
+__device__ __forceinline__ void channel_values(const float *p, size_t col, float (&v)[W][8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w][k] = p ? p[W * (8 * col + k) + w] : 0.0f;
+    }
+}
+
 // bn_apply_<dtype> (mask null) or bn_apply_relu_<dtype> on n8 groups, mask byte i % 4 of word
-// i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their bytes). The loop bound is
-// warp-uniform, so blocks must be whole warps.
+// i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their bytes). A thread loads its
+// channels' values again only when its channel group changes: never when the grid's stride
+// is a multiple of c8 (the launcher's grid). The loop bound is warp-uniform, so blocks must
+// be whole warps.
 template <typename T>
 __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const float *scale,
                                   const float *beta, u32 *mask, size_t n8, size_t c8) {
     const size_t stride = (size_t)blockDim.x * gridDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t lane = threadIdx.x & 31, col = i % c8, step = stride % c8;
+    float mu[1][8], sc[1][8], bt[1][8];
+    channel_values<1>(mean, col, mu);
+    channel_values<1>(scale, col, sc);
+    channel_values<1>(beta, col, bt);
     for (size_t base = i - lane; base < n8; base += stride, i += stride) {
         u32 byte = 0;
         if (i < n8) {
@@ -263,8 +280,7 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
             load8(x + 8 * i, f);
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
-                size_t j = 8 * col + k;
-                float v = (f[k] - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+                float v = (f[k] - mu[0][k]) * sc[0][k] + bt[0][k];
                 byte |= (u32)(v > 0.0f) << k;
                 f[k] = mask && v <= 0.0f ? 0.0f : v;
             }
@@ -276,18 +292,27 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
             word |= __shfl_xor_sync(FULL_MASK, word, 2);
             if ((lane & 3) == 0 && i < n8) mask[i >> 2] = word;
         }
-        col += step;
-        if (col >= c8) col -= c8;
+        if (step) {
+            col += step;
+            if (col >= c8) col -= c8;
+            channel_values<1>(mean, col, mu);
+            channel_values<1>(scale, col, sc);
+            channel_values<1>(beta, col, bt);
+        }
     }
 }
 
-// bn_bwd_apply_<dtype> on n8 groups (dy of a group with no mask bit set is not read).
+// bn_bwd_apply_<dtype> on n8 groups (dy of a group with no mask bit set is not read), the
+// channels' values loaded as in bn_apply_vec_impl.
 template <typename T>
 __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, const float *coef,
                                       const u32 *mask, size_t n8, size_t c8) {
     const size_t stride = (size_t)blockDim.x * gridDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t col = i % c8, step = stride % c8;
+    float mu[1][8], k3[3][8];
+    channel_values<1>(mean, col, mu);
+    channel_values<3>(coef, col, k3);
     for (; i < n8; i += stride) {
         u32 bits = group_bits(mask, i);
         float f[8], d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -295,14 +320,17 @@ __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, cons
         if (bits) load8(dy + 8 * i, d);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            size_t j = 8 * col + k;
             float dk = (bits >> k) & 1u ? d[k] : 0.0f;
-            float z = (f[k] - mean[j]) * coef[3 * j + 2];
-            d[k] = coef[3 * j] * (dk - coef[3 * j + 1] - z);
+            float z = (f[k] - mu[0][k]) * k3[2][k];
+            d[k] = k3[0][k] * (dk - k3[1][k] - z);
         }
         store8(dy + 8 * i, d);
-        col += step;
-        if (col >= c8) col -= c8;
+        if (step) {
+            col += step;
+            if (col >= c8) col -= c8;
+            channel_values<1>(mean, col, mu);
+            channel_values<3>(coef, col, k3);
+        }
     }
 }
 

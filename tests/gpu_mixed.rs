@@ -126,7 +126,8 @@ fn relu_and_bias_kernels_match_the_cpu_in_low_precision() {
 }
 
 /// The binary ops (the residual add and its like) in every float dtype equal the CPU's bit
-/// for bit, on sizes with whole 8-element vector groups and with tails.
+/// for bit, alone and with the ReLU fused (output and mask), on sizes with whole vector
+/// groups (8 elements, 256 with a mask) and with tails.
 #[test]
 fn binary_ops_match_the_cpu_bit_for_bit() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
@@ -134,17 +135,25 @@ fn binary_ops_match_the_cpu_bit_for_bit() {
     };
     let cpu = cpu();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        for n in [1, 7, 8, 9, 1000, 100_003] {
+        for n in [1, 7, 8, 9, 255, 256, 257, 1000, 100_003] {
             let mut rng = Rng::new(seed_for("binary", &[n]));
             let (a, b) = (rng.vec(n, -2.0, 2.0), rng.vec(n, -2.0, 2.0));
             for op in [BinaryOp::Add, BinaryOp::Mul] {
                 let run = |be: &Arc<dyn Backend>| {
-                    let mut at = typed(be, &a, &[n], dtype);
-                    ops::binary(op, &mut at, &typed(be, &b, &[n], dtype)).unwrap();
-                    at.to_vec().unwrap()
+                    let bt = typed(be, &b, &[n], dtype);
+                    let mut plain = typed(be, &a, &[n], dtype);
+                    ops::binary(op, &mut plain, &bt).unwrap();
+                    let mut fused = typed(be, &a, &[n], dtype);
+                    let mut mask = poisoned(be, [n.div_ceil(32)], DType::U32);
+                    ops::binary_relu(op, &mut fused, &bt, &mut mask).unwrap();
+                    let m = mask.to_vec_u32().unwrap();
+                    (plain.to_vec().unwrap(), fused.to_vec().unwrap(), m)
                 };
+                let (g, c) = (run(&gpu), run(&cpu));
                 let what = format!("{dtype} {op:?} [{n}]");
-                assert_close(&run(&gpu), &run(&cpu), 0.0, 0.0, &what);
+                assert_close(&g.0, &c.0, 0.0, 0.0, &what);
+                assert_close(&g.1, &c.1, 0.0, 0.0, &format!("{what} + relu"));
+                assert_eq!(g.2, c.2, "{what} + relu: mask");
             }
         }
     }

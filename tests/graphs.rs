@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cpu, cuda_or_skip, train, two_steps_match_cpu, with_precision};
+use common::{cpu, cuda_or_skip, host_values, train, two_steps_match_cpu, with_precision};
 use stax::models::mlp;
 use stax::{
     Conv, Dense, FanInSum, FanOut, Flatten, Identity, Precision, Relu, Serial, Shape, parallel,
@@ -28,6 +28,72 @@ fn residual() -> Serial {
         Flatten,
         Dense(2)
     ]
+}
+
+/// [`residual`] with its `FanInSum` in a `serial` of its own: the ReLU after it cannot fuse.
+fn residual_unfused() -> Serial {
+    serial![
+        Conv::same(8, (3, 3)),
+        Relu,
+        FanOut(2),
+        parallel![
+            serial![Conv::same(8, (3, 3)), Relu, Conv::same(8, (3, 3))],
+            Identity
+        ],
+        serial![FanInSum],
+        Relu,
+        Flatten,
+        Dense(2)
+    ]
+}
+
+/// The ReLU after a `FanInSum` runs in the sum's last add (`ops::binary_relu`): three
+/// training steps give the losses, parameters and Adam moments of the unfused pair bit for
+/// bit, each step's peak the plan's and the same as the unfused pair's, on the CPU and on the
+/// GPU (each model on a backend of its own, so that each peak is its own).
+#[test]
+fn the_relu_fused_into_fan_in_sum_trains_as_the_unfused_pair() {
+    use stax::train::Trainer;
+    use stax::train::data::{Loader, fashion_mnist_2class};
+    let (train_set, _) = fashion_mnist_2class().unwrap();
+    let input = Shape::new([20, 28, 28, 1]);
+    let gpu = || cuda_or_skip(&with_precision(Precision::Highest));
+    let pairs = [Some((cpu(), cpu())), gpu().zip(gpu())];
+    for (bf, ba) in pairs.into_iter().flatten() {
+        let adam = stax::Adam::new(1e-3);
+        let mut fused = Trainer::new(residual(), input.clone(), adam, &bf, 5).unwrap();
+        let mut apart = Trainer::new(residual_unfused(), input.clone(), adam, &ba, 5).unwrap();
+        let plan = fused.plan(20).unwrap().peak.bytes;
+        assert_eq!(plan, apart.plan(20).unwrap().peak.bytes, "{}", bf.device());
+        let loader = Loader::new(train_set.len(), 20, 5).unwrap();
+        for indices in loader.batches(0).take(3) {
+            let (xf, yf) = fused.place_batch(&train_set, &indices).unwrap();
+            let (xa, ya) = apart.place_batch(&train_set, &indices).unwrap();
+            let (rf, ra) = (fused.step(&xf, &yf).unwrap(), apart.step(&xa, &ya).unwrap());
+            assert_eq!(rf.loss.to_bits(), ra.loss.to_bits(), "{} loss", bf.device());
+            assert_eq!(
+                (rf.memory.peak, ra.memory.peak),
+                (plan, plan),
+                "{}",
+                bf.device()
+            );
+        }
+        // the fused pair runs as one span: no ReLU layer of its own after the sum
+        let relus = |t: &mut Trainer<Serial>| {
+            let batch = loader.batches(1).next().unwrap();
+            let (x, y) = t.place_batch(&train_set, &batch).unwrap();
+            let p = t.profile_step(&x, &y).unwrap().profile;
+            p.layers.iter().filter(|l| l.kind == "relu").count()
+        };
+        assert_eq!(relus(&mut apart) - relus(&mut fused), 2, "{}", bf.device());
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let values = |t: &Trainer<Serial>| bits(host_values(t.params().leaves()));
+        assert_eq!(values(&fused), values(&apart), "{} parameters", bf.device());
+        for field in ["mu", "nu"] {
+            let (f, a) = (fused.state().field(field), apart.state().field(field));
+            assert_eq!(bits(host_values(f)), bits(host_values(a)), "{field}");
+        }
+    }
 }
 
 #[test]

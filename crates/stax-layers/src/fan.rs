@@ -5,8 +5,10 @@ use stax_alloc::Tag;
 use stax_tensor::ops::{self, axis_of, concat_shape};
 use stax_tensor::{BinaryOp, Category, Key, Params, Shape, Tensor, Tree};
 
-use crate::layer::{expect_params, one_tensor, shapes_of};
-use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value};
+use crate::layer::{expect_params, one_tensor, saved_tensor, shapes_of};
+use crate::{
+    Activation, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+};
 
 /// Branches as one node keyed by position.
 fn indexed<T>(items: impl IntoIterator<Item = Tree<T>>) -> Tree<T> {
@@ -108,9 +110,60 @@ impl Layer for FanOut {
 
 /// stax's `FanInSum`: the sum of its input's branches (a node of tensors of one shape; in
 /// place, in the first branch's buffer when nothing else holds it). The backward pass hands
-/// every branch the same gradient (handles: nothing is copied).
+/// every branch the same gradient (handles: nothing is copied). A ReLU after it (ResNet's
+/// blocks) runs in the last add's kernel ([`Layer::fuses`], [`ops::binary_relu`]): one pass
+/// over the sum fewer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FanInSum;
+
+impl FanInSum {
+    /// The sum of the branches of `x`, followed by a ReLU writing `relu` when given; the
+    /// residuals: one empty child per branch, and the ReLU's mask.
+    fn sum(
+        &self,
+        params: &Params,
+        x: Value,
+        relu: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        expect_params(params, self, &Tree::empty())?;
+        let shapes = shapes_of(&x);
+        self.output_shape(&shapes)?;
+        let parts = branches(self, &x, &shapes)?;
+        drop(x);
+        let n = parts.len();
+        let mut parts = parts.into_iter();
+        let mut acc = parts
+            .next()
+            .ok_or_else(|| self.shape_error("no branches".into(), &shapes))?
+            .into_unique_as("output")?;
+        let last = parts.len();
+        let mut relu = relu;
+        for (i, b) in parts.enumerate() {
+            match relu.as_mut().filter(|_| i + 1 == last) {
+                Some(mask) => ops::binary_relu(BinaryOp::Add, &mut acc, &b, mask)?,
+                None => ops::binary(BinaryOp::Add, &mut acc, &b)?,
+            }
+        }
+        if let (Some(mask), 0) = (relu.as_mut(), last) {
+            ops::unary(Activation::Relu, &mut acc, Some(mask))?;
+        }
+        let mut residuals = indexed((0..n).map(|_| Tree::empty()));
+        if let (Tree::Node(children), Some(mask)) = (&mut residuals, relu) {
+            let key = activation::saved_key(Activation::Relu);
+            children.push((Key::Field(key), Tree::leaf(Saved::Tensor(mask))));
+        }
+        Ok((Tree::leaf(acc), residuals))
+    }
+}
+
+/// The branches a `FanInSum`'s residuals count (the children keyed by position).
+fn branch_count(residuals: &Residuals) -> usize {
+    let children = residuals.children();
+    children
+        .iter()
+        .filter(|(k, _)| matches!(k, Key::Index(_)))
+        .count()
+}
 
 impl Layer for FanInSum {
     fn kind(&self) -> &'static str {
@@ -137,21 +190,7 @@ impl Layer for FanInSum {
         x: Value,
         _cx: &mut Cx<'_>,
     ) -> Result<(Value, Residuals), LayerError> {
-        expect_params(params, self, &Tree::empty())?;
-        let shapes = shapes_of(&x);
-        self.output_shape(&shapes)?;
-        let parts = branches(self, &x, &shapes)?;
-        drop(x);
-        let n = parts.len();
-        let mut parts = parts.into_iter();
-        let mut acc = parts
-            .next()
-            .ok_or_else(|| self.shape_error("no branches".into(), &shapes))?
-            .into_unique_as("output")?;
-        for b in parts {
-            ops::binary(BinaryOp::Add, &mut acc, &b)?;
-        }
-        Ok((Tree::leaf(acc), indexed((0..n).map(|_| Tree::empty()))))
+        self.sum(params, x, None)
     }
 
     fn vjp(
@@ -164,8 +203,47 @@ impl Layer for FanInSum {
     ) -> Result<Option<Value>, LayerError> {
         expect_params(params, self, &Tree::empty())?;
         let dy = one_tensor(self, dy)?;
-        let n = residuals.children().len();
+        let n = branch_count(&residuals);
         Ok(need_dx.then(|| indexed((0..n).map(|_| Tree::leaf(dy.clone())))))
+    }
+
+    /// A ReLU, its mask written by the last add's kernel.
+    fn fuses(&self, act: Activation) -> bool {
+        act == Activation::Relu
+    }
+
+    fn apply_fused(
+        &self,
+        params: &Params,
+        x: Value,
+        _cx: &mut Cx<'_>,
+        act: Activation,
+        aux: Option<Tensor>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        match (act, aux) {
+            (Activation::Relu, Some(mask)) => self.sum(params, x, Some(mask)),
+            _ => Err(self.config(format!("fuses a ReLU with its mask, not {act:?}"))),
+        }
+    }
+
+    /// `dy` masked by the ReLU's saved mask (in place), then handed to every branch.
+    fn vjp_fused(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        act: Activation,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        if act != Activation::Relu {
+            return Err(self.config(format!("fuses a ReLU, not {act:?}")));
+        }
+        let mask = saved_tensor(self, &mut residuals, activation::saved_key(act))?;
+        let mut dy = one_tensor(self, dy)?.into_unique_as("dx")?;
+        ops::unary_bwd(act, &mask, &mut dy)?;
+        drop(mask);
+        self.vjp(params, residuals, Tree::leaf(dy), cx, need_dx)
     }
 }
 

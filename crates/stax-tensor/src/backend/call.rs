@@ -274,7 +274,8 @@ pub struct UnaryBwd<'a> {
     pub dy: &'a mut Tensor,
 }
 
-/// In place `a = a op b` (same shape and dtype).
+/// In place `a = a op b` (same shape and dtype); with `relu`, then `a = relu(a)` writing the
+/// ReLU's mask ([`crate::ops::binary_relu`]).
 #[derive(Debug)]
 pub struct Binary<'a> {
     /// The op.
@@ -283,6 +284,8 @@ pub struct Binary<'a> {
     pub a: &'a mut Tensor,
     /// Right operand.
     pub b: &'a Tensor,
+    /// A fused ReLU's bit mask (U32, `ceil(numel / 32)` words), if any.
+    pub relu: Option<&'a mut Tensor>,
 }
 
 /// `y[.., j] += b[j]`, b `[cols]`, y seen as `[rows, cols]`.

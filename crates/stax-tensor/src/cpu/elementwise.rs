@@ -9,7 +9,7 @@
 
 use super::host::{view, view_mut, words, words_mut};
 use crate::backend::{BiasAdd, BiasGrad, Binary, Cast, Fill, Unary, UnaryBwd};
-use crate::{Float, Saves, TensorError, with_float};
+use crate::{Activation, Float, Saves, TensorError, with_float};
 
 /// The dtype error of an op given U32 where it needs a float (the front end refuses it).
 pub(super) fn not_float(op: &'static str, dtype: crate::DType) -> TensorError {
@@ -118,12 +118,19 @@ pub(super) fn binary(c: Binary<'_>) -> Result<(), TensorError> {
 
 fn binary_t<T: Float>(c: Binary<'_>) -> Result<(), TensorError> {
     const OP: &str = "binary";
-    let Binary { op, a, b } = c;
+    let Binary { op, a, b, relu } = c;
     let b = view::<T>(OP, b)?;
     for (x, &z) in view_mut::<T>(OP, a)?.iter_mut().zip(b) {
         *x = T::from_f32(op.apply(x.to_f32(), z.to_f32()));
     }
-    Ok(())
+    match relu {
+        Some(mask) => unary(Unary {
+            act: Activation::Relu,
+            y: a,
+            aux: Some(mask),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `y[..., j] += b[j]`.
@@ -262,6 +269,29 @@ mod tests {
             .map(|&v| if v > 0.0 { 1.5 } else { 0.0 })
             .collect();
         assert_eq!(dy.to_vec().unwrap(), want_dy);
+    }
+
+    #[test]
+    fn binary_relu_is_the_sum_then_the_relu() {
+        let be = backend();
+        let (a, b) = (
+            [1.0, -2.0, 0.5, f32::NAN, 3.0],
+            [-1.0, 1.0, 0.25, 0.0, -4.0],
+        );
+        let mut x = tensor(&be, &a, [5]);
+        let mut mask = Tensor::empty(&be, [1], DType::U32, Category::Activation).unwrap();
+        ops::binary_relu(BinaryOp::Add, &mut x, &tensor(&be, &b, [5]), &mut mask).unwrap();
+        let y = x.to_vec().unwrap();
+        // 1 - 1 = 0 is not > 0; NaN propagates with its bit clear
+        assert_eq!((y[0], y[1], y[2], y[4]), (0.0, 0.0, 0.75, 0.0));
+        assert!(y[3].is_nan());
+        assert_eq!(mask.to_vec_u32().unwrap(), [0b100]);
+        let mut f32_mask = tensor(&be, &[0.0], [1]);
+        let e = ops::binary_relu(BinaryOp::Add, &mut x, &tensor(&be, &b, [5]), &mut f32_mask);
+        assert!(matches!(e, Err(TensorError::DType { .. })), "{e:?}");
+        let mut short = tensor(&be, &[1.0; 2], [2]);
+        let e = ops::binary_relu(BinaryOp::Mul, &mut short, &tensor(&be, &b, [5]), &mut mask);
+        assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
     }
 
     #[test]

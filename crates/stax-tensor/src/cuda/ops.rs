@@ -123,11 +123,11 @@ impl ElementwiseOps for CudaBackend {
     }
 
     fn binary(&self, c: Checked<Binary<'_>>) -> Result<(), TensorError> {
-        let Binary { op, a, b } = c.into_inner();
+        let Binary { op, a, b, relu } = c.into_inner();
         self.bind()?;
-        let n = a.numel();
+        let (n, mask) = (a.numel(), relu.map_or(0, |m| m.addr()));
         self.kernels
-            .binary(a.dtype(), a.addr(), b.addr(), n, op.code())
+            .binary(a.dtype(), (a.addr(), b.addr(), mask), n, op.code())
     }
 
     fn bias_add(&self, c: Checked<BiasAdd<'_>>) -> Result<(), TensorError> {

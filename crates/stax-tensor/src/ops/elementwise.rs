@@ -50,7 +50,39 @@ pub fn binary(op: BinaryOp, a: &mut Tensor, b: &Tensor) -> Result<(), TensorErro
     supports(OP, a.dtype(), FLOATS)?;
     output(OP, &be, a, a.dtype(), None)?;
     input(OP, &be, b, a.dtype(), Some(a.shape()))?;
-    be.binary(Checked::new(Binary { op, a, b }))
+    be.binary(Checked::new(Binary {
+        op,
+        a,
+        b,
+        relu: None,
+    }))
+}
+
+/// In place `a = relu(a op b)`, same shape and float dtype, `mask` receiving the ReLU's bit
+/// mask as [`unary`] writes it: [`binary`] then [`unary`] with [`Activation::Relu`], bit for
+/// bit (the ReLU reads the sum rounded to the dtype), in one pass where the backend fuses
+/// them (`FanInSum` followed by `Relu`, as in ResNet's blocks).
+///
+/// # Errors
+/// As [`binary`]; mask shape, dtype, device and alias errors as [`unary`].
+pub fn binary_relu(
+    op: BinaryOp,
+    a: &mut Tensor,
+    b: &Tensor,
+    mask: &mut Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "binary_relu";
+    let be = backend_of(a);
+    supports(OP, a.dtype(), FLOATS)?;
+    output(OP, &be, a, a.dtype(), None)?;
+    input(OP, &be, b, a.dtype(), Some(a.shape()))?;
+    check_aux(OP, Some(Activation::Relu), mask, a)?;
+    be.binary(Checked::new(Binary {
+        op,
+        a,
+        b,
+        relu: Some(mask),
+    }))
 }
 
 /// `y[..., j] += b[j]`, `b` of shape `[y.shape().last()]` (a scalar `y` counts as `[1]`).

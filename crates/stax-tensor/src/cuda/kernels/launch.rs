@@ -303,27 +303,33 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
-    /// In place `a = a op b` on `n` elements of `dtype`, `op` the binary op's code.
+    /// In place `a = a op b` on `n` elements of `dtype`, `op` the binary op's code; with
+    /// `mask` (0 for none), then a ReLU writing its `ceil(n/32)` mask words, in the same pass
+    /// over whole vector groups (8 elements a thread; 256 a warp with a mask).
     pub(crate) fn binary(
         &self,
         dtype: DType,
-        a: u64,
-        b: u64,
+        (a, b, mask): (u64, u64, u64),
         n: usize,
         op: i32,
     ) -> Result<(), TensorError> {
         if n == 0 {
             return Ok(());
         }
-        let n8 = if aligned16(&[a, b]) { n / 8 } else { 0 };
-        if n8 > 0 {
+        // with a mask, whole warps' chunks of 256 elements (8 mask words each)
+        let group = if mask == 0 { 8 } else { 256 };
+        let groups = if aligned16(&[a, b]) { n / group } else { 0 };
+        if groups > 0 {
             let (f, sym) = (self.typed("binary_vec", dtype)?, "binary_vec");
-            // SAFETY: `binary_vec_<dtype>(T *a, const T *b, size_t n8, int op)`; a and b hold
-            // at least 8 n8 elements of `dtype` each, 16-byte aligned.
-            unsafe { launch!(self.stream, f, self.grid(n8); &a, &b, &n8, &op).map(drop) }
+            let n8 = groups * group / 8;
+            // SAFETY: `binary_vec_<dtype>(T *a, const T *b, u32 *mask, size_t n8, int op)`; a
+            // and b hold at least 8 n8 elements of `dtype` each, 16-byte aligned; mask is null
+            // or holds n8 / 4 words, n8 a multiple of 32 (whole warps' words); blocks are whole
+            // warps (256 threads), as its shuffles need.
+            unsafe { launch!(self.stream, f, self.grid(n8); &a, &b, &mask, &n8, &op).map(drop) }
                 .map_err(driver(sym))?;
         }
-        let (done, size) = (8 * n8, dtype.size_bytes() as u64);
+        let (done, size) = (groups * group, dtype.size_bytes() as u64);
         if done == n {
             return Ok(());
         }
@@ -332,6 +338,11 @@ impl Kernels {
         // SAFETY: `binary_<dtype>(T *a, const T *b, size_t n, int op)`; from element `done`,
         // a and b hold nt elements of `dtype` each.
         unsafe { launch!(self.stream, f, self.grid(nt); &at, &bt, &nt, &op).map(drop) }
-            .map_err(driver(sym))
+            .map_err(driver(sym))?;
+        if mask == 0 {
+            return Ok(());
+        }
+        // the tail's ReLU: `done` is a multiple of 256, so its mask starts at word done / 32
+        self.relu(dtype, at, (mask + 4 * (done / 32) as u64, nt), true)
     }
 }

@@ -2,7 +2,7 @@
 //! normalization forward and backward, a channel bias's gradient), the elementwise passes
 //! that apply them, and the channel bias.
 
-use super::{Kernels, aligned16, driver};
+use super::{BLOCK, Kernels, aligned16, driver};
 use crate::{ChannelGeometry, DType, TensorError};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -24,6 +24,20 @@ fn moments_vectorize(g: &ChannelGeometry) -> bool {
 }
 
 impl Kernels {
+    /// The launch of a vectorized elementwise pass over `n8` groups of a view of `c8` channel
+    /// groups: the 1-D grid, its block count rounded up to a multiple of the channel groups'
+    /// period, so that the stride (blocks · 256 threads) is a multiple of `c8` and each thread
+    /// keeps its channels' values for the whole pass (where that period is at most 64 blocks;
+    /// otherwise a thread loads them again at each step).
+    fn channel_grid(&self, n8: usize, c8: usize) -> LaunchConfig {
+        let mut cfg = self.grid(n8);
+        let period = c8 >> c8.trailing_zeros().min(BLOCK.trailing_zeros());
+        if period <= 64 {
+            cfg.grid_dim.0 = (cfg.grid_dim.0 as usize).next_multiple_of(period) as u32;
+        }
+        cfg
+    }
+
     /// How many splits the reduction of `g` uses: the partial sums workspace holds
     /// `splits · c` pairs of doubles ([`Kernels::moments_bytes`]). A view the vectorized kernel
     /// takes ([`moments_vectorize`]) gets one block of 256 threads per split, at most 4 per
@@ -163,7 +177,7 @@ impl Kernels {
             // and scale c = 8 c8 floats, beta null or c, mask null or ceil(8 n8 / 32) words;
             // blocks are whole warps (256 threads), as its shuffles need.
             return unsafe {
-                launch!(self.stream, f, self.grid(n8); &x, &y, &mean, &scale, &beta, &mask, &n8, &c8)
+                launch!(self.stream, f, self.channel_grid(n8, c8); &x, &y, &mean, &scale, &beta, &mask, &n8, &c8)
                     .map(drop)
             }
             .map_err(driver(sym));
@@ -236,7 +250,7 @@ impl Kernels {
             // outer*c elements of `dtype` (distinct buffers, 16-byte aligned), mean c = 8 c8
             // floats, coef 3c floats, mask null or ceil(8 n8 / 32) words.
             return unsafe {
-                launch!(self.stream, f, self.grid(n8); &x, &dy, &mean, &coef, &mask, &n8, &c8)
+                launch!(self.stream, f, self.channel_grid(n8, c8); &x, &dy, &mean, &coef, &mask, &n8, &c8)
                     .map(drop)
             }
             .map_err(driver(sym));
