@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{cpu, cuda_or_skip, host_values, train, two_steps_match_cpu, with_precision};
+use common::{
+    cpu, cuda_or_skip, host_values, private_gpu_with, train, two_steps_match_cpu, with_precision,
+};
 use stax::models::mlp;
 use stax::{
     Conv, Dense, FanInSum, FanOut, Flatten, Identity, Precision, Relu, Serial, Shape, parallel,
@@ -57,7 +59,7 @@ fn the_relu_fused_into_fan_in_sum_trains_as_the_unfused_pair() {
     use stax::train::data::{Loader, fashion_mnist_2class};
     let (train_set, _) = fashion_mnist_2class().unwrap();
     let input = Shape::new([20, 28, 28, 1]);
-    let gpu = || cuda_or_skip(&with_precision(Precision::Highest));
+    let gpu = || private_gpu_with(Precision::Highest);
     let pairs = [Some((cpu(), cpu())), gpu().zip(gpu())];
     for (bf, ba) in pairs.into_iter().flatten() {
         let adam = stax::Adam::new(1e-3);
