@@ -15,7 +15,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
     };
     let resnet = cnn.with_file_name("resnet50");
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 9] = [
+    let cases: [(&std::path::Path, &[&str], &str); 10] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -51,7 +51,12 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         (
             &cnn,
             &["--conv-apis", "fastest"],
-            "\"fastest\": expected legacy, graph or both",
+            "invalid value 'fastest' for '--conv-apis <CONV_APIS>': expected legacy, graph or both",
+        ),
+        (
+            &cnn,
+            &["--plan", "--profile"],
+            "the argument '--plan' cannot be used with '--profile'",
         ),
         (
             &resnet,

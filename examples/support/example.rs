@@ -117,8 +117,9 @@ pub struct Common {
     /// After the loop, the save and the test, one more training step (on the training set's
     /// first `--batch` images, in file order) with its phases and every layer's forward and
     /// backward pass timed (CUDA events; the host clock on the CPU): time by layer kind and
-    /// the slowest layers. That step is neither saved nor evaluated.
-    #[arg(long)]
+    /// the slowest layers. That step is neither saved nor evaluated. Not with --plan or
+    /// --eval-only, which train no step.
+    #[arg(long, conflicts_with_all = ["plan", "eval_only"])]
     pub profile: bool,
     /// Place each batch just before its step instead of prefetching it (the next batch's copy
     /// overlapping the current step): one batch fewer on the device, less overlap.
@@ -160,12 +161,13 @@ pub struct Common {
     /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
     #[arg(long, requires = "from")]
     pub eval_only: bool,
-    /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed.
+    /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed;
+    /// legacy-API candidates only, so --conv-apis does not apply.
     #[arg(long)]
     pub deterministic: bool,
     /// CUDA: which cuDNN API's algorithms the conv search times: legacy (default), graph (the
     /// graph API's engines, as PyTorch and XLA run them) or both.
-    #[arg(long, default_value = "legacy", value_parser = |s: &str| s.parse::<ConvApis>())]
+    #[arg(long, default_value = "legacy", value_parser = conv_apis)]
     pub conv_apis: ConvApis,
     #[command(flatten)]
     pub dist: distributed::Distributed,
@@ -283,6 +285,11 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
             open_cpu(args, &options)
         }
     }
+}
+
+/// `--conv-apis`: the word parsed, or clap's error with the accepted words (once).
+fn conv_apis(s: &str) -> Result<ConvApis, &'static str> {
+    s.parse().map_err(|_| "expected legacy, graph or both")
 }
 
 /// CUDA device `ordinal`, with `--deterministic` and `--conv-apis` cuDNN choices.
@@ -540,7 +547,8 @@ fn train_and_test(
              end it at step {total})"
         ),
         n => println!(
-            "loop: {n} steps in {loop_s:.2} s, {:.2} ms a step with data ({})",
+            "loop: {n} step{} in {loop_s:.2} s, {:.2} ms a step with data ({})",
+            if n == 1 { "" } else { "s" },
             loop_s * 1e3 / n as f64,
             match args.feed() {
                 Feed::Prefetched => "next batch prefetched",
