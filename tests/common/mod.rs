@@ -452,6 +452,11 @@ pub fn private_gpu_or_skip() -> Option<Arc<dyn Backend>> {
 
 /// As [`private_gpu_or_skip`], in `precision`.
 pub fn private_gpu_with(precision: Precision) -> Option<Arc<dyn Backend>> {
+    Some(private_cuda_with(precision)?)
+}
+
+/// As [`private_gpu_with`], as the CUDA backend itself (its cuDNN settings reachable).
+pub fn private_cuda_with(precision: Precision) -> Option<Arc<CudaBackend>> {
     cuda_or_skip(&with_precision(precision))?;
     let options = BackendOptions {
         workspace_limit: Some(stax_tensor::cuda::DEFAULT_WORKSPACE_LIMIT),
