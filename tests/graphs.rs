@@ -19,23 +19,16 @@ use std::sync::Arc;
 /// `Conv Relu FanOut(2) parallel(serial(Conv, Relu, Conv), Identity) FanInSum Relu` and a
 /// dense head.
 fn residual() -> Serial {
-    serial![
-        Conv::same(8, (3, 3)),
-        Relu,
-        FanOut(2),
-        parallel![
-            serial![Conv::same(8, (3, 3)), Relu, Conv::same(8, (3, 3))],
-            Identity
-        ],
-        FanInSum,
-        Relu,
-        Flatten,
-        Dense(2)
-    ]
+    residual_with(FanInSum)
 }
 
 /// [`residual`] with its `FanInSum` in a `serial` of its own: the ReLU after it cannot fuse.
 fn residual_unfused() -> Serial {
+    residual_with(serial![FanInSum])
+}
+
+/// [`residual`] with `fan_in` in the `FanInSum`'s place.
+fn residual_with(fan_in: impl stax::Layer + 'static) -> Serial {
     serial![
         Conv::same(8, (3, 3)),
         Relu,
@@ -44,7 +37,7 @@ fn residual_unfused() -> Serial {
             serial![Conv::same(8, (3, 3)), Relu, Conv::same(8, (3, 3))],
             Identity
         ],
-        serial![FanInSum],
+        fan_in,
         Relu,
         Flatten,
         Dense(2)
