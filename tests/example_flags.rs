@@ -186,12 +186,17 @@ fn the_set_up_out_of_memory_names_the_batch_auto_picks() {
 
 /// `--profile`: one more step after the loop and the test (step 3 after two), its phases and the seed
 /// model's leaf layers by kind: 2 convs (their ReLUs fused, in the convs' spans), 2 denses,
-/// the one ReLU between them and the flatten.
+/// the one ReLU between them and the flatten; with `--json`, the same step as the file's last
+/// line, `{"profile": ...}`, its kinds the table's.
 #[test]
 fn profile_prints_the_extra_step_by_phase_and_layer_kind() {
     let Some(cnn) = example_binary() else {
         return;
     };
+    let dir = std::env::temp_dir().join(format!("stax-profile-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("steps.jsonl");
+    let json_arg = json.to_str().unwrap();
     let args = [
         "--device",
         "cpu",
@@ -202,9 +207,36 @@ fn profile_prints_the_extra_step_by_phase_and_layer_kind() {
         "--max-steps",
         "2",
         "--profile",
+        "--json",
+        json_arg,
     ];
-    let (ok, out) = run_example(&cnn, &std::env::temp_dir(), &args);
+    let (ok, out) = run_example(&cnn, &dir, &args);
     assert!(ok, "{args:?} failed:\n{out}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "two steps and the profile: {text}");
+    let p = &lines[2]["profile"];
+    assert_eq!(p["report"]["step"], 3, "{p}");
+    let kinds: Vec<(&str, u64)> = p["by_kind"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["kind"].as_str().unwrap(), k["count"].as_u64().unwrap()))
+        .collect();
+    for want in [("conv", 2), ("dense", 2), ("relu", 1), ("flatten", 1)] {
+        assert!(kinds.contains(&want), "{want:?} in {kinds:?}");
+    }
+    let layers = p["layers"].as_array().unwrap();
+    assert!(
+        layers
+            .iter()
+            .all(|l| l["ms"].as_f64().is_some_and(|ms| ms >= 0.0)),
+        "{p}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     let profile = out
         .lines()
         .find(|l| l.starts_with("profile (one more step, neither saved nor evaluated): step 3: "))

@@ -90,7 +90,8 @@ pub struct Common {
     /// Stop after this many steps in total (for timing runs).
     #[arg(long)]
     pub max_steps: Option<u64>,
-    /// Write one JSON object per step to this file (with --plan: the plan as JSON).
+    /// Write one JSON object per step to this file (with --profile, then a last line
+    /// `{"profile": {"report", "phases", "layers", "by_kind"}}`; with --plan: the plan as JSON).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Print the memory plan of one step (every buffer, the peak and where it falls) and exit
@@ -597,10 +598,12 @@ fn train_and_test(
         // after the save and the test: the extra update reaches neither
         let first: Vec<usize> = (0..batch.min(train.len())).collect();
         let (x, y) = trainer.place_batch(train, &first)?;
-        println!(
-            "profile (one more step, neither saved nor evaluated): {}",
-            trainer.profile_step(&x, &y)?
-        );
+        let profile = trainer.profile_step(&x, &y)?;
+        if let Some(f) = json.as_mut() {
+            let line = serde_json::json!({ "profile": &profile });
+            writeln!(f, "{}", serde_json::to_string(&line)?)?;
+        }
+        println!("profile (one more step, neither saved nor evaluated): {profile}");
     }
     Ok(())
 }

@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{Value, json};
+
 use stax_layers::{Layer, LayerTime, Loss, Profile, Profiler};
 use stax_optim::Optimizer;
 use stax_tensor::Tensor;
@@ -18,6 +21,32 @@ pub struct StepProfile {
     pub report: StepReport,
     /// The phases' and the layers' times.
     pub profile: Profile,
+}
+
+/// As JSON (`--json`'s last line): `{"report": the step's report, "phases": [{"phase",
+/// "ms"}], "layers": [{"path", "kind", "phase", "ms", "leaf"}] in the order they ended,
+/// "by_kind": [{"kind", "count", "forward_ms", "backward_ms"}]}`, times in milliseconds.
+impl Serialize for StepProfile {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let phases = self.profile.phases.iter();
+        let phases: Vec<Value> = phases
+            .map(|(p, ms)| json!({"phase": p, "ms": ms}))
+            .collect();
+        let layers = self.profile.layers.iter().map(|l| {
+            json!({"path": l.path.to_string(), "kind": l.kind, "phase": l.phase, "ms": l.ms,
+                   "leaf": l.leaf})
+        });
+        let kinds = self.by_kind().into_iter().map(|k| {
+            json!({"kind": k.kind, "count": k.count, "forward_ms": k.forward_ms,
+                   "backward_ms": k.backward_ms})
+        });
+        let mut m = s.serialize_map(Some(4))?;
+        m.serialize_entry("report", &self.report)?;
+        m.serialize_entry("phases", &phases)?;
+        m.serialize_entry("layers", &layers.collect::<Vec<_>>())?;
+        m.serialize_entry("by_kind", &kinds.collect::<Vec<_>>())?;
+        m.end()
+    }
 }
 
 /// The leaf layers of one kind in a [`StepProfile`] (see [`StepProfile::by_kind`]).
