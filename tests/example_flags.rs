@@ -6,14 +6,13 @@
 
 mod common;
 
-use common::checkpoint::{example_binary, run_example};
+use common::checkpoint::{example_binary, example_named, run_example};
 
 #[test]
 fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
-    let Some(cnn) = example_binary() else {
+    let (Some(cnn), Some(resnet)) = (example_binary(), example_named("resnet50")) else {
         return;
     };
-    let resnet = cnn.with_file_name("resnet50");
     let cpu = ["--device", "cpu", "--max-steps", "1"];
     let cases: [(&std::path::Path, &[&str], &str); 10] = [
         (

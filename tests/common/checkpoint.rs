@@ -204,8 +204,14 @@ pub fn assert_resume_is_exact(be: &Arc<dyn Backend>, dir: &Path, steps: usize) {
 /// The `stax_cnn` example binary next to this test binary (`cargo test` builds examples), or
 /// None after printing a skip notice.
 pub fn example_binary() -> Option<PathBuf> {
+    example_named("stax_cnn")
+}
+
+/// The example binary `name` next to this test binary, or None after printing a skip notice
+/// (`cargo test --test <name>` alone builds no example).
+pub fn example_named(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("examples").join("stax_cnn");
+    let bin = exe.parent()?.parent()?.join("examples").join(name);
     if bin.is_file() {
         return Some(bin);
     }
@@ -272,7 +278,7 @@ pub fn run_example(bin: &Path, dir: &Path, args: &[&str]) -> (bool, String) {
         .args(args)
         .current_dir(dir)
         .output()
-        .expect("run stax_cnn");
+        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)

@@ -112,7 +112,10 @@ fn mask(
     if t.numel() != want {
         return Err(TensorError::Shape {
             op,
-            reason: format!("a mask for {numel} elements needs {want} u32 words"),
+            reason: format!(
+                "a mask for {numel} elements needs {want} u32 word{}",
+                if want == 1 { "" } else { "s" }
+            ),
             got: t.shape().clone(),
         });
     }
