@@ -14,7 +14,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 10] = [
+    let cases: [(&std::path::Path, &[&str], &str); 11] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -51,6 +51,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--conv-apis", "fastest"],
             "invalid value 'fastest' for '--conv-apis <CONV_APIS>': expected legacy, graph or both",
+        ),
+        (
+            &cnn,
+            &["--lr", "-1"],
+            "adam: invalid hyper-parameter lr = -1: finite and >= 0",
         ),
         (
             &cnn,

@@ -67,7 +67,7 @@ pub struct Common {
     #[arg(long)]
     pub classes: Option<usize>,
     /// Adam learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
     pub lr: f32,
     /// Seed for parameters and batch order.
     #[arg(long, default_value_t = 2793)]
