@@ -123,7 +123,7 @@ impl FanInSum {
         &self,
         params: &Params,
         x: Value,
-        relu: Option<Tensor>,
+        mut relu: Option<Tensor>,
     ) -> Result<(Value, Residuals), LayerError> {
         expect_params(params, self, &Tree::empty())?;
         let shapes = shapes_of(&x);
@@ -137,7 +137,6 @@ impl FanInSum {
             .ok_or_else(|| self.shape_error("no branches".into(), &shapes))?
             .into_unique_as("output")?;
         let last = parts.len();
-        let mut relu = relu;
         for (i, b) in parts.enumerate() {
             match relu.as_mut().filter(|_| i + 1 == last) {
                 Some(mask) => ops::binary_relu(BinaryOp::Add, &mut acc, &b, mask)?,
