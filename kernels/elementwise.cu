@@ -45,6 +45,23 @@ CAST(f16_t, f16, float, f32)
 CAST(bf16_t, bf16, f16_t, f16)
 CAST(f16_t, f16, bf16_t, bf16)
 
+// The operands of a full fp32 product on TF32 tensor cores (3xTF32, cudnn/tf32x3.rs): hi[i] =
+// x[i] rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as PTX's
+// cvt.rna.tf32.f32; truncated where that rounding would overflow to infinity), lo[i] = x[i] -
+// hi[i], exact in f32. Infinities and NaNs are their own hi, with lo = 0. i < n.
+extern "C" __global__ void tf32_split(const float *x, float *hi, float *lo, size_t n) {
+    const u32 EXP = 0x7f800000u, LOW = 0xffffe000u;
+    GRID_STRIDE(i, n) {
+        const float v = x[i];
+        const u32 bits = __float_as_uint(v);
+        const bool finite = (bits & EXP) != EXP;
+        const u32 up = (bits + 0x1000u) & LOW;
+        const float h = !finite ? v : __uint_as_float((up & EXP) == EXP ? bits & LOW : up);
+        hi[i] = h;
+        lo[i] = finite ? v - h : 0.0f;
+    }
+}
+
 // In-place x = max(x, 0) (NaN propagates, as jnp.maximum: the trainer must see it in the loss);
 // when mask is not null, bit i%32 of mask[i/32] = x[i] > 0 (bits past n are 0). With apply == 0
 // x is only read (the mask of an x that is already ReLU'd: y > 0 iff x > 0). One warp ballot

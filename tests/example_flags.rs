@@ -1,8 +1,9 @@
 //! What the examples tell a user: flags their model or data cannot take are refused before
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
-//! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis`); a resumed run says what it
-//! continued; a set-up out-of-memory names the batch `--batch auto` would pick.
+//! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
+//! `--fp32-convs`); a resumed run says what it continued; a set-up out-of-memory names the
+//! batch `--batch auto` would pick.
 
 mod common;
 
@@ -14,7 +15,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 11] = [
+    let cases: [(&std::path::Path, &[&str], &str); 12] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -51,6 +52,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--conv-apis", "fastest"],
             "invalid value 'fastest' for '--conv-apis <CONV_APIS>': expected legacy, graph or both",
+        ),
+        (
+            &cnn,
+            &["--fp32-convs", "tf32"],
+            "invalid value 'tf32' for '--fp32-convs <FP32_CONVS>': expected fastest, fma or 3xtf32",
         ),
         (
             &cnn,

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use stax_tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT};
+use stax_tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT, Fp32Convs};
 use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue, NormSaved};
 use stax_tensor::{
     Activation, Backend, BackendOptions, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec,
@@ -410,6 +410,63 @@ fn full_fp32_passes_over_the_workspace_limit_run_in_batch_chunks() {
         plans.iter().any(|p| p.algorithm.contains("batch chunks")),
         "no pass ran in batch chunks within {limit} bytes: {plans:#?}"
     );
+}
+
+/// Full fp32 as three TF32 tensor-core passes on the operands' high and low parts
+/// ([`Fp32Convs::Tf32x3`]): every pass within full fp32's 1e-5 of the CPU (one TF32 pass is
+/// about 1e-4 off), first under the default limit (every layout's cases; those whose tensors are
+/// not multiples of 16 bytes run cuDNN's FMA algorithms), then for the 64-channel 3x3 conv
+/// under 3 MiB, too little for its whole batch's parts (4.8 MB forward): every pass over batch
+/// chunks, within the limit.
+#[test]
+fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
+    let wide = Conv2dGeometry::new(
+        &[8, 32, 32, 64].into(),
+        &[3, 3, 64, 64].into(),
+        (1, 1),
+        Padding::Same,
+    )
+    .unwrap();
+    let mut all = conv_cases();
+    all.extend(transposed_cases());
+    for (limit, cases) in [(DEFAULT_WORKSPACE_LIMIT, all), (3 << 20, vec![wide])] {
+        let options = BackendOptions {
+            workspace_limit: Some(limit),
+            ..with_precision(Precision::Highest)
+        };
+        let Some(cuda) = cuda_backend_or_skip(&options) else {
+            return;
+        };
+        cuda.set_fp32_convs(Fp32Convs::Tf32x3);
+        let gpu: Arc<dyn Backend> = cuda.clone();
+        for g in &cases {
+            conv_passes_match(g, &gpu, Precision::Highest);
+        }
+        let plans = cuda.conv_plans();
+        for p in &plans {
+            println!("{p}");
+            assert!(p.workspace_bytes <= limit, "over {limit} bytes: {p:#}");
+        }
+        let emulated = |pass| {
+            plans
+                .iter()
+                .filter(|p| p.pass == pass && p.algorithm.starts_with("3xTF32"))
+                .count()
+        };
+        for pass in [
+            ConvPass::Forward,
+            ConvPass::BackwardData,
+            ConvPass::BackwardFilter,
+        ] {
+            assert!(emulated(pass) > 0, "no {pass:?} ran 3xTF32: {plans:#?}");
+        }
+        if limit < DEFAULT_WORKSPACE_LIMIT {
+            let chunked = |p: &&stax_tensor::cuda::ConvPlanInfo| {
+                p.algorithm.starts_with("3xTF32") && p.algorithm.contains("batch chunks")
+            };
+            assert!(plans.iter().all(|p| chunked(&p)), "{plans:#?}");
+        }
+    }
 }
 
 /// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, one

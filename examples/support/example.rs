@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
 use stax::tensor::cpu::CpuBackend;
-use stax::tensor::cuda::{ConvApis, CudaBackend};
+use stax::tensor::cuda::{ConvApis, CudaBackend, Fp32Convs};
 use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
@@ -170,6 +170,11 @@ pub struct Common {
     /// graph API's engines, as PyTorch and XLA run them) or both.
     #[arg(long, default_value = "legacy", value_parser = conv_apis)]
     pub conv_apis: ConvApis,
+    /// CUDA, --precision highest: how the f32 convs run full fp32: fastest (default: cuDNN's
+    /// FMA algorithms or 3xTF32, three TF32 tensor-core passes on the operands' high and low
+    /// parts, whichever the search times faster), fma or 3xtf32.
+    #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
+    pub fp32_convs: Fp32Convs,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }
@@ -293,7 +298,13 @@ fn conv_apis(s: &str) -> Result<ConvApis, &'static str> {
     s.parse().map_err(|_| "expected legacy, graph or both")
 }
 
-/// CUDA device `ordinal`, with `--deterministic` and `--conv-apis` cuDNN choices.
+/// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
+fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
+    s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
+}
+
+/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis` and `--fp32-convs` cuDNN
+/// choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -302,6 +313,7 @@ fn open_cuda(
     let cuda = CudaBackend::new(ordinal, options)?;
     cuda.set_deterministic(args.deterministic);
     cuda.set_conv_apis(args.conv_apis);
+    cuda.set_fp32_convs(args.fp32_convs);
     Ok(cuda)
 }
 

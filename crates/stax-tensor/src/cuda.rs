@@ -48,7 +48,7 @@ use stax_alloc::{Allocator, RawMemory, Strategy};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use cudnn::{ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT};
+pub use cudnn::{ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT, Fp32Convs};
 pub use transfer::STAGING_CHUNK_BYTES;
 
 /// A CUDA device opened for computing (see the module docs).
@@ -237,6 +237,16 @@ impl CudaBackend {
     /// legacy algorithms.
     pub fn set_conv_apis(&self, apis: ConvApis) {
         self.dnn.set_apis(apis);
+    }
+
+    /// Chooses how full fp32 ([`crate::Precision::Highest`]) f32 convolutions may run from now
+    /// on (default [`Fp32Convs::Fastest`]: cuDNN's FMA algorithms or three TF32 tensor-core
+    /// passes on the operands' high and low parts, whichever the search times faster; each
+    /// product then keeps about 21 of f32's 24 bits, against TF32's 11). Set it before the
+    /// first convolution runs or is calibrated: choices already made stay.
+    /// [`ConvPlanInfo::algorithm`] names a composite `3xTF32 <algorithm>`.
+    pub fn set_fp32_convs(&self, fp32: Fp32Convs) {
+        self.dnn.set_fp32(fp32);
     }
 
     /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).

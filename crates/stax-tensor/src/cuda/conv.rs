@@ -144,7 +144,8 @@ impl CudaBackend {
         ws: (&Scratch, Option<usize>),
     ) -> Result<(), TensorError> {
         let workspace = ws.1.and_then(|i| ws.0.allocation(i));
-        self.dnn.run(pass, conv, self.precision, ops, workspace)
+        let key = (pass, conv, self.precision);
+        self.dnn.run(key, ops, workspace, &self.kernels)
     }
 
     /// The extended input of an asymmetrically padded conv (`ext`) in `dtype`, the schedule's
@@ -268,8 +269,9 @@ impl CudaBackend {
                     relu,
                 };
                 let workspace = bufs.cudnn.and_then(|i| ws.allocation(i));
+                let key = (&conv, self.precision);
                 self.dnn
-                    .run_forward(&conv, self.precision, ops, epi, workspace)?
+                    .run_forward(key, ops, epi, workspace, &self.kernels)?
             }
             _ => {
                 self.run_cudnn(pass, &conv, ops, (&ws, bufs.cudnn))?;

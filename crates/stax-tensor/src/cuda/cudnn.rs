@@ -28,11 +28,14 @@ mod chunks;
 mod graph;
 mod report;
 mod search;
+mod tf32x3;
 
 pub use report::{ConvCandidate, ConvPlanInfo};
+pub use tf32x3::Fp32Convs;
 
+use super::kernels::Kernels;
 use crate::{Conv2dGeometry, ConvPass, DType, Precision, TensorError};
-use calls::{Algo, Choice, Descriptors, candidates, cudnn, execute_bias_act};
+use calls::{Algo, Choice, Descriptors, Ws, candidates, cudnn, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
 use search::{Search, budget, choose, choose_deterministic, listed, run_choice};
@@ -156,6 +159,8 @@ struct State {
     deterministic: bool,
     /// Which API's candidates the search takes (see [`ConvApis`]).
     apis: ConvApis,
+    /// How full fp32 convolutions may run (see [`Fp32Convs`]).
+    fp32: Fp32Convs,
 }
 
 // SAFETY: the cuDNN handle and descriptors are used from one thread at a time (the Mutex in
@@ -190,6 +195,7 @@ impl Dnn {
             plans: HashMap::new(),
             deterministic: false,
             apis: ConvApis::Legacy,
+            fp32: Fp32Convs::Fastest,
         };
         // SAFETY: valid handle and live stream (the backend keeps it alive).
         unsafe { result::set_stream(state.handle, stream.cu_stream() as sys::cudaStream_t) }
@@ -206,6 +212,13 @@ impl Dnn {
     pub(crate) fn set_apis(&self, apis: ConvApis) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.apis = apis;
+    }
+
+    /// From now on, takes the full fp32 candidates of the searches not made yet as `fp32`
+    /// admits them (see [`Fp32Convs`]). Choices made before stay.
+    pub(crate) fn set_fp32(&self, fp32: Fp32Convs) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.fp32 = fp32;
     }
 
     /// From now on, chooses for each pass the first algorithm in cuDNN's heuristic order
@@ -269,27 +282,25 @@ impl Dnn {
     }
 
     /// Chooses the algorithm of `pass` (if not chosen yet) by timing the candidates on `ops`,
-    /// whose output is overwritten; returns its workspace bytes.
+    /// whose output is overwritten (`kernels` split the operands of 3xTF32 composites);
+    /// returns its workspace bytes.
     ///
     /// # Errors
     /// As [`Dnn::run`].
     pub(crate) fn prepare(
         &self,
-        pass: ConvPass,
-        conv: &CudnnConv,
-        precision: Precision,
+        (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
         ops: Operands,
-        limit: usize,
-        alloc: &Arc<Allocator>,
+        (limit, alloc): (usize, &Arc<Allocator>),
+        kernels: &Kernels,
     ) -> Result<usize, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let search = (limit, alloc);
         let (_, choice) = plan_and_choice(
             &mut state,
-            &self.stream,
+            (&self.stream, kernels),
             (pass, conv, precision),
             ops,
-            search,
+            (limit, alloc),
         )?;
         Ok(choice.workspace)
     }
@@ -313,29 +324,30 @@ impl Dnn {
             stream: &self.stream,
             key: (pass, precision, conv.dtype),
             apis: state.apis,
+            fp32: state.fp32,
         };
         let plan = plan_of(&mut state, conv, precision)?;
         budget(&listed(&search, plan, conv, limit)?, pass, limit)
     }
 
     /// Runs `pass` of `conv` on `ops` (output overwritten) with its chosen algorithm and
-    /// `workspace` (the chosen algorithm's bytes, from the pass's schedule).
+    /// `workspace` (the chosen algorithm's bytes, from the pass's schedule); `kernels` split
+    /// the operands of a 3xTF32 composite.
     ///
     /// # Errors
     /// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] if the pass is not calibrated.
     pub(crate) fn run(
         &self,
-        pass: ConvPass,
-        conv: &CudnnConv,
-        precision: Precision,
+        (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
         ops: Operands,
         workspace: Option<&Allocation>,
+        kernels: &Kernels,
     ) -> Result<(), TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
         run_choice(
-            handle,
+            (handle, kernels),
             plan,
             (pass, precision, conv.dtype),
             choice,
@@ -355,9 +367,10 @@ fn search_math(precision: Precision, dtype: DType) -> sys::cudnnMathType_t {
     }
 }
 
-/// cuDNN's math type for running `choice` of a convolution in `dtype` under `precision`.
+/// cuDNN's math type for running `choice` of a convolution in `dtype` under `precision` (a
+/// 3xTF32 composite runs its passes in its TF32 algorithm's).
 fn math(precision: Precision, dtype: DType, choice: Choice) -> sys::cudnnMathType_t {
-    if dtype == DType::F32 && precision == Precision::Highest {
+    if dtype == DType::F32 && precision == Precision::Highest && !choice.tf32x3 {
         sys::cudnnMathType_t::CUDNN_FMA_MATH
     } else {
         choice.math
@@ -369,19 +382,17 @@ impl Dnn {
     /// (`cudnnConvolutionBiasActivationForward` with the chosen algorithm when that is
     /// `IMPLICIT_PRECOMP_GEMM`, the only one cuDNN fuses the identity with): returns whether
     /// the epilogue was applied. When it returns false the output holds the plain convolution
-    /// (the caller adds the epilogue). Workspace as [`Dnn::run`]: the same bytes.
-    ///
+    /// (the caller adds the epilogue). Workspace and `kernels` as [`Dnn::run`].
     ///
     /// # Errors
     /// As [`Dnn::run`].
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_forward(
         &self,
-        conv: &CudnnConv,
-        precision: Precision,
+        (conv, precision): (&CudnnConv, Precision),
         ops: Operands,
         epi: Epilogue,
         workspace: Option<&Allocation>,
+        kernels: &Kernels,
     ) -> Result<bool, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let handle = state.handle;
@@ -393,13 +404,14 @@ impl Dnn {
         if let Algo::Fwd(algo) = choice.algo
             && algo == precomp
             && choice.chunks == 1
+            && !choice.tf32x3
             && plan.no_fused_epilogue.is_none()
         {
             plan.desc.set_math(math(precision, conv.dtype, choice))?;
             // Any refusal (the output is then untouched) falls back to the separate epilogue,
             // for good: the status is kept for the plan report.
             let (bias, relu) = (epi.bias, epi.relu);
-            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, ws) {
+            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, Ws::of(ws)) {
                 Ok(()) => {
                     plan.fused_last = true;
                     return Ok(true);
@@ -408,7 +420,8 @@ impl Dnn {
             }
         }
         plan.fused_last = false;
-        run_choice(handle, plan, (pass, precision, conv.dtype), choice, ops, ws)?;
+        let key = (pass, precision, conv.dtype);
+        run_choice((handle, kernels), plan, key, choice, ops, ws)?;
         Ok(false)
     }
 }
@@ -461,15 +474,16 @@ fn chosen<'s>(
 }
 
 /// The plan of `conv` (created on first use) and the choice for `pass` (made on first use,
-/// timed on `stream` within `limit` workspace bytes from `alloc`).
+/// timed on `stream` within `limit` workspace bytes from `alloc`, with `kernels`).
 fn plan_and_choice<'s>(
     state: &'s mut State,
-    stream: &Arc<CudaStream>,
+    (stream, kernels): (&Arc<CudaStream>, &Kernels),
     (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
     ops: Operands,
     (limit, alloc): (usize, &Arc<Allocator>),
 ) -> Result<(&'s mut Plan, Choice), TensorError> {
-    let (handle, deterministic, apis) = (state.handle, state.deterministic, state.apis);
+    let (handle, deterministic, apis, fp32) =
+        (state.handle, state.deterministic, state.apis, state.fp32);
     let plan = plan_of(state, conv, precision)?;
     plan.layout_bytes[pass as usize] = conv.layout_bytes;
     if let Some(c) = plan.chosen[pass as usize] {
@@ -485,8 +499,9 @@ fn plan_and_choice<'s>(
             stream,
             key: (pass, precision, conv.dtype),
             apis,
+            fp32,
         };
-        choose(&search, plan, conv, ops, (limit, alloc))?
+        choose((&search, kernels), plan, conv, ops, (limit, alloc))?
     };
     // The search's workspaces are freed; return what they left cached (see `release_search`).
     release_search(alloc)?;

@@ -300,9 +300,9 @@ impl CudaBackend {
             w: w.addr(),
             y: y.addr(),
         };
-        let limit = self.workspace_limit;
-        self.dnn
-            .prepare(pass, &conv, self.precision, ops, limit, &self.allocator)?;
+        let search = (self.workspace_limit, &self.allocator);
+        let key = (pass, &conv, self.precision);
+        self.dnn.prepare(key, ops, search, &self.kernels)?;
         drop((x, w, y));
         super::cudnn::release_search(&self.allocator)
     }

@@ -203,15 +203,45 @@ pub(super) struct Choice {
     /// Batch chunks the pass runs in (1: the whole batch at once; see `chunks.rs`); the
     /// workspace is one chunk's.
     pub(super) chunks: usize,
+    /// Whether the pass is full fp32 emulated by three TF32 passes of this algorithm on the
+    /// operands' high and low TF32 parts (`tf32x3.rs`); the workspace then holds the parts too.
+    pub(super) tf32x3: bool,
 }
 
 impl Choice {
-    /// The algorithm's name, with its batch chunks when there are several.
+    /// The algorithm's name, with its batch chunks when there are several and `3xTF32 `
+    /// before it when it is emulated full fp32.
     pub(super) fn name(&self) -> String {
-        match self.chunks {
+        let name = match self.chunks {
             1 => self.algo.name(),
             k => format!("{} in {k} batch chunks", self.algo.name()),
+        };
+        match self.tf32x3 {
+            true => format!("3xTF32 {name}"),
+            false => name,
         }
+    }
+}
+
+/// A range of device memory given to cuDNN as a call's workspace: its address and bytes (none:
+/// 0 and 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Ws {
+    pub(super) addr: u64,
+    pub(super) bytes: usize,
+}
+
+impl Ws {
+    /// The whole of `a`, or none.
+    pub(super) fn of(a: Option<&Allocation>) -> Ws {
+        a.map_or(Ws::default(), |a| Ws {
+            addr: a.addr(),
+            bytes: a.bytes(),
+        })
+    }
+
+    fn ptr(self) -> *mut c_void {
+        self.addr as *mut c_void
     }
 }
 
@@ -254,6 +284,7 @@ macro_rules! choices {
                 math: p.mathType,
                 deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
                 chunks: 1,
+                tf32x3: false,
             })
             .collect::<Vec<_>>()
     };
@@ -327,10 +358,6 @@ fn ptr(addr: u64) -> *const c_void {
     addr as *const c_void
 }
 
-fn ws_ptr(ws: Option<&Allocation>) -> *mut c_void {
-    ws.map_or(std::ptr::null_mut(), |a| a.addr() as *mut c_void)
-}
-
 /// Runs one pass with `algo`: the output is `1 · result + beta · output` (cuDNN's blending;
 /// `beta` 0 overwrites it, 1 adds to it).
 pub(super) fn execute(
@@ -338,12 +365,12 @@ pub(super) fn execute(
     d: &Descriptors,
     algo: Algo,
     o: Operands,
-    ws: Option<&Allocation>,
+    ws: Ws,
     beta: f32,
 ) -> Result<(), TensorError> {
     let alpha = 1.0f32;
     let (a, b) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
-    let bytes = ws.map_or(0, |w| w.bytes());
+    let bytes = ws.bytes;
     // SAFETY (all arms): live handle and descriptors; x, w, y are device buffers of the
     // descriptors' shapes (checked by the caller), the workspace holds `bytes` bytes, which is
     // what the algorithm was chosen with; alpha and beta are host f32 scalars.
@@ -358,7 +385,7 @@ pub(super) fn execute(
                 ptr(o.w),
                 d.conv,
                 al,
-                ws_ptr(ws),
+                ws.ptr(),
                 bytes,
                 b,
                 d.y,
@@ -374,7 +401,7 @@ pub(super) fn execute(
                 ptr(o.y),
                 d.conv,
                 al,
-                ws_ptr(ws),
+                ws.ptr(),
                 bytes,
                 b,
                 d.x,
@@ -390,7 +417,7 @@ pub(super) fn execute(
                 ptr(o.y),
                 d.conv,
                 al,
-                ws_ptr(ws),
+                ws.ptr(),
                 bytes,
                 b,
                 d.w,
@@ -415,10 +442,10 @@ pub(super) fn execute_bias_act(
     o: Operands,
     bias: u64,
     relu: bool,
-    ws: Option<&Allocation>,
+    ws: Ws,
 ) -> Result<(), result::CudnnError> {
     let (alpha1, alpha2) = (1.0f32, 0.0f32);
-    let bytes = ws.map_or(0, |w| w.bytes());
+    let bytes = ws.bytes;
     let act = if relu { d.relu } else { d.identity };
     // SAFETY: live handle and descriptors; x, w, y are device buffers of the descriptors'
     // shapes (checked by the caller), bias holds c_out floats, the workspace holds `bytes`
@@ -433,7 +460,7 @@ pub(super) fn execute_bias_act(
             ptr(o.w),
             d.conv,
             algo,
-            ws_ptr(ws),
+            ws.ptr(),
             bytes,
             (&alpha2 as *const f32).cast(),
             d.y,

@@ -14,7 +14,7 @@
 //! within 256 MiB at batch 100 (its backward data 601.6 ms with `ALGO_0`, against 13.7 ms with
 //! `ALGO_1`'s 2 GB; BENCHMARKS.md, "Issue 12 baselines").
 
-use super::calls::{Algo, Choice, Descriptors, candidates, execute};
+use super::calls::{Algo, Choice, Descriptors, Ws, candidates, execute};
 use super::{CudnnConv, Operands, Plan};
 use crate::{ConvPass, TensorError};
 use cudarc::cudnn::sys;
@@ -24,14 +24,23 @@ use cudarc::cudnn::sys;
 #[derive(Debug)]
 pub(super) struct Chunking {
     /// Number of chunks.
-    k: usize,
-    desc: Descriptors,
-    x_bytes: u64,
-    y_bytes: u64,
+    pub(super) k: usize,
+    pub(super) desc: Descriptors,
+    /// Bytes of one chunk of the input (or its gradient).
+    pub(super) x_bytes: u64,
+    /// Bytes of one chunk of the output (or its gradient).
+    pub(super) y_bytes: u64,
+    /// Bytes of the filter (or its gradient), whole in every chunk.
+    pub(super) w_bytes: u64,
 }
 
 /// Chunk counts tried for one pass, smallest first (the divisors of the batch from 2).
 const MAX_TRIES: usize = 8;
+
+/// The chunk counts tried for a batch of `n`: its first [`MAX_TRIES`] divisors from 2.
+pub(super) fn chunk_counts(n: usize) -> impl Iterator<Item = usize> {
+    (2..=n).filter(move |k| n % k == 0).take(MAX_TRIES)
+}
 
 /// Bytes of one of `k` chunks of `conv`'s input and output (`(x, y)`), or `None` when `k`
 /// does not divide the batch or a chunk is not a multiple of 16 bytes (cuDNN's tensor cores
@@ -47,8 +56,8 @@ pub(super) fn chunk_bytes(conv: &CudnnConv, k: usize) -> Option<(u64, u64)> {
     (x % 16 == 0 && y % 16 == 0).then_some((x, y))
 }
 
-/// The chunking of `plan` into `k` chunks (created on first use).
-fn chunking<'p>(
+/// The chunking of `plan` into `k` chunks (created on first use; `k = 1` is the whole batch).
+pub(super) fn chunking<'p>(
     plan: &'p mut Plan,
     conv: &CudnnConv,
     k: usize,
@@ -62,11 +71,14 @@ fn chunking<'p>(
                 ..conv.geometry
             };
             let desc = Descriptors::new(&CudnnConv { geometry, ..*conv })?;
+            let g = &conv.geometry;
+            let w_bytes = g.c_out * g.kh * g.kw * conv.c * conv.dtype.size_bytes();
             plan.chunkings.push(Chunking {
                 k,
                 desc,
                 x_bytes,
                 y_bytes,
+                w_bytes: w_bytes as u64,
             });
             plan.chunkings.len() - 1
         }
@@ -96,8 +108,7 @@ pub(super) fn chunked_candidates(
     if over.is_empty() {
         return Ok(Vec::new());
     }
-    let n = conv.geometry.n;
-    for k in (2..=n).filter(|k| n % k == 0).take(MAX_TRIES) {
+    for k in chunk_counts(conv.geometry.n) {
         let Some(bytes) = chunk_bytes(conv, k) else {
             continue;
         };
@@ -115,29 +126,35 @@ pub(super) fn chunked_candidates(
     Ok(Vec::new())
 }
 
+/// The chunking of `plan` into `k` chunks that `pass` chose.
+///
+/// # Errors
+/// [`TensorError::InvalidArgument`] when `plan` has no chunking of that count (an internal
+/// error).
+pub(super) fn planned(plan: &Plan, pass: ConvPass, k: usize) -> Result<&Chunking, TensorError> {
+    plan.chunkings
+        .iter()
+        .find(|ch| ch.k == k)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!("internal: {pass:?} chose {k} chunks it has no plan of"),
+        })
+}
+
 /// Runs `c` (a legacy algorithm over `c.chunks` chunks) of `pass` on `ops` with math type
 /// `math` and the chunk pass's workspace `ws`.
 ///
 /// # Errors
-/// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] when `plan` has no chunking of
-/// that count (an internal error).
+/// [`TensorError::Cudnn`]; [`TensorError::InvalidArgument`] as [`planned`].
 pub(super) fn run(
     handle: sys::cudnnHandle_t,
     plan: &Plan,
     (pass, math): (ConvPass, sys::cudnnMathType_t),
     c: Choice,
     ops: Operands,
-    ws: Option<&stax_alloc::Allocation>,
+    ws: Ws,
 ) -> Result<(), TensorError> {
-    let Some(ch) = plan.chunkings.iter().find(|ch| ch.k == c.chunks) else {
-        return Err(TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "internal: {pass:?} chose {} chunks it has no plan of",
-                c.chunks
-            ),
-        });
-    };
+    let ch = planned(plan, pass, c.chunks)?;
     ch.desc.set_math(math)?;
     for i in 0..ch.k as u64 {
         let o = Operands {

@@ -17,11 +17,10 @@
 //! `REDUCED_PRECISION_REDUCTION` (accumulation must stay f32) or `RUNTIME_COMPILATION` (a
 //! compile per shape at calibration) is taken.
 
-use super::calls::{cudnn, data_type};
+use super::calls::{Ws, cudnn, data_type};
 use super::{CudnnConv, Operands};
 use crate::{ConvPass, DType, Layout, Precision, TensorError};
 use cudarc::cudnn::sys;
-use stax_alloc::Allocation;
 use std::ffi::c_void;
 use sys::cudnnBackendAttributeName_t as A;
 use sys::cudnnBackendAttributeType_t as T;
@@ -414,19 +413,17 @@ pub(super) fn execute(
     handle: sys::cudnnHandle_t,
     e: &Engine,
     o: Operands,
-    ws: Option<&Allocation>,
+    ws: Ws,
 ) -> Result<(), TensorError> {
-    let ws_addr = ws.map_or(0, |w| w.addr());
-    let short = ws.map_or(0, |w| w.bytes()) < e.workspace;
+    let ws_addr = ws.addr;
+    let short = ws.bytes < e.workspace;
     if short || [o.x, o.w, o.y, ws_addr].iter().any(|a| a % ALIGNMENT != 0) {
         return Err(TensorError::InvalidArgument {
             op: "conv2d",
             reason: format!(
                 "internal: cuDNN engine {} given operands {o:?} and workspace {ws_addr:#x} \
                  ({} B, needs {}); they must be {ALIGNMENT}-byte aligned",
-                e.global,
-                ws.map_or(0, |w| w.bytes()),
-                e.workspace
+                e.global, ws.bytes, e.workspace
             ),
         });
     }

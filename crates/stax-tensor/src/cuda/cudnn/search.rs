@@ -1,8 +1,10 @@
 //! The algorithm search of a conv pass: the candidates of both cuDNN APIs, timed on the
 //! pass's scratch buffers within the workspace budget, and the fastest kept (see `cudnn.rs`).
 
-use super::calls::{Algo, Choice, candidates, execute};
+use super::calls::{Algo, Choice, Ws, candidates, execute};
+use super::tf32x3::{self, Fp32Convs};
 use super::{ConvApis, ConvCandidate, CudnnConv, Operands, Plan, chunks, graph, math, search_math};
+use crate::cuda::kernels::Kernels;
 use crate::{ConvPass, DType, Precision, TensorError};
 use cudarc::cudnn::sys;
 use cudarc::driver::CudaStream;
@@ -39,12 +41,14 @@ pub(super) fn budget(
         })
 }
 
-/// What a search needs besides the plan: the handle, the stream it times on, and the pass.
+/// What a search needs besides the plan: the handle, the stream it times on, the pass, and
+/// which candidates it takes.
 pub(super) struct Search<'a> {
     pub(super) handle: sys::cudnnHandle_t,
     pub(super) stream: &'a Arc<CudaStream>,
     pub(super) key: (ConvPass, Precision, DType),
     pub(super) apis: ConvApis,
+    pub(super) fp32: Fp32Convs,
 }
 
 /// The candidates of `all` that `apis` admits (with [`ConvApis::Graph`], the legacy ones only
@@ -62,7 +66,9 @@ pub(super) fn select(mut all: Vec<Choice>, apis: ConvApis) -> Vec<Choice> {
 
 /// Every candidate of the pass of `s` the search may time within `limit`: cuDNN's legacy
 /// heuristics and the graph API's engines as `s.apis` admits them (with the descriptors' math
-/// type set for the search), and the chunked forms of those over `limit` (`chunks.rs`).
+/// type set for the search), the chunked forms of those over `limit` (`chunks.rs`), and for
+/// full fp32 the 3xTF32 composites as `s.fp32` admits them (`tf32x3.rs`; not under
+/// [`ConvApis::Graph`]: they are legacy algorithms).
 ///
 /// # Errors
 /// [`TensorError::Cudnn`] from the listings.
@@ -80,6 +86,16 @@ pub(super) fn listed(
     let mut all = select(all, s.apis);
     let chunked = chunks::chunked_candidates(s.handle, plan, (conv, pass, math), &all, limit)?;
     all.extend(chunked);
+    // composites are of legacy algorithms: not with the graph API's engines alone
+    let full_fp32 = (dtype, precision) == (DType::F32, Precision::Highest);
+    if !full_fp32 || s.fp32 == Fp32Convs::Fma || s.apis == ConvApis::Graph {
+        return Ok(all);
+    }
+    let emulated = tf32x3::candidates(s.handle, plan, (conv, pass), limit)?;
+    if s.fp32 == Fp32Convs::Tf32x3 && !emulated.is_empty() {
+        return Ok(emulated);
+    }
+    all.extend(emulated);
     Ok(all)
 }
 
@@ -88,12 +104,13 @@ const TIMED_RUNS: usize = 3;
 
 /// Lists the legacy API's heuristic candidates and the graph API's engines, times on `ops`
 /// those that fit the budget (the largest usable workspace within `limit`, allocated once),
-/// and keeps the fastest; returns it with every candidate for the report. Our own timing
+/// and keeps the fastest; returns it with every candidate for the report (`kernels` split the
+/// operands of 3xTF32 composites). Our own timing
 /// (events around [`TIMED_RUNS`] runs after a first untimed one) replaces
 /// `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode and so made other
 /// threads' concurrent cuDNN calls fail (`CUDNN_STATUS_EXECUTION_FAILED`, seen in `gpu_ops`).
 pub(super) fn choose(
-    s: &Search<'_>,
+    (s, kernels): (&Search<'_>, &Kernels),
     plan: &mut Plan,
     conv: &CudnnConv,
     ops: Operands,
@@ -107,7 +124,7 @@ pub(super) fn choose(
     let mut timed = Vec::with_capacity(all.len());
     for c in &all {
         let t = if c.ok && c.workspace <= budget {
-            Some(time_choice(s, plan, *c, ops, ws.as_ref()))
+            Some(time_choice((s, kernels), plan, *c, ops, ws.as_ref()))
         } else {
             None
         };
@@ -146,13 +163,13 @@ pub(super) fn choose(
 /// Times `c` on `ops`: `Ok(Ok(ms))` per run, `Ok(Err(status))` when cuDNN refuses to run it,
 /// `Err` when the events fail.
 fn time_choice(
-    s: &Search<'_>,
+    (s, kernels): (&Search<'_>, &Kernels),
     plan: &Plan,
     c: Choice,
     ops: Operands,
     ws: Option<&Allocation>,
 ) -> Result<Result<f32, sys::cudnnStatus_t>, TensorError> {
-    let run = || run_choice(s.handle, plan, s.key, c, ops, ws);
+    let run = || run_choice((s.handle, kernels), plan, s.key, c, ops, ws);
     if let Err(e) = run() {
         return match e {
             TensorError::Cudnn { source, .. } => Ok(Err(source.0)),
@@ -172,15 +189,20 @@ fn time_choice(
     Ok(Ok(ms / TIMED_RUNS as f32))
 }
 
-/// Runs `c` (a legacy algorithm with its math type, or a graph engine of `plan`).
+/// Runs `c` (a legacy algorithm with its math type, a graph engine of `plan`, or a 3xTF32
+/// composite, whose operands are split with `kernels`).
 pub(super) fn run_choice(
-    handle: sys::cudnnHandle_t,
+    (handle, kernels): (sys::cudnnHandle_t, &Kernels),
     plan: &Plan,
     (pass, precision, dtype): (ConvPass, Precision, DType),
     c: Choice,
     ops: Operands,
     ws: Option<&Allocation>,
 ) -> Result<(), TensorError> {
+    let ws = Ws::of(ws);
+    if c.tf32x3 {
+        return tf32x3::run(handle, plan, (pass, c), ops, ws, kernels);
+    }
     if let Algo::Engine { index, .. } = c.algo {
         let Some(Ok(engines)) = &plan.graphs[pass as usize] else {
             return Err(TensorError::InvalidArgument {
@@ -233,6 +255,7 @@ pub(super) fn engine_choices(
             math: math(e.tensor_core),
             deterministic: e.deterministic,
             chunks: 1,
+            tf32x3: false,
         })
         .collect()
 }

@@ -38,6 +38,21 @@ impl Kernels {
         }
     }
 
+    /// Splits `n` f32 elements at `x` into their TF32 roundings at `hi` and the rests `x - hi`
+    /// at `lo` (3xTF32's operands; see `tf32_split` in kernels/elementwise.cu).
+    pub(crate) fn tf32_split(&self, x: u64, hi: u64, lo: u64, n: usize) -> Result<(), TensorError> {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `tf32_split(const float *x, float *hi, float *lo, size_t n)`; x, hi and lo
+        // hold n f32 each (hi and lo distinct from x and each other).
+        unsafe {
+            launch!(self.stream, self.function("tf32_split")?, self.grid(n); &x, &hi, &lo, &n)
+                .map(drop)
+        }
+        .map_err(driver("tf32_split"))
+    }
+
     /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements
     /// (8 per thread with 16-byte accesses where both are 16-byte aligned).
     pub(crate) fn cast(

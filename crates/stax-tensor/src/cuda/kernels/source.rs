@@ -12,7 +12,8 @@ const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 /// One `.cu` file: a module loaded once per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
-    /// `kernels/elementwise.cu`: fills, casts and the vectorized f32 ReLU and bias paths.
+    /// `kernels/elementwise.cu`: fills, casts, the 3xTF32 operand split and the vectorized
+    /// ReLU and bias paths.
     Elementwise,
     /// `kernels/activation.cu`: activations, binary ops, bias add and gradient, dropout, every
     /// float dtype.
@@ -83,6 +84,7 @@ impl KernelModule {
                 "cast_vec_f16_f32",
                 "cast_vec_bf16_f16",
                 "cast_vec_f16_bf16",
+                "tf32_split",
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
