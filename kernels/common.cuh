@@ -148,3 +148,9 @@ __device__ bool column_sums(const double *partial, size_t splits, size_t c, size
 struct WindowGeometry {
     size_t n, h, w, c, kh, kw, sh, sw, pad_top, pad_left, out_h, out_w, dh, dw;
 };
+
+// The 8 mask bits of group i (elements 8i..8i+7) of a packed ReLU mask, 4 groups a u32 word
+// (all set with no mask).
+__device__ __forceinline__ u32 group_bits(const u32 *mask, size_t i) {
+    return mask ? (mask[i >> 2] >> ((i & 3) * 8)) & 255u : 255u;
+}

@@ -112,7 +112,7 @@ template <typename T> __device__ void relu_vec_t(T *x, u32 *mask, size_t chunks,
 // written as zeros without being read.
 template <typename T> __device__ void relu_bwd_vec_t(T *dy, const u32 *mask, size_t n8) {
     GRID_STRIDE(i, n8) {
-        u32 bits = (mask[i >> 2] >> ((i & 3) * 8)) & 255u;
+        u32 bits = group_bits(mask, i);
         float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (bits) {
             load8(dy + 8 * i, f);
@@ -175,7 +175,7 @@ template <typename T> __device__ void bias_add_vec_t(T *y, const T *b, size_t n8
 // no bit set is not read), added to s in f64.
 template <typename T>
 __device__ __forceinline__ void bias_grad_group(T *dy, const u32 *mask, size_t j, double *s) {
-    u32 bits = mask != 0 ? (mask[j >> 2] >> ((j & 3) * 8)) & 255u : 255u;
+    u32 bits = group_bits(mask, j);
     float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (bits) load8(dy + 8 * j, f);
     if (mask != 0) {

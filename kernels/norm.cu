@@ -181,11 +181,6 @@ __device__ void channel_bias_add_impl(T *y, const T *b, size_t n, size_t c, size
 // 16-byte accesses (load8/store8: every tensor 16-byte aligned). Each element gets the same
 // arithmetic as in the scalar kernels above.
 
-// The 8 mask bits of group i (all set with no mask).
-__device__ __forceinline__ u32 group_bits(const u32 *mask, size_t i) {
-    return mask ? (mask[i >> 2] >> ((i & 3) * 8)) & 255u : 255u;
-}
-
 // Group i added to the sums s (of a, where bits are set) and q (of a * (b - sh)).
 template <typename T>
 __device__ __forceinline__ void moments_group(const T *a, const T *b, const float (&sh)[8],

@@ -100,7 +100,7 @@ pub enum TensorError {
     },
     /// An in-place op was given a tensor whose buffer is shared with another tensor.
     #[error(
-        "{op}: output buffer is shared with another tensor (clone or reshape view alive); an output (or in-place operand) needs sole ownership"
+        "{op}: a buffer it writes (an output, mask or in-place operand) is shared with another tensor (a clone or reshape view is alive); it needs sole ownership"
     )]
     Aliased {
         /// The op.
