@@ -72,9 +72,14 @@ fn operands(pass: ConvPass, ch: &Chunking) -> [u64; 2] {
     }
 }
 
+/// Bytes of the workspace region of one part of `bytes` bytes.
+fn region(bytes: u64) -> usize {
+    (bytes as usize).next_multiple_of(ALIGN)
+}
+
 /// Workspace bytes of the four parts (`a` and `b`, high and low) of one chunk.
 fn parts_bytes([a, b]: [u64; 2]) -> usize {
-    2 * ((a as usize).next_multiple_of(ALIGN) + (b as usize).next_multiple_of(ALIGN))
+    2 * (region(a) + region(b))
 }
 
 /// The composites of `pass` of `conv` within `limit` workspace bytes: each TF32 tensor-core
@@ -154,10 +159,7 @@ pub(super) fn run(
     ch.desc.set_math(c.math)?;
     let own = c.workspace - parts;
     let at = |offset: usize| ws.addr + offset as u64;
-    let (ra, rb) = (
-        (a as usize).next_multiple_of(ALIGN),
-        (b as usize).next_multiple_of(ALIGN),
-    );
+    let (ra, rb) = (region(a), region(b));
     let pa = (at(own), at(own + ra));
     let pb = (at(own + 2 * ra), at(own + 2 * ra + rb));
     let algo_ws = Ws {
