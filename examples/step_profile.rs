@@ -297,6 +297,26 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
+    gpu.set_direct_convs(false);
+    p.flops(conv1_f).time(
+        "conv1 forward + bias + relu1, cuDNN (direct off)",
+        in_act + act + mask,
+        false,
+        &mut || {
+            ops::conv2d(
+                &x,
+                &w1,
+                &b1,
+                &g1,
+                &mut y1,
+                Epilogue {
+                    act: Some(Activation::Relu),
+                    aux: Some(&mut m1),
+                },
+            )
+        },
+    );
+    gpu.set_direct_convs(true);
     gpu.set_fused_epilogues(false);
     p.flops(conv1_f).time(
         "conv1 forward + bias + relu1, unfused",
@@ -482,6 +502,23 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
+    gpu.set_direct_convs(false);
+    p.flops(conv1_f).time(
+        "relu1 bwd + conv1 bwd filter + bias grad, cuDNN (direct off)",
+        3.0 * act + in_act + mask,
+        false,
+        &mut || {
+            ops::conv2d_bwd_filter(
+                &x,
+                &mut dy1,
+                &g1,
+                &mut dw1,
+                &mut db,
+                Some((Activation::Relu, &m1)),
+            )
+        },
+    );
+    gpu.set_direct_convs(true);
     gpu.set_fused_epilogues(false);
     p.flops(conv1_f).time(
         "relu1 bwd + conv1 bwd filter + bias grad, unfused",
@@ -668,5 +705,9 @@ fn main() {
         println!("(again with the epilogues unfused)");
         whole_step(&gpu, args.batch, args.img, args.steps);
         gpu.set_fused_epilogues(true);
+        gpu.set_direct_convs(false);
+        println!("(again with the direct conv kernels off: conv1 on cuDNN)");
+        whole_step(&gpu, args.batch, args.img, args.steps);
+        gpu.set_direct_convs(true);
     }
 }

@@ -175,6 +175,10 @@ pub struct Common {
     /// parts, whichever the search times faster), fma or 3xtf32.
     #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
     pub fp32_convs: Fp32Convs,
+    /// CUDA: run every conv pass on cuDNN, with our direct kernels for convs of at most 32
+    /// taps (the first conv on RGB images: forward and filter gradient) off.
+    #[arg(long)]
+    pub no_direct_convs: bool,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }
@@ -303,8 +307,8 @@ fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
     s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
 }
 
-/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis` and `--fp32-convs` cuDNN
-/// choices.
+/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs` and
+/// `--no-direct-convs` choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -314,6 +318,7 @@ fn open_cuda(
     cuda.set_deterministic(args.deterministic);
     cuda.set_conv_apis(args.conv_apis);
     cuda.set_fp32_convs(args.fp32_convs);
+    cuda.set_direct_convs(!args.no_direct_convs);
     Ok(cuda)
 }
 

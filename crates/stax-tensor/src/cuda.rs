@@ -29,6 +29,7 @@ mod conv;
 pub mod cublas;
 pub mod cudnn;
 mod dense_adam;
+mod direct;
 mod im2col;
 pub mod kernels;
 mod matmul;
@@ -67,6 +68,8 @@ pub struct CudaBackend {
     workspace_limit: usize,
     /// Whether epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
     fused: AtomicBool,
+    /// Whether the direct conv kernels run (see [`CudaBackend::set_direct_convs`]).
+    direct: AtomicBool,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -201,6 +204,7 @@ impl CudaBackend {
             precision: options.precision,
             workspace_limit: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_LIMIT),
             fused: AtomicBool::new(true),
+            direct: AtomicBool::new(true),
         }))
     }
 
@@ -247,6 +251,20 @@ impl CudaBackend {
     /// [`ConvPlanInfo::algorithm`] names a composite `3xTF32 <algorithm>`.
     pub fn set_fp32_convs(&self, fp32: Fp32Convs) {
         self.dnn.set_fp32(fp32);
+    }
+
+    /// Turns the direct conv kernels on (the default) or off: the forward pass and the filter
+    /// gradient of a convolution with at most 32 taps (a first layer on RGB images, see
+    /// [`CudaBackend::conv_is_direct`]) in our own f32 kernels instead of cuDNN's. Off, those
+    /// passes run on cuDNN as every other conv. Their workspace differs, so set it before a
+    /// memory plan is made (before training starts). For A/B timing and tests.
+    pub fn set_direct_convs(&self, on: bool) {
+        self.direct.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the direct conv kernels run (see [`CudaBackend::set_direct_convs`]).
+    pub fn direct_convs(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
     }
 
     /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).

@@ -1,5 +1,5 @@
 //! The convolution passes of [`CudaBackend`]: layout changes around cuDNN (the poolings are in
-//! `pool.rs`).
+//! `pool.rs`, the direct kernels of convs with few taps in `direct.rs`).
 //!
 //! Every pass runs in its operands' dtype: f32, or bf16 and f16 with f32 accumulation (cuDNN's
 //! pseudo configurations, see `cudnn.rs`); the kernel copy, the padded input, the bias and its
@@ -222,7 +222,12 @@ impl CudaBackend {
     }
 
     /// The bias (of `y`'s dtype) added to `y` by our own kernels, along `g`'s channel axis.
-    fn add_bias(&self, g: &Conv2dGeometry, y: &crate::Tensor, b: u64) -> Result<(), TensorError> {
+    pub(super) fn add_bias(
+        &self,
+        g: &Conv2dGeometry,
+        y: &crate::Tensor,
+        b: u64,
+    ) -> Result<(), TensorError> {
         let dtype = y.dtype();
         match g.layout {
             Layout::Nhwc => self
@@ -488,7 +493,11 @@ impl CudaBackend {
 
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
-        self.conv_forward(c.into_inner())
+        let c = c.into_inner();
+        match self.conv_is_direct(&c.g, ConvPass::Forward) {
+            true => self.bind().and_then(|()| self.direct_forward(c)),
+            false => self.conv_forward(c),
+        }
     }
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
@@ -496,7 +505,11 @@ impl ConvOps for CudaBackend {
     }
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
-        self.conv_backward_filter(c.into_inner())
+        let c = c.into_inner();
+        match self.conv_is_direct(&c.g, ConvPass::BackwardFilter) {
+            true => self.bind().and_then(|()| self.direct_filter_grad(c)),
+            false => self.conv_backward_filter(c),
+        }
     }
 
     fn pool2d(&self, c: Checked<Pool2d<'_>>) -> Result<(), TensorError> {

@@ -26,6 +26,7 @@ macro_rules! launch {
     }};
 }
 
+mod direct;
 mod gemm;
 mod launch;
 mod norm;
@@ -33,6 +34,7 @@ mod rows;
 mod source;
 mod spatial;
 
+pub(crate) use direct::direct_applies;
 pub use source::KernelModule;
 use source::compile;
 pub(crate) use spatial::{OHWI, max_pool_bwd_bytes};

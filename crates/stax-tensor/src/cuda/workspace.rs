@@ -167,7 +167,9 @@ impl CudaBackend {
         }
     }
 
-    /// The workspace one call of `pass` in `dtype` allocates and frees, in order: the kernel in
+    /// The workspace one call of `pass` in `dtype` allocates and frees, in order: for a direct
+    /// pass ([`CudaBackend::conv_is_direct`]) none forward and the partials for the filter
+    /// gradient; else the kernel in
     /// cuDNN's layout (or its gradient) unless it is stored so, the extended input for
     /// asymmetric padding (both in `dtype`), cuDNN's workspace, and for the filter gradient
     /// with a bias first the bias-gradient partials (f64). The passes in `conv.rs` take
@@ -180,6 +182,13 @@ impl CudaBackend {
         bias: bool,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
+        let mut s = Schedule::default();
+        if self.conv_is_direct(g, pass) {
+            if pass == ConvPass::BackwardFilter {
+                s.scoped(self.direct_wgrad_bytes(g));
+            }
+            return Ok(s.finish());
+        }
         let (_, ext) = layout(g, dtype);
         let gemm = pass == ConvPass::BackwardFilter
             && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype));
@@ -190,7 +199,6 @@ impl CudaBackend {
         };
         let filter = Some(filter_copy_bytes(g, dtype)).filter(|&b| b > 0);
         let ext_bytes = ext.map(|e| extended_bytes(g, &e, dtype));
-        let mut s = Schedule::default();
         let frees = match pass {
             ConvPass::Forward => {
                 let f = filter.map(|b| s.alloc(b));
@@ -259,15 +267,16 @@ impl CudaBackend {
     }
 
     /// Whether `pass` of `g` in `dtype` needs no search: its algorithm is chosen, or it is not
-    /// cuDNN's ([`filter_grad_is_gemm`]).
+    /// cuDNN's (direct, [`filter_grad_is_gemm`], im2col).
     pub(super) fn conv_is_calibrated(
         &self,
         g: &Conv2dGeometry,
         dtype: DType,
         pass: ConvPass,
     ) -> bool {
-        (pass == ConvPass::BackwardFilter
-            && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
+        self.conv_is_direct(g, pass)
+            || (pass == ConvPass::BackwardFilter
+                && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
             || self
                 .dnn
                 .chosen_workspace((g, dtype), self.precision, pass)

@@ -9,6 +9,28 @@ use std::sync::{Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 
+/// The per-dtype roots of `kernels/direct_conv.cu`: each pass for patches of 4, 8, ..., 32
+/// taps, and the filter gradient's finishing sum.
+const DIRECT_ROOTS: [&str; 17] = [
+    "direct_conv_fwd_k4",
+    "direct_conv_fwd_k8",
+    "direct_conv_fwd_k12",
+    "direct_conv_fwd_k16",
+    "direct_conv_fwd_k20",
+    "direct_conv_fwd_k24",
+    "direct_conv_fwd_k28",
+    "direct_conv_fwd_k32",
+    "direct_conv_wgrad_k4",
+    "direct_conv_wgrad_k8",
+    "direct_conv_wgrad_k12",
+    "direct_conv_wgrad_k16",
+    "direct_conv_wgrad_k20",
+    "direct_conv_wgrad_k24",
+    "direct_conv_wgrad_k28",
+    "direct_conv_wgrad_k32",
+    "direct_conv_wgrad_finish",
+];
+
 /// One `.cu` file: a module loaded once per backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
@@ -36,11 +58,14 @@ pub enum KernelModule {
     /// `kernels/gemm.cu`: the mixed-precision dense product (bf16 or f16 times an f32 weight
     /// rounded as it is read) on tensor cores, split over k, and its reduction.
     Gemm,
+    /// `kernels/direct_conv.cu`: the forward pass and the filter gradient of convolutions with
+    /// at most 32 taps, in f32 FMAs, every float dtype.
+    DirectConv,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 9] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -49,6 +74,7 @@ impl KernelModule {
         KernelModule::Pool,
         KernelModule::Norm,
         KernelModule::Gemm,
+        KernelModule::DirectConv,
     ];
 
     /// The file name, for messages.
@@ -62,6 +88,7 @@ impl KernelModule {
             KernelModule::Pool => "pool.cu",
             KernelModule::Norm => "norm.cu",
             KernelModule::Gemm => "gemm.cu",
+            KernelModule::DirectConv => "direct_conv.cu",
         }
     }
 
@@ -98,6 +125,7 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
+            KernelModule::DirectConv => &[],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -147,6 +175,7 @@ impl KernelModule {
                 "bias_grad_vec",
             ],
             KernelModule::Gemm => &[],
+            KernelModule::DirectConv => &DIRECT_ROOTS,
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
         let generic = per_dtype
@@ -165,6 +194,7 @@ impl KernelModule {
             KernelModule::Pool => include_str!("../../../../../kernels/pool.cu"),
             KernelModule::Norm => include_str!("../../../../../kernels/norm.cu"),
             KernelModule::Gemm => include_str!("../../../../../kernels/gemm.cu"),
+            KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
         }
     }
 }

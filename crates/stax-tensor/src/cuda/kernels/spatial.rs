@@ -35,7 +35,8 @@ pub(crate) struct WindowGeometry {
 unsafe impl DeviceRepr for WindowGeometry {}
 
 impl WindowGeometry {
-    fn of(g: &Conv2dGeometry) -> WindowGeometry {
+    /// `g`'s window, input channels as the image's.
+    pub(super) fn of(g: &Conv2dGeometry) -> WindowGeometry {
         WindowGeometry {
             n: g.n,
             h: g.h,

@@ -1,0 +1,157 @@
+//! Launchers of `kernels/direct_conv.cu`: the forward pass (with the bias, a ReLU and its mask)
+//! and the filter and bias gradients (with the ReLU backward) of a convolution with at most 32
+//! taps, in f32 FMAs, where cuDNN's algorithms run far from the memory floor (see
+//! [`direct_applies`]).
+
+use super::spatial::WindowGeometry;
+use super::{Kernels, driver};
+use crate::{Conv2dGeometry, DType, FilterLayout, Layout, TensorError};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Threads per block (`DC_THREADS` in the source).
+const THREADS: u32 = 256;
+/// Output positions per tile (`DC_PIXELS`).
+const PIXELS: usize = 64;
+/// The most taps `kh · kw · c_in` a direct kernel takes (its patch row in shared memory).
+pub(crate) const MAX_TAPS: usize = 32;
+
+/// The taps `K = kh · kw · c_in` of `g`: the length of one output position's patch.
+fn taps(g: &Conv2dGeometry) -> usize {
+    g.kh * g.kw * g.c_in
+}
+
+/// Whether both direct kernels take `g`: an NHWC input with an HWIO kernel, 1 to
+/// [`MAX_TAPS`] taps, `c_out` a multiple of 32 from 32 to 512 (whole mask words of one position;
+/// 2 channels a thread, at most a block's 256 threads a position), a non-empty output, and
+/// window offsets within `i32` (the kernel's tap tables).
+pub(crate) fn direct_applies(g: &Conv2dGeometry) -> bool {
+    let small = |v: usize| v <= i32::MAX as usize;
+    g.layout == Layout::Nhwc
+        && g.filter == FilterLayout::Hwio
+        && (1..=MAX_TAPS).contains(&taps(g))
+        && g.c_out % 32 == 0
+        && (32..=512).contains(&g.c_out)
+        && g.output_shape().numel() > 0
+        && small(g.h)
+        && small(g.w)
+        && small(g.kh * g.dilation_h)
+        && small(g.kw * g.dilation_w)
+}
+
+/// Tiles of [`PIXELS`] output positions in `g`.
+fn tiles(g: &Conv2dGeometry) -> usize {
+    (g.n * g.out_h * g.out_w).div_ceil(PIXELS)
+}
+
+/// The kernel of `root` for `g`'s taps rounded up to a multiple of 4, in `dtype`.
+fn symbol(root: &str, g: &Conv2dGeometry, dtype: DType) -> String {
+    let kp = taps(g).next_multiple_of(4);
+    format!("{root}_k{kp}_{}", dtype.name())
+}
+
+/// Fails unless every address is 8-byte aligned (two f32 or 16-bit elements a thread at even
+/// channel offsets).
+fn aligned8(op: &'static str, addrs: &[u64]) -> Result<(), TensorError> {
+    match addrs.iter().all(|a| a % 8 == 0) {
+        true => Ok(()),
+        false => Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("direct conv buffers must be 8-byte aligned: {addrs:x?}"),
+        }),
+    }
+}
+
+impl Kernels {
+    /// Blocks of the filter gradient's grid for `g`: two per multiprocessor, at most one per
+    /// tile. A function of the geometry only, so the partials' size is known to the plan.
+    fn direct_wgrad_blocks(&self, g: &Conv2dGeometry) -> usize {
+        tiles(g).clamp(1, 2 * self.sms as usize)
+    }
+
+    /// Bytes of the filter gradient's f64 partials for `g`: `[blocks, K + 1, c_out]`.
+    pub(crate) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry) -> usize {
+        self.direct_wgrad_blocks(g) * (taps(g) + 1) * g.c_out * 8
+    }
+
+    /// `y = conv(x, w) (+ b)` for `g` of [`direct_applies`], every operand of `dtype` (x NHWC,
+    /// w HWIO, b `[c_out]` or 0 for none, y NHWC, overwritten), summed in f32 and rounded once;
+    /// with `relu`, then the ReLU of the rounded output and, when `mask != 0`, its packed mask
+    /// (`ceil(numel / 32)` words, as `relu`'s).
+    pub(crate) fn direct_forward(
+        &self,
+        (g, dtype): (&Conv2dGeometry, DType),
+        (x, w, b, y): (u64, u64, u64, u64),
+        (relu, mask): (bool, u64),
+    ) -> Result<(), TensorError> {
+        const OP: &str = "direct_conv_fwd";
+        aligned8(OP, &[y])?;
+        let sym = symbol(OP, g, dtype);
+        let cfg = LaunchConfig {
+            grid_dim: (tiles(g).clamp(1, 8 * self.sms as usize) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wg, k, c_out, relu) = (
+            WindowGeometry::of(g),
+            taps(g) as i32,
+            g.c_out as i32,
+            i32::from(relu),
+        );
+        // SAFETY: `direct_conv_fwd_k<KP>_<dtype>(const T *x, const T *w, const T *b, T *y,
+        // u32 *mask, WindowGeometry g, int K, int c_out, int relu)` with KP = K rounded up to
+        // a multiple of 4 (<= 32, direct_applies); x holds g's NHWC input, w its K*c_out HWIO
+        // taps, b null or c_out elements, y g's NHWC output (8-byte aligned) and mask null or
+        // numel/32 words (c_out % 32 == 0), all of `dtype`; blocks of 256 threads, as the
+        // staging (4 threads a position of 64) and the 16-lane mask shuffles need.
+        unsafe {
+            launch!(self.stream, self.function(&sym)?, cfg; &x, &w, &b, &y, &mask, &wg, &k, &c_out, &relu)
+                .map(drop)
+        }
+        .map_err(driver(OP))
+    }
+
+    /// `dw = Σ patch · dy` (HWIO, overwritten) and `db = Σ dy` (when `db != 0`) for `g` of
+    /// [`direct_applies`], every operand of `dtype`, through `partial`
+    /// ([`Self::direct_wgrad_bytes`]): f32 sums per thread, f64 over threads and blocks (a
+    /// fixed order), rounded once. With `mask != 0` dy is first masked in place by the ReLU
+    /// backward (it becomes the pre-activation gradient), in the same pass.
+    pub(crate) fn direct_filter_grad(
+        &self,
+        (g, dtype): (&Conv2dGeometry, DType),
+        (x, dy, mask): (u64, u64, u64),
+        partial: u64,
+        (dw, db): (u64, u64),
+    ) -> Result<(), TensorError> {
+        const OP: &str = "direct_conv_wgrad";
+        aligned8(OP, &[dy])?;
+        let blocks = self.direct_wgrad_blocks(g);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wg, k, c_out) = (WindowGeometry::of(g), taps(g) as i32, g.c_out as i32);
+        let sym = symbol(OP, g, dtype);
+        // SAFETY: `direct_conv_wgrad_k<KP>_<dtype>(const T *x, T *dy, const u32 *mask, double
+        // *partial, WindowGeometry g, int K, int c_out)`; x holds g's NHWC input, dy its NHWC
+        // output gradient (8-byte aligned), mask null or numel/32 words, partial blocks*(K+1)*
+        // c_out doubles (direct_wgrad_bytes, the grid's blocks); blocks of 256 threads.
+        unsafe {
+            launch!(self.stream, self.function(&sym)?, cfg; &x, &dy, &mask, &partial, &wg, &k, &c_out)
+                .map(drop)
+        }
+        .map_err(driver(OP))?;
+        let (splits, k, c_out) = (blocks, taps(g), g.c_out);
+        let sym = format!("direct_conv_wgrad_finish_{}", dtype.name());
+        let cfg = Self::finish_grid((k + 1) * c_out);
+        // SAFETY: `direct_conv_wgrad_finish_<dtype>(const double *partial, T *dw, T *db,
+        // size_t splits, size_t K, size_t c_out)`; partial holds splits*(K+1)*c_out doubles,
+        // dw K*c_out elements of `dtype`, db null or c_out; blocks of 32 x 32 threads
+        // (finish_grid over (K+1)*c_out columns), as column_sums needs.
+        unsafe {
+            launch!(self.stream, self.function(&sym)?, cfg; &partial, &dw, &db, &splits, &k, &c_out)
+                .map(drop)
+        }
+        .map_err(driver(OP))
+    }
+}

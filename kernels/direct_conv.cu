@@ -1,0 +1,253 @@
+// direct_conv.cu: the forward pass and the filter gradient of a convolution with few taps
+// (K = kh * kw * c_in <= 32: a network's first layer on RGB images), computed directly in f32
+// FMAs (no tensor cores, no im2col matrix): NHWC input, HWIO kernel, c_out a multiple of 32 up
+// to 512. Such a conv is bound by the bytes of its output (forward) and output gradient
+// (filter gradient), which cuDNN's general algorithms do not reach for 3 input channels.
+//
+// A block of 256 threads works on tiles of DC_PIXELS consecutive output positions (in n, oy, ox
+// order): it stages their patches (K values each, in HWIO tap order k = (ky * kw + kx) * c_in +
+// ci, zeros in the padding and past K up to KP) in shared memory, then thread t takes the
+// output channels co = 2 (t % G), +1 (G = c_out / 2 threads a position) of positions t / G,
+// + 256 / G, ... of the tile. Each template is instantiated for KP = 4, 8, ..., 32 (K rounded up
+// to a multiple of 4) in every float dtype: direct_conv_fwd_k<KP>_<dtype>,
+// direct_conv_wgrad_k<KP>_<dtype>; the launchers are in
+// crates/stax-tensor/src/cuda/kernels/direct.rs.
+
+#define DC_THREADS 256
+#define DC_PIXELS 64
+
+// Two consecutive elements as f32 (8 bytes of f32, 4 of bf16 or f16): p 8- or 4-byte aligned.
+__device__ __forceinline__ void load2(const float *p, float &a, float &b) {
+    float2 v = *(const float2 *)p;
+    a = v.x, b = v.y;
+}
+template <typename T> __device__ __forceinline__ void load2(const T *p, float &a, float &b) {
+    u32 w = *(const u32 *)p;
+    T lo, hi;
+    lo.bits = (unsigned short)(w & 0xffffu);
+    hi.bits = (unsigned short)(w >> 16);
+    a = to_f32(lo), b = to_f32(hi);
+}
+__device__ __forceinline__ void store2(float *p, float a, float b) {
+    *(float2 *)p = make_float2(a, b);
+}
+template <typename T> __device__ __forceinline__ void store2(T *p, float a, float b) {
+    *(u32 *)p = (u32)from_f32<T>(a).bits | ((u32)from_f32<T>(b).bits << 16);
+}
+
+// The input offsets of every tap k < K: ky * dh, kx * dw and ci (the block's tables).
+struct Taps {
+    int dy[32], dx[32], ci[32];
+};
+
+__device__ __forceinline__ void taps_init(Taps &t, const WindowGeometry &g, int K) {
+    for (int k = threadIdx.x; k < K; k += DC_THREADS) {
+        int ci = k % (int)g.c, tap = k / (int)g.c;
+        t.dy[k] = (tap / (int)g.kw) * (int)g.dh;
+        t.dx[k] = (tap % (int)g.kw) * (int)g.dw;
+        t.ci[k] = ci;
+    }
+}
+
+// Stages the patches of positions p0 .. p0 + DC_PIXELS (of `total`) into s: 4 threads a
+// position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q, q + 4, ...; zeros outside the
+// input, past K and past total.
+template <typename T, int KP>
+__device__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t, int K,
+                              size_t p0, size_t total, float (*s)[KP]) {
+    const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
+    const size_t pix = p0 + p;
+    bool live = pix < total;
+    size_t ox = 0, oy = 0, b = 0;
+    if (live) {
+        ox = pix % g.out_w;
+        size_t r = pix / g.out_w;
+        oy = r % g.out_h, b = r / g.out_h;
+    }
+    const long y0 = (long)(oy * g.sh) - (long)g.pad_top;
+    const long x0 = (long)(ox * g.sw) - (long)g.pad_left;
+    const T *img = x + b * g.h * g.w * g.c;
+#pragma unroll
+    for (int k = q; k < KP; k += 4) {
+        float v = 0.0f;
+        if (live && k < K) {
+            long iy = y0 + t.dy[k], ix = x0 + t.dx[k];
+            if (iy >= 0 && iy < (long)g.h && ix >= 0 && ix < (long)g.w) {
+                v = to_f32(img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]]);
+            }
+        }
+        s[p][k] = v;
+    }
+}
+
+// y = conv(x, w) (+ b when not null), then with relu != 0 the ReLU of y rounded to T (NaN
+// propagates, as relu_vec), its mask bit (y > 0) of element i to bit i % 32 of mask[i / 32]
+// when mask is not null. The 16 threads of a mask word OR their bits with shuffles: every lane
+// takes the same trips of the position loop (DC_PIXELS is a multiple of 256 / G).
+template <typename T, int KP>
+__device__ void direct_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mask,
+                           WindowGeometry g, int K, int c_out, int relu) {
+    __shared__ __align__(16) float s[DC_PIXELS][KP];
+    __shared__ Taps t;
+    const int G = c_out / 2, R = DC_THREADS / G;
+    const int cg = threadIdx.x % G, r = threadIdx.x / G, co = 2 * cg;
+    const unsigned lane = threadIdx.x & 31;
+    float wr[KP][2];
+#pragma unroll
+    for (int k = 0; k < KP; ++k) {
+        wr[k][0] = k < K ? to_f32(w[k * c_out + co]) : 0.0f;
+        wr[k][1] = k < K ? to_f32(w[k * c_out + co + 1]) : 0.0f;
+    }
+    const float b0 = bias ? to_f32(bias[co]) : 0.0f, b1 = bias ? to_f32(bias[co + 1]) : 0.0f;
+    taps_init(t, g, K);
+    const size_t total = g.n * g.out_h * g.out_w;
+    const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        __syncthreads();
+        stage_patches<T, KP>(x, g, t, K, tile * DC_PIXELS, total, s);
+        __syncthreads();
+        for (int p = r; p < DC_PIXELS; p += R) {
+            float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KP; k += 4) {
+                float4 v = *(const float4 *)&s[p][k];
+                a0 = fmaf(v.x, wr[k][0], a0), a1 = fmaf(v.x, wr[k][1], a1);
+                a0 = fmaf(v.y, wr[k + 1][0], a0), a1 = fmaf(v.y, wr[k + 1][1], a1);
+                a0 = fmaf(v.z, wr[k + 2][0], a0), a1 = fmaf(v.z, wr[k + 2][1], a1);
+                a0 = fmaf(v.w, wr[k + 3][0], a0), a1 = fmaf(v.w, wr[k + 3][1], a1);
+            }
+            float y0 = to_f32(from_f32<T>(a0 + b0)), y1 = to_f32(from_f32<T>(a1 + b1));
+            u32 bits = 0;
+            if (relu) {
+                bits = ((u32)(y0 > 0.0f) | ((u32)(y1 > 0.0f) << 1)) << (co & 31);
+                y0 = y0 <= 0.0f ? 0.0f : y0;
+                y1 = y1 <= 0.0f ? 0.0f : y1;
+            }
+            const size_t pix = tile * DC_PIXELS + p;
+            if (mask) {
+#pragma unroll
+                for (int o = 1; o < 16; o <<= 1) bits |= __shfl_xor_sync(FULL_MASK, bits, o);
+                if ((lane & 15) == 0 && pix < total) mask[(pix * c_out + co) >> 5] = bits;
+            }
+            if (pix < total) store2(y + pix * c_out + co, y0, y1);
+        }
+    }
+}
+
+// Row `row` of a block's partials: channel pair cg's (a, b) added in f64 over the threads that
+// hold it (u = cg, cg + G, ...: a fixed order). Every thread of the block must call it.
+__device__ __forceinline__ void block_row(double (*red)[2], float a, float b, int G,
+                                          double *row) {
+    __syncthreads();
+    red[threadIdx.x][0] = a, red[threadIdx.x][1] = b;
+    __syncthreads();
+    if ((int)threadIdx.x < G) {
+        double s0 = 0.0, s1 = 0.0;
+        for (int u = threadIdx.x; u < DC_THREADS; u += G) s0 += red[u][0], s1 += red[u][1];
+        row[2 * threadIdx.x] = s0;
+        row[2 * threadIdx.x + 1] = s1;
+    }
+}
+
+// Stage 1 of dw = sum over positions of patch * dy and db = sum of dy: block b writes its f32
+// sums, added in f64 over its threads, to partial[(b * (K + 1) + k) * c_out + co] (row K: db).
+// When mask is not null, dy is first masked in place as the ReLU backward does (bit i of mask
+// clear: dy[i] = 0). Each thread sums its own positions in f32 (at most a grid's share of them:
+// the launcher's grid covers the positions evenly). Stage 2 is direct_conv_wgrad_finish.
+template <typename T, int KP>
+__device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
+                             WindowGeometry g, int K, int c_out) {
+    __shared__ __align__(16) float s[DC_PIXELS][KP];
+    __shared__ Taps t;
+    __shared__ double red[DC_THREADS][2];
+    const int G = c_out / 2, R = DC_THREADS / G;
+    const int cg = threadIdx.x % G, r = threadIdx.x / G, co = 2 * cg;
+    float acc[KP][2], db0 = 0.0f, db1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KP; ++k) acc[k][0] = acc[k][1] = 0.0f;
+    taps_init(t, g, K);
+    const size_t total = g.n * g.out_h * g.out_w;
+    const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        __syncthreads();
+        stage_patches<T, KP>(x, g, t, K, tile * DC_PIXELS, total, s);
+        __syncthreads();
+        for (int p = r; p < DC_PIXELS; p += R) {
+            const size_t pix = tile * DC_PIXELS + p;
+            if (pix >= total) break;
+            T *d = dy + pix * c_out + co;
+            float d0, d1;
+            load2(d, d0, d1);
+            if (mask) {
+                u32 bits = mask[(pix * c_out + co) >> 5] >> (co & 31);
+                d0 = bits & 1u ? d0 : 0.0f;
+                d1 = bits & 2u ? d1 : 0.0f;
+                store2(d, d0, d1);
+            }
+            db0 += d0, db1 += d1;
+#pragma unroll
+            for (int k = 0; k < KP; k += 4) {
+                float4 v = *(const float4 *)&s[p][k];
+                acc[k][0] = fmaf(v.x, d0, acc[k][0]), acc[k][1] = fmaf(v.x, d1, acc[k][1]);
+                acc[k + 1][0] = fmaf(v.y, d0, acc[k + 1][0]);
+                acc[k + 1][1] = fmaf(v.y, d1, acc[k + 1][1]);
+                acc[k + 2][0] = fmaf(v.z, d0, acc[k + 2][0]);
+                acc[k + 2][1] = fmaf(v.z, d1, acc[k + 2][1]);
+                acc[k + 3][0] = fmaf(v.w, d0, acc[k + 3][0]);
+                acc[k + 3][1] = fmaf(v.w, d1, acc[k + 3][1]);
+            }
+        }
+    }
+    // rows k < K, then row K (db)
+    double *out = partial + (size_t)blockIdx.x * (K + 1) * c_out;
+#pragma unroll
+    for (int k = 0; k < KP; ++k) {
+        if (k < K) block_row(red, acc[k][0], acc[k][1], G, out + k * c_out);
+    }
+    block_row(red, db0, db1, G, out + K * c_out);
+}
+
+// Stage 2: dw[j] (j < K * c_out, HWIO) and db[j - K * c_out] (when db is not null) = the sum
+// over the splits of partial[split, j], rounded once to T (blocks of 32 x 32 threads:
+// column_sums).
+template <typename T>
+__device__ void direct_wgrad_finish(const double *partial, T *dw, T *db, size_t splits,
+                                    size_t K, size_t c_out) {
+    size_t j;
+    double v[1];
+    if (!column_sums<1>(partial, splits, (K + 1) * c_out, &j, v)) return;
+    if (j < K * c_out) {
+        dw[j] = from_f32<T>((float)v[0]);
+    } else if (db) {
+        db[j - K * c_out] = from_f32<T>((float)v[0]);
+    }
+}
+
+#define DIRECT_K(T, S, KP)                                                                     \
+    extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
+        direct_conv_fwd_k##KP##_##S(const T *x, const T *w, const T *b, T *y, u32 *mask,      \
+                                    WindowGeometry g, int K, int c_out, int relu) {            \
+        direct_fwd<T, KP>(x, w, b, y, mask, g, K, c_out, relu);                                \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
+        direct_conv_wgrad_k##KP##_##S(const T *x, T *dy, const u32 *mask, double *partial,    \
+                                      WindowGeometry g, int K, int c_out) {                    \
+        direct_wgrad<T, KP>(x, dy, mask, partial, g, K, c_out);                                \
+    }
+
+#define INSTANTIATE_DIRECT(T, S)                                                               \
+    DIRECT_K(T, S, 4)                                                                          \
+    DIRECT_K(T, S, 8)                                                                          \
+    DIRECT_K(T, S, 12)                                                                         \
+    DIRECT_K(T, S, 16)                                                                         \
+    DIRECT_K(T, S, 20)                                                                         \
+    DIRECT_K(T, S, 24)                                                                         \
+    DIRECT_K(T, S, 28)                                                                         \
+    DIRECT_K(T, S, 32)                                                                         \
+    extern "C" __global__ void direct_conv_wgrad_finish_##S(const double *partial, T *dw,     \
+                                                            T *db, size_t splits, size_t K,    \
+                                                            size_t c_out) {                    \
+        direct_wgrad_finish<T>(partial, dw, db, splits, K, c_out);                             \
+    }
+
+FOR_FLOATS(INSTANTIATE_DIRECT)

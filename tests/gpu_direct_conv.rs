@@ -1,0 +1,240 @@
+//! The direct conv kernels (`kernels/direct_conv.cu`: convs with at most 32 taps, such as the
+//! seed's conv1) against the CPU backend on fresh seeded random inputs, in f32, bf16 and f16:
+//! the forward pass with and without the bias, with the fused ReLU (its mask bit for bit
+//! against the output), the filter and bias gradients with and without the fused ReLU backward
+//! (the masked dy bit for bit), on the seed's conv1 shape at a small image and on odd ones
+//! (stride 2 with SAME on even sizes, explicit asymmetric padding with dilation, one input
+//! channel, 32 taps with 512 outputs, a 1x1 kernel, positions not a multiple of the kernels'
+//! tiles, the seed's 200x200 at 4 images); and their workspace, exactly the schedule. Without a GPU every test prints a skip
+//! notice.
+
+mod common;
+
+use common::*;
+use stax_tensor::cuda::CudaBackend;
+use stax_tensor::ops::{self, Epilogue};
+use stax_tensor::{
+    Activation, Backend, Category, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding,
+    Precision, Tensor,
+};
+use std::sync::Arc;
+
+/// A case: input NHWC `[n, h, w, c_in]`, kernel `(kh, kw)`, `c_out`, strides, padding,
+/// dilation.
+type Case = (
+    [usize; 4],
+    (usize, usize),
+    usize,
+    (usize, usize),
+    Padding,
+    (usize, usize),
+);
+
+/// The cases (see [`Case`]).
+fn cases() -> Vec<Conv2dGeometry> {
+    let same = Padding::Same;
+    let asym = Padding::Explicit([(2, 1), (0, 3)]);
+    let table: [Case; 8] = [
+        ([2, 12, 11, 3], (3, 3), 64, (1, 1), same, (1, 1)),
+        ([3, 10, 10, 3], (3, 3), 32, (2, 2), same, (1, 1)),
+        ([2, 9, 13, 2], (3, 3), 96, (1, 2), asym, (2, 2)),
+        ([2, 8, 9, 1], (5, 5), 128, (1, 1), Padding::Valid, (1, 1)),
+        ([1, 5, 6, 2], (4, 4), 512, (1, 1), same, (1, 1)),
+        ([3, 7, 5, 1], (1, 1), 32, (1, 1), Padding::Valid, (1, 1)),
+        ([1, 3, 3, 3], (2, 2), 64, (3, 1), same, (1, 2)),
+        // the seed's conv1 at 4 images: many tiles a block
+        ([4, 200, 200, 3], (3, 3), 64, (1, 1), same, (1, 1)),
+    ];
+    table
+        .into_iter()
+        .map(|(x, (kh, kw), c_out, strides, padding, dilation)| {
+            let spec = ConvSpec {
+                strides,
+                padding,
+                dilation,
+                ..ConvSpec::default()
+            };
+            Conv2dGeometry::with_spec(&x.into(), &[kh, kw, x[3], c_out].into(), &spec).unwrap()
+        })
+        .collect()
+}
+
+/// The tolerance of a pass in `dtype`, norm-wise relative: f32 sums of exact products (1e-5,
+/// as full fp32), else two roundings of the storage type.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2.0 * 2f64.powi(-8),
+        DType::F16 => 2.0 * 2f64.powi(-11),
+        _ => 1e-5,
+    }
+}
+
+/// What one backend computes for `g` in `dtype` from the host inputs `[x, w, b, dy]`: the
+/// forward output without and with the bias, the output and mask of the fused ReLU, and the
+/// filter gradient, bias gradient and masked dy of the backward pass through `mask` (the CPU's,
+/// so both backends mask the same elements), then the filter gradient without a bias or act.
+fn passes(
+    be: &Arc<dyn Backend>,
+    g: &Conv2dGeometry,
+    dtype: DType,
+    inputs: &[Vec<f32>; 4],
+    mask: Option<&[u32]>,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let [x, w, b, dy] = inputs;
+    let x = typed(be, x, g.input_shape().dims(), dtype);
+    let w = typed(be, w, g.filter_shape().dims(), dtype);
+    let b = typed(be, b, &[g.c_out], dtype);
+    let out = || poisoned(be, g.output_shape(), dtype);
+    let (mut y_plain, mut y_bias, mut y_relu) = (out(), out(), out());
+    ops::conv2d(&x, &w, None, g, &mut y_plain, Default::default()).unwrap();
+    ops::conv2d(&x, &w, &b, g, &mut y_bias, Default::default()).unwrap();
+    let words = g.output_shape().numel() / 32;
+    let mut m = poisoned(be, [words], DType::U32);
+    let epi = Epilogue {
+        act: Some(Activation::Relu),
+        aux: Some(&mut m),
+    };
+    ops::conv2d(&x, &w, &b, g, &mut y_relu, epi).unwrap();
+    let bits = m.to_vec_u32().unwrap();
+    let used = Tensor::from_slice(be, mask.unwrap_or(&bits), [words], Category::Other).unwrap();
+    let mut d = typed(be, dy, g.output_shape().dims(), dtype);
+    let (mut dw, mut db) = (
+        poisoned(be, g.filter_shape(), dtype),
+        poisoned(be, [g.c_out], dtype),
+    );
+    let act = Some((Activation::Relu, &used));
+    ops::conv2d_bwd_filter(&x, &mut d, g, &mut dw, &mut db, act).unwrap();
+    let mut plain_dy = typed(be, dy, g.output_shape().dims(), dtype);
+    let mut dw_plain = poisoned(be, g.filter_shape(), dtype);
+    ops::conv2d_bwd_filter(&x, &mut plain_dy, g, &mut dw_plain, None, None).unwrap();
+    let host = [
+        &y_plain, &y_bias, &y_relu, &dw, &db, &d, &dw_plain, &plain_dy,
+    ];
+    (host.map(|t| t.to_vec().unwrap()).to_vec(), bits)
+}
+
+const NAMES: [&str; 8] = [
+    "forward",
+    "forward + bias",
+    "forward + bias + relu",
+    "filter grad (relu bwd fused)",
+    "bias grad (relu bwd fused)",
+    "masked dy",
+    "filter grad, no bias",
+    "dy without act (untouched)",
+];
+
+/// Every pass of every case on `cuda` matches the CPU; the mask is the GPU output's sign.
+fn direct_passes_match(cuda: &Arc<CudaBackend>) {
+    let gpu: Arc<dyn Backend> = cuda.clone();
+    let cpu = cpu();
+    for g in &cases() {
+        for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+            assert!(cuda.conv_is_direct(g, pass), "{pass:?} {g:?} is not direct");
+        }
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let what = |pass: &str| format!("{dtype} {pass} {g:?}");
+            let mut rng = Rng::new(seed_for("direct", &[g.n, g.h, g.w, g.c_in, g.c_out]));
+            let inputs = [
+                rng.vec(g.input_shape().numel(), -1.0, 1.0),
+                rng.vec(g.filter_shape().numel(), -1.0, 1.0),
+                rng.vec(g.c_out, -0.5, 0.5),
+                rng.vec(g.output_shape().numel(), -1.0, 1.0),
+            ];
+            let (on_cpu, cpu_bits) = passes(&cpu, g, dtype, &inputs, None);
+            let (on_gpu, gpu_bits) = passes(&gpu, g, dtype, &inputs, Some(&cpu_bits));
+            for (i, y) in on_gpu[2].iter().enumerate() {
+                let bit = gpu_bits[i / 32] >> (i % 32) & 1 == 1;
+                assert_eq!(bit, *y > 0.0, "{}: mask bit {i} vs y {y}", what("mask"));
+            }
+            for (i, name) in NAMES.iter().enumerate() {
+                let (a, b) = (&on_gpu[i], &on_cpu[i]);
+                assert!(a.iter().all(|v| v.is_finite()), "{}", what(name));
+                match i {
+                    5 | 7 => assert_close(a, b, 0.0, 0.0, &what(name)),
+                    _ => {
+                        let e = assert_rel_close(a, b, tolerance(dtype), &what(name));
+                        println!("{}: rel {e:.2e}", what(name));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn direct_convs_match_the_cpu() {
+    let Some(cuda) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    direct_passes_match(&cuda);
+}
+
+/// With the epilogues unfused the direct forward runs the bias and ReLU as their own passes and
+/// the filter gradient masks dy first: the same results.
+#[test]
+fn direct_convs_match_the_cpu_with_the_epilogues_unfused() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    cuda.set_fused_epilogues(false);
+    direct_passes_match(&cuda);
+}
+
+/// Switched off, no conv is direct: the same geometries then run on cuDNN.
+#[test]
+fn direct_convs_switch_off() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    cuda.set_direct_convs(false);
+    for g in &cases() {
+        assert!(!cuda.conv_is_direct(g, ConvPass::Forward), "{g:?}");
+        assert!(!cuda.conv_is_direct(g, ConvPass::BackwardFilter), "{g:?}");
+    }
+}
+
+/// A direct forward pass allocates no workspace and a direct filter gradient exactly its
+/// partials, with and without a bias: the schedule, to the byte and in order.
+#[test]
+fn direct_workspace_is_the_schedule() {
+    let Some(gpu) = private_gpu_or_skip() else {
+        return;
+    };
+    let mut rng = Rng::new(seed_for("direct_workspace", &[]));
+    for g in &cases()[..2] {
+        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
+        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
+        let op = |pass, bias| OpDesc::Conv {
+            geometry: *g,
+            pass,
+            dtype: DType::F32,
+            bias,
+        };
+        let fwd = gpu
+            .workspace_schedule(&op(ConvPass::Forward, true))
+            .unwrap();
+        assert!(fwd.is_empty(), "{g:?}: {fwd:?}");
+        let check = |what: &str, op, run: &mut dyn FnMut()| {
+            assert_workspace_is_the_schedule(&gpu, &format!("{what} {g:?}"), op, run)
+        };
+        check("direct fwd", op(ConvPass::Forward, true), &mut || {
+            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
+        });
+        check(
+            "direct bwd filter",
+            op(ConvPass::BackwardFilter, true),
+            &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap(),
+        );
+        check(
+            "direct bwd filter no bias",
+            op(ConvPass::BackwardFilter, false),
+            &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, None, None).unwrap(),
+        );
+    }
+}
