@@ -17,7 +17,7 @@
 
 use clap::Parser;
 use stax::tensor::backend::DenseDx;
-use stax::tensor::cuda::CudaBackend;
+use stax::tensor::cuda::{CudaBackend, DirectConvs};
 use stax::tensor::ops::{self, Epilogue};
 use stax::tensor::{Activation, AdamHyper, Conv2dGeometry, TensorError};
 use stax::train::Trainer;
@@ -297,9 +297,9 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    gpu.set_direct_convs(false);
+    gpu.set_direct_convs(DirectConvs::All);
     p.flops(conv1_f).time(
-        "conv1 forward + bias + relu1, cuDNN (direct off)",
+        "conv1 forward + bias + relu1, direct kernel (all)",
         in_act + act + mask,
         false,
         &mut || {
@@ -316,7 +316,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    gpu.set_direct_convs(true);
+    gpu.set_direct_convs(DirectConvs::Winning);
     gpu.set_fused_epilogues(false);
     p.flops(conv1_f).time(
         "conv1 forward + bias + relu1, unfused",
@@ -502,9 +502,9 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    gpu.set_direct_convs(false);
+    gpu.set_direct_convs(DirectConvs::All);
     p.flops(conv1_f).time(
-        "relu1 bwd + conv1 bwd filter + bias grad, cuDNN (direct off)",
+        "relu1 bwd + conv1 bwd filter + bias grad, direct kernel (all)",
         3.0 * act + in_act + mask,
         false,
         &mut || {
@@ -518,7 +518,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             )
         },
     );
-    gpu.set_direct_convs(true);
+    gpu.set_direct_convs(DirectConvs::Winning);
     gpu.set_fused_epilogues(false);
     p.flops(conv1_f).time(
         "relu1 bwd + conv1 bwd filter + bias grad, unfused",
@@ -705,9 +705,9 @@ fn main() {
         println!("(again with the epilogues unfused)");
         whole_step(&gpu, args.batch, args.img, args.steps);
         gpu.set_fused_epilogues(true);
-        gpu.set_direct_convs(false);
-        println!("(again with the direct conv kernels off: conv1 on cuDNN)");
+        gpu.set_direct_convs(DirectConvs::All);
+        println!("(again with every direct conv kernel: conv1 forward and filter grad)");
         whole_step(&gpu, args.batch, args.img, args.steps);
-        gpu.set_direct_convs(true);
+        gpu.set_direct_convs(DirectConvs::Winning);
     }
 }

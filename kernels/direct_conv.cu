@@ -1,8 +1,9 @@
 // direct_conv.cu: the forward pass and the filter gradient of a convolution with few taps
 // (K = kh * kw * c_in <= 32: a network's first layer on RGB images), computed directly in f32
-// FMAs (no tensor cores, no im2col matrix): NHWC input, HWIO kernel, c_out a multiple of 32 up
-// to 512. Such a conv is bound by the bytes of its output (forward) and output gradient
-// (filter gradient), which cuDNN's general algorithms do not reach for 3 input channels.
+// FMAs (no tensor cores, no im2col matrix): NHWC input, HWIO kernel, c_out a power of two from
+// 32 to 512 (G = c_out / 2 divides the block). Exact fp32 products in every precision; on the
+// H200 the seed's conv1 forward (bias, ReLU and mask fused) runs at about 870 GB/s, bound by
+// its instructions (staging, FMAs, epilogue), not yet by the 1.1 GB it moves.
 //
 // A block of 256 threads works on tiles of DC_PIXELS consecutive output positions (in n, oy, ox
 // order): it stages their patches (K values each, in HWIO tap order k = (ky * kw + kx) * c_in +

@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use stax_tensor::cuda::CudaBackend;
+use stax_tensor::cuda::{CudaBackend, DirectConvs};
 use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
     Activation, Backend, Category, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding,
@@ -37,7 +37,7 @@ fn cases() -> Vec<Conv2dGeometry> {
     let table: [Case; 8] = [
         ([2, 12, 11, 3], (3, 3), 64, (1, 1), same, (1, 1)),
         ([3, 10, 10, 3], (3, 3), 32, (2, 2), same, (1, 1)),
-        ([2, 9, 13, 2], (3, 3), 96, (1, 2), asym, (2, 2)),
+        ([2, 9, 13, 2], (3, 3), 256, (1, 2), asym, (2, 2)),
         ([2, 8, 9, 1], (5, 5), 128, (1, 1), Padding::Valid, (1, 1)),
         ([1, 5, 6, 2], (4, 4), 512, (1, 1), same, (1, 1)),
         ([3, 7, 5, 1], (1, 1), 32, (1, 1), Padding::Valid, (1, 1)),
@@ -129,10 +129,11 @@ fn direct_passes_match(cuda: &Arc<CudaBackend>) {
     let gpu: Arc<dyn Backend> = cuda.clone();
     let cpu = cpu();
     for g in &cases() {
-        for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
-            assert!(cuda.conv_is_direct(g, pass), "{pass:?} {g:?} is not direct");
-        }
         for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+                let direct = cuda.conv_is_direct(g, dtype, pass);
+                assert!(direct, "{dtype} {pass:?} {g:?} is not direct");
+            }
             let what = |pass: &str| format!("{dtype} {pass} {g:?}");
             let mut rng = Rng::new(seed_for("direct", &[g.n, g.h, g.w, g.c_in, g.c_out]));
             let inputs = [
@@ -167,6 +168,7 @@ fn direct_convs_match_the_cpu() {
     let Some(cuda) = private_cuda_with(Precision::Highest) else {
         return;
     };
+    cuda.set_direct_convs(DirectConvs::All);
     direct_passes_match(&cuda);
 }
 
@@ -178,19 +180,67 @@ fn direct_convs_match_the_cpu_with_the_epilogues_unfused() {
         return;
     };
     cuda.set_fused_epilogues(false);
+    cuda.set_direct_convs(DirectConvs::All);
     direct_passes_match(&cuda);
 }
 
-/// Switched off, no conv is direct: the same geometries then run on cuDNN.
+/// The modes: off, no pass is direct; winning (the default), only the f32 forward pass under
+/// full fp32; all, forward and filter gradient in every float dtype. Never backward data.
 #[test]
-fn direct_convs_switch_off() {
-    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
-        return;
-    };
-    cuda.set_direct_convs(false);
-    for g in &cases() {
-        assert!(!cuda.conv_is_direct(g, ConvPass::Forward), "{g:?}");
-        assert!(!cuda.conv_is_direct(g, ConvPass::BackwardFilter), "{g:?}");
+fn direct_conv_modes_choose_their_passes() {
+    for precision in [Precision::Highest, Precision::Tf32] {
+        let Some(cuda) = private_cuda_with(precision) else {
+            return;
+        };
+        assert_eq!(cuda.direct_convs(), DirectConvs::Winning);
+        for mode in [DirectConvs::Off, DirectConvs::Winning, DirectConvs::All] {
+            cuda.set_direct_convs(mode);
+            for g in &cases() {
+                for dtype in [DType::F32, DType::BF16, DType::F16] {
+                    for pass in [
+                        ConvPass::Forward,
+                        ConvPass::BackwardData,
+                        ConvPass::BackwardFilter,
+                    ] {
+                        let want = match mode {
+                            DirectConvs::Off => false,
+                            DirectConvs::Winning => {
+                                pass == ConvPass::Forward
+                                    && dtype == DType::F32
+                                    && precision == Precision::Highest
+                            }
+                            DirectConvs::All => pass != ConvPass::BackwardData,
+                        };
+                        let got = cuda.conv_is_direct(g, dtype, pass);
+                        assert_eq!(got, want, "{mode:?} {precision:?} {dtype} {pass:?} {g:?}");
+                    }
+                }
+            }
+        }
+        // outside what the kernels take: 33 taps, 96 outputs (not a power of two), NCHW
+        cuda.set_direct_convs(DirectConvs::All);
+        let spec = ConvSpec::default();
+        for (x, w) in [
+            ([1, 6, 6, 11], [3, 1, 11, 64]),
+            ([1, 6, 6, 3], [3, 3, 3, 96]),
+        ] {
+            let g = Conv2dGeometry::with_spec(&x.into(), &w.into(), &spec).unwrap();
+            assert!(
+                !cuda.conv_is_direct(&g, DType::F32, ConvPass::Forward),
+                "{g:?}"
+            );
+        }
+        let nchw = ConvSpec {
+            layout: stax_tensor::Layout::Nchw,
+            filter: stax_tensor::FilterLayout::Oihw,
+            ..spec
+        };
+        let g =
+            Conv2dGeometry::with_spec(&[1, 3, 6, 6].into(), &[64, 3, 3, 3].into(), &nchw).unwrap();
+        assert!(
+            !cuda.conv_is_direct(&g, DType::F32, ConvPass::Forward),
+            "{g:?}"
+        );
     }
 }
 
@@ -198,9 +248,11 @@ fn direct_convs_switch_off() {
 /// partials, with and without a bias: the schedule, to the byte and in order.
 #[test]
 fn direct_workspace_is_the_schedule() {
-    let Some(gpu) = private_gpu_or_skip() else {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
         return;
     };
+    cuda.set_direct_convs(DirectConvs::All);
+    let gpu: Arc<dyn Backend> = cuda;
     let mut rng = Rng::new(seed_for("direct_workspace", &[]));
     for g in &cases()[..2] {
         let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
 use stax::tensor::cpu::CpuBackend;
-use stax::tensor::cuda::{ConvApis, CudaBackend, Fp32Convs};
+use stax::tensor::cuda::{ConvApis, CudaBackend, DirectConvs, Fp32Convs};
 use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
@@ -175,10 +175,11 @@ pub struct Common {
     /// parts, whichever the search times faster), fma or 3xtf32.
     #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
     pub fp32_convs: Fp32Convs,
-    /// CUDA: run every conv pass on cuDNN, with our direct kernels for convs of at most 32
-    /// taps (the first conv on RGB images: forward and filter gradient) off.
-    #[arg(long)]
-    pub no_direct_convs: bool,
+    /// CUDA: where our direct kernels for convs of at most 32 taps (the first conv on RGB
+    /// images) run instead of cuDNN: winning (default: where measured faster, the f32 forward
+    /// pass under --precision highest), all (forward and filter gradient) or off.
+    #[arg(long, default_value = "winning", value_parser = direct_convs)]
+    pub direct_convs: DirectConvs,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }
@@ -302,13 +303,18 @@ fn conv_apis(s: &str) -> Result<ConvApis, &'static str> {
     s.parse().map_err(|_| "expected legacy, graph or both")
 }
 
+/// `--direct-convs`: the word parsed, or clap's error with the accepted words (once).
+fn direct_convs(s: &str) -> Result<DirectConvs, &'static str> {
+    s.parse().map_err(|_| "expected winning, all or off")
+}
+
 /// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
 fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
     s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
 }
 
 /// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs` and
-/// `--no-direct-convs` choices.
+/// `--direct-convs` choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -318,7 +324,7 @@ fn open_cuda(
     cuda.set_deterministic(args.deterministic);
     cuda.set_conv_apis(args.conv_apis);
     cuda.set_fp32_convs(args.fp32_convs);
-    cuda.set_direct_convs(!args.no_direct_convs);
+    cuda.set_direct_convs(args.direct_convs);
     Ok(cuda)
 }
 

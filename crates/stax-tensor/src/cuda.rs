@@ -46,10 +46,11 @@ use crate::{
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use stax_alloc::{Allocator, RawMemory, Strategy};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cudnn::{ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT, Fp32Convs};
+pub use direct::DirectConvs;
 pub use transfer::STAGING_CHUNK_BYTES;
 
 /// A CUDA device opened for computing (see the module docs).
@@ -68,8 +69,8 @@ pub struct CudaBackend {
     workspace_limit: usize,
     /// Whether epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
     fused: AtomicBool,
-    /// Whether the direct conv kernels run (see [`CudaBackend::set_direct_convs`]).
-    direct: AtomicBool,
+    /// Which passes run the direct conv kernels ([`DirectConvs::code`]).
+    direct: AtomicU8,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -204,7 +205,7 @@ impl CudaBackend {
             precision: options.precision,
             workspace_limit: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_LIMIT),
             fused: AtomicBool::new(true),
-            direct: AtomicBool::new(true),
+            direct: AtomicU8::new(DirectConvs::Winning.code()),
         }))
     }
 
@@ -253,18 +254,18 @@ impl CudaBackend {
         self.dnn.set_fp32(fp32);
     }
 
-    /// Turns the direct conv kernels on (the default) or off: the forward pass and the filter
-    /// gradient of a convolution with at most 32 taps (a first layer on RGB images, see
-    /// [`CudaBackend::conv_is_direct`]) in our own f32 kernels instead of cuDNN's. Off, those
-    /// passes run on cuDNN as every other conv. Their workspace differs, so set it before a
-    /// memory plan is made (before training starts). For A/B timing and tests.
-    pub fn set_direct_convs(&self, on: bool) {
-        self.direct.store(on, Ordering::Relaxed);
+    /// Chooses which conv passes run our direct kernels (default [`DirectConvs::Winning`]):
+    /// the forward pass and the filter gradient of a convolution with at most 32 taps (a first
+    /// layer on RGB images, see [`CudaBackend::conv_is_direct`]), in f32 FMAs instead of
+    /// cuDNN's algorithms. Their workspace differs from cuDNN's, so set it before a memory
+    /// plan is made (before training starts).
+    pub fn set_direct_convs(&self, mode: DirectConvs) {
+        self.direct.store(mode.code(), Ordering::Relaxed);
     }
 
-    /// Whether the direct conv kernels run (see [`CudaBackend::set_direct_convs`]).
-    pub fn direct_convs(&self) -> bool {
-        self.direct.load(Ordering::Relaxed)
+    /// Which conv passes run the direct kernels (see [`CudaBackend::set_direct_convs`]).
+    pub fn direct_convs(&self) -> DirectConvs {
+        DirectConvs::from_code(self.direct.load(Ordering::Relaxed))
     }
 
     /// Whether the epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).

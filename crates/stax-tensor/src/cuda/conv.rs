@@ -494,7 +494,7 @@ impl CudaBackend {
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
-        match self.conv_is_direct(&c.g, ConvPass::Forward) {
+        match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::Forward) {
             true => self.bind().and_then(|()| self.direct_forward(c)),
             false => self.conv_forward(c),
         }
@@ -506,7 +506,7 @@ impl ConvOps for CudaBackend {
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
-        match self.conv_is_direct(&c.g, ConvPass::BackwardFilter) {
+        match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::BackwardFilter) {
             true => self.bind().and_then(|()| self.direct_filter_grad(c)),
             false => self.conv_backward_filter(c),
         }

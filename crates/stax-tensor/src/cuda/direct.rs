@@ -5,26 +5,88 @@
 //! network's first layer on RGB images with a small kernel. `kernels/direct_conv.cu` computes
 //! them in f32 FMAs, the same arithmetic in every precision (so also full fp32).
 //!
-//! Such a pass is bound by the bytes of its output (forward) or of its output gradient (filter
-//! gradient): the seed's is 1.02 GB, about 0.25 ms at the H200's copy bandwidth, against 0.93 ms
-//! for cuDNN's TF32 forward with the bias and ReLU fused plus the mask pass, and 1.50 ms for
-//! the masked bias gradient then cuDNN's TF32 filter gradient (`step_profile` on the H200,
-//! BENCHMARKS.md). The backward-data pass stays on cuDNN (a first layer has none).
+//! Such a pass moves the bytes of its output (forward) or of its output gradient (filter
+//! gradient) and little else: the seed's is 1.02 GB, about 0.25 ms at the H200's copy
+//! bandwidth. Measured on the H200 (`step_profile`, 2026-12-03, BENCHMARKS.md) the kernels run
+//! at about 870 GB/s, bound by their instructions: the forward pass with bias, ReLU and mask
+//! takes 1.27 ms against cuDNN's 2.31 ms in full fp32 (its FMA algorithms) but 0.95 ms in
+//! TF32, and the masked filter gradient 1.71 ms against cuDNN's 1.46. [`DirectConvs`] picks
+//! where they run; by default only where they win. The backward-data pass stays on cuDNN (a
+//! first layer has none).
 
 use super::CudaBackend;
 use super::kernels::direct_applies;
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
-use crate::{Activation, Conv2dGeometry, ConvPass, TensorError};
+use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
+
+/// Which conv passes run the direct kernels (see [`CudaBackend::set_direct_convs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectConvs {
+    /// None: every pass on cuDNN.
+    Off,
+    /// Where they measured faster than cuDNN: the f32 forward pass under
+    /// [`crate::Precision::Highest`] (the seed's conv1 with bias, ReLU and mask: 1.27 ms against
+    /// cuDNN's 2.31, H200, 2026-12-03). Under TF32 cuDNN's forward (0.95 ms) and, in both
+    /// precisions, its filter gradient (1.46 ms against 1.71) are faster; bf16 and f16 were
+    /// not measured yet.
+    #[default]
+    Winning,
+    /// Every pass the kernels take, forward and filter gradient in every float dtype: for tests
+    /// and A/B timing.
+    All,
+}
+
+impl DirectConvs {
+    /// The mode stored in the backend's atomic.
+    pub(super) fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The mode of [`DirectConvs::code`].
+    pub(super) fn from_code(code: u8) -> DirectConvs {
+        match code {
+            0 => DirectConvs::Off,
+            1 => DirectConvs::Winning,
+            _ => DirectConvs::All,
+        }
+    }
+}
+
+impl std::str::FromStr for DirectConvs {
+    type Err = TensorError;
+
+    /// `off`, `winning` or `all`.
+    fn from_str(s: &str) -> Result<Self, TensorError> {
+        match s {
+            "off" => Ok(DirectConvs::Off),
+            "winning" => Ok(DirectConvs::Winning),
+            "all" => Ok(DirectConvs::All),
+            other => Err(TensorError::InvalidArgument {
+                op: "direct_convs",
+                reason: format!("{other:?}: expected off, winning or all"),
+            }),
+        }
+    }
+}
 
 impl CudaBackend {
-    /// Whether `pass` of `g` runs the direct kernels: on (see
-    /// [`CudaBackend::set_direct_convs`]), forward or filter gradient, and `g` within what
-    /// they take (at most 32 taps `kh · kw · c_in`, `c_out` a multiple of 32 from 32 to 512,
-    /// NHWC with an HWIO kernel, a non-empty output). A function of the geometry, so a memory
-    /// plan made on it holds: such a forward pass allocates no workspace, such a filter
-    /// gradient one block of f64 partials.
-    pub fn conv_is_direct(&self, g: &Conv2dGeometry, pass: ConvPass) -> bool {
-        self.direct_convs() && pass != ConvPass::BackwardData && direct_applies(g)
+    /// Whether `pass` of `g` in `dtype` runs the direct kernels: the mode
+    /// ([`CudaBackend::set_direct_convs`]) selects it, it is the forward pass or the filter
+    /// gradient, and `g` is within what they take (at most 32 taps `kh · kw · c_in`, `c_out` a
+    /// power of two from 32 to 512, NHWC with an HWIO kernel, a non-empty output). A function
+    /// of the geometry, dtype and backend settings, so a memory plan made on it holds: such a
+    /// forward pass allocates no workspace, such a filter gradient one block of f64 partials.
+    pub fn conv_is_direct(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let chosen = match self.direct_convs() {
+            DirectConvs::Off => false,
+            DirectConvs::Winning => {
+                pass == ConvPass::Forward
+                    && dtype == DType::F32
+                    && self.precision == Precision::Highest
+            }
+            DirectConvs::All => pass != ConvPass::BackwardData,
+        };
+        chosen && direct_applies(g)
     }
 
     /// Bytes of the direct filter gradient's partials for `g` (its whole workspace).

@@ -183,7 +183,7 @@ impl CudaBackend {
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
         let mut s = Schedule::default();
-        if self.conv_is_direct(g, pass) {
+        if self.conv_is_direct(g, dtype, pass) {
             if pass == ConvPass::BackwardFilter {
                 s.scoped(self.direct_wgrad_bytes(g));
             }
@@ -274,7 +274,7 @@ impl CudaBackend {
         dtype: DType,
         pass: ConvPass,
     ) -> bool {
-        self.conv_is_direct(g, pass)
+        self.conv_is_direct(g, dtype, pass)
             || (pass == ConvPass::BackwardFilter
                 && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
             || self

@@ -21,15 +21,15 @@ fn taps(g: &Conv2dGeometry) -> usize {
 }
 
 /// Whether both direct kernels take `g`: an NHWC input with an HWIO kernel, 1 to
-/// [`MAX_TAPS`] taps, `c_out` a multiple of 32 from 32 to 512 (whole mask words of one position;
-/// 2 channels a thread, at most a block's 256 threads a position), a non-empty output, and
+/// [`MAX_TAPS`] taps, `c_out` a power of two from 32 to 512 (whole mask words of one position;
+/// 2 channels a thread, a divisor of the block's 256 threads a position), a non-empty output, and
 /// window offsets within `i32` (the kernel's tap tables).
 pub(crate) fn direct_applies(g: &Conv2dGeometry) -> bool {
     let small = |v: usize| v <= i32::MAX as usize;
     g.layout == Layout::Nhwc
         && g.filter == FilterLayout::Hwio
         && (1..=MAX_TAPS).contains(&taps(g))
-        && g.c_out % 32 == 0
+        && g.c_out.is_power_of_two()
         && (32..=512).contains(&g.c_out)
         && g.output_shape().numel() > 0
         && small(g.h)
