@@ -582,17 +582,23 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         &mut || ops::adam(&mut wd, &dwd, &mut m, &mut v, &h1),
     );
     // What the step runs instead of the three rows above: Adam in dense1's backward pass.
+    // At a small batch, the one-pass kernel and (for A/B) the chunks.
     let mut dx1 = empty(&be, &[b, feat], DType::F32);
-    p.flops(2.0 * dense_f).time(
-        "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
-        2.0 * act + 24.0 * n,
-        true,
-        &mut || {
-            let dx = DenseDx::Into(&mut dx1);
-            ops::dense_adam(&mut y2f, &dz, &mut wd, &mut m, &mut v, dx, &h1)?;
-            ops::bias_grad(&dz, &mut dbd)
-        },
-    );
+    let one_pass = p.gpu.dense_adam_is_rows(b, 128, DType::F32);
+    for rows_kernel in [true, false].into_iter().filter(|&r| one_pass || !r) {
+        p.gpu.set_dense_adam_rows(rows_kernel);
+        let name = match rows_kernel {
+            true => "dense1 backward + adam (dense_adam in one pass)",
+            false => "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
+        };
+        p.flops(2.0 * dense_f)
+            .time(name, 2.0 * act + 24.0 * n, true, &mut || {
+                let dx = DenseDx::Into(&mut dx1);
+                ops::dense_adam(&mut y2f, &dz, &mut wd, &mut m, &mut v, dx, &h1)?;
+                ops::bias_grad(&dz, &mut dbd)
+            });
+    }
+    p.gpu.set_dense_adam_rows(true);
     drop(dx1);
     let mut small: Vec<[Tensor; 4]> = Vec::new();
     for (i, shape) in [
@@ -709,5 +715,11 @@ fn main() {
         println!("(again with every direct conv kernel: conv1 forward and filter grad)");
         whole_step(&gpu, args.batch, args.img, args.steps);
         gpu.set_direct_convs(DirectConvs::Winning);
+        if gpu.dense_adam_is_rows(args.batch, 128, DType::F32) {
+            gpu.set_dense_adam_rows(false);
+            println!("(again with the dense update by chunks)");
+            whole_step(&gpu, args.batch, args.img, args.steps);
+            gpu.set_dense_adam_rows(true);
+        }
     }
 }

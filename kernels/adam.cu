@@ -185,3 +185,160 @@ extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__re
     adam_old_vec_t<bf16_t>(p, g, m, v, (bf16_t *)0, h, n);
 }
 
+
+// A dense layer's backward pass with Adam on its f32 weight in one pass over the weight, for a
+// batch of M <= 16 rows and at most 128 output features (ops::dense_adam's small-batch path):
+// x [M, k], dy [M, n], w, mu, nu [k, n], dx [M, k] (null: not computed; may be x itself). Per
+// weight row i: dx[b, i] = sum_j dy[b, j] w_old[i, j], dw[i, :] = sum_b x[b, i] dy[b, :] (in
+// registers, never stored), then adam_one on w, mu, nu. The weight, its moments, x and dx each
+// cross memory once: the whole pass's floor is its 6 k n floats of w, mu, nu (read and write).
+//
+// A warp takes 32 weight rows at a time: lane l holds columns l + 32 c (c < 4) of dy for every
+// b in registers (loaded once); x's 32 columns are staged in shared memory (read before dx is
+// written, by the same lane, so an in-place dx is safe) and dx's 32 columns gathered there and
+// stored at the end. A row's M dot products with dy are summed over the lanes by a butterfly
+// reduce-scatter (P - 1 + 5 - log2 P shuffles for P = M rounded up to a power of two): after it
+// the lanes whose low 5 - log2 P bits are 0 hold row sum b = the lane's high log2 P bits.
+#define DENSE_ROWS_WARPS 4
+
+template <int M> struct Pow2 {
+    static const int value = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
+};
+
+// s[0..P) summed over the warp's lanes; returns the sum whose index is `*b` (see above).
+template <int P> __device__ __forceinline__ float reduce_scatter(float (&s)[P], int lane, int *b) {
+    int idx = 0;
+#pragma unroll
+    for (int o = 16, cnt = P; o >= 1; o >>= 1) {
+        if (cnt > 1) {
+            int half = cnt / 2;
+            bool upper = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < half; ++i) {
+                float send = upper ? s[i] : s[i + half];
+                float keep = upper ? s[i + half] : s[i];
+                s[i] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+            }
+            idx = 2 * idx + (upper ? 1 : 0);
+            cnt = half;
+        } else {
+            s[0] += __shfl_xor_sync(FULL_MASK, s[0], o);
+        }
+    }
+    *b = idx;
+    return s[0];
+}
+
+// Row `row`'s columns lane + 32 c of w, mu, nu (0 past n).
+__device__ __forceinline__ void load_row(const float *w, const float *mu, const float *nu,
+                                         size_t row, int lane, int n, float (&wv)[4],
+                                         float (&mv)[4], float (&vv)[4]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        int j = lane + 32 * c;
+        bool in = j < n;
+        wv[c] = in ? w[row + j] : 0.0f;
+        mv[c] = in ? mu[row + j] : 0.0f;
+        vv[c] = in ? nu[row + j] : 0.0f;
+    }
+}
+
+template <int M>
+__device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *__restrict__ dy,
+                                                  float *__restrict__ w, float *__restrict__ mu,
+                                                  float *__restrict__ nu, float *dx, AdamHyper h,
+                                                  int n, size_t k) {
+    const int P = Pow2<M>::value;
+    __shared__ float xs[DENSE_ROWS_WARPS][M][32];
+    // dx's sums, [b][r] 33 apart: both the row-wise writes and the column-wise reads are
+    // conflict-free
+    __shared__ float ds[DENSE_ROWS_WARPS][M][33];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float d[M][4];
+#pragma unroll
+    for (int b = 0; b < M; ++b)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            int j = lane + 32 * c;
+            d[b][c] = j < n ? dy[(size_t)b * n + j] : 0.0f;
+        }
+    size_t groups = (k + 31) / 32;
+    WARP_STRIDE(grp, groups) {
+        size_t i0 = grp * 32;
+        int rows = (int)min((size_t)32, k - i0);
+#pragma unroll
+        for (int b = 0; b < M; ++b) xs[wid][b][lane] = lane < rows ? x[b * k + i0 + lane] : 0.0f;
+        __syncwarp();
+        float wv[4], mv[4], vv[4];
+        load_row(w, mu, nu, i0 * n, lane, n, wv, mv, vv);
+        for (int r = 0; r < rows; ++r) {
+            size_t row = (i0 + r) * (size_t)n;
+            // the next row's loads in flight while this one computes
+            float wn[4], mn[4], vn[4];
+            load_row(w, mu, nu, r + 1 < rows ? row + n : row, lane, n, wn, mn, vn);
+            float s[P];
+#pragma unroll
+            for (int b = 0; b < P; ++b) {
+                float acc = 0.0f;
+                if (b < M) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc = fmaf(d[b][c], wv[c], acc);
+                }
+                s[b] = acc;
+            }
+            int b;
+            float total = reduce_scatter<P>(s, lane, &b);
+            if (b < M && (lane & ((32 / P) - 1)) == 0) ds[wid][b][r] = total;
+            float g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int b2 = 0; b2 < M; ++b2) {
+                float xb = xs[wid][b2][r];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) g[c] = fmaf(xb, d[b2][c], g[c]);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                int j = lane + 32 * c;
+                if (j < n) {
+                    adam_one(wv[c], g[c], mv[c], vv[c], h);
+                    w[row + j] = wv[c];
+                    mu[row + j] = mv[c];
+                    nu[row + j] = vv[c];
+                }
+                wv[c] = wn[c];
+                mv[c] = mn[c];
+                vv[c] = vn[c];
+            }
+        }
+        __syncwarp();
+        if (dx && lane < rows) {
+#pragma unroll
+            for (int b = 0; b < M; ++b) dx[b * k + i0 + lane] = ds[wid][b][lane];
+        }
+        __syncwarp();
+    }
+}
+
+// dense_adam_rows_m<M> for M = 1 .. 16: blocks of DENSE_ROWS_WARPS warps, any grid.
+#define DENSE_ADAM_ROWS(M)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS)                       \
+        dense_adam_rows_m##M(const float *x, const float *dy, float *w, float *mu, float *nu, \
+                             float *dx, AdamHyper h, int n, size_t k) {                        \
+        dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \
+    }
+DENSE_ADAM_ROWS(1)
+DENSE_ADAM_ROWS(2)
+DENSE_ADAM_ROWS(3)
+DENSE_ADAM_ROWS(4)
+DENSE_ADAM_ROWS(5)
+DENSE_ADAM_ROWS(6)
+DENSE_ADAM_ROWS(7)
+DENSE_ADAM_ROWS(8)
+DENSE_ADAM_ROWS(9)
+DENSE_ADAM_ROWS(10)
+DENSE_ADAM_ROWS(11)
+DENSE_ADAM_ROWS(12)
+DENSE_ADAM_ROWS(13)
+DENSE_ADAM_ROWS(14)
+DENSE_ADAM_ROWS(15)
+DENSE_ADAM_ROWS(16)

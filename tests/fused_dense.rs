@@ -9,7 +9,7 @@ mod common;
 
 use common::{
     Rng, assert_rel_close, assert_workspace_is_the_schedule, cpu, cuda_or_skip, on_both, poisoned,
-    private_gpu_or_skip, seed_for, with_precision,
+    private_cuda_with, seed_for, with_precision,
 };
 use stax::tensor::backend::DenseDx;
 use stax::{Adam, Backend, Category, DType, Precision, Tensor};
@@ -23,55 +23,81 @@ fn hyper() -> AdamHyper {
 
 #[test]
 fn gpu_dense_adam_matches_cpu() {
-    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+    let Some(gpu) = private_cuda_with(Precision::Highest) else {
         return;
     };
     let cpu = cpu();
-    // (m, n, k): chunks of 64 MiB of gradient (70,000 rows of 300 are two, the second
-    // partial), one chunk, a batch of one row, the seed's shape at batch 10 and 64
+    // (m, n, k), the way dx is written: chunks of 64 MiB of gradient (70,000 rows of 300 are
+    // two, the second partial), one chunk, a batch of one row, the seed's shape at batch 10
+    // (once only read, once in place) and 64; the one-pass kernel's edges (16 rows, one
+    // output, 100 outputs in k = 65 rows: two groups of 32 and a partial one) and just past
+    // them (17 rows, 129 outputs: chunks)
     let cases = [
         ((100, 300, 70_000), 0),
         ((1, 3, 100), 1),
         ((3, 5, 77), 1),
         ((10, 128, 40_000), 2),
+        ((10, 128, 40_000), 0),
         ((64, 128, 5_000), 0),
+        ((16, 128, 3_001), 1),
+        ((2, 1, 31), 0),
+        ((7, 100, 65), 1),
+        ((17, 128, 500), 1),
+        ((5, 129, 500), 0),
     ];
-    for ((m, n, k), mode) in cases {
-        let mut rng = Rng::new(seed_for("dense_adam", &[m, n, k]));
-        let mut both = |rows, cols, positive: bool| {
-            let mut v = rng.vec(rows * cols, -1.0, 1.0);
-            if positive {
-                v.iter_mut().for_each(|x| *x = x.abs());
-            }
-            on_both(&gpu, &cpu, &v, [rows, cols])
-        };
-        let (mut xg, mut xc) = both(m, k, false);
-        let (dyg, dyc) = both(m, n, false);
-        let (mut wg, mut wc) = both(k, n, false);
-        let (mut mug, mut muc) = both(k, n, false);
-        let (mut nug, mut nuc) = both(k, n, true);
-        let mut dxg = poisoned(&gpu, [m, k], DType::F32);
-        let mut dxc = Tensor::empty(&cpu, [m, k], DType::F32, stax::Category::Other).unwrap();
-        let (dx_g, dx_c) = match mode {
-            0 => (DenseDx::InPlace, DenseDx::InPlace),
-            1 => (DenseDx::Into(&mut dxg), DenseDx::Into(&mut dxc)),
-            _ => (DenseDx::Skip, DenseDx::Skip),
-        };
-        ops::dense_adam(&mut xg, &dyg, &mut wg, &mut mug, &mut nug, dx_g, &hyper()).unwrap();
-        ops::dense_adam(&mut xc, &dyc, &mut wc, &mut muc, &mut nuc, dx_c, &hyper()).unwrap();
-        let what = |s: &str| format!("{s} of dense_adam m{m} n{n} k{k} mode {mode}");
-        let pairs = [(&wg, &wc, "w"), (&mug, &muc, "mu"), (&nug, &nuc, "nu")];
-        for (g, c, name) in pairs {
-            let (g, c) = (g.to_vec().unwrap(), c.to_vec().unwrap());
-            assert_rel_close(&g, &c, 1e-5, &what(name));
+    for rows_kernel in [true, false] {
+        gpu.set_dense_adam_rows(rows_kernel);
+        for ((m, n, k), mode) in cases {
+            let gpu: Arc<dyn Backend> = gpu.clone();
+            let what = format!("dense_adam m{m} n{n} k{k} mode {mode}, rows kernel {rows_kernel}");
+            dense_adam_agrees(&gpu, &cpu, (m, n, k), mode, &what);
         }
-        let (g, c) = match mode {
-            1 => (dxg.to_vec().unwrap(), dxc.to_vec().unwrap()),
-            _ => (xg.to_vec().unwrap(), xc.to_vec().unwrap()),
-        };
-        // mode 2 only reads x: equal to the bit
-        assert_rel_close(&g, &c, if mode == 2 { 0.0 } else { 1e-5 }, &what("dx"));
     }
+}
+
+/// One `dense_adam` on fresh random inputs on `gpu` and on the CPU; dx in place (`mode` 0),
+/// into its own tensor (1) or not computed (2): w, mu, nu and dx agree to 1e-5.
+fn dense_adam_agrees(
+    gpu: &Arc<dyn Backend>,
+    cpu: &Arc<dyn Backend>,
+    (m, n, k): (usize, usize, usize),
+    mode: u8,
+    what: &str,
+) {
+    let mut rng = Rng::new(seed_for("dense_adam", &[m, n, k, mode as usize]));
+    let mut both = |rows, cols, positive: bool| {
+        let mut v = rng.vec(rows * cols, -1.0, 1.0);
+        if positive {
+            v.iter_mut().for_each(|x| *x = x.abs());
+        }
+        on_both(gpu, cpu, &v, [rows, cols])
+    };
+    let (mut xg, mut xc) = both(m, k, false);
+    let (dyg, dyc) = both(m, n, false);
+    let (mut wg, mut wc) = both(k, n, false);
+    let (mut mug, mut muc) = both(k, n, false);
+    let (mut nug, mut nuc) = both(k, n, true);
+    let mut dxg = poisoned(gpu, [m, k], DType::F32);
+    let mut dxc = Tensor::empty(cpu, [m, k], DType::F32, stax::Category::Other).unwrap();
+    let (dx_g, dx_c) = match mode {
+        0 => (DenseDx::InPlace, DenseDx::InPlace),
+        1 => (DenseDx::Into(&mut dxg), DenseDx::Into(&mut dxc)),
+        _ => (DenseDx::Skip, DenseDx::Skip),
+    };
+    ops::dense_adam(&mut xg, &dyg, &mut wg, &mut mug, &mut nug, dx_g, &hyper()).unwrap();
+    ops::dense_adam(&mut xc, &dyc, &mut wc, &mut muc, &mut nuc, dx_c, &hyper()).unwrap();
+    let pairs = [(&wg, &wc, "w"), (&mug, &muc, "mu"), (&nug, &nuc, "nu")];
+    for (g, c, name) in pairs {
+        let (g, c) = (g.to_vec().unwrap(), c.to_vec().unwrap());
+        assert_rel_close(&g, &c, 1e-5, &format!("{name} of {what}"));
+    }
+    let (g, c) = match mode {
+        1 => (dxg.to_vec().unwrap(), dxc.to_vec().unwrap()),
+        _ => (xg.to_vec().unwrap(), xc.to_vec().unwrap()),
+    };
+    // mode 2 only reads x: equal to the bit
+    let tol = if mode == 2 { 0.0 } else { 1e-5 };
+    assert_rel_close(&g, &c, tol, &format!("dx of {what}"));
 }
 
 /// Trains `model` three steps on the same batches with Adam updating the dense weights in
@@ -288,7 +314,8 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
 /// schedule, to the byte and in order, on the CPU (with chunks of 64 rows: three here) and on
 /// CUDA; the schedules hold what the op needs: on the CPU the f32 copies of x and dy (bf16,
 /// f16), the f32 chunk of dw, the rounded old weight's chunk (bf16, f16 with dx); on CUDA the
-/// f32 chunk, the old weight's chunk in the dtype (bf16, f16 with dx), cuBLAS's workspace.
+/// f32 chunk, the old weight's chunk in the dtype (bf16, f16 with dx), cuBLAS's workspace,
+/// and nothing for the one-pass f32 kernel of this small batch (off: the chunks).
 #[test]
 fn dense_adam_workspace_is_its_schedule_on_both_backends() {
     let (m, n, k) = (6, 7, 150);
@@ -297,10 +324,16 @@ fn dense_adam_workspace_is_its_schedule_on_both_backends() {
         ..Default::default()
     };
     let small: Arc<dyn Backend> = stax::tensor::cpu::CpuBackend::new(&options).unwrap();
-    let mut backends = vec![small];
-    backends.extend(private_gpu_or_skip());
+    // (backend, whether the one-pass kernel is on)
+    let mut backends = vec![(small, false)];
+    for rows_kernel in [true, false] {
+        if let Some(gpu) = private_cuda_with(Precision::Tf32) {
+            gpu.set_dense_adam_rows(rows_kernel);
+            backends.push((gpu, rows_kernel));
+        }
+    }
     let h = hyper();
-    for be in backends {
+    for (be, rows_kernel) in backends {
         let device = be.device();
         for dtype in DType::FLOATS {
             for input_grad in [true, false] {
@@ -327,6 +360,7 @@ fn dense_adam_workspace_is_its_schedule_on_both_backends() {
                 let low = dtype != DType::F32;
                 let want = match device {
                     stax::Device::Cpu => 1 + 2 * low as usize + (low && input_grad) as usize,
+                    _ if rows_kernel && !low => 0,
                     _ => 2 + (low && input_grad) as usize,
                 };
                 let what = format!("{device:?} {dtype} dense_adam, dx {input_grad}");

@@ -180,6 +180,11 @@ pub struct Common {
     /// pass under --precision highest), all (forward and filter gradient) or off.
     #[arg(long, default_value = "winning", value_parser = direct_convs)]
     pub direct_convs: DirectConvs,
+    /// CUDA: run every dense layer's backward pass with Adam by chunks through cuBLAS, also
+    /// for an f32 batch of at most 16 rows into at most 128 outputs, which by default runs as
+    /// one pass over the weight (no workspace).
+    #[arg(long)]
+    pub no_dense_adam_rows: bool,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }
@@ -313,8 +318,8 @@ fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
     s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
 }
 
-/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs` and
-/// `--direct-convs` choices.
+/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs`,
+/// `--direct-convs` and `--no-dense-adam-rows` choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -325,6 +330,7 @@ fn open_cuda(
     cuda.set_conv_apis(args.conv_apis);
     cuda.set_fp32_convs(args.fp32_convs);
     cuda.set_direct_convs(args.direct_convs);
+    cuda.set_dense_adam_rows(!args.no_dense_adam_rows);
     Ok(cuda)
 }
 

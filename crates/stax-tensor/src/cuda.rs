@@ -71,6 +71,9 @@ pub struct CudaBackend {
     fused: AtomicBool,
     /// Which passes run the direct conv kernels ([`DirectConvs::code`]).
     direct: AtomicU8,
+    /// Whether small-batch dense updates run in one pass (see
+    /// [`CudaBackend::set_dense_adam_rows`]).
+    dense_rows: AtomicBool,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -206,6 +209,7 @@ impl CudaBackend {
             workspace_limit: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_LIMIT),
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
+            dense_rows: AtomicBool::new(true),
         }))
     }
 

@@ -6,11 +6,17 @@
 //! also writes the old chunk rounded to the dtype into a second workspace buffer, then the dx
 //! GEMM from that copy. Both orders read x's chunk columns before dx overwrites them in place.
 //! A chunk holds a quarter of the workspace limit of f32 gradient (64 MiB by default).
+//!
+//! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
+//! runs as one kernel instead ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the
+//! weight, its moments, x and dx cross memory once.
 
+use super::kernels::dense_rows_apply;
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
 use crate::{AdamHyper, Backend, DType, OpDesc, TensorError, WorkspaceStep, dense_chunk_rows};
+use std::sync::atomic::Ordering;
 
 const OP: &str = "dense_adam";
 
@@ -29,23 +35,42 @@ struct Addrs {
 }
 
 impl CudaBackend {
+    /// Turns the one-pass small-batch dense update on (the default) or off: an f32
+    /// [`crate::ops::dense_adam`] of a batch of 1 to 16 rows and at most 128 outputs (the seed's
+    /// Dense(128) at batch 10) then runs as one kernel that reads each weight row, computes its
+    /// gradient in registers, its input gradient from the old row and Adam's step, with no
+    /// workspace; off, it runs chunk by chunk through cuBLAS. The workspace differs, so set it
+    /// before a memory plan is made (before training starts). For A/B timing and tests.
+    pub fn set_dense_adam_rows(&self, on: bool) {
+        self.dense_rows.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether an f32 dense update of `m` batch rows and `n` outputs runs in one pass (see
+    /// [`CudaBackend::set_dense_adam_rows`]): a function of the shape and the setting, so a
+    /// memory plan made on it holds.
+    pub fn dense_adam_is_rows(&self, m: usize, n: usize, dtype: DType) -> bool {
+        self.dense_rows.load(Ordering::Relaxed) && dtype == DType::F32 && dense_rows_apply(m, n)
+    }
+
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
     pub(super) fn dense_chunk_rows(&self, k: usize, n: usize) -> usize {
         dense_chunk_rows(k, n, self.workspace_limit / 4)
     }
 
-    /// The workspace of a call for a `[k, n]` weight and `m` rows: the f32 chunk of `dw`,
-    /// then (when the input gradient reads the old weight `rounded` to bf16 or f16) that
+    /// The workspace of a call for a `[k, n]` weight and `m` rows of `dtype`: the f32 chunk of
+    /// `dw`, then (when the input gradient reads the old weight rounded to bf16 or f16) that
     /// chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for an empty
-    /// weight.
+    /// weight or the one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
     pub(super) fn dense_adam_schedule(
         &self,
         (m, n, k): (usize, usize, usize),
-        rounded: bool,
+        dtype: DType,
+        input_grad: bool,
     ) -> Vec<WorkspaceStep> {
-        if k == 0 || n == 0 {
+        if k == 0 || n == 0 || self.dense_adam_is_rows(m, n, dtype) {
             return Vec::new();
         }
+        let rounded = input_grad && dtype != DType::F32;
         let rows = self.dense_chunk_rows(k, n);
         let mut s = Schedule::default();
         let g = s.alloc(rows * n * 4);
@@ -82,6 +107,12 @@ impl CudaBackend {
             DenseDx::InPlace => Some(c.x.addr()),
             DenseDx::Into(ref t) => Some(t.addr()),
         };
+        if self.dense_adam_is_rows(m, n, dtype) && k > 0 && n > 0 {
+            let ops = (c.x.addr(), c.dy.addr(), dx.unwrap_or(0));
+            let state = [c.w, c.mu, c.nu].map(|t| t.addr());
+            self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?;
+            return ws.finish();
+        }
         if k == 0 || n == 0 {
             // no weight to update; dx = dy · wᵀ over no features is zero
             if let Some(d) = dx {

@@ -37,7 +37,7 @@ mod spatial;
 pub(crate) use direct::direct_applies;
 pub use source::KernelModule;
 use source::compile;
-pub(crate) use spatial::{OHWI, max_pool_bwd_bytes};
+pub(crate) use spatial::{OHWI, dense_rows_apply, max_pool_bwd_bytes};
 
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;

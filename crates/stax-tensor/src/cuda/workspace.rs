@@ -116,7 +116,7 @@ impl CudaBackend {
                 k,
                 dtype,
                 input_grad,
-            } => self.dense_adam_schedule((m, n, k), input_grad && dtype != DType::F32),
+            } => self.dense_adam_schedule((m, n, k), dtype, input_grad),
             OpDesc::IndexLoss { rows, classes, .. } => {
                 if rows == 0 || classes == 0 {
                     return Err(TensorError::InvalidArgument {

@@ -44,8 +44,8 @@ pub enum KernelModule {
     /// log-softmax over an axis (every float dtype) and the losses with integer labels.
     SoftmaxXent,
     /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype; for the
-    /// dense update also keeping the old weight in bf16 or f16) and the loss scale's
-    /// finiteness check.
+    /// dense update also keeping the old weight in bf16 or f16), the small-batch dense update
+    /// in one pass and the loss scale's finiteness check.
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN (every float
     /// dtype), block copies.
@@ -181,7 +181,15 @@ impl KernelModule {
         let generic = per_dtype
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
-        fixed.iter().map(|s| s.to_string()).chain(generic).collect()
+        // the small-batch dense update, one kernel per batch size
+        let per_batch = match self {
+            KernelModule::Adam => super::spatial::DENSE_ROWS_MAX_BATCH,
+            _ => 0,
+        };
+        let per_batch = 1..per_batch + 1;
+        let batches = per_batch.map(|m| format!("dense_adam_rows_m{m}"));
+        let fixed = fixed.iter().map(|s| s.to_string()).chain(batches);
+        fixed.chain(generic).collect()
     }
 
     fn source(self) -> &'static str {
