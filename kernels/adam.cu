@@ -243,12 +243,51 @@ __device__ __forceinline__ void load_row(const float *w, const float *mu, const 
     }
 }
 
+// Row r of the group at i0: dx's M sums into ds (the old row), then its gradient from xs and
+// adam_one on w, mu, nu (the row's values in wv, mv, vv).
+template <int M>
+__device__ __forceinline__ void dense_row(const float (&d)[M][4], float (&wv)[4], float (&mv)[4],
+                                          float (&vv)[4], const float (*xs)[32],
+                                          float (*ds)[33], int r, int lane, int n, float *w,
+                                          float *mu, float *nu, size_t row, const AdamHyper &h) {
+    const int P = Pow2<M>::value;
+    float s[P];
+#pragma unroll
+    for (int b = 0; b < P; ++b) {
+        float acc = 0.0f;
+        if (b < M) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc = fmaf(d[b][c], wv[c], acc);
+        }
+        s[b] = acc;
+    }
+    int b;
+    float total = reduce_scatter<P>(s, lane, &b);
+    if (b < M && (lane & ((32 / P) - 1)) == 0) ds[b][r] = total;
+    float g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int b2 = 0; b2 < M; ++b2) {
+        float xb = xs[b2][r];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) g[c] = fmaf(xb, d[b2][c], g[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        int j = lane + 32 * c;
+        if (j < n) {
+            adam_one(wv[c], g[c], mv[c], vv[c], h);
+            w[row + j] = wv[c];
+            mu[row + j] = mv[c];
+            nu[row + j] = vv[c];
+        }
+    }
+}
+
 template <int M>
 __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *__restrict__ dy,
                                                   float *__restrict__ w, float *__restrict__ mu,
                                                   float *__restrict__ nu, float *dx, AdamHyper h,
                                                   int n, size_t k) {
-    const int P = Pow2<M>::value;
     __shared__ float xs[DENSE_ROWS_WARPS][M][32];
     // dx's sums, [b][r] 33 apart: both the row-wise writes and the column-wise reads are
     // conflict-free
@@ -269,46 +308,13 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
 #pragma unroll
         for (int b = 0; b < M; ++b) xs[wid][b][lane] = lane < rows ? x[b * k + i0 + lane] : 0.0f;
         __syncwarp();
-        float wv[4], mv[4], vv[4];
-        load_row(w, mu, nu, i0 * n, lane, n, wv, mv, vv);
+        // one row at a time: loading the next rows ahead measured slower (their registers cost
+        // occupancy)
         for (int r = 0; r < rows; ++r) {
             size_t row = (i0 + r) * (size_t)n;
-            // the next row's loads in flight while this one computes
-            float wn[4], mn[4], vn[4];
-            load_row(w, mu, nu, r + 1 < rows ? row + n : row, lane, n, wn, mn, vn);
-            float s[P];
-#pragma unroll
-            for (int b = 0; b < P; ++b) {
-                float acc = 0.0f;
-                if (b < M) {
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) acc = fmaf(d[b][c], wv[c], acc);
-                }
-                s[b] = acc;
-            }
-            int b;
-            float total = reduce_scatter<P>(s, lane, &b);
-            if (b < M && (lane & ((32 / P) - 1)) == 0) ds[wid][b][r] = total;
-            float g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int b2 = 0; b2 < M; ++b2) {
-                float xb = xs[wid][b2][r];
-#pragma unroll
-                for (int c = 0; c < 4; ++c) g[c] = fmaf(xb, d[b2][c], g[c]);
-            }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                int j = lane + 32 * c;
-                if (j < n) {
-                    adam_one(wv[c], g[c], mv[c], vv[c], h);
-                    w[row + j] = wv[c];
-                    mu[row + j] = mv[c];
-                    nu[row + j] = vv[c];
-                }
-                wv[c] = wn[c];
-                mv[c] = mn[c];
-                vv[c] = vn[c];
-            }
+            float wv[4], mv[4], vv[4];
+            load_row(w, mu, nu, row, lane, n, wv, mv, vv);
+            dense_row<M>(d, wv, mv, vv, xs[wid], ds[wid], r, lane, n, w, mu, nu, row, h);
         }
         __syncwarp();
         if (dx && lane < rows) {
@@ -319,9 +325,11 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
     }
 }
 
-// dense_adam_rows_m<M> for M = 1 .. 16: blocks of DENSE_ROWS_WARPS warps, any grid.
+// dense_adam_rows_m<M> for M = 1 .. 16: blocks of DENSE_ROWS_WARPS warps, any grid; at least 5
+// blocks a multiprocessor (96 registers at M = 10: 3.12 ms against 3.41 with 123 registers and
+// 4 blocks at the seed's batch-10 shape, H200, 2026-12-03; 6 and 8 blocks were slower).
 #define DENSE_ADAM_ROWS(M)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS)                       \
+    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
         dense_adam_rows_m##M(const float *x, const float *dy, float *w, float *mu, float *nu, \
                              float *dx, AdamHyper h, int n, size_t k) {                        \
         dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \

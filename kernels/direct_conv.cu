@@ -16,6 +16,8 @@
 
 #define DC_THREADS 256
 #define DC_PIXELS 64
+// Positions whose output gradient a filter-gradient thread loads at once.
+#define DC_BATCH 8
 
 // Two consecutive elements as f32 (8 bytes of f32, 4 of bf16 or f16): p 8- or 4-byte aligned.
 __device__ __forceinline__ void load2(const float *p, float &a, float &b) {
@@ -50,12 +52,14 @@ __device__ __forceinline__ void taps_init(Taps &t, const WindowGeometry &g, int 
     }
 }
 
-// Stages the patches of positions p0 .. p0 + DC_PIXELS (of `total`) into s: 4 threads a
-// position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q, q + 4, ...; zeros outside the
-// input, past K and past total.
+// Loads this thread's share of the patches of positions p0 .. p0 + DC_PIXELS (of `total`)
+// into v: 4 threads a position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q, q + 4, ...;
+// zeros outside the input, past K and past total. The loads of the next tile are in flight
+// while the block computes this one (stage_patches then writes them to shared memory).
 template <typename T, int KP>
-__device__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t, int K,
-                              size_t p0, size_t total, float (*s)[KP]) {
+__device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g, const Taps &t,
+                                             int K, size_t p0, size_t total,
+                                             float (&v)[KP / 4]) {
     const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
     const size_t pix = p0 + p;
     bool live = pix < total;
@@ -69,16 +73,30 @@ __device__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t
     const long x0 = (long)(ox * g.sw) - (long)g.pad_left;
     const T *img = x + b * g.h * g.w * g.c;
 #pragma unroll
-    for (int k = q; k < KP; k += 4) {
-        float v = 0.0f;
+    for (int i = 0; i < KP / 4; ++i) {
+        int k = q + 4 * i;
+        v[i] = 0.0f;
         if (live && k < K) {
             long iy = y0 + t.dy[k], ix = x0 + t.dx[k];
             if (iy >= 0 && iy < (long)g.h && ix >= 0 && ix < (long)g.w) {
-                v = to_f32(img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]]);
+                v[i] = to_f32(img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]]);
             }
         }
-        s[p][k] = v;
     }
+}
+
+// Writes v (load_patches') to the block's patch rows s; the loads of `next` (a tile index, or
+// past `tiles` for none) are then issued into v. Between two barriers.
+template <typename T, int KP>
+__device__ __forceinline__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t,
+                                              int K, size_t next, size_t tiles, size_t total,
+                                              float (&v)[KP / 4], float (*s)[KP]) {
+    const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < KP / 4; ++i) s[p][q + 4 * i] = v[i];
+    __syncthreads();
+    if (next < tiles) load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
 }
 
 // y = conv(x, w) (+ b when not null), then with relu != 0 the ReLU of y rounded to T (NaN
@@ -103,10 +121,11 @@ __device__ void direct_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mas
     taps_init(t, g, K);
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    float v[KP / 4];
+    __syncthreads();
+    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        __syncthreads();
-        stage_patches<T, KP>(x, g, t, K, tile * DC_PIXELS, total, s);
-        __syncthreads();
+        stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
         for (int p = r; p < DC_PIXELS; p += R) {
             float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
@@ -169,33 +188,47 @@ __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial
     taps_init(t, g, K);
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    float v[KP / 4];
+    __syncthreads();
+    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        __syncthreads();
-        stage_patches<T, KP>(x, g, t, K, tile * DC_PIXELS, total, s);
-        __syncthreads();
-        for (int p = r; p < DC_PIXELS; p += R) {
-            const size_t pix = tile * DC_PIXELS + p;
-            if (pix >= total) break;
-            T *d = dy + pix * c_out + co;
-            float d0, d1;
-            load2(d, d0, d1);
-            if (mask) {
-                u32 bits = mask[(pix * c_out + co) >> 5] >> (co & 31);
-                d0 = bits & 1u ? d0 : 0.0f;
-                d1 = bits & 2u ? d1 : 0.0f;
-                store2(d, d0, d1);
-            }
-            db0 += d0, db1 += d1;
+        stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
+        // DC_BATCH positions' dy (masked, written back) loaded together, then their products
+        for (int p0 = r; p0 < DC_PIXELS; p0 += DC_BATCH * R) {
+            float d0[DC_BATCH], d1[DC_BATCH];
 #pragma unroll
-            for (int k = 0; k < KP; k += 4) {
-                float4 v = *(const float4 *)&s[p][k];
-                acc[k][0] = fmaf(v.x, d0, acc[k][0]), acc[k][1] = fmaf(v.x, d1, acc[k][1]);
-                acc[k + 1][0] = fmaf(v.y, d0, acc[k + 1][0]);
-                acc[k + 1][1] = fmaf(v.y, d1, acc[k + 1][1]);
-                acc[k + 2][0] = fmaf(v.z, d0, acc[k + 2][0]);
-                acc[k + 2][1] = fmaf(v.z, d1, acc[k + 2][1]);
-                acc[k + 3][0] = fmaf(v.w, d0, acc[k + 3][0]);
-                acc[k + 3][1] = fmaf(v.w, d1, acc[k + 3][1]);
+            for (int j = 0; j < DC_BATCH; ++j) {
+                const int p = p0 + j * R;
+                const size_t pix = tile * DC_PIXELS + p;
+                d0[j] = d1[j] = 0.0f;
+                if (p < DC_PIXELS && pix < total) {
+                    T *d = dy + pix * c_out + co;
+                    load2(d, d0[j], d1[j]);
+                    if (mask) {
+                        u32 bits = mask[(pix * c_out + co) >> 5] >> (co & 31);
+                        d0[j] = bits & 1u ? d0[j] : 0.0f;
+                        d1[j] = bits & 2u ? d1[j] : 0.0f;
+                        store2(d, d0[j], d1[j]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < DC_BATCH; ++j) {
+                const int p = p0 + j * R;
+                if (p >= DC_PIXELS || tile * DC_PIXELS + p >= total) break;
+                db0 += d0[j], db1 += d1[j];
+#pragma unroll
+                for (int k = 0; k < KP; k += 4) {
+                    float4 v = *(const float4 *)&s[p][k];
+                    acc[k][0] = fmaf(v.x, d0[j], acc[k][0]);
+                    acc[k][1] = fmaf(v.x, d1[j], acc[k][1]);
+                    acc[k + 1][0] = fmaf(v.y, d0[j], acc[k + 1][0]);
+                    acc[k + 1][1] = fmaf(v.y, d1[j], acc[k + 1][1]);
+                    acc[k + 2][0] = fmaf(v.z, d0[j], acc[k + 2][0]);
+                    acc[k + 2][1] = fmaf(v.z, d1[j], acc[k + 2][1]);
+                    acc[k + 3][0] = fmaf(v.w, d0[j], acc[k + 3][0]);
+                    acc[k + 3][1] = fmaf(v.w, d1[j], acc[k + 3][1]);
+                }
             }
         }
     }
