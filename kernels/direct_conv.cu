@@ -2,8 +2,8 @@
 // (K = kh * kw * c_in <= 32: a network's first layer on RGB images), computed directly in f32
 // FMAs (no tensor cores, no im2col matrix): NHWC input, HWIO kernel, c_out a power of two from
 // 32 to 512 (G = c_out / 2 divides the block). Exact fp32 products in every precision; on the
-// H200 the seed's conv1 forward (bias, ReLU and mask fused) runs at about 870 GB/s, bound by
-// its instructions (staging, FMAs, epilogue), not yet by the 1.1 GB it moves.
+// H200 the seed's conv1 forward (bias, ReLU and mask fused) runs at about 1 TB/s (1.09 ms at
+// batch 100), 4x the floor of the 1.1 GB it moves.
 //
 // A block of 256 threads works on tiles of DC_PIXELS consecutive output positions (in n, oy, ox
 // order): it stages their patches (K values each, in HWIO tap order k = (ky * kw + kx) * c_in +

@@ -207,3 +207,60 @@ fn a_batch_of_another_dtype_is_refused_at_the_batch_check() {
     );
     assert_eq!(values(&trainer), before);
 }
+
+/// An op's shape, dtype and alias errors name the operand they are about, as the op's
+/// signature calls it.
+#[test]
+fn op_errors_name_the_operand() {
+    use stax::tensor::backend::DenseDx;
+    use stax::{DType, TensorError};
+    use stax_tensor::ops;
+    let be = cpu();
+    let msg = |e: TensorError| e.to_string();
+    // binary: b of another dtype, then of another shape
+    let mut x = tensor(&be, &[2, 3], 1.0);
+    let b16 = Tensor::empty(&be, [2, 3], DType::BF16, Category::Other).unwrap();
+    let e = ops::binary(stax_tensor::BinaryOp::Add, &mut x, &b16).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::DType {
+                operand: Some("b"),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(msg(e).starts_with("binary: b: expected dtype f32"));
+    let e = ops::binary(
+        stax_tensor::BinaryOp::Add,
+        &mut x,
+        &tensor(&be, &[2, 4], 0.0),
+    );
+    assert!(msg(e.unwrap_err()).contains("b: expected shape [2, 3]"));
+    // dense_adam: nu of the wrong shape, then an aliased mu
+    let (dy, mut w, mut mu) = (
+        tensor(&be, &[2, 4], 0.1),
+        tensor(&be, &[3, 4], 0.0),
+        tensor(&be, &[3, 4], 0.0),
+    );
+    let mut nu = tensor(&be, &[4, 3], 0.0);
+    let h = Adam::new(1e-3).hyper(1);
+    let mut xs = tensor(&be, &[2, 3], 1.0);
+    let e = ops::dense_adam(&mut xs, &dy, &mut w, &mut mu, &mut nu, DenseDx::Skip, &h).unwrap_err();
+    assert!(msg(e).contains("nu: expected shape [3, 4]"));
+    let mut nu = tensor(&be, &[3, 4], 0.0);
+    let alias = mu.clone();
+    let e = ops::dense_adam(&mut xs, &dy, &mut w, &mut mu, &mut nu, DenseDx::Skip, &h).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TensorError::Aliased {
+                operand: Some("mu"),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    drop(alias);
+}

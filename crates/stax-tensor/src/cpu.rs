@@ -391,7 +391,7 @@ mod tests {
         let _view = t.clone();
         assert!(matches!(
             ops::upload(&src, &mut t),
-            Err(TensorError::Aliased { op: "upload" })
+            Err(TensorError::Aliased { op: "upload", .. })
         ));
     }
 
@@ -418,7 +418,7 @@ mod tests {
         let _view = dst.clone();
         assert!(matches!(
             ops::copy(&src, &mut dst),
-            Err(TensorError::Aliased { op: "copy" })
+            Err(TensorError::Aliased { op: "copy", .. })
         ));
     }
 

@@ -21,10 +21,12 @@ pub enum TensorError {
         got: Shape,
     },
     /// An operand has the wrong element type.
-    #[error("{op}: expected dtype {expected}, got {got}")]
+    #[error("{op}: {}expected dtype {expected}, got {got}", named(operand))]
     DType {
         /// The op.
         op: &'static str,
+        /// The operand's name in the op's signature (`dy`, `w`), when the op names it.
+        operand: Option<&'static str>,
         /// The dtype the op needs.
         expected: DType,
         /// The dtype it got.
@@ -100,11 +102,14 @@ pub enum TensorError {
     },
     /// An in-place op was given a tensor whose buffer is shared with another tensor.
     #[error(
-        "{op}: a buffer it writes (an output, mask or in-place operand) is shared with another tensor (a clone or reshape view is alive); it needs sole ownership"
+        "{op}: {}a buffer it writes (an output, mask or in-place operand) is shared with another tensor (a clone or reshape view is alive); it needs sole ownership",
+        named(operand)
     )]
     Aliased {
         /// The op.
         op: &'static str,
+        /// The operand's name in the op's signature, when the op names it.
+        operand: Option<&'static str>,
     },
     /// A tensor holds NaN or infinity where finite values are required.
     #[error("{op}: non-finite value {value} at element {index}")]
@@ -196,7 +201,37 @@ pub enum TensorError {
     },
 }
 
+/// `"{name}: "` for a named operand, else nothing (the error messages' prefix).
+fn named(operand: &Option<&'static str>) -> String {
+    operand.map(|o| format!("{o}: ")).unwrap_or_default()
+}
+
 impl TensorError {
+    /// This error with `name` as the operand it is about, for the shape, dtype and alias
+    /// errors of one operand (a shape error's reason starts with the name); others unchanged.
+    pub fn for_operand(self, name: &'static str) -> TensorError {
+        match self {
+            TensorError::Shape { op, reason, got } => TensorError::Shape {
+                op,
+                reason: format!("{name}: {reason}"),
+                got,
+            },
+            TensorError::DType {
+                op, expected, got, ..
+            } => TensorError::DType {
+                op,
+                operand: Some(name),
+                expected,
+                got,
+            },
+            TensorError::Aliased { op, .. } => TensorError::Aliased {
+                op,
+                operand: Some(name),
+            },
+            other => other,
+        }
+    }
+
     /// The allocator's diagnosis, if this is an out-of-memory.
     pub fn oom(&self) -> Option<&stax_alloc::OomReport> {
         match self {

@@ -54,20 +54,22 @@ fn backend_of(t: &Tensor) -> Arc<dyn Backend> {
     t.backend().clone()
 }
 
-/// An input of `op`: on `be`, of `dtype`, of `shape` (when given).
+/// An input of `op` named `name` (in its signature): on `be`, of `dtype`, of `shape` (when
+/// given); a shape, dtype or alias error names it.
 fn input(
     op: &'static str,
     be: &Arc<dyn Backend>,
     t: &Tensor,
+    name: &'static str,
     dtype: DType,
     shape: Option<&Shape>,
 ) -> Result<(), TensorError> {
     t.expect_on(op, be)?;
-    t.expect_dtype(op, dtype)?;
-    match shape {
+    let checks = t.expect_dtype(op, dtype).and_then(|()| match shape {
         Some(s) => t.expect_shape(op, s),
         None => Ok(()),
-    }
+    });
+    checks.map_err(|e| e.for_operand(name))
 }
 
 /// As [`input`], for a tensor the op writes: also the only handle to its buffer.
@@ -75,11 +77,12 @@ fn output(
     op: &'static str,
     be: &Arc<dyn Backend>,
     t: &Tensor,
+    name: &'static str,
     dtype: DType,
     shape: Option<&Shape>,
 ) -> Result<(), TensorError> {
-    input(op, be, t, dtype, shape)?;
-    t.expect_unique(op)
+    input(op, be, t, name, dtype, shape)?;
+    t.expect_unique(op).map_err(|e| e.for_operand(name))
 }
 
 /// Fails with [`TensorError::UnsupportedDType`] unless `dtype` is one of `supported`.

@@ -296,6 +296,7 @@ impl Tensor {
         } else {
             Err(TensorError::DType {
                 op,
+                operand: None,
                 expected: dtype,
                 got: self.dtype,
             })
@@ -365,7 +366,7 @@ impl Tensor {
         if self.is_unique() {
             Ok(())
         } else {
-            Err(TensorError::Aliased { op })
+            Err(TensorError::Aliased { op, operand: None })
         }
     }
 }

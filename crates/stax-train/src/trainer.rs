@@ -313,6 +313,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         if x.dtype() != stax_tensor::DType::F32 {
             return Err(stax_tensor::TensorError::DType {
                 op: "trainer inputs",
+                operand: Some("x"),
                 expected: stax_tensor::DType::F32,
                 got: x.dtype(),
             }

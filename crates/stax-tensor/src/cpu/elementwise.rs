@@ -321,7 +321,7 @@ mod tests {
         let y2 = x.clone();
         assert!(matches!(
             ops::unary(relu, &mut x, None),
-            Err(TensorError::Aliased { op: "unary" })
+            Err(TensorError::Aliased { op: "unary", .. })
         ));
         drop(y2);
         let mask = Tensor::empty(&be, [2], DType::U32, Category::Other).unwrap();

@@ -7,12 +7,12 @@
 //!
 //! Such a pass moves the bytes of its output (forward) or of its output gradient (filter
 //! gradient) and little else: the seed's is 1.02 GB, about 0.25 ms at the H200's copy
-//! bandwidth. Measured on the H200 (`step_profile`, 2026-12-03, BENCHMARKS.md) the kernels run
-//! at about 870 GB/s, bound by their instructions: the forward pass with bias, ReLU and mask
-//! takes 1.27 ms against cuDNN's 2.31 ms in full fp32 (its FMA algorithms) but 0.95 ms in
-//! TF32, and the masked filter gradient 1.71 ms against cuDNN's 1.46. [`DirectConvs`] picks
-//! where they run; by default only where they win. The backward-data pass stays on cuDNN (a
-//! first layer has none).
+//! bandwidth. Measured on the H200 (2026-12-03, BENCHMARKS.md) at batch 100 the forward pass
+//! with bias, ReLU and mask takes 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA
+//! algorithms) but 0.95 ms in TF32, and the masked filter gradient 1.68 ms against cuDNN's
+//! 1.46; at batch 10 the forward pass takes 0.12 ms against cuDNN's 0.28 in TF32.
+//! [`DirectConvs`] picks where they run; by default by a fixed rule (see
+//! [`DirectConvs::Winning`]). The backward-data pass stays on cuDNN (a first layer has none).
 
 use super::CudaBackend;
 use super::kernels::direct_applies;
@@ -24,11 +24,12 @@ use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError}
 pub enum DirectConvs {
     /// None: every pass on cuDNN.
     Off,
-    /// Where they measured faster than cuDNN: the f32 forward pass under
-    /// [`crate::Precision::Highest`] (the seed's conv1 with bias, ReLU and mask: 1.27 ms against
-    /// cuDNN's 2.31, H200, 2026-12-03). Under TF32 cuDNN's forward (0.95 ms) and, in both
-    /// precisions, its filter gradient (1.46 ms against 1.71) are faster; bf16 and f16 were
-    /// not measured yet.
+    /// Where they measured faster than cuDNN at every batch tried: the f32 forward pass under
+    /// [`crate::Precision::Highest`] (the seed's conv1 with bias, ReLU and mask: 1.09 ms
+    /// against cuDNN's 2.31 at batch 100, H200, 2026-12-03). Under TF32 cuDNN's forward is
+    /// faster at batch 100 (0.95 ms) but not at batch 10 (0.28 against 0.12: not chosen yet,
+    /// the rule does not look at the batch); in both precisions cuDNN's filter gradient is
+    /// faster (1.46 ms against 1.68); bf16 and f16 were not measured yet.
     #[default]
     Winning,
     /// Every pass the kernels take, forward and filter gradient in every float dtype: for tests

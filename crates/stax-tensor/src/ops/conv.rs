@@ -29,7 +29,9 @@ pub(super) fn check_saved(
     act.check()?;
     match act.saves() {
         Saves::Mask => mask(op, &be, saved, like.numel()),
-        Saves::Output | Saves::Input => input(op, &be, saved, like.dtype(), Some(like.shape())),
+        Saves::Output | Saves::Input => {
+            input(op, &be, saved, "saved", like.dtype(), Some(like.shape()))
+        }
     }
 }
 
@@ -72,13 +74,13 @@ pub fn conv2d<'b>(
     g.validate(OP)?;
     let be = backend_of(x);
     supports(OP, x.dtype(), FLOATS)?;
-    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
-    input(OP, &be, w, x.dtype(), Some(&g.filter_shape()))?;
+    input(OP, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, w, "w", x.dtype(), Some(&g.filter_shape()))?;
     let b = b.into();
     if let Some(b) = b {
-        input(OP, &be, b, x.dtype(), Some(&Shape::new([g.c_out])))?;
+        input(OP, &be, b, "b", x.dtype(), Some(&Shape::new([g.c_out])))?;
     }
-    output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, y, "y", x.dtype(), Some(&g.output_shape()))?;
     let Epilogue { act, aux } = epi;
     if let Some(m) = &aux {
         check_aux(OP, act, m, y)?;
@@ -111,9 +113,9 @@ pub fn conv2d_bwd_data(
     g.validate(OP)?;
     let be = backend_of(dy);
     supports(OP, dy.dtype(), FLOATS)?;
-    input(OP, &be, dy, dy.dtype(), Some(&g.output_shape()))?;
-    input(OP, &be, w, dy.dtype(), Some(&g.filter_shape()))?;
-    output(OP, &be, dx, dy.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, dy, "dy", dy.dtype(), Some(&g.output_shape()))?;
+    input(OP, &be, w, "w", dy.dtype(), Some(&g.filter_shape()))?;
+    output(OP, &be, dx, "dx", dy.dtype(), Some(&g.input_shape()))?;
     be.conv2d_bwd_data(Checked::new(Conv2dBwdData { g: *g, dy, w, dx }))
 }
 
@@ -137,12 +139,12 @@ pub fn conv2d_bwd_filter<'d>(
     g.validate(OP)?;
     let be = backend_of(x);
     supports(OP, x.dtype(), FLOATS)?;
-    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
-    input(OP, &be, dy, x.dtype(), Some(&g.output_shape()))?;
-    output(OP, &be, dw, x.dtype(), Some(&g.filter_shape()))?;
+    input(OP, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, dy, "dy", x.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, dw, "dw", x.dtype(), Some(&g.filter_shape()))?;
     let db = db.into();
     if let Some(db) = &db {
-        output(OP, &be, db, x.dtype(), Some(&Shape::new([g.c_out])))?;
+        output(OP, &be, db, "db", x.dtype(), Some(&Shape::new([g.c_out])))?;
     }
     if let Some((a, saved)) = act {
         check_saved(OP, a, saved, dy)?;
@@ -201,10 +203,10 @@ fn pool_forward(
     check_pool(OP, kind, g)?;
     let be = backend_of(x);
     supports(OP, x.dtype(), FLOATS)?;
-    input(OP, &be, x, x.dtype(), Some(&g.input_shape()))?;
-    output(OP, &be, y, x.dtype(), Some(&g.output_shape()))?;
+    input(OP, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
+    output(OP, &be, y, "y", x.dtype(), Some(&g.output_shape()))?;
     if let Some(arg) = &argmax {
-        output(OP, &be, arg, DType::U32, Some(&g.output_shape()))?;
+        output(OP, &be, arg, "argmax", DType::U32, Some(&g.output_shape()))?;
     }
     let call = Pool2d {
         kind,
@@ -290,8 +292,10 @@ fn pool_backward(
     supports(OP, dy.dtype(), FLOATS)?;
     let from = from.filter(|_| kind == PoolKind::Max);
     match from {
-        Some(MaxFrom::Input(x)) => input(OP, &be, x, dy.dtype(), Some(&g.input_shape()))?,
-        Some(MaxFrom::Argmax(a)) => input(OP, &be, a, DType::U32, Some(&g.output_shape()))?,
+        Some(MaxFrom::Input(x)) => input(OP, &be, x, "x", dy.dtype(), Some(&g.input_shape()))?,
+        Some(MaxFrom::Argmax(a)) => {
+            input(OP, &be, a, "argmax", DType::U32, Some(&g.output_shape()))?
+        }
         None if kind == PoolKind::Max => {
             return Err(TensorError::InvalidArgument {
                 op: OP,
@@ -300,8 +304,8 @@ fn pool_backward(
         }
         None => {}
     }
-    input(OP, &be, dy, dy.dtype(), Some(&g.output_shape()))?;
-    output(OP, &be, dx, dy.dtype(), Some(&g.input_shape()))?;
+    input(OP, &be, dy, "dy", dy.dtype(), Some(&g.output_shape()))?;
+    output(OP, &be, dx, "dx", dy.dtype(), Some(&g.input_shape()))?;
     be.pool2d_bwd(Checked::new(Pool2dBwd {
         kind,
         g: *g,

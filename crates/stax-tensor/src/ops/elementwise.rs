@@ -19,7 +19,7 @@ pub fn unary(act: Activation, y: &mut Tensor, aux: Option<&mut Tensor>) -> Resul
     let be = backend_of(y);
     act.check()?;
     supports(OP, y.dtype(), FLOATS)?;
-    output(OP, &be, y, y.dtype(), None)?;
+    output(OP, &be, y, "y", y.dtype(), None)?;
     if let Some(m) = &aux {
         check_aux(OP, Some(act), m, y)?;
     }
@@ -35,7 +35,7 @@ pub fn unary_bwd(act: Activation, saved: &Tensor, dy: &mut Tensor) -> Result<(),
     const OP: &str = "unary_bwd";
     let be = backend_of(dy);
     supports(OP, dy.dtype(), FLOATS)?;
-    output(OP, &be, dy, dy.dtype(), None)?;
+    output(OP, &be, dy, "dy", dy.dtype(), None)?;
     check_saved(OP, act, saved, dy)?;
     be.unary_bwd(Checked::new(UnaryBwd { act, saved, dy }))
 }
@@ -48,8 +48,8 @@ pub fn binary(op: BinaryOp, a: &mut Tensor, b: &Tensor) -> Result<(), TensorErro
     const OP: &str = "binary";
     let be = backend_of(a);
     supports(OP, a.dtype(), FLOATS)?;
-    output(OP, &be, a, a.dtype(), None)?;
-    input(OP, &be, b, a.dtype(), Some(a.shape()))?;
+    output(OP, &be, a, "a", a.dtype(), None)?;
+    input(OP, &be, b, "b", a.dtype(), Some(a.shape()))?;
     be.binary(Checked::new(Binary {
         op,
         a,
@@ -74,8 +74,8 @@ pub fn binary_relu(
     const OP: &str = "binary_relu";
     let be = backend_of(a);
     supports(OP, a.dtype(), FLOATS)?;
-    output(OP, &be, a, a.dtype(), None)?;
-    input(OP, &be, b, a.dtype(), Some(a.shape()))?;
+    output(OP, &be, a, "a", a.dtype(), None)?;
+    input(OP, &be, b, "b", a.dtype(), Some(a.shape()))?;
     check_aux(OP, Some(Activation::Relu), mask, a)?;
     be.binary(Checked::new(Binary {
         op,
@@ -93,9 +93,9 @@ pub fn bias_add(y: &mut Tensor, b: &Tensor) -> Result<(), TensorError> {
     const OP: &str = "bias_add";
     let be = backend_of(y);
     supports(OP, y.dtype(), FLOATS)?;
-    output(OP, &be, y, y.dtype(), None)?;
+    output(OP, &be, y, "y", y.dtype(), None)?;
     let (rows, cols) = rows_cols(y.shape());
-    input(OP, &be, b, y.dtype(), Some(&Shape::new([cols])))?;
+    input(OP, &be, b, "b", y.dtype(), Some(&Shape::new([cols])))?;
     be.bias_add(Checked::new(BiasAdd { rows, cols, y, b }))
 }
 
@@ -109,7 +109,7 @@ pub fn bias_grad(dy: &Tensor, db: &mut Tensor) -> Result<(), TensorError> {
     let be = backend_of(dy);
     supports(OP, dy.dtype(), FLOATS)?;
     let (rows, cols) = rows_cols(dy.shape());
-    output(OP, &be, db, dy.dtype(), Some(&Shape::new([cols])))?;
+    output(OP, &be, db, "db", dy.dtype(), Some(&Shape::new([cols])))?;
     be.bias_grad(Checked::new(BiasGrad { rows, cols, dy, db }))
 }
 
@@ -137,10 +137,10 @@ pub fn matmul(
     let be = backend_of(a);
     supports(OP, a.dtype(), FLOATS)?;
     let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
-    input(OP, &be, a, a.dtype(), None)?;
+    input(OP, &be, a, "a", a.dtype(), None)?;
     let b_dtype = matmul_b_dtype(a.dtype(), b.dtype(), transpose_a || transpose_b)?;
-    input(OP, &be, b, b_dtype, None)?;
-    output(OP, &be, c, a.dtype(), Some(&Shape::new([m, n])))?;
+    input(OP, &be, b, "b", b_dtype, None)?;
+    output(OP, &be, c, "c", a.dtype(), Some(&Shape::new([m, n])))?;
     let call = Matmul {
         m,
         n,

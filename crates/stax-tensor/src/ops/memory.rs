@@ -28,7 +28,7 @@ fn host_length(op: &'static str, t: &Tensor, len: usize) -> Result<(), TensorErr
 pub fn upload(src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
     const OP: &str = "upload";
     let be = backend_of(dst);
-    output(OP, &be, dst, dst.dtype(), None)?;
+    output(OP, &be, dst, "dst", dst.dtype(), None)?;
     host_length(OP, dst, src.len())?;
     be.upload(Checked::new(CopyIn { src, dst }))
 }
@@ -43,7 +43,7 @@ pub fn upload(src: &[u8], dst: &mut Tensor) -> Result<(), TensorError> {
 pub fn upload_async(src: Allocation, dst: Tensor) -> Result<Upload, TensorError> {
     const OP: &str = "upload_async";
     let be = backend_of(&dst);
-    output(OP, &be, &dst, dst.dtype(), None)?;
+    output(OP, &be, &dst, "dst", dst.dtype(), None)?;
     host_source(OP, &src, &dst)?;
     be.upload_async(Checked::new(CopyInAsync { src, dst }))
 }
@@ -65,7 +65,7 @@ pub fn download(src: &Tensor, dst: &mut [u8]) -> Result<(), TensorError> {
 pub fn copy(src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
     const OP: &str = "copy";
     let be = backend_of(src);
-    output(OP, &be, dst, src.dtype(), Some(src.shape()))?;
+    output(OP, &be, dst, "dst", src.dtype(), Some(src.shape()))?;
     be.copy(Checked::new(Copy { src, dst }))
 }
 
@@ -85,8 +85,8 @@ pub fn cast(src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
     if src.dtype() == dst.dtype() {
         return copy(src, dst);
     }
-    input(OP, &be, src, src.dtype(), None)?;
-    output(OP, &be, dst, dst.dtype(), Some(src.shape()))?;
+    input(OP, &be, src, "src", src.dtype(), None)?;
+    output(OP, &be, dst, "dst", dst.dtype(), Some(src.shape()))?;
     be.cast(Checked::new(Cast { src, dst }))
 }
 
@@ -98,7 +98,7 @@ pub fn cast(src: &Tensor, dst: &mut Tensor) -> Result<(), TensorError> {
 pub fn fill(t: &mut Tensor, value: f32) -> Result<(), TensorError> {
     const OP: &str = "fill";
     let be = backend_of(t);
-    output(OP, &be, t, t.dtype(), None)?;
+    output(OP, &be, t, "t", t.dtype(), None)?;
     if t.dtype() == DType::U32 && value != 0.0 {
         return Err(TensorError::InvalidArgument {
             op: OP,
@@ -178,9 +178,9 @@ pub fn concat(axis: usize, inputs: &[&Tensor], out: &mut Tensor) -> Result<(), T
     let shapes: Vec<&Shape> = inputs.iter().map(|t| t.shape()).collect();
     let shape = concat_shape(OP, axis, &shapes)?;
     for t in inputs {
-        input(OP, &be, t, out.dtype(), None)?;
+        input(OP, &be, t, "an input", out.dtype(), None)?;
     }
-    output(OP, &be, out, out.dtype(), Some(&shape))?;
+    output(OP, &be, out, "out", out.dtype(), Some(&shape))?;
     be.concat(Checked::new(Concat { axis, inputs, out }))
 }
 
@@ -194,9 +194,9 @@ pub fn split(axis: usize, src: &Tensor, outs: &mut [Tensor]) -> Result<(), Tenso
     let be = backend_of(src);
     let shapes: Vec<&Shape> = outs.iter().map(|t| t.shape()).collect();
     let shape = concat_shape(OP, axis, &shapes)?;
-    input(OP, &be, src, src.dtype(), Some(&shape))?;
+    input(OP, &be, src, "src", src.dtype(), Some(&shape))?;
     for t in outs.iter() {
-        output(OP, &be, t, src.dtype(), None)?;
+        output(OP, &be, t, "an output", src.dtype(), None)?;
     }
     be.split(Checked::new(Split { axis, src, outs }))
 }

@@ -79,14 +79,14 @@ pub fn batch_norm(
             reason: format!("epsilon must be finite and non-negative, got {eps}"),
         });
     }
-    input(OP, &be, x, x.dtype(), None)?;
+    input(OP, &be, x, "x", x.dtype(), None)?;
     let c = Shape::new([g.c]);
     for p in [affine.gamma, affine.beta].into_iter().flatten() {
-        input(OP, &be, p, DType::F32, Some(&c))?;
+        input(OP, &be, p, "gamma or beta", DType::F32, Some(&c))?;
     }
-    output(OP, &be, y, x.dtype(), Some(x.shape()))?;
-    output(OP, &be, mean, DType::F32, Some(&c))?;
-    output(OP, &be, rstd, DType::F32, Some(&c))?;
+    output(OP, &be, y, "y", x.dtype(), Some(x.shape()))?;
+    output(OP, &be, mean, "mean", DType::F32, Some(&c))?;
+    output(OP, &be, rstd, "rstd", DType::F32, Some(&c))?;
     if let Some(m) = &relu {
         super::mask(OP, &be, m, x.numel())?;
         m.expect_unique(OP)?;
@@ -127,23 +127,23 @@ pub fn batch_norm_bwd(
     let be = backend_of(x);
     supports(OP, x.dtype(), FLOATS)?;
     check_view(OP, g, x)?;
-    input(OP, &be, x, x.dtype(), None)?;
+    input(OP, &be, x, "x", x.dtype(), None)?;
     let c = Shape::new([g.c]);
     let NormSaved { mean, rstd, relu } = saved;
     for p in [gamma, Some(mean), Some(rstd)].into_iter().flatten() {
-        input(OP, &be, p, DType::F32, Some(&c))?;
+        input(OP, &be, p, "gamma, mean or rstd", DType::F32, Some(&c))?;
     }
     if let Some(m) = relu {
         super::mask(OP, &be, m, x.numel())?;
     }
     // dy is written with the input gradient, and (on some backends) masked by a fused ReLU
     match need_dx || relu.is_some() {
-        true => output(OP, &be, dy, x.dtype(), Some(x.shape()))?,
-        false => input(OP, &be, dy, x.dtype(), Some(x.shape()))?,
+        true => output(OP, &be, dy, "dy", x.dtype(), Some(x.shape()))?,
+        false => input(OP, &be, dy, "dy", x.dtype(), Some(x.shape()))?,
     }
     let AffineGrads { dgamma, dbeta } = grads;
     for d in [&dgamma, &dbeta].into_iter().flatten() {
-        output(OP, &be, d, DType::F32, Some(&c))?;
+        output(OP, &be, d, "dgamma or dbeta", DType::F32, Some(&c))?;
     }
     let call = BatchNormBwd {
         g: *g,
@@ -187,8 +187,8 @@ pub fn bias_add_channels(y: &mut Tensor, b: &Tensor, axis: usize) -> Result<(), 
     }
     let be = backend_of(y);
     supports(OP, y.dtype(), F32)?;
-    output(OP, &be, y, y.dtype(), None)?;
-    input(OP, &be, b, y.dtype(), Some(&Shape::new([g.c])))?;
+    output(OP, &be, y, "y", y.dtype(), None)?;
+    input(OP, &be, b, "b", y.dtype(), Some(&Shape::new([g.c])))?;
     be.channel_bias_add(Checked::new(ChannelBiasAdd { g, y, b }))
 }
 
@@ -205,7 +205,7 @@ pub fn bias_grad_channels(dy: &Tensor, db: &mut Tensor, axis: usize) -> Result<(
     }
     let be = backend_of(dy);
     supports(OP, dy.dtype(), F32)?;
-    input(OP, &be, dy, dy.dtype(), None)?;
-    output(OP, &be, db, dy.dtype(), Some(&Shape::new([g.c])))?;
+    input(OP, &be, dy, "dy", dy.dtype(), None)?;
+    output(OP, &be, db, "db", dy.dtype(), Some(&Shape::new([g.c])))?;
     be.channel_bias_grad(Checked::new(ChannelBiasGrad { g, dy, db }))
 }

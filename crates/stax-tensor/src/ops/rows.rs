@@ -40,7 +40,7 @@ pub fn softmax(kind: SoftmaxKind, axis: usize, y: &mut Tensor) -> Result<(), Ten
     const OP: &str = "softmax";
     let be = backend_of(y);
     supports(OP, y.dtype(), FLOATS)?;
-    output(OP, &be, y, y.dtype(), None)?;
+    output(OP, &be, y, "y", y.dtype(), None)?;
     let dims = axis_dims(OP, y.shape(), axis)?;
     be.softmax(Checked::new(Softmax { kind, dims, y }))
 }
@@ -59,8 +59,8 @@ pub fn softmax_bwd(
     const OP: &str = "softmax_bwd";
     let be = backend_of(dy);
     supports(OP, dy.dtype(), FLOATS)?;
-    output(OP, &be, dy, dy.dtype(), None)?;
-    input(OP, &be, y, dy.dtype(), Some(dy.shape()))?;
+    output(OP, &be, dy, "dy", dy.dtype(), None)?;
+    input(OP, &be, y, "y", dy.dtype(), Some(dy.shape()))?;
     let dims = axis_dims(OP, dy.shape(), axis)?;
     be.softmax_bwd(Checked::new(SoftmaxBwd { kind, dims, y, dy }))
 }
@@ -97,9 +97,23 @@ pub fn index_loss(
     let be = backend_of(logits);
     supports(OP, logits.dtype(), F32)?;
     let (rows, classes) = class_dims(OP, logits.shape())?;
-    input(OP, &be, logits, logits.dtype(), None)?;
-    input(OP, &be, labels, DType::U32, Some(&Shape::new([rows])))?;
-    output(OP, &be, dlogits, logits.dtype(), Some(logits.shape()))?;
+    input(OP, &be, logits, "logits", logits.dtype(), None)?;
+    input(
+        OP,
+        &be,
+        labels,
+        "labels",
+        DType::U32,
+        Some(&Shape::new([rows])),
+    )?;
+    output(
+        OP,
+        &be,
+        dlogits,
+        "dlogits",
+        logits.dtype(),
+        Some(logits.shape()),
+    )?;
     let call = IndexLossCall {
         loss,
         rows,
@@ -175,7 +189,7 @@ pub fn dropout(rate: f32, key: u64, y: &mut Tensor, m: &mut Tensor) -> Result<()
     let be = backend_of(y);
     check_keep_rate(OP, rate)?;
     supports(OP, y.dtype(), FLOATS)?;
-    output(OP, &be, y, y.dtype(), None)?;
+    output(OP, &be, y, "y", y.dtype(), None)?;
     mask(OP, &be, m, y.numel())?;
     m.expect_unique(OP)?;
     let threshold = keep_threshold(rate);
@@ -198,7 +212,7 @@ pub fn dropout_bwd(rate: f32, m: &Tensor, dy: &mut Tensor) -> Result<(), TensorE
     let be = backend_of(dy);
     check_keep_rate(OP, rate)?;
     supports(OP, dy.dtype(), FLOATS)?;
-    output(OP, &be, dy, dy.dtype(), None)?;
+    output(OP, &be, dy, "dy", dy.dtype(), None)?;
     mask(OP, &be, m, dy.numel())?;
     be.dropout_bwd(Checked::new(DropoutBwd { rate, mask: m, dy }))
 }

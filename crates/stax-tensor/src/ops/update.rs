@@ -23,9 +23,23 @@ pub fn softmax_xent(
     let be = backend_of(logits);
     supports(OP, logits.dtype(), F32)?;
     let (rows, classes) = softmax_xent_dims(logits.shape())?;
-    input(OP, &be, logits, logits.dtype(), None)?;
-    input(OP, &be, labels, logits.dtype(), Some(logits.shape()))?;
-    output(OP, &be, dlogits, logits.dtype(), Some(logits.shape()))?;
+    input(OP, &be, logits, "logits", logits.dtype(), None)?;
+    input(
+        OP,
+        &be,
+        labels,
+        "labels",
+        logits.dtype(),
+        Some(logits.shape()),
+    )?;
+    output(
+        OP,
+        &be,
+        dlogits,
+        "dlogits",
+        logits.dtype(),
+        Some(logits.shape()),
+    )?;
     let call = SoftmaxXent {
         rows,
         classes,
@@ -90,11 +104,11 @@ pub fn adam(
     validate(h)?;
     supports(OP, g.dtype(), FLOATS)?;
     let shape = p.shape().clone();
-    output(OP, &be, p, p.dtype(), None)?;
-    input(OP, &be, g, g.dtype(), Some(&shape))?;
+    output(OP, &be, p, "p", p.dtype(), None)?;
+    input(OP, &be, g, "g", g.dtype(), Some(&shape))?;
     supports(OP, m.dtype(), FLOATS)?;
-    output(OP, &be, m, m.dtype(), Some(&shape))?;
-    output(OP, &be, v, p.dtype(), Some(&shape))?;
+    output(OP, &be, m, "m", m.dtype(), Some(&shape))?;
+    output(OP, &be, v, "v", p.dtype(), Some(&shape))?;
     be.adam(Checked::new(Adam { p, g, m, v, h: *h }))
 }
 
@@ -110,8 +124,15 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
     const OP: &str = "all_finite";
     let be = backend_of(x);
     supports(OP, x.dtype(), FLOATS)?;
-    input(OP, &be, x, x.dtype(), None)?;
-    output(OP, &be, nonfinite, DType::U32, Some(&Shape::new([1])))?;
+    input(OP, &be, x, "x", x.dtype(), None)?;
+    output(
+        OP,
+        &be,
+        nonfinite,
+        "nonfinite",
+        DType::U32,
+        Some(&Shape::new([1])),
+    )?;
     be.all_finite(Checked::new(AllFinite { x, nonfinite }))
 }
 
@@ -165,15 +186,15 @@ pub fn dense_adam(
         }),
     };
     let ((m, k), (_, n)) = (matrix(x)?, matrix(dy)?);
-    input(OP, &be, dy, dtype, Some(&Shape::new([m, n])))?;
+    input(OP, &be, dy, "dy", dtype, Some(&Shape::new([m, n])))?;
     let weight = Shape::new([k, n]);
-    for t in [&*w, &*mu, &*nu] {
-        output(OP, &be, t, DType::F32, Some(&weight))?;
+    for (t, name) in [(&*w, "w"), (&*mu, "mu"), (&*nu, "nu")] {
+        output(OP, &be, t, name, DType::F32, Some(&weight))?;
     }
     match &dx {
-        DenseDx::InPlace => output(OP, &be, x, dtype, None)?,
-        DenseDx::Into(d) => output(OP, &be, d, dtype, Some(&Shape::new([m, k])))?,
-        DenseDx::Skip => input(OP, &be, x, dtype, None)?,
+        DenseDx::InPlace => output(OP, &be, x, "x", dtype, None)?,
+        DenseDx::Into(d) => output(OP, &be, d, "dx", dtype, Some(&Shape::new([m, k])))?,
+        DenseDx::Skip => input(OP, &be, x, "x", dtype, None)?,
     }
     let call = DenseAdam {
         x,

@@ -328,7 +328,10 @@ fn bad_operands_are_typed_errors() {
 
     let y_view = y.clone();
     let e = ops::conv2d(&x, &w, &b, &g, &mut y, Default::default()).unwrap_err();
-    assert!(matches!(e, TensorError::Aliased { op: "conv2d" }), "{e}");
+    assert!(
+        matches!(e, TensorError::Aliased { op: "conv2d", .. }),
+        "{e}"
+    );
     drop(y_view);
     let _db_view = db.clone();
     let e = ops::conv2d_bwd_filter(&x, &mut y, &g, &mut dw, &mut db, None).unwrap_err();
@@ -336,7 +339,8 @@ fn bad_operands_are_typed_errors() {
         matches!(
             e,
             TensorError::Aliased {
-                op: "conv2d_bwd_filter"
+                op: "conv2d_bwd_filter",
+                ..
             }
         ),
         "{e}"

@@ -279,6 +279,7 @@ fn mixed_and_unsupported_dtypes_are_typed_errors_and_change_nothing() {
             op,
             expected: e,
             got: g,
+            ..
         }) => {
             assert_eq!((op, e, g), ("dense_adam", expected, got));
         }
