@@ -85,6 +85,26 @@ fn output(
     t.expect_unique(op).map_err(|e| e.for_operand(name))
 }
 
+/// A loss's operands `[logits, labels, dlogits]`: labels of `labels` (dtype, shape), dlogits
+/// written, of the logits' dtype and shape; all on the logits' backend.
+fn loss_operands(
+    op: &'static str,
+    [logits, labels, dlogits]: [&Tensor; 3],
+    (label_dtype, label_shape): (DType, &Shape),
+) -> Result<(), TensorError> {
+    let be = backend_of(logits);
+    input(op, &be, logits, "logits", logits.dtype(), None)?;
+    input(op, &be, labels, "labels", label_dtype, Some(label_shape))?;
+    output(
+        op,
+        &be,
+        dlogits,
+        "dlogits",
+        logits.dtype(),
+        Some(logits.shape()),
+    )
+}
+
 /// Fails with [`TensorError::UnsupportedDType`] unless `dtype` is one of `supported`.
 fn supports(
     op: &'static str,

@@ -3,7 +3,7 @@
 use crate::backend::{AxisDims, Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{Checked, DType, IndexLoss, Shape, SoftmaxKind, Tensor, TensorError, class_dims};
 
-use super::{F32, FLOATS, backend_of, input, mask, output, supports};
+use super::{F32, FLOATS, backend_of, input, loss_operands, mask, output, supports};
 
 /// `t`'s shape seen around `axis` (`< rank`).
 fn axis_dims(op: &'static str, shape: &Shape, axis: usize) -> Result<AxisDims, TensorError> {
@@ -97,23 +97,8 @@ pub fn index_loss(
     let be = backend_of(logits);
     supports(OP, logits.dtype(), F32)?;
     let (rows, classes) = class_dims(OP, logits.shape())?;
-    input(OP, &be, logits, "logits", logits.dtype(), None)?;
-    input(
-        OP,
-        &be,
-        labels,
-        "labels",
-        DType::U32,
-        Some(&Shape::new([rows])),
-    )?;
-    output(
-        OP,
-        &be,
-        dlogits,
-        "dlogits",
-        logits.dtype(),
-        Some(logits.shape()),
-    )?;
+    let label_shape = Shape::new([rows]);
+    loss_operands(OP, [logits, labels, dlogits], (DType::U32, &label_shape))?;
     let call = IndexLossCall {
         loss,
         rows,

@@ -3,7 +3,7 @@
 use crate::backend::{Adam, AllFinite, DenseAdam, DenseDx, SoftmaxXent};
 use crate::{AdamHyper, Checked, DType, Shape, Tensor, TensorError, softmax_xent_dims};
 
-use super::{F32, FLOATS, backend_of, input, output, supports};
+use super::{F32, FLOATS, backend_of, input, loss_operands, output, supports};
 
 /// Softmax cross-entropy with optax's semantics, fused with its gradient: logits and labels
 /// `[n, k]` f32 (labels are probabilities, e.g. one-hot). Returns
@@ -23,22 +23,10 @@ pub fn softmax_xent(
     let be = backend_of(logits);
     supports(OP, logits.dtype(), F32)?;
     let (rows, classes) = softmax_xent_dims(logits.shape())?;
-    input(OP, &be, logits, "logits", logits.dtype(), None)?;
-    input(
+    loss_operands(
         OP,
-        &be,
-        labels,
-        "labels",
-        logits.dtype(),
-        Some(logits.shape()),
-    )?;
-    output(
-        OP,
-        &be,
-        dlogits,
-        "dlogits",
-        logits.dtype(),
-        Some(logits.shape()),
+        [logits, labels, dlogits],
+        (logits.dtype(), logits.shape()),
     )?;
     let call = SoftmaxXent {
         rows,
