@@ -2,7 +2,7 @@
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
 //! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
-//! `--fp32-convs`); a resumed run says what it continued; a set-up out-of-memory names the
+//! `--fp32-convs`, `--gpus` with `--device cpu`); a resumed run says what it continued; a set-up out-of-memory names the
 //! batch `--batch auto` would pick.
 
 mod common;
@@ -15,7 +15,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 12] = [
+    let cases: [(&std::path::Path, &[&str], &str); 13] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -67,6 +67,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--plan", "--profile"],
             "the argument '--plan' cannot be used with '--profile'",
+        ),
+        (
+            &cnn,
+            &["--gpus", "2"],
+            "--gpus runs its ranks on cuda, but --device cpu was given",
         ),
         (
             &resnet,

@@ -50,17 +50,28 @@ pub fn launch_if_asked(d: &Distributed) -> Result<bool, Error> {
     }
     // the same arguments, less the launcher's own, with the device of the ranks
     let mut args: Vec<OsString> = Vec::new();
+    let mut asked_device = None;
     let mut given = std::env::args_os().skip(1);
     while let Some(a) = given.next() {
         match a.to_str() {
-            Some("--ranks" | "--gpus" | "--device") => {
+            Some("--device") => asked_device = given.next(),
+            Some("--ranks" | "--gpus") => {
                 given.next();
             }
-            Some(s)
-                if ["--ranks=", "--gpus=", "--device="]
-                    .iter()
-                    .any(|p| s.starts_with(p)) => {}
+            Some(s) if s.starts_with("--device=") => asked_device = Some(s[9..].into()),
+            Some(s) if ["--ranks=", "--gpus="].iter().any(|p| s.starts_with(p)) => {}
             _ => args.push(a),
+        }
+    }
+    // --device auto (or none) lets the ranks' device stand; another one must agree with it
+    if let Some(asked) = asked_device.as_ref().and_then(|a| a.to_str()) {
+        if asked != "auto" && !asked.starts_with(device) {
+            let flag = if device == "cpu" { "--ranks" } else { "--gpus" };
+            return Err(format!(
+                "{flag} runs its ranks on {device}, but --device {asked} was given \
+                 (--ranks N: CPU processes; --gpus N: one GPU each)"
+            )
+            .into());
         }
     }
     args.extend(["--device".into(), device.into()]);
