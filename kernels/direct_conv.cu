@@ -85,6 +85,15 @@ __device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g
     }
 }
 
+// The block's first tile's loads into v, once its tap tables are written.
+template <typename T, int KP>
+__device__ __forceinline__ void first_patches(const T *x, const WindowGeometry &g, const Taps &t,
+                                              int K, size_t tiles, size_t total,
+                                              float (&v)[KP / 4]) {
+    __syncthreads();
+    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
+}
+
 // Writes v (load_patches') to the block's patch rows s; the loads of `next` (a tile index, or
 // past `tiles` for none) are then issued into v. Between two barriers.
 template <typename T, int KP>
@@ -122,8 +131,7 @@ __device__ void direct_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mas
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
     float v[KP / 4];
-    __syncthreads();
-    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
+    first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
         for (int p = r; p < DC_PIXELS; p += R) {
@@ -189,8 +197,7 @@ __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
     float v[KP / 4];
-    __syncthreads();
-    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
+    first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
         // DC_BATCH positions' dy (masked, written back) loaded together, then their products

@@ -35,8 +35,9 @@ pub struct Distributed {
 }
 
 /// Starts the ranks when `--ranks` or `--gpus` asks and this process is not a rank itself:
-/// true once they all finished (the first failure is the error).
-pub fn launch_if_asked(d: &Distributed) -> Result<bool, Error> {
+/// true once they all finished (the first failure is the error). `asked` is `--device`: `auto`
+/// lets the ranks' device stand, another one must agree with it.
+pub fn launch_if_asked(d: &Distributed, asked: &str) -> Result<bool, Error> {
     let (n, device) = match (d.ranks, d.gpus) {
         (Some(n), _) => (n, "cpu"),
         (None, Some(n)) => (n, "cuda"),
@@ -49,29 +50,26 @@ pub fn launch_if_asked(d: &Distributed) -> Result<bool, Error> {
         return Err("--ranks / --gpus: at least one".into());
     }
     // the same arguments, less the launcher's own, with the device of the ranks
+    if asked != "auto" && !asked.starts_with(device) {
+        let flag = if device == "cpu" { "--ranks" } else { "--gpus" };
+        return Err(format!(
+            "{flag} runs its ranks on {device}, but --device {asked} was given \
+             (--ranks N: CPU processes; --gpus N: one GPU each)"
+        )
+        .into());
+    }
     let mut args: Vec<OsString> = Vec::new();
-    let mut asked_device = None;
     let mut given = std::env::args_os().skip(1);
     while let Some(a) = given.next() {
         match a.to_str() {
-            Some("--device") => asked_device = given.next(),
-            Some("--ranks" | "--gpus") => {
+            Some("--ranks" | "--gpus" | "--device") => {
                 given.next();
             }
-            Some(s) if s.starts_with("--device=") => asked_device = Some(s[9..].into()),
-            Some(s) if ["--ranks=", "--gpus="].iter().any(|p| s.starts_with(p)) => {}
+            Some(s)
+                if ["--ranks=", "--gpus=", "--device="]
+                    .iter()
+                    .any(|p| s.starts_with(p)) => {}
             _ => args.push(a),
-        }
-    }
-    // --device auto (or none) lets the ranks' device stand; another one must agree with it
-    if let Some(asked) = asked_device.as_ref().and_then(|a| a.to_str()) {
-        if asked != "auto" && !asked.starts_with(device) {
-            let flag = if device == "cpu" { "--ranks" } else { "--gpus" };
-            return Err(format!(
-                "{flag} runs its ranks on {device}, but --device {asked} was given \
-                 (--ranks N: CPU processes; --gpus N: one GPU each)"
-            )
-            .into());
         }
     }
     args.extend(["--device".into(), device.into()]);

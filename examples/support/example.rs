@@ -380,7 +380,7 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
 /// and memory line (each step's peak compared with the plan), the loop's summary, the
 /// exports, and the test set's loss and accuracy.
 pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Error> {
-    if distributed::launch_if_asked(&args.dist)? {
+    if distributed::launch_if_asked(&args.dist, &args.device)? {
         return Ok(());
     }
     let args = &distributed::for_rank(args)?;

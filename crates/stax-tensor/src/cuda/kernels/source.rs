@@ -182,12 +182,9 @@ impl KernelModule {
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
         // the small-batch dense update, one kernel per batch size
-        let per_batch = match self {
-            KernelModule::Adam => super::spatial::DENSE_ROWS_MAX_BATCH,
-            _ => 0,
-        };
-        let per_batch = 1..per_batch + 1;
-        let batches = per_batch.map(|m| format!("dense_adam_rows_m{m}"));
+        let batches = (1..=super::spatial::DENSE_ROWS_MAX_BATCH)
+            .filter(|_| self == KernelModule::Adam)
+            .map(|m| format!("dense_adam_rows_m{m}"));
         let fixed = fixed.iter().map(|s| s.to_string()).chain(batches);
         fixed.chain(generic).collect()
     }

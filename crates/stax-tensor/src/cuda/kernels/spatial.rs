@@ -153,9 +153,12 @@ impl Kernels {
         h: &AdamHyper,
     ) -> Result<(), TensorError> {
         if !dense_rows_apply(m, n) {
-            return Err(crate::TensorError::InvalidArgument {
+            return Err(TensorError::InvalidArgument {
                 op: "dense_adam_rows",
-                reason: format!("batch {m} of 1..=16 rows and {n} of at most 128 outputs"),
+                reason: format!(
+                    "a batch of {m} rows (1 to {DENSE_ROWS_MAX_BATCH}) and {n} outputs \
+                     (at most {DENSE_ROWS_MAX_OUT})"
+                ),
             });
         }
         if k == 0 {
