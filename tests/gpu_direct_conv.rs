@@ -184,8 +184,9 @@ fn direct_convs_match_the_cpu_with_the_epilogues_unfused() {
     direct_passes_match(&cuda);
 }
 
-/// The modes: off, no pass is direct; winning (the default), only the f32 forward pass under
-/// full fp32; all, forward and filter gradient in every float dtype. Never backward data.
+/// The modes before any calibration: off, no pass is direct; winning (the default), only the
+/// f32 forward pass under full fp32 (the others are timed at calibration, below); all, forward
+/// and filter gradient in every float dtype. Never backward data.
 #[test]
 fn direct_conv_modes_choose_their_passes() {
     for precision in [Precision::Highest, Precision::Tf32] {
@@ -289,4 +290,111 @@ fn direct_workspace_is_the_schedule() {
             &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, None, None).unwrap(),
         );
     }
+}
+
+/// Under [`DirectConvs::Winning`] calibration times the kernel against cuDNN's choice for the
+/// forward pass and the filter gradient: the report lists it as a candidate with its time, the
+/// faster of the two is chosen and is what runs (its workspace exactly the schedule); with
+/// deterministic algorithms nothing is timed and the rule alone applies.
+#[test]
+fn winning_times_the_kernel_at_calibration() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    let geometries = [cases()[0], cases()[7], seed_conv1(10)];
+    for g in &geometries {
+        for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+            let op = OpDesc::Conv {
+                geometry: *g,
+                pass,
+                dtype: DType::F32,
+                bias: true,
+            };
+            cuda.calibrate(&op).unwrap();
+            let plans = cuda.conv_plans();
+            let plan = plans
+                .iter()
+                .find(|p| p.geometry == *g && p.pass == pass)
+                .expect("a plan for the calibrated pass");
+            let is_direct = |name: &str| name.starts_with("stax direct");
+            let direct: Vec<_> = plan
+                .candidates
+                .iter()
+                .filter(|c| is_direct(&c.algorithm))
+                .collect();
+            assert_eq!(direct.len(), 1, "{pass:?} {g:?}: {plan:#}");
+            let ms = direct[0].time_ms.expect("the kernel was timed");
+            assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+            let best_cudnn = plan
+                .candidates
+                .iter()
+                .filter(|c| {
+                    !is_direct(&c.algorithm) && c.status.starts_with("CUDNN_STATUS_SUCCESS")
+                })
+                .filter_map(|c| c.time_ms)
+                .fold(f32::INFINITY, f32::min);
+            let chosen = is_direct(&plan.algorithm);
+            assert_eq!(cuda.conv_is_direct(g, DType::F32, pass), chosen, "{plan:#}");
+            if chosen {
+                assert!(ms < best_cudnn, "{plan:#}");
+                assert_eq!(plan.time_ms, ms);
+            } else {
+                assert!(plan.time_ms <= ms, "{plan:#}");
+            }
+        }
+        let gpu: Arc<dyn Backend> = cuda.clone();
+        let mut rng = Rng::new(seed_for("winning_direct", &[g.n, g.h]));
+        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
+        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
+        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
+        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
+        let op = |pass| OpDesc::Conv {
+            geometry: *g,
+            pass,
+            dtype: DType::F32,
+            bias: true,
+        };
+        let what = format!("winning {g:?}");
+        assert_workspace_is_the_schedule(&gpu, &what, op(ConvPass::Forward), &mut || {
+            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
+        });
+        assert_workspace_is_the_schedule(&gpu, &what, op(ConvPass::BackwardFilter), &mut || {
+            ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap()
+        });
+    }
+    let Some(fixed) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    fixed.set_deterministic(true);
+    let g = seed_conv1(10);
+    for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+        let op = OpDesc::Conv {
+            geometry: g,
+            pass,
+            dtype: DType::F32,
+            bias: true,
+        };
+        fixed.calibrate(&op).unwrap();
+        assert!(!fixed.conv_is_direct(&g, DType::F32, pass), "{pass:?}");
+    }
+    let plans = fixed.conv_plans();
+    assert!(
+        plans.iter().all(|p| p
+            .candidates
+            .iter()
+            .all(|c| !c.algorithm.starts_with("stax direct"))),
+        "nothing timed when deterministic"
+    );
+}
+
+/// The seed's conv1 (3x3 SAME, 3 -> 64 channels) on `n` images of 200x200.
+fn seed_conv1(n: usize) -> Conv2dGeometry {
+    let same = ConvSpec {
+        padding: Padding::Same,
+        ..ConvSpec::default()
+    };
+    Conv2dGeometry::with_spec(&[n, 200, 200, 3].into(), &[3, 3, 3, 64].into(), &same).unwrap()
 }

@@ -74,6 +74,8 @@ pub struct CudaBackend {
     /// Whether small-batch dense updates run in one pass (see
     /// [`CudaBackend::set_dense_adam_rows`]).
     dense_rows: AtomicBool,
+    /// The direct conv kernels' calibration times ([`DirectConvs::Winning`]).
+    direct_times: direct::DirectTimes,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -210,12 +212,14 @@ impl CudaBackend {
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
+            direct_times: Default::default(),
         }))
     }
 
-    /// The algorithm chosen for every convolution pass run so far, with its workspace bytes.
+    /// The algorithm chosen for every convolution pass run so far, with its workspace bytes
+    /// (a pass the direct kernels won at calibration names them; see [`DirectConvs::Winning`]).
     pub fn conv_plans(&self) -> Vec<ConvPlanInfo> {
-        self.dnn.plans()
+        self.with_direct(self.dnn.plans())
     }
 
     /// Turns the fused epilogues on (the default) or off: the conv bias and ReLU in cuDNN's

@@ -31,6 +31,7 @@ mod search;
 mod tf32x3;
 
 pub use report::{ConvCandidate, ConvPlanInfo};
+pub(crate) use search::mean_ms;
 pub use tf32x3::Fp32Convs;
 
 use super::kernels::Kernels;
@@ -279,6 +280,27 @@ impl Dnn {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let plan = state.plans.get(&(*geometry, dtype, precision))?;
         plan.chosen[pass as usize].map(|c| c.workspace)
+    }
+
+    /// The search's time of the algorithm chosen for `pass` of `geometry` in `dtype` under
+    /// `precision`, in ms per run (NaN when chosen without timing), if chosen.
+    pub(crate) fn chosen_ms(
+        &self,
+        (geometry, dtype): (&Conv2dGeometry, DType),
+        precision: Precision,
+        pass: ConvPass,
+    ) -> Option<f32> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = state.plans.get(&(*geometry, dtype, precision))?;
+        plan.chosen[pass as usize].map(|c| c.time_ms)
+    }
+
+    /// Whether algorithms are chosen without timing ([`Dnn::set_deterministic`]).
+    pub(crate) fn is_deterministic(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .deterministic
     }
 
     /// Chooses the algorithm of `pass` (if not chosen yet) by timing the candidates on `ops`,

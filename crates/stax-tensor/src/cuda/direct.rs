@@ -11,25 +11,39 @@
 //! with bias, ReLU and mask takes 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA
 //! algorithms) but 0.95 ms in TF32, and the masked filter gradient 1.68 ms against cuDNN's
 //! 1.46; at batch 10 the forward pass takes 0.12 ms against cuDNN's 0.28 in TF32.
-//! [`DirectConvs`] picks where they run; by default by a fixed rule (see
-//! [`DirectConvs::Winning`]). The backward-data pass stays on cuDNN (a first layer has none).
+//! [`DirectConvs`] picks where they run; by default where they time faster than cuDNN's
+//! choice at calibration (see [`DirectConvs::Winning`]). The backward-data pass stays on cuDNN
+//! (a first layer has none).
 
 use super::CudaBackend;
+use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
 use super::kernels::direct_applies;
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
+use stax_alloc::Category;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The direct kernels' times at calibration, per (geometry, dtype, pass), in ms per run, and
+/// whether they beat cuDNN's choice (see [`DirectConvs::Winning`]).
+pub(super) type DirectTimes = Mutex<HashMap<(Conv2dGeometry, DType, ConvPass), (f32, bool)>>;
+
+/// The report's name of a pass run by the direct kernels.
+const DIRECT: &str = "stax direct kernel (kernels/direct_conv.cu)";
 
 /// Which conv passes run the direct kernels (see [`CudaBackend::set_direct_convs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DirectConvs {
     /// None: every pass on cuDNN.
     Off,
-    /// Where they measured faster than cuDNN at every batch tried: the f32 forward pass under
-    /// [`crate::Precision::Highest`] (the seed's conv1 with bias, ReLU and mask: 1.09 ms
-    /// against cuDNN's 2.31 at batch 100, H200, 2026-12-03). Under TF32 cuDNN's forward is
-    /// faster at batch 100 (0.95 ms) but not at batch 10 (0.28 against 0.12: not chosen yet,
-    /// the rule does not look at the batch); in both precisions cuDNN's filter gradient is
-    /// faster (1.46 ms against 1.68); bf16 and f16 were not measured yet.
+    /// The f32 forward pass under [`crate::Precision::Highest`] always (the seed's conv1 with
+    /// bias, ReLU and mask: 1.09 ms against cuDNN's 2.31 at batch 100, H200, 2026-12-03), and
+    /// any other forward pass or filter gradient where the kernel, timed at calibration on the
+    /// search's buffers (CUDA events, as cuDNN's candidates), is faster than cuDNN's choice
+    /// (TF32 at batch 10: 0.12 ms against cuDNN's 0.28 for the seed's forward; at batch 100
+    /// cuDNN's 0.95). The comparison leaves the epilogues out on both sides (cuDNN's may
+    /// be fused or a separate pass; the kernel's is in the same pass), so it leans to cuDNN.
+    /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
     /// Every pass the kernels take, forward and filter gradient in every float dtype: for tests
@@ -81,13 +95,103 @@ impl CudaBackend {
         let chosen = match self.direct_convs() {
             DirectConvs::Off => false,
             DirectConvs::Winning => {
-                pass == ConvPass::Forward
-                    && dtype == DType::F32
-                    && self.precision == Precision::Highest
+                self.direct_by_rule(dtype, pass) || self.direct_won(g, dtype, pass)
             }
             DirectConvs::All => pass != ConvPass::BackwardData,
         };
         chosen && direct_applies(g)
+    }
+
+    /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass under full fp32.
+    fn direct_by_rule(&self, dtype: DType, pass: ConvPass) -> bool {
+        pass == ConvPass::Forward && dtype == DType::F32 && self.precision == Precision::Highest
+    }
+
+    /// Whether the kernel was timed faster than cuDNN for `pass` of `g` in `dtype`.
+    fn direct_won(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
+        times.get(&(*g, dtype, pass)).is_some_and(|&(_, won)| won)
+    }
+
+    /// Whether calibration times the kernel for `pass` of `g` in `dtype` against cuDNN's
+    /// choice: under [`DirectConvs::Winning`], for a pass the kernels take that the rule does
+    /// not already give them, unless cuDNN's choice is made without timing.
+    pub(super) fn direct_is_timed(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        self.direct_convs() == DirectConvs::Winning
+            && pass != ConvPass::BackwardData
+            && direct_applies(g)
+            && !self.direct_by_rule(dtype, pass)
+            && !self.dnn.is_deterministic()
+    }
+
+    /// Times the kernel of `pass` for `g` in `dtype` on the search's buffers `ops` (no bias,
+    /// no ReLU; for the filter gradient its partials allocated here as workspace) and records
+    /// whether it beats cuDNN's choice, already made. Allocates only the partials.
+    ///
+    /// # Errors
+    /// The kernel's and the events' errors; out of memory for the partials.
+    pub(super) fn time_direct(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+        ops: Operands,
+    ) -> Result<(), TensorError> {
+        let partial = match pass {
+            ConvPass::BackwardFilter => Some(
+                self.allocator
+                    .allocate(self.direct_wgrad_bytes(g).max(1), Category::Workspace)?,
+            ),
+            _ => None,
+        };
+        let run = || match &partial {
+            Some(p) => {
+                let inputs = (ops.x, ops.y, 0);
+                self.kernels
+                    .direct_filter_grad((g, dtype), inputs, p.addr(), (ops.w, 0))
+            }
+            None => self
+                .kernels
+                .direct_forward((g, dtype), (ops.x, ops.w, 0, ops.y), (false, 0)),
+        };
+        run()?;
+        let ms = mean_ms(&self.stream, run)?;
+        let cudnn = self.dnn.chosen_ms((g, dtype), self.precision, pass);
+        let won = cudnn.is_some_and(|c| ms < c);
+        let mut times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
+        times.insert((*g, dtype, pass), (ms, won));
+        Ok(())
+    }
+
+    /// cuDNN's choices ([`super::cudnn::Dnn::plans`]) with each timed direct kernel added as a
+    /// candidate, and as the choice where it won.
+    pub(super) fn with_direct(&self, mut plans: Vec<ConvPlanInfo>) -> Vec<ConvPlanInfo> {
+        let times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
+        for p in &mut plans {
+            let Some(&(ms, won)) = times.get(&(p.geometry, p.dtype, p.pass)) else {
+                continue;
+            };
+            let workspace = match p.pass {
+                ConvPass::BackwardFilter => self.direct_wgrad_bytes(&p.geometry),
+                _ => 0,
+            };
+            let math = "f32 FMA".to_string();
+            p.candidates.push(ConvCandidate {
+                algorithm: DIRECT.into(),
+                math: math.clone(),
+                workspace_bytes: workspace,
+                time_ms: Some(ms),
+                status: if won { "chosen" } else { "slower" }.into(),
+            });
+            if won {
+                (p.algorithm, p.math, p.workspace_bytes) = (DIRECT.into(), math, workspace);
+                (p.time_ms, p.layout_bytes) = (ms, 0);
+                if p.pass == ConvPass::Forward {
+                    p.epilogue = "in the kernel".into();
+                }
+            }
+        }
+        plans
     }
 
     /// Bytes of the direct filter gradient's partials for `g` (its whole workspace).

@@ -312,6 +312,9 @@ impl CudaBackend {
         let search = (self.workspace_limit, &self.allocator);
         let key = (pass, &conv, self.precision);
         self.dnn.prepare(key, ops, search, &self.kernels)?;
+        if self.direct_is_timed(g, dtype, pass) {
+            self.time_direct(g, dtype, pass, ops)?;
+        }
         drop((x, w, y));
         super::cudnn::release_search(&self.allocator)
     }

@@ -176,17 +176,29 @@ fn time_choice(
             e => Err(e),
         };
     }
+    mean_ms(s.stream, run).map(Ok)
+}
+
+/// The mean time of [`TIMED_RUNS`] runs of `run` on `stream` (its work queued there), in ms:
+/// CUDA events around them, after the untimed run the caller made.
+///
+/// # Errors
+/// `run`'s, and the events' as [`TensorError::Driver`].
+pub(crate) fn mean_ms(
+    stream: &Arc<CudaStream>,
+    mut run: impl FnMut() -> Result<(), TensorError>,
+) -> Result<f32, TensorError> {
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let event = |e| crate::cuda::driver("cuEventRecord")(e);
-    let start = s.stream.record_event(flags).map_err(event)?;
+    let start = stream.record_event(flags).map_err(event)?;
     for _ in 0..TIMED_RUNS {
         run()?;
     }
-    let end = s.stream.record_event(flags).map_err(event)?;
+    let end = stream.record_event(flags).map_err(event)?;
     let ms = start
         .elapsed_ms(&end)
         .map_err(crate::cuda::driver("cuEventElapsedTime"))?;
-    Ok(Ok(ms / TIMED_RUNS as f32))
+    Ok(ms / TIMED_RUNS as f32)
 }
 
 /// Runs `c` (a legacy algorithm with its math type, a graph engine of `plan`, or a 3xTF32
