@@ -126,38 +126,44 @@ const NAMES: [&str; 8] = [
 
 /// Every pass of every case on `cuda` matches the CPU; the mask is the GPU output's sign.
 fn direct_passes_match(cuda: &Arc<CudaBackend>) {
-    let gpu: Arc<dyn Backend> = cuda.clone();
-    let cpu = cpu();
     for g in &cases() {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
                 let direct = cuda.conv_is_direct(g, dtype, pass);
                 assert!(direct, "{dtype} {pass:?} {g:?} is not direct");
             }
-            let what = |pass: &str| format!("{dtype} {pass} {g:?}");
-            let mut rng = Rng::new(seed_for("direct", &[g.n, g.h, g.w, g.c_in, g.c_out]));
-            let inputs = [
-                rng.vec(g.input_shape().numel(), -1.0, 1.0),
-                rng.vec(g.filter_shape().numel(), -1.0, 1.0),
-                rng.vec(g.c_out, -0.5, 0.5),
-                rng.vec(g.output_shape().numel(), -1.0, 1.0),
-            ];
-            let (on_cpu, cpu_bits) = passes(&cpu, g, dtype, &inputs, None);
-            let (on_gpu, gpu_bits) = passes(&gpu, g, dtype, &inputs, Some(&cpu_bits));
-            for (i, y) in on_gpu[2].iter().enumerate() {
-                let bit = gpu_bits[i / 32] >> (i % 32) & 1 == 1;
-                assert_eq!(bit, *y > 0.0, "{}: mask bit {i} vs y {y}", what("mask"));
-            }
-            for (i, name) in NAMES.iter().enumerate() {
-                let (a, b) = (&on_gpu[i], &on_cpu[i]);
-                assert!(a.iter().all(|v| v.is_finite()), "{}", what(name));
-                match i {
-                    5 | 7 => assert_close(a, b, 0.0, 0.0, &what(name)),
-                    _ => {
-                        let e = assert_rel_close(a, b, tolerance(dtype), &what(name));
-                        println!("{}: rel {e:.2e}", what(name));
-                    }
-                }
+            passes_match(cuda, g, dtype, tolerance(dtype));
+        }
+    }
+}
+
+/// [`passes`] of `g` in `dtype` on `cuda` match the CPU's within `tol` (norm-wise relative;
+/// the masked dy and the untouched dy exactly); the mask is the GPU output's sign.
+fn passes_match(cuda: &Arc<CudaBackend>, g: &Conv2dGeometry, dtype: DType, tol: f64) {
+    let gpu: Arc<dyn Backend> = cuda.clone();
+    let cpu = cpu();
+    let what = |pass: &str| format!("{dtype} {pass} {g:?}");
+    let mut rng = Rng::new(seed_for("direct", &[g.n, g.h, g.w, g.c_in, g.c_out]));
+    let inputs = [
+        rng.vec(g.input_shape().numel(), -1.0, 1.0),
+        rng.vec(g.filter_shape().numel(), -1.0, 1.0),
+        rng.vec(g.c_out, -0.5, 0.5),
+        rng.vec(g.output_shape().numel(), -1.0, 1.0),
+    ];
+    let (on_cpu, cpu_bits) = passes(&cpu, g, dtype, &inputs, None);
+    let (on_gpu, gpu_bits) = passes(&gpu, g, dtype, &inputs, Some(&cpu_bits));
+    for (i, y) in on_gpu[2].iter().enumerate() {
+        let bit = gpu_bits[i / 32] >> (i % 32) & 1 == 1;
+        assert_eq!(bit, *y > 0.0, "{}: mask bit {i} vs y {y}", what("mask"));
+    }
+    for (i, name) in NAMES.iter().enumerate() {
+        let (a, b) = (&on_gpu[i], &on_cpu[i]);
+        assert!(a.iter().all(|v| v.is_finite()), "{}", what(name));
+        match i {
+            5 | 7 => assert_close(a, b, 0.0, 0.0, &what(name)),
+            _ => {
+                let e = assert_rel_close(a, b, tol, &what(name));
+                println!("{}: rel {e:.2e}", what(name));
             }
         }
     }
@@ -295,7 +301,8 @@ fn direct_workspace_is_the_schedule() {
 /// Under [`DirectConvs::Winning`] calibration times the kernel against cuDNN's choice for the
 /// forward pass and the filter gradient: the report lists it as a candidate with its time, the
 /// faster of the two is chosen and is what runs (its workspace exactly the schedule); with
-/// deterministic algorithms nothing is timed and the rule alone applies.
+/// deterministic algorithms nothing is timed and the rule alone applies. A pass run before
+/// any calibration (the ops API alone) calibrates, then runs the choice, matching the CPU.
 #[test]
 fn winning_times_the_kernel_at_calibration() {
     let Some(cuda) = private_cuda_with(Precision::Tf32) else {
@@ -364,6 +371,26 @@ fn winning_times_the_kernel_at_calibration() {
         assert_workspace_is_the_schedule(&gpu, &what, op(ConvPass::BackwardFilter), &mut || {
             ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap()
         });
+    }
+    // a pass run before any calibration calibrates first and then runs what was chosen
+    let Some(fresh) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    for g in [seed_conv1(10), cases()[0]] {
+        // TF32 where cuDNN keeps a pass: operands rounded to 10 mantissa bits
+        passes_match(&fresh, &g, DType::F32, 2e-3);
+        for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+            let chosen = fresh
+                .conv_plans()
+                .into_iter()
+                .find(|p| p.geometry == g && p.pass == pass);
+            let direct = chosen.is_some_and(|p| p.algorithm.starts_with("stax direct"));
+            assert_eq!(
+                fresh.conv_is_direct(&g, DType::F32, pass),
+                direct,
+                "{pass:?} {g:?}"
+            );
+        }
     }
     let Some(fixed) = private_cuda_with(Precision::Tf32) else {
         return;

@@ -253,9 +253,7 @@ impl CudaBackend {
             act,
             aux,
         } = c;
-        self.bind()?;
         let (pass, dtype) = (ConvPass::Forward, x.dtype());
-        self.calibrate_conv(&g, dtype, pass)?;
         let (conv, ext) = layout(&g, dtype);
         let bias = b.is_some();
         let schedule = self.conv_schedule(&g, dtype, pass, bias)?;
@@ -376,9 +374,7 @@ impl CudaBackend {
             db,
             act,
         } = c;
-        self.bind()?;
         let (pass, dtype) = (ConvPass::BackwardFilter, x.dtype());
-        self.calibrate_conv(&g, dtype, pass)?;
         let gemm = filter_grad_is_gemm(&g);
         let mut mask = 0;
         let fuse_mask = db.is_some()
@@ -494,8 +490,11 @@ impl CudaBackend {
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
+        // calibration may hand the pass to the direct kernels: choose first, then dispatch
+        self.bind()?;
+        self.calibrate_conv(&c.g, c.x.dtype(), ConvPass::Forward)?;
         match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::Forward) {
-            true => self.bind().and_then(|()| self.direct_forward(c)),
+            true => self.direct_forward(c),
             false => self.conv_forward(c),
         }
     }
@@ -506,8 +505,10 @@ impl ConvOps for CudaBackend {
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
+        self.bind()?;
+        self.calibrate_conv(&c.g, c.x.dtype(), ConvPass::BackwardFilter)?;
         match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::BackwardFilter) {
-            true => self.bind().and_then(|()| self.direct_filter_grad(c)),
+            true => self.direct_filter_grad(c),
             false => self.conv_backward_filter(c),
         }
     }

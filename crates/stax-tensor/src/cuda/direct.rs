@@ -41,8 +41,10 @@ pub enum DirectConvs {
     /// any other forward pass or filter gradient where the kernel, timed at calibration on the
     /// search's buffers (CUDA events, as cuDNN's candidates), is faster than cuDNN's choice
     /// (TF32 at batch 10: 0.12 ms against cuDNN's 0.28 for the seed's forward; at batch 100
-    /// cuDNN's 0.95). The comparison leaves the epilogues out on both sides (cuDNN's may
-    /// be fused or a separate pass; the kernel's is in the same pass), so it leans to cuDNN.
+    /// cuDNN's 0.95). The kernel is timed with its epilogue (bias, ReLU, mask), cuDNN's
+    /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
+    /// (a first form that timed the kernels without theirs made the seed's TF32 step at batch
+    /// 100 0.2-0.3 ms slower, H200, 2026-12-03).
     /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
@@ -124,12 +126,13 @@ impl CudaBackend {
             && !self.dnn.is_deterministic()
     }
 
-    /// Times the kernel of `pass` for `g` in `dtype` on the search's buffers `ops` (no bias,
-    /// no ReLU; for the filter gradient its partials allocated here as workspace) and records
-    /// whether it beats cuDNN's choice, already made. Allocates only the partials.
+    /// Times the kernel of `pass` for `g` in `dtype` on the search's buffers `ops`, with its
+    /// epilogue (forward: bias, ReLU and mask; filter gradient: the ReLU backward and the bias
+    /// gradient), against cuDNN's choice without one, and records whether the kernel is faster.
+    /// Allocates the bias, the mask and the filter gradient's partials as workspace, zeroed.
     ///
     /// # Errors
-    /// The kernel's and the events' errors; out of memory for the partials.
+    /// The kernel's and the events' errors; out of memory for the buffers.
     pub(super) fn time_direct(
         &self,
         g: &Conv2dGeometry,
@@ -137,22 +140,27 @@ impl CudaBackend {
         pass: ConvPass,
         ops: Operands,
     ) -> Result<(), TensorError> {
+        let scratch = |bytes: usize| self.allocator.allocate(bytes.max(4), Category::Workspace);
+        let words = g.output_shape().numel() / 32;
+        let (bias, mask) = (scratch(g.c_out * dtype.size_bytes())?, scratch(words * 4)?);
+        self.kernels.zero(bias.addr(), dtype, g.c_out)?;
+        self.kernels.fill_u32(mask.addr(), 0, words)?;
         let partial = match pass {
-            ConvPass::BackwardFilter => Some(
-                self.allocator
-                    .allocate(self.direct_wgrad_bytes(g).max(1), Category::Workspace)?,
-            ),
+            ConvPass::BackwardFilter => Some(scratch(self.direct_wgrad_bytes(g))?),
             _ => None,
         };
         let run = || match &partial {
             Some(p) => {
-                let inputs = (ops.x, ops.y, 0);
+                let inputs = (ops.x, ops.y, mask.addr());
+                let grads = (ops.w, bias.addr());
                 self.kernels
-                    .direct_filter_grad((g, dtype), inputs, p.addr(), (ops.w, 0))
+                    .direct_filter_grad((g, dtype), inputs, p.addr(), grads)
             }
-            None => self
-                .kernels
-                .direct_forward((g, dtype), (ops.x, ops.w, 0, ops.y), (false, 0)),
+            None => {
+                let addrs = (ops.x, ops.w, bias.addr(), ops.y);
+                self.kernels
+                    .direct_forward((g, dtype), addrs, (true, mask.addr()))
+            }
         };
         run()?;
         let ms = mean_ms(&self.stream, run)?;
