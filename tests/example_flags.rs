@@ -2,7 +2,8 @@
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
 //! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
-//! `--fp32-convs`, `--gpus` with `--device cpu`); a resumed run says what it continued; a set-up out-of-memory names the
+//! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, an `--lr` beyond f32's range);
+//! CUDA-only flags on the CPU are named as ignored; a resumed run says what it continued; a set-up out-of-memory names the
 //! batch `--batch auto` would pick.
 
 mod common;
@@ -15,7 +16,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 13] = [
+    let cases: [(&std::path::Path, &[&str], &str); 15] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -37,6 +38,16 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             "--img 0: the image size must be at least 1",
         ),
         (&cnn, &["--batch", "0"], "--batch"),
+        (
+            &cnn,
+            &["--batch", "-5"],
+            "--batch \"-5\": expected a positive whole number or auto",
+        ),
+        (
+            &cnn,
+            &["--lr", "1e300"],
+            "invalid value '1e300' for '--lr <LR>': 1e300 is beyond f32's range",
+        ),
         (
             &cnn,
             &["--batch", "2001"],
@@ -273,4 +284,38 @@ fn profile_prints_the_extra_step_by_phase_and_layer_kind() {
         assert_eq!(row(kind).as_deref(), Some(count), "{kind}: {out}");
     }
     assert!(out.contains("slowest layers:"), "{out}");
+}
+
+/// CUDA-only flags given on the CPU are named as ignored (the run goes on); none are named at
+/// their defaults.
+#[test]
+fn cuda_only_flags_on_the_cpu_are_named_as_ignored() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let base = [
+        "--device",
+        "cpu",
+        "--img",
+        "8",
+        "--batch",
+        "50",
+        "--max-steps",
+        "1",
+    ];
+    let extra = [
+        "--deterministic",
+        "--direct-convs",
+        "off",
+        "--no-dense-adam-rows",
+    ];
+    let args: Vec<&str> = base.iter().chain(&extra).copied().collect();
+    let (ok, out) = run_example(&cnn, &dir, &args);
+    assert!(ok, "{out}");
+    let want = "note: ignored on the CPU (CUDA only): --deterministic, --direct-convs, \
+                --no-dense-adam-rows";
+    assert!(out.contains(want), "{out}");
+    let (ok, out) = run_example(&cnn, &dir, &base);
+    assert!(ok && !out.contains("ignored on the CPU"), "{out}");
 }

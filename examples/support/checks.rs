@@ -93,7 +93,8 @@ pub fn batch_size(
             Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
             Ok(n) => Ok(n),
             Err(e) => {
-                Err(format!("--batch {:?}: expected a number or auto ({e})", args.batch).into())
+                let what = "expected a positive whole number or auto";
+                Err(format!("--batch {:?}: {what} ({e})", args.batch).into())
             }
         };
     }

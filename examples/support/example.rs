@@ -54,7 +54,7 @@ pub struct Common {
     pub device: String,
     /// Examples per step, or `auto`: the largest batch whose memory plan fits the device's
     /// free memory (or --budget), at most the training set.
-    #[arg(long, default_value = "100")]
+    #[arg(long, default_value = "100", allow_hyphen_values = true)]
     pub batch: String,
     /// Passes over the training set.
     #[arg(long, default_value_t = 2)]
@@ -67,7 +67,7 @@ pub struct Common {
     #[arg(long)]
     pub classes: Option<usize>,
     /// Adam learning rate.
-    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true, value_parser = learning_rate)]
     pub lr: f32,
     /// Seed for parameters and batch order.
     #[arg(long, default_value_t = 2793)]
@@ -239,6 +239,13 @@ fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
 /// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
 /// device of that size: `bfc` works, and running out of memory is the real, typed error).
 fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Backend>, Error> {
+    let cuda_only = args.cuda_only_flags();
+    if !cuda_only.is_empty() {
+        eprintln!(
+            "note: ignored on the CPU (CUDA only): {}",
+            cuda_only.join(", ")
+        );
+    }
     Ok(match args.budget()? {
         Some(b) => CpuBackend::with_capacity(options, b)?,
         None => Device::Cpu.open(options)?,
@@ -246,6 +253,24 @@ fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Bac
 }
 
 impl Common {
+    /// The CUDA-only flags given away from their defaults (`--deterministic`, `--conv-apis`,
+    /// `--fp32-convs`, `--direct-convs`, `--no-dense-adam-rows`), as written.
+    fn cuda_only_flags(&self) -> Vec<&'static str> {
+        [
+            ("--deterministic", self.deterministic),
+            ("--conv-apis", self.conv_apis != ConvApis::default()),
+            ("--fp32-convs", self.fp32_convs != Fp32Convs::default()),
+            (
+                "--direct-convs",
+                self.direct_convs != DirectConvs::default(),
+            ),
+            ("--no-dense-adam-rows", self.no_dense_adam_rows),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     /// `--precision`: the backend's f32 matmul precision and the model's dtype policy.
     ///
     /// # Errors
@@ -301,6 +326,18 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
             eprintln!("note: CUDA not usable ({e}); training on the CPU");
             open_cpu(args, &options)
         }
+    }
+}
+
+/// `--lr`: a number that an f32 holds (1e300 would become infinity); Adam checks the rest.
+fn learning_rate(s: &str) -> Result<f32, String> {
+    let v: f64 = s.parse().map_err(|e| format!("expected a number ({e})"))?;
+    match v as f32 {
+        lr if lr.is_finite() || !v.is_finite() => Ok(lr),
+        _ => Err(format!(
+            "{s} is beyond f32's range (at most {:e})",
+            f32::MAX
+        )),
     }
 }
 
