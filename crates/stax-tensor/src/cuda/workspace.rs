@@ -169,7 +169,8 @@ impl CudaBackend {
 
     /// The workspace one call of `pass` in `dtype` allocates and frees, in order: for a direct
     /// pass ([`CudaBackend::conv_is_direct`]) none forward and the partials for the filter
-    /// gradient; else the kernel in
+    /// gradient (before calibration, for a pass calibration may give them, the larger of that
+    /// and the following, so that the bound holds either way); else the kernel in
     /// cuDNN's layout (or its gradient) unless it is stored so, the extended input for
     /// asymmetric padding (both in `dtype`), cuDNN's workspace, and for the filter gradient
     /// with a bias first the bias-gradient partials (f64). The passes in `conv.rs` take
@@ -182,13 +183,38 @@ impl CudaBackend {
         bias: bool,
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
-        let mut s = Schedule::default();
         if self.conv_is_direct(g, dtype, pass) {
-            if pass == ConvPass::BackwardFilter {
-                s.scoped(self.direct_wgrad_bytes(g));
-            }
-            return Ok(s.finish());
+            return Ok(self.direct_schedule(g, pass));
         }
+        let cudnn = self.cudnn_schedule(g, dtype, pass, bias)?;
+        // before calibration either may be chosen: the bound is the larger
+        if self.direct_is_timed(g, dtype, pass) && !self.conv_is_calibrated(g, dtype, pass) {
+            let direct = self.direct_schedule(g, pass);
+            if WorkspaceStep::peak(&direct) > WorkspaceStep::peak(&cudnn) {
+                return Ok(direct);
+            }
+        }
+        Ok(cudnn)
+    }
+
+    /// The direct kernels' schedule: none forward, the partials for the filter gradient.
+    fn direct_schedule(&self, g: &Conv2dGeometry, pass: ConvPass) -> Vec<WorkspaceStep> {
+        let mut s = Schedule::default();
+        if pass == ConvPass::BackwardFilter {
+            s.scoped(self.direct_wgrad_bytes(g));
+        }
+        s.finish()
+    }
+
+    /// [`Self::conv_schedule`] of a pass cuDNN (or our GEMM or im2col forms) runs.
+    fn cudnn_schedule(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+        bias: bool,
+    ) -> Result<Vec<WorkspaceStep>, TensorError> {
+        let mut s = Schedule::default();
         let (_, ext) = layout(g, dtype);
         let gemm = pass == ConvPass::BackwardFilter
             && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype));
