@@ -591,8 +591,10 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             true => "dense1 backward + adam (dense_adam in one pass)",
             false => "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
         };
+        // the step runs the one pass where it applies: the chunks are then a reference row
+        let in_step = rows_kernel || !one_pass;
         p.flops(2.0 * dense_f)
-            .time(name, 2.0 * act + 24.0 * n, true, &mut || {
+            .time(name, 2.0 * act + 24.0 * n, in_step, &mut || {
                 let dx = DenseDx::Into(&mut dx1);
                 ops::dense_adam(&mut y2f, &dz, &mut wd, &mut m, &mut v, dx, &h1)?;
                 ops::bias_grad(&dz, &mut dbd)
