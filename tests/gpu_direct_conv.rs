@@ -262,36 +262,54 @@ fn direct_workspace_is_the_schedule() {
     let gpu: Arc<dyn Backend> = cuda;
     let mut rng = Rng::new(seed_for("direct_workspace", &[]));
     for g in &cases()[..2] {
-        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
-        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
-        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
-        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
-        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
-        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
-        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
-        let op = |pass, bias| OpDesc::Conv {
+        let op = OpDesc::Conv {
             geometry: *g,
-            pass,
+            pass: ConvPass::Forward,
             dtype: DType::F32,
-            bias,
+            bias: true,
         };
-        let fwd = gpu
-            .workspace_schedule(&op(ConvPass::Forward, true))
-            .unwrap();
+        let fwd = gpu.workspace_schedule(&op).unwrap();
         assert!(fwd.is_empty(), "{g:?}: {fwd:?}");
-        let check = |what: &str, op, run: &mut dyn FnMut()| {
-            assert_workspace_is_the_schedule(&gpu, &format!("{what} {g:?}"), op, run)
-        };
-        check("direct fwd", op(ConvPass::Forward, true), &mut || {
-            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
-        });
+        schedules_hold(&gpu, g, "direct", &mut rng, true);
+    }
+}
+
+/// On fresh operands of `g`, the forward pass with a bias and the filter gradient with one
+/// (and, with `no_bias`, without) each allocate exactly their workspace schedule.
+fn schedules_hold(
+    gpu: &Arc<dyn Backend>,
+    g: &Conv2dGeometry,
+    what: &str,
+    rng: &mut Rng,
+    no_bias: bool,
+) {
+    let (x, _) = random_tensor(gpu, g.input_shape(), rng);
+    let (w, _) = random_tensor(gpu, g.filter_shape(), rng);
+    let (b, _) = random_tensor(gpu, [g.c_out], rng);
+    let (dy, _) = random_tensor(gpu, g.output_shape(), rng);
+    let mut y = poisoned(gpu, g.output_shape(), DType::F32);
+    let mut dw = poisoned(gpu, g.filter_shape(), DType::F32);
+    let mut db = poisoned(gpu, [g.c_out], DType::F32);
+    let op = |pass, bias| OpDesc::Conv {
+        geometry: *g,
+        pass,
+        dtype: DType::F32,
+        bias,
+    };
+    let check = |name: &str, op, run: &mut dyn FnMut()| {
+        assert_workspace_is_the_schedule(gpu, &format!("{what} {name} {g:?}"), op, run)
+    };
+    check("fwd", op(ConvPass::Forward, true), &mut || {
+        ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
+    });
+    check(
+        "bwd filter",
+        op(ConvPass::BackwardFilter, true),
+        &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap(),
+    );
+    if no_bias {
         check(
-            "direct bwd filter",
-            op(ConvPass::BackwardFilter, true),
-            &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap(),
-        );
-        check(
-            "direct bwd filter no bias",
+            "bwd filter no bias",
             op(ConvPass::BackwardFilter, false),
             &mut || ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, None, None).unwrap(),
         );
@@ -351,26 +369,7 @@ fn winning_times_the_kernel_at_calibration() {
         }
         let gpu: Arc<dyn Backend> = cuda.clone();
         let mut rng = Rng::new(seed_for("winning_direct", &[g.n, g.h]));
-        let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
-        let (w, _) = random_tensor(&gpu, g.filter_shape(), &mut rng);
-        let (b, _) = random_tensor(&gpu, [g.c_out], &mut rng);
-        let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
-        let mut y = poisoned(&gpu, g.output_shape(), DType::F32);
-        let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
-        let mut db = poisoned(&gpu, [g.c_out], DType::F32);
-        let op = |pass| OpDesc::Conv {
-            geometry: *g,
-            pass,
-            dtype: DType::F32,
-            bias: true,
-        };
-        let what = format!("winning {g:?}");
-        assert_workspace_is_the_schedule(&gpu, &what, op(ConvPass::Forward), &mut || {
-            ops::conv2d(&x, &w, &b, g, &mut y, Default::default()).unwrap()
-        });
-        assert_workspace_is_the_schedule(&gpu, &what, op(ConvPass::BackwardFilter), &mut || {
-            ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, &mut db, None).unwrap()
-        });
+        schedules_hold(&gpu, g, "winning", &mut rng, false);
     }
     // a pass run before any calibration calibrates first and then runs what was chosen
     let Some(fresh) = private_cuda_with(Precision::Tf32) else {

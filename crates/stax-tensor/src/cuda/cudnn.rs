@@ -269,30 +269,18 @@ impl Dnn {
         out
     }
 
-    /// The cuDNN workspace bytes of `pass` for `geometry` in `dtype` under `precision`, if
-    /// its algorithm has been chosen.
-    pub(crate) fn chosen_workspace(
+    /// The chosen algorithm of `pass` for `geometry` in `dtype` under `precision`, if chosen:
+    /// its cuDNN workspace bytes and the search's time of it in ms per run (NaN when chosen
+    /// without timing).
+    pub(crate) fn chosen(
         &self,
         (geometry, dtype): (&Conv2dGeometry, DType),
         precision: Precision,
         pass: ConvPass,
-    ) -> Option<usize> {
+    ) -> Option<(usize, f32)> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let plan = state.plans.get(&(*geometry, dtype, precision))?;
-        plan.chosen[pass as usize].map(|c| c.workspace)
-    }
-
-    /// The search's time of the algorithm chosen for `pass` of `geometry` in `dtype` under
-    /// `precision`, in ms per run (NaN when chosen without timing), if chosen.
-    pub(crate) fn chosen_ms(
-        &self,
-        (geometry, dtype): (&Conv2dGeometry, DType),
-        precision: Precision,
-        pass: ConvPass,
-    ) -> Option<f32> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let plan = state.plans.get(&(*geometry, dtype, precision))?;
-        plan.chosen[pass as usize].map(|c| c.time_ms)
+        plan.chosen[pass as usize].map(|c| (c.workspace, c.time_ms))
     }
 
     /// Whether algorithms are chosen without timing ([`Dnn::set_deterministic`]).

@@ -164,8 +164,8 @@ impl CudaBackend {
         };
         run()?;
         let ms = mean_ms(&self.stream, run)?;
-        let cudnn = self.dnn.chosen_ms((g, dtype), self.precision, pass);
-        let won = cudnn.is_some_and(|c| ms < c);
+        let cudnn = self.dnn.chosen((g, dtype), self.precision, pass);
+        let won = cudnn.is_some_and(|(_, c)| ms < c);
         let mut times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
         times.insert((*g, dtype, pass), (ms, won));
         Ok(())

@@ -157,8 +157,8 @@ impl CudaBackend {
         dtype: DType,
         pass: ConvPass,
     ) -> Result<usize, TensorError> {
-        match self.dnn.chosen_workspace((g, dtype), self.precision, pass) {
-            Some(bytes) => Ok(bytes),
+        match self.dnn.chosen((g, dtype), self.precision, pass) {
+            Some((bytes, _)) => Ok(bytes),
             None => {
                 let (conv, _) = layout(g, dtype);
                 self.dnn
@@ -303,10 +303,7 @@ impl CudaBackend {
         self.conv_is_direct(g, dtype, pass)
             || (pass == ConvPass::BackwardFilter
                 && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
-            || self
-                .dnn
-                .chosen_workspace((g, dtype), self.precision, pass)
-                .is_some()
+            || self.dnn.chosen((g, dtype), self.precision, pass).is_some()
     }
 
     /// Chooses the algorithm of `pass` for `g` in `dtype`, if not chosen yet, by timing the
