@@ -232,3 +232,58 @@ fn exports_replay_to_the_measured_peak() {
     assert!(text.starts_with("<svg") && text.contains("polygon") || text.contains("path"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A model, its input shape and the CPU's workspace limit.
+type PlanCase = (fn() -> Serial, Shape, Option<usize>);
+
+/// Each workspace buffer's headroom ([`MemoryPlan::workspace_headroom`]) is what it could grow
+/// by and leave the planned peak as it is: grown by it in the timeline, the peak stays; one
+/// byte more raises it by one. On the seed model, where the dense update's chunk is at the
+/// peak, and on two others (chunked im2col workspaces); the table sums it up in one line.
+#[test]
+fn workspace_headroom_leaves_the_peak_alone() {
+    let cases: [PlanCase; 3] = [
+        (seed_model, Shape::new([4, 10, 10, 3]), None),
+        (strided_model, Shape::new([3, 9, 9, 2]), Some(512)),
+        (deep_model, Shape::new([2, 11, 10, 3]), None),
+    ];
+    for (model, input, limit) in cases {
+        let plan = MemoryPlan::new(&model(), &input, &Adam::new(1e-3), &cpu(limit)).unwrap();
+        let rows = plan.workspace_headroom();
+        assert!(!rows.is_empty(), "{plan}");
+        let workspaces = plan
+            .buffers
+            .iter()
+            .filter(|b| b.category == Category::Workspace && b.alloc.is_some());
+        assert_eq!(rows.len(), workspaces.count());
+        let peak = plan.peak.bytes;
+        for (b, room) in &rows {
+            let grown = |by: u64| {
+                let mut t = plan.timeline.clone();
+                t.events[b.alloc.unwrap()].bytes += by;
+                if let Some(f) = b.free {
+                    t.events[f].bytes += by;
+                }
+                t.peak().bytes
+            };
+            assert_eq!(grown(*room), peak, "{} grown by {room}", b.name);
+            assert_eq!(grown(room + 1), peak + 1, "{} grown by {room} + 1", b.name);
+        }
+        let table = plan.to_string();
+        let line = format!("workspace headroom: {} buffers", rows.len());
+        assert!(table.contains(&line), "{table}");
+    }
+    // the seed's dense chunk is live at the peak (the dense update is the step's largest point)
+    let plan = MemoryPlan::new(
+        &seed_model(),
+        &Shape::new([4, 10, 10, 3]),
+        &Adam::new(1e-3),
+        &cpu(None),
+    )
+    .unwrap();
+    let dense = plan
+        .workspace_headroom()
+        .into_iter()
+        .find(|(b, _)| b.name == "5.dense/workspace");
+    assert_eq!(dense.map(|(_, room)| room), Some(0), "{plan}");
+}

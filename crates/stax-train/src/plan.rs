@@ -386,6 +386,31 @@ impl MemoryPlan {
             .iter()
             .reduce(|a, b| if b.bytes > a.bytes { b } else { a })
     }
+
+    /// Each workspace buffer of the step with the bytes it could grow by without raising the
+    /// step's peak: the peak less the most bytes live from its allocation to its free (all
+    /// categories, requested bytes), in step order. 0 marks a buffer live at the peak; where
+    /// it is positive, that pass could take a larger workspace (a faster algorithm, a larger
+    /// chunk) at no cost in peak (issue 12's "workspace that costs no peak"). Growing one
+    /// buffer by its headroom leaves the peak as it is; one byte more raises it by one.
+    pub fn workspace_headroom(&self) -> Vec<(&PlannedBuffer, u64)> {
+        let totals: Vec<u64> = self
+            .timeline
+            .live_by_category()
+            .iter()
+            .map(|live| live.iter().sum())
+            .collect();
+        self.buffers
+            .iter()
+            .filter(|b| b.category == Category::Workspace)
+            .filter_map(|b| {
+                let alloc = b.alloc?;
+                let live = totals.get(alloc..b.free.unwrap_or(totals.len()))?;
+                let most = live.iter().max()?;
+                Some((b, self.peak.bytes.saturating_sub(*most)))
+            })
+            .collect()
+    }
 }
 
 fn mark_at(m: &Mark) -> usize {

@@ -92,9 +92,43 @@ impl fmt::Display for MemoryPlan {
             "  the step adds {} to the persistent bytes",
             human_bytes(self.peak.bytes - self.persistent_bytes())
         )?;
+        headroom(f, &self.workspace_headroom())?;
         if let Some(b) = self.largest() {
             write!(f, "largest buffer: {}, {}", b.name, human_bytes(b.bytes))?;
         }
         Ok(())
     }
+}
+
+/// One line on [`MemoryPlan::workspace_headroom`]: how many workspace buffers there are, which
+/// are live at the peak, and the least and most the others could grow by.
+fn headroom(f: &mut fmt::Formatter<'_>, rows: &[(&PlannedBuffer, u64)]) -> fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let at_peak: Vec<&str> = rows
+        .iter()
+        .filter(|(_, h)| *h == 0)
+        .map(|(b, _)| b.name.as_str())
+        .collect();
+    let free = rows.iter().map(|(_, h)| *h).filter(|&h| h > 0);
+    let (least, most) = (free.clone().min(), free.max());
+    write!(f, "  workspace headroom: {} buffers", rows.len())?;
+    if !at_peak.is_empty() {
+        write!(
+            f,
+            ", {} at the peak ({})",
+            at_peak.len(),
+            at_peak.join(", ")
+        )?;
+    }
+    if let (Some(least), Some(most)) = (least, most) {
+        write!(
+            f,
+            "; the others could grow by {} to {} without raising it",
+            human_bytes(least),
+            human_bytes(most)
+        )?;
+    }
+    writeln!(f)
 }
