@@ -2,7 +2,8 @@
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
 //! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
-//! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, an `--lr` beyond f32's range);
+//! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, `--epochs -1`, an `--lr` below
+//! 0 or beyond f32's range, two output flags naming one file, bfc on the CPU without a budget);
 //! CUDA-only flags on the CPU are named as ignored; a resumed run says what it continued; a set-up out-of-memory names the
 //! batch `--batch auto` would pick.
 
@@ -16,7 +17,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 15] = [
+    let cases: [(&std::path::Path, &[&str], &str); 18] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -72,7 +73,22 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         (
             &cnn,
             &["--lr", "-1"],
-            "adam: invalid hyper-parameter lr = -1: finite and >= 0",
+            "invalid value '-1' for '--lr <LR>': Adam's learning rate: finite and >= 0",
+        ),
+        (
+            &cnn,
+            &["--epochs", "-1"],
+            "invalid value '-1' for '--epochs <EPOCHS>'",
+        ),
+        (
+            &cnn,
+            &["--json", "same.out", "--trace", "same.out"],
+            "--json and --trace both write same.out: one would be lost",
+        ),
+        (
+            &cnn,
+            &["--allocator", "bfc"],
+            "the bfc allocator on the CPU needs --budget",
         ),
         (
             &cnn,

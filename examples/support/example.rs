@@ -57,20 +57,20 @@ pub struct Common {
     #[arg(long, default_value = "100", allow_hyphen_values = true)]
     pub batch: String,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
     pub epochs: u64,
     /// Model input height and width; images are resized (bilinear). Default: the example's,
     /// the native 28 on the CPU.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub img: Option<usize>,
     /// Classes of the model's head (default: the data's); labels are one-hot over this many.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub classes: Option<usize>,
     /// Adam learning rate.
     #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true, value_parser = learning_rate)]
     pub lr: f32,
     /// Seed for parameters and batch order.
-    #[arg(long, default_value_t = 2793)]
+    #[arg(long, default_value_t = 2793, allow_negative_numbers = true)]
     pub seed: u64,
     /// Training data as .npz (arrays x/y or images/labels); default: the embedded set.
     #[arg(long)]
@@ -84,11 +84,12 @@ pub struct Common {
     #[arg(long, default_value = "tf32")]
     pub precision: String,
     /// Allocator strategy (overrides STAX_ALLOCATOR): caching, expandable, bfc[:fraction=F],
-    /// platform, async[:release_threshold=SIZE]; bfc and async are device strategies.
+    /// platform, async[:release_threshold=SIZE]; expandable and async need a CUDA device, bfc on
+    /// the CPU needs --budget (it takes a fraction of a capacity).
     #[arg(long)]
     pub allocator: Option<String>,
     /// Stop after this many steps in total (for timing runs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_steps: Option<u64>,
     /// Write one JSON object per step to this file (with --profile, then a last line
     /// `{"profile": {"report", "phases", "layers", "by_kind"}}`; with --plan: the plan as JSON).
@@ -101,7 +102,7 @@ pub struct Common {
     /// Memory budget for "largest batch that fits" and `--batch auto` (bytes, or with
     /// KiB/MiB/GiB/TiB/KB/MB/GB/TB); default: the device's free memory. On the CPU it also caps the
     /// host memory the backend may use.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub budget: Option<String>,
     /// Write every allocation and free as Chrome trace / Perfetto JSON to this file (with
     /// --plan: the plan's step).
@@ -138,7 +139,7 @@ pub struct Common {
     /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/TiB/KB/MB/GB/TB):
     /// on CUDA what cuDNN's search may pick algorithms within (default 256 MiB), on the CPU the
     /// im2col column chunk (default 4 MiB).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub workspace_limit: Option<String>,
     /// Collect the dense weights' gradients for the one update after the backward pass (as
     /// JAX and PyTorch do) instead of applying Adam to them in their backward pass: more
@@ -239,6 +240,14 @@ fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
 /// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
 /// device of that size: `bfc` works, and running out of memory is the real, typed error).
 fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Backend>, Error> {
+    let bfc = matches!(options.strategy, stax::alloc::Strategy::Bfc { .. });
+    if bfc && args.budget.is_none() {
+        return Err(
+            "the bfc allocator on the CPU needs --budget (bfc takes a fraction of a \
+                    capacity, and the host reports none)"
+                .into(),
+        );
+    }
     let cuda_only = args.cuda_only_flags();
     if !cuda_only.is_empty() {
         eprintln!(
@@ -329,11 +338,12 @@ fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
     }
 }
 
-/// `--lr`: a number that an f32 holds (1e300 would become infinity); Adam checks the rest.
+/// `--lr`: a finite number >= 0 that an f32 holds (1e300 would become infinity), as Adam takes.
 fn learning_rate(s: &str) -> Result<f32, String> {
     let v: f64 = s.parse().map_err(|e| format!("expected a number ({e})"))?;
     match v as f32 {
-        lr if lr.is_finite() || !v.is_finite() => Ok(lr),
+        _ if !(v.is_finite() && v >= 0.0) => Err("Adam's learning rate: finite and >= 0".into()),
+        lr if lr.is_finite() => Ok(lr),
         _ => Err(format!(
             "{s} is beyond f32's range (at most {:e})",
             f32::MAX
@@ -434,14 +444,20 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     }
     let channels = input_channels(&train, &test)?;
     check_img(model, (train.num_classes(), channels), img)?;
-    for (flag, p) in [
+    let outputs = [
         ("--json", &args.json),
         ("--trace", &args.trace),
         ("--plot", &args.plot),
         ("--record-trace", &args.record_trace),
         ("--save", &args.save),
-    ] {
+    ];
+    for (i, (flag, p)) in outputs.iter().enumerate() {
         check_path(flag, p)?;
+        let same = outputs[..i].iter().find(|(_, q)| p.is_some() && q == p);
+        if let (Some((first, _)), Some(path)) = (same, p) {
+            let path = path.display();
+            return Err(format!("{first} and {flag} both write {path}: one would be lost").into());
+        }
     }
     let image = (img, img, channels);
     let policy = args.precision()?.1;
