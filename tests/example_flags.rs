@@ -117,8 +117,9 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
 }
 
 /// What the example says about a resumed f16 run (its loss scale restored, or dropped under
-/// another precision), a resumed run with nothing left to train, the step numbers its peak
-/// summary counts from, and a resume with a batch that cannot continue the data order.
+/// another precision, which it notes), a resumed run with nothing left to train, the step
+/// numbers its peak summary counts from, another batch that continues the data order (noted)
+/// and one that cannot.
 #[test]
 fn a_resumed_run_says_what_it_continued() {
     let Some(cnn) = example_binary() else {
@@ -170,6 +171,33 @@ fn a_resumed_run_says_what_it_continued() {
     );
     let out = run(&["--max-steps", "5", "--resume", "f16.npz"]);
     assert!(out.contains("its f16 loss scale (32768) dropped"), "{out}");
+    let want = "note: saved under params=f32,compute=f16,output=f32, resumed under \
+                params=f32,compute=f32,output=f32";
+    assert!(out.contains(want), "{out}");
+    assert!(!out.contains("note: saved at batch"), "{out}");
+    // 150 examples used: a batch of 75 continues that order, in steps of 75
+    let args = [
+        "--device",
+        "cpu",
+        "--img",
+        "8",
+        "--batch",
+        "75",
+        "--max-steps",
+        "4",
+        "--precision",
+        "f16",
+        "--resume",
+        "f16.npz",
+    ];
+    let (ok, out) = run_example(&cnn, &dir, &args);
+    assert!(ok, "{out}");
+    let want =
+        "note: saved at batch 50, resumed at batch 75: the data order continues in steps of 75";
+    assert!(
+        out.contains(want) && !out.contains("note: saved under"),
+        "{out}"
+    );
     let out = run(&[
         "--precision",
         "f16",

@@ -20,8 +20,14 @@ pub fn build_trainer(
 ) -> Result<(Trainer<super::Model>, Option<DataPosition>), Error> {
     let input = input.clone();
     if let Some(path) = &args.resume {
-        let (trainer, at) = Trainer::load(model, input, adam, backend, path)?;
-        let saved = Checkpoint::open(path)?.meta().and_then(|m| m.loss_scale);
+        let policy = stax::Layer::policy(&model).unwrap_or_default();
+        let (trainer, at) = Trainer::load(model, input.clone(), adam, backend, path)?;
+        let checkpoint = Checkpoint::open(path)?;
+        let meta = checkpoint.meta();
+        if let Some(m) = meta {
+            changed(m, input.dims(), policy);
+        }
+        let saved = meta.and_then(|m| m.loss_scale);
         let scale = match (trainer.loss_scale(), saved) {
             (Some(s), Some(_)) => {
                 format!(
@@ -50,6 +56,26 @@ pub fn build_trainer(
     }
     // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
     Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
+}
+
+/// Notes what a resumed run changes from its checkpoint's run: the batch (the data order
+/// continues, in steps of another size) or the dtype policy (the f32 master weights and Adam's
+/// state carry over; the steps round elsewhere). Either way it no longer equals the saved run.
+fn changed(saved: &stax::train::checkpoint::Meta, now: &[usize], policy: stax::layers::Policy) {
+    if saved.input.first() != now.first() {
+        let (a, b) = (saved.input.first().unwrap_or(&0), now.first().unwrap_or(&0));
+        println!(
+            "note: saved at batch {a}, resumed at batch {b}: the data order continues in steps of {b}"
+        );
+    }
+    let p = &saved.policy;
+    let was = format!(
+        "params={},compute={},output={}",
+        p.param, p.compute, p.output
+    );
+    if was != policy.to_string() {
+        println!("note: saved under {was}, resumed under {policy}");
+    }
 }
 
 /// `--save` and `--save-every`: where the loop stands in its data order, and the last step
