@@ -78,9 +78,9 @@ pub struct Common {
     /// Test data as .npz; required with --data.
     #[arg(long)]
     pub test_data: Option<PathBuf>,
-    /// tf32 (JAX's default on this GPU), highest or f32 (full f32), bf16 (stax_layers::Policy::BF16:
-    /// f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (Policy::F16, with
-    /// jmp's dynamic loss scale: 2^15, period 2000, factor 2).
+    /// tf32 (JAX's default on an NVIDIA GPU; plain f32 on the CPU), highest or f32 (full f32),
+    /// bf16 (f32 master weights and loss, bf16 compute; f32 ops in tf32) or f16 (the same in
+    /// f16, with a dynamic loss scale as jmp's: 2^15, period 2000, factor 2).
     #[arg(long, default_value = "tf32")]
     pub precision: String,
     /// Allocator strategy (overrides STAX_ALLOCATOR): caching, expandable, bfc[:fraction=F],
