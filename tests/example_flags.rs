@@ -17,7 +17,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 18] = [
+    let cases: [(&std::path::Path, &[&str], &str); 19] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -87,6 +87,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         ),
         (
             &cnn,
+            &["--budget", "1KB"],
+            "before any step, more than the backend has",
+        ),
+        (
+            &cnn,
             &["--allocator", "bfc"],
             "the bfc allocator on the CPU needs --budget",
         ),
@@ -113,6 +118,10 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         assert!(!ok, "{args:?} should fail:\n{out}");
         assert!(out.contains(want), "{args:?}: expected {want:?} in:\n{out}");
         assert!(!out.contains("panicked"), "{args:?} panicked:\n{out}");
+        // the parameters alone not fitting is not the batch's fault
+        let init_oom = want.contains("before any step");
+        let hint = "(here: lower --img, or raise --budget;";
+        assert_eq!(out.contains(hint), init_oom, "{args:?}:\n{out}");
     }
 }
 

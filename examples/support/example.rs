@@ -411,10 +411,13 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            let oom = e
-                .downcast_ref::<TrainError>()
-                .is_some_and(|t| matches!(t, TrainError::OutOfMemory(_)) || t.oom().is_some());
-            if oom {
+            let train = e.downcast_ref::<TrainError>();
+            if let Some(TrainError::InitOutOfMemory { .. }) = train {
+                // the parameters grow with --img (the dense layer's inputs), not with the batch
+                eprintln!("  (here: lower --img, or raise --budget; --plan shows every buffer)");
+            } else if train
+                .is_some_and(|t| matches!(t, TrainError::OutOfMemory(_)) || t.oom().is_some())
+            {
                 eprintln!(
                     "  (here: lower --batch or --img, or raise --budget; --plan shows every buffer)"
                 );
