@@ -256,6 +256,8 @@ fn the_set_up_out_of_memory_names_the_batch_auto_picks() {
     let args: Vec<&str> = common.iter().chain(&["--batch", "500"]).copied().collect();
     let (ok, oom) = run_example(&cnn, &dir, &args);
     assert!(!ok, "batch 500 should not fit 200 MB:\n{oom}");
+    let at_set_up = "train: set-up (reserving step 1's memory, batch 500) ran out of memory";
+    assert!(oom.contains(at_set_up), "{oom}");
     assert_eq!(
         number_after(&oom, "the largest batch that fits is "),
         picked,

@@ -185,3 +185,23 @@ fn parameters_that_do_not_fit_are_a_typed_setup_error() {
         );
     }
 }
+
+/// Room for the parameters and Adam's state but not for the step: the trainer's set-up, which
+/// reserves the step's memory ahead, fails with the step's out-of-memory error marked as the
+/// set-up's (step 1, no step finished), and says so.
+#[test]
+fn a_step_that_does_not_fit_fails_at_set_up_and_says_so() {
+    let roomy = stax::Device::Cpu.open(&BackendOptions::default()).unwrap();
+    let plan = MemoryPlan::new(&model(), &input(8), &Adam::new(1e-3), &roomy).unwrap();
+    let cap = (plan.persistent_bytes() + plan.peak.bytes) / 2;
+    let be: Arc<dyn Backend> =
+        CpuBackend::with_capacity(&options(&Strategy::Platform), cap).unwrap();
+    let e = Trainer::new(model(), input(8), Adam::new(1e-3), &be, 0).unwrap_err();
+    let TrainError::OutOfMemory(oom) = &e else {
+        panic!("expected the step's out-of-memory error, got {e}");
+    };
+    assert!(oom.at_set_up, "{e}");
+    assert_eq!((oom.step, oom.batch, oom.last_finished_step), (1, 8, 0));
+    let want = "train: set-up (reserving step 1's memory, batch 8) ran out of memory allocating";
+    assert!(e.to_string().starts_with(want), "{e}");
+}

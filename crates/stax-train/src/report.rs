@@ -317,16 +317,26 @@ pub struct StepOom {
     pub max_batch: Option<usize>,
     /// The last step that finished (its parameters and optimizer state are kept).
     pub last_finished_step: u64,
+    /// Whether it failed at the trainer's set-up, reserving the step's memory ahead
+    /// ([`crate::Trainer::rehearse`]), before any step ran.
+    pub at_set_up: bool,
 }
 
 impl fmt::Display for StepOom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.request;
-        write!(
-            f,
-            "train: step {} (batch {}) ran out of memory allocating ",
-            self.step, self.batch
-        )?;
+        let (step, batch) = (self.step, self.batch);
+        match self.at_set_up {
+            true => write!(
+                f,
+                "train: set-up (reserving step {step}'s memory, batch {batch}) ran out of memory \
+                 allocating "
+            )?,
+            false => write!(
+                f,
+                "train: step {step} (batch {batch}) ran out of memory allocating "
+            )?,
+        }
         match &self.buffer {
             Some(b) => write!(f, "{b} ({}, {})", r.category, short(r.requested))?,
             None => write!(f, "{} of {}", short(r.requested), r.category)?,

@@ -212,7 +212,13 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
                 .map_err(TensorError::from)?;
         }
         plan.rehearse(self.backend.allocator())
-            .map_err(|e| self.explain(e, batch))?;
+            .map_err(|e| match self.explain(e, batch) {
+                TrainError::OutOfMemory(mut oom) => {
+                    oom.at_set_up = true;
+                    TrainError::OutOfMemory(oom)
+                }
+                e => e,
+            })?;
         self.rehearsed = Some(self.feed);
         Ok(())
     }
@@ -495,6 +501,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             planned_peak,
             max_batch,
             last_finished_step: self.steps,
+            at_set_up: false,
         }))
     }
 
