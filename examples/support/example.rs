@@ -6,13 +6,12 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
-use stax::tensor::cpu::CpuBackend;
-use stax::tensor::cuda::{ConvApis, CudaBackend, DirectConvs, Fp32Convs};
+use stax::tensor::cuda::{ConvApis, DirectConvs, Fp32Convs};
 use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
 use stax::train::{StepReport, TrainError};
-use stax::{Adam, BackendOptions, DType, Device, Precision, Serial, Shape};
+use stax::{Adam, DType, Device, Precision, Serial, Shape};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,6 +42,10 @@ use checks::{batch_size, check_img, check_path, with_feed_hint};
 
 #[path = "exports.rs"]
 mod exports;
+
+#[path = "backend.rs"]
+mod backend;
+use backend::open_backend;
 use exports::{export, last_step, record, show_plan};
 
 /// The flags every training example takes.
@@ -237,49 +240,7 @@ fn size_flag(flag: &str, value: Option<&str>) -> Result<Option<u64>, Error> {
     }
 }
 
-/// The CPU backend; with `--budget`, over host memory capped at the budget (a stand-in for a
-/// device of that size: `bfc` works, and running out of memory is the real, typed error).
-fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Backend>, Error> {
-    let bfc = matches!(options.strategy, stax::alloc::Strategy::Bfc { .. });
-    if bfc && args.budget.is_none() {
-        return Err(
-            "the bfc allocator on the CPU needs --budget (bfc takes a fraction of a \
-                    capacity, and the host reports none)"
-                .into(),
-        );
-    }
-    let cuda_only = args.cuda_only_flags();
-    if !cuda_only.is_empty() {
-        eprintln!(
-            "note: ignored on the CPU (CUDA only): {}",
-            cuda_only.join(", ")
-        );
-    }
-    Ok(match args.budget()? {
-        Some(b) => CpuBackend::with_capacity(options, b)?,
-        None => Device::Cpu.open(options)?,
-    })
-}
-
 impl Common {
-    /// The CUDA-only flags given away from their defaults (`--deterministic`, `--conv-apis`,
-    /// `--fp32-convs`, `--direct-convs`, `--no-dense-adam-rows`), as written.
-    fn cuda_only_flags(&self) -> Vec<&'static str> {
-        [
-            ("--deterministic", self.deterministic),
-            ("--conv-apis", self.conv_apis != ConvApis::default()),
-            ("--fp32-convs", self.fp32_convs != Fp32Convs::default()),
-            (
-                "--direct-convs",
-                self.direct_convs != DirectConvs::default(),
-            ),
-            ("--no-dense-adam-rows", self.no_dense_adam_rows),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect()
-    }
-
     /// `--precision`: the backend's f32 matmul precision and the model's dtype policy.
     ///
     /// # Errors
@@ -295,46 +256,6 @@ impl Common {
                 Policy::default(),
             ),
         })
-    }
-}
-
-fn open_backend(args: &Common) -> Result<Arc<dyn stax::Backend>, Error> {
-    // --allocator overrides STAX_ALLOCATOR, which is then not read at all
-    let mut options = match &args.allocator {
-        Some(s) => BackendOptions {
-            strategy: s.parse().map_err(|e| format!("--allocator: {e}"))?,
-            ..BackendOptions::default()
-        },
-        None => BackendOptions::from_env()?,
-    };
-    options.precision = args.precision()?.0;
-    let given = args.workspace_limit.as_deref();
-    let limit = size_flag("--workspace-limit", given)?;
-    let flag = given.unwrap_or_default();
-    options.workspace_limit = limit
-        .map(|b| match usize::try_from(b) {
-            // below a MiB the CPU's im2col runs a few columns at a time (hundreds of times
-            // slower) and cuDNN has almost nothing to choose from
-            Ok(b) if b < 1 << 20 => Err(format!(
-                "--workspace-limit {flag}: at least 1MiB (1,048,576 bytes; {} given)",
-                human_bytes(b as u64)
-            )),
-            Ok(b) => Ok(b),
-            Err(_) => Err(format!("--workspace-limit {flag}: too large")),
-        })
-        .transpose()?;
-    if args.device != "auto" {
-        return match args.device.parse::<Device>()? {
-            Device::Cpu => open_cpu(args, &options),
-            Device::Cuda(n) => open_cuda(args, distributed::ordinal(n), &options),
-        };
-    }
-    match open_cuda(args, distributed::ordinal(0), &options) {
-        Ok(b) => Ok(b),
-        Err(e) => {
-            eprintln!("note: CUDA not usable ({e}); training on the CPU");
-            open_cpu(args, &options)
-        }
     }
 }
 
@@ -364,22 +285,6 @@ fn direct_convs(s: &str) -> Result<DirectConvs, &'static str> {
 /// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
 fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
     s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
-}
-
-/// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs`,
-/// `--direct-convs` and `--no-dense-adam-rows` choices.
-fn open_cuda(
-    args: &Common,
-    ordinal: usize,
-    options: &BackendOptions,
-) -> Result<Arc<dyn stax::Backend>, Error> {
-    let cuda = CudaBackend::new(ordinal, options)?;
-    cuda.set_deterministic(args.deterministic);
-    cuda.set_conv_apis(args.conv_apis);
-    cuda.set_fp32_convs(args.fp32_convs);
-    cuda.set_direct_convs(args.direct_convs);
-    cuda.set_dense_adam_rows(!args.no_dense_adam_rows);
-    Ok(cuda)
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
