@@ -42,10 +42,11 @@ fn load_sets(args: &Common) -> Result<(Dataset, Dataset), Error> {
     match (&args.data, &args.test_data) {
         (None, None) => Ok(fashion_mnist_2class()?),
         (Some(train), Some(test)) => {
-            let (train, test) = (
-                Dataset::from_npz(train, None, None)?,
-                Dataset::from_npz(test, None, None)?,
-            );
+            let open = |flag: &str, path: &std::path::Path| {
+                Dataset::from_npz(path, None, None)
+                    .map_err(|e| format!("{flag} {}: {e}", path.display()))
+            };
+            let (train, test) = (open("--data", train)?, open("--test-data", test)?);
             // One model for both splits: as many classes as either split names.
             let k = train.num_classes().max(test.num_classes());
             Ok((train.with_num_classes(k)?, test.with_num_classes(k)?))
