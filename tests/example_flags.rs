@@ -380,3 +380,16 @@ fn cuda_only_flags_on_the_cpu_are_named_as_ignored() {
     let (ok, out) = run_example(&cnn, &dir, &base);
     assert!(ok && !out.contains("ignored on the CPU"), "{out}");
 }
+
+/// An unknown `--device` is clap's error naming the flag and the accepted names (exit code 2,
+/// as for every other malformed flag).
+#[test]
+fn an_unknown_device_names_the_flag() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let (ok, out) = run_example(&cnn, &std::env::temp_dir(), &["--device", "tpu"]);
+    assert!(!ok, "{out}");
+    let want = "invalid value 'tpu' for '--device <DEVICE>': expected auto, cpu, cuda or cuda:N";
+    assert!(out.contains(want), "{out}");
+}

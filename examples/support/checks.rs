@@ -1,13 +1,15 @@
 //! The examples' checks of what a run is given before it trains: `--batch` (or the largest batch
-//! that fits), `--img` against the model, output paths, and the set-up's out-of-memory hint
-//! for the run's own feed.
+//! that fits), `--img` against the model, output paths, the set-up's out-of-memory hint for
+//! the run's own feed, and the value parsers of `--lr`, `--device`, `--conv-apis`,
+//! `--direct-convs` and `--fp32-convs`.
 
 use super::data::{self, smallest_img};
 use super::{Common, Error, Model, ModelFn};
-use stax::Shape;
 use stax::alloc::human_bytes;
+use stax::tensor::cuda::{ConvApis, DirectConvs, Fp32Convs};
 use stax::train::TrainError;
 use stax::train::plan::{MemoryPlan, max_batch_that_fits};
+use stax::{Device, Shape};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -132,4 +134,43 @@ pub fn batch_size(
         }
     );
     Ok(n.min(examples))
+}
+
+/// `--lr`: a finite number >= 0 that an f32 holds (1e300 would become infinity), as Adam takes.
+pub fn learning_rate(s: &str) -> Result<f32, String> {
+    let v: f64 = s.parse().map_err(|e| format!("expected a number ({e})"))?;
+    match v as f32 {
+        _ if !(v.is_finite() && v >= 0.0) => Err("Adam's learning rate: finite and >= 0".into()),
+        lr if lr.is_finite() => Ok(lr),
+        _ => Err(format!(
+            "{s} is beyond f32's range (at most {:e})",
+            f32::MAX
+        )),
+    }
+}
+
+/// `--device`: `auto` or a device name ([`Device`]'s), kept as written.
+pub fn device_flag(s: &str) -> Result<String, String> {
+    match s {
+        "auto" => Ok(s.into()),
+        _ => s
+            .parse::<Device>()
+            .map(|_| s.into())
+            .map_err(|_| "expected auto, cpu, cuda or cuda:N".to_string()),
+    }
+}
+
+/// `--conv-apis`: the word parsed, or clap's error with the accepted words (once).
+pub fn conv_apis(s: &str) -> Result<ConvApis, &'static str> {
+    s.parse().map_err(|_| "expected legacy, graph or both")
+}
+
+/// `--direct-convs`: the word parsed, or clap's error with the accepted words (once).
+pub fn direct_convs(s: &str) -> Result<DirectConvs, &'static str> {
+    s.parse().map_err(|_| "expected winning, all or off")
+}
+
+/// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
+pub fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
+    s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
 }

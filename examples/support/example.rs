@@ -38,7 +38,10 @@ use data::{input_channels, load};
 
 #[path = "checks.rs"]
 mod checks;
-use checks::{batch_size, check_img, check_path, with_feed_hint};
+use checks::{
+    batch_size, check_img, check_path, conv_apis, device_flag, direct_convs, fp32_convs,
+    learning_rate, with_feed_hint,
+};
 
 #[path = "exports.rs"]
 mod exports;
@@ -53,7 +56,7 @@ use exports::{export, last_step, record, show_plan};
 #[command(group(clap::ArgGroup::new("from").args(["resume", "init_from"])))]
 pub struct Common {
     /// auto (CUDA device 0 if usable, else CPU), cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = device_flag)]
     pub device: String,
     /// Examples per step, or `auto`: the largest batch whose memory plan fits the device's
     /// free memory (or --budget), at most the training set.
@@ -257,34 +260,6 @@ impl Common {
             ),
         })
     }
-}
-
-/// `--lr`: a finite number >= 0 that an f32 holds (1e300 would become infinity), as Adam takes.
-fn learning_rate(s: &str) -> Result<f32, String> {
-    let v: f64 = s.parse().map_err(|e| format!("expected a number ({e})"))?;
-    match v as f32 {
-        _ if !(v.is_finite() && v >= 0.0) => Err("Adam's learning rate: finite and >= 0".into()),
-        lr if lr.is_finite() => Ok(lr),
-        _ => Err(format!(
-            "{s} is beyond f32's range (at most {:e})",
-            f32::MAX
-        )),
-    }
-}
-
-/// `--conv-apis`: the word parsed, or clap's error with the accepted words (once).
-fn conv_apis(s: &str) -> Result<ConvApis, &'static str> {
-    s.parse().map_err(|_| "expected legacy, graph or both")
-}
-
-/// `--direct-convs`: the word parsed, or clap's error with the accepted words (once).
-fn direct_convs(s: &str) -> Result<DirectConvs, &'static str> {
-    s.parse().map_err(|_| "expected winning, all or off")
-}
-
-/// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
-fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
-    s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (output not a terminal).
