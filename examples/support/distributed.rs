@@ -29,9 +29,17 @@ pub struct Distributed {
     /// through NCCL.
     #[arg(long)]
     pub gpus: Option<usize>,
-    /// Gradients are all-reduced in buckets of this size during the backward pass.
-    #[arg(long, default_value = "25MiB")]
-    pub bucket: String,
+    /// With --ranks or --gpus: gradients are all-reduced in buckets of this size (bytes, or
+    /// with KiB/MiB/GiB/TiB/KB/MB/GB/TB) during the backward pass.
+    #[arg(long, default_value = "25MiB", value_parser = bucket_bytes)]
+    pub bucket: u64,
+}
+
+/// `--bucket`: a size in bytes, checked when the flags are parsed (in the launcher too).
+fn bucket_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| {
+        "expected bytes, or a number with KiB, MiB, GiB, TiB, KB, MB, GB or TB".to_string()
+    })
 }
 
 /// Starts the ranks when `--ranks` or `--gpus` asks and this process is not a rank itself:
@@ -123,8 +131,7 @@ pub fn join(
     let Some(rv) = Rendezvous::from_env()? else {
         return Ok((trainer, 0, 1));
     };
-    let bucket = parse_size(&d.bucket).ok_or(format!("--bucket {:?}: expected bytes", d.bucket))?;
-    let dp = DataParallel::connect(&rv, backend)?.with_bucket_bytes(bucket);
+    let dp = DataParallel::connect(&rv, backend)?.with_bucket_bytes(d.bucket);
     let lib = dp.collective().library();
     println!(
         "data parallel: rank {} of {} on {} ({lib})",
