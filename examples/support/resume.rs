@@ -68,13 +68,9 @@ fn changed(saved: &stax::train::checkpoint::Meta, now: &[usize], policy: stax::l
             "note: saved at batch {a}, resumed at batch {b}: the data order continues in steps of {b}"
         );
     }
-    let p = &saved.policy;
-    let was = format!(
-        "params={},compute={},output={}",
-        p.param, p.compute, p.output
-    );
-    if was != policy.to_string() {
-        println!("note: saved under {was}, resumed under {policy}");
+    let now = stax::train::checkpoint::Policy::from(policy);
+    if saved.policy != now {
+        println!("note: saved under {}, resumed under {now}", saved.policy);
     }
 }
 

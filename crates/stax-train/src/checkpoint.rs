@@ -118,6 +118,28 @@ pub struct Policy {
     pub output: String,
 }
 
+impl From<stax_layers::Policy> for Policy {
+    /// The dtypes by name (`f32`, `bf16`, `f16`).
+    fn from(p: stax_layers::Policy) -> Policy {
+        Policy {
+            param: p.param.to_string(),
+            compute: p.compute.to_string(),
+            output: p.output.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    /// jmp's spelling, as stax-layers' `Policy`: `params=f32,compute=bf16,output=f32`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "params={},compute={},output={}",
+            self.param, self.compute, self.output
+        )
+    }
+}
+
 /// A checkpoint opened for reading: its directory and description, read when opened; arrays
 /// are read, checked and streamed by [`Checkpoint::params`] and [`Checkpoint::opt_state`].
 pub struct Checkpoint {

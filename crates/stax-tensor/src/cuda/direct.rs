@@ -10,7 +10,8 @@
 //! bandwidth. Measured on the H200 (2026-12-03, BENCHMARKS.md) at batch 100 the forward pass
 //! with bias, ReLU and mask takes 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA
 //! algorithms) but 0.95 ms in TF32, and the masked filter gradient 1.68 ms against cuDNN's
-//! 1.46; at batch 10 the forward pass takes 0.12 ms against cuDNN's 0.28 in TF32.
+//! 1.46; at batch 10 in TF32 the forward pass (0.116 ms) wins its calibration, though the
+//! step did not measurably gain.
 //! [`DirectConvs`] picks where they run; by default where they time faster than cuDNN's
 //! choice at calibration (see [`DirectConvs::Winning`]). The backward-data pass stays on cuDNN
 //! (a first layer has none).
@@ -40,8 +41,8 @@ pub enum DirectConvs {
     /// bias, ReLU and mask: 1.09 ms against cuDNN's 2.31 at batch 100, H200, 2026-12-03), and
     /// any other forward pass or filter gradient where the kernel, timed at calibration on the
     /// search's buffers (CUDA events, as cuDNN's candidates), is faster than cuDNN's choice
-    /// (TF32 at batch 10: 0.12 ms against cuDNN's 0.28 for the seed's forward; at batch 100
-    /// cuDNN's 0.95). The kernel is timed with its epilogue (bias, ReLU, mask), cuDNN's
+    /// (TF32 at batch 10 the seed's forward, 0.116 ms; at batch 100 cuDNN's, 0.55 against
+    /// 1.07). The kernel is timed with its epilogue (bias, ReLU, mask), cuDNN's
     /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
     /// (a first form that timed the kernels without theirs made the seed's TF32 step at batch
     /// 100 0.2-0.3 ms slower, H200, 2026-12-03).

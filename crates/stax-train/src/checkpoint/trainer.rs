@@ -149,11 +149,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             library: format!("stax-rs {}", env!("CARGO_PKG_VERSION")),
             model: self.model().describe(),
             input: self.input_shape().dims().to_vec(),
-            policy: Policy {
-                param: policy.param.to_string(),
-                compute: policy.compute.to_string(),
-                output: policy.output.to_string(),
-            },
+            policy: Policy::from(policy),
             optimizer: format!("{:?}", self.optimizer()),
             loss: self.loss().name().into(),
             paths: (self.params().paths().iter())
