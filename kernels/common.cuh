@@ -154,3 +154,10 @@ struct WindowGeometry {
 __device__ __forceinline__ u32 group_bits(const u32 *mask, size_t i) {
     return mask ? (mask[i >> 2] >> ((i & 3) * 8)) & 255u : 255u;
 }
+
+// An asynchronous 16-byte copy from global to shared memory (shared address dst), zeros when
+// !valid (src is then not read); completes with the cp.async group it is committed in.
+__device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}

@@ -62,11 +62,6 @@ __device__ __forceinline__ float lane_of(const float4 &v, int i) {
 #define GS_X_BYTES (128 * 64)           // a stage's 128 rows x 32 k of a
 #define GS_STAGE (GS_W_BYTES + GS_X_BYTES)
 
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
 template <bool BF16>
 __device__ void gemm_wf32(const unsigned short *a, const float *b, float *part, u32 m, u64 k,
                           u32 n, u64 k_per_split) {

@@ -8,14 +8,18 @@
 //! A chunk holds a quarter of the workspace limit of f32 gradient (64 MiB by default).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
-//! runs as one kernel instead ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the
-//! weight, its moments, x and dx cross memory once.
+//! runs as one kernel instead, and so does, under [`Precision::Tf32`], an f32 batch of 17 to
+//! 128 rows into a multiple of 8 up to 128 outputs (the seed at batch 100) on the tensor cores
+//! ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the weight, its moments, x and dx
+//! cross memory once.
 
-use super::kernels::dense_rows_apply;
+use super::kernels::{dense_mma_apply, dense_rows_apply};
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
-use crate::{AdamHyper, Backend, DType, OpDesc, TensorError, WorkspaceStep, dense_chunk_rows};
+use crate::{
+    AdamHyper, Backend, DType, OpDesc, Precision, TensorError, WorkspaceStep, dense_chunk_rows,
+};
 use std::sync::atomic::Ordering;
 
 const OP: &str = "dense_adam";
@@ -35,21 +39,30 @@ struct Addrs {
 }
 
 impl CudaBackend {
-    /// Turns the one-pass small-batch dense update on (the default) or off: an f32
+    /// Turns the one-pass dense updates on (the default) or off: an f32
     /// [`crate::ops::dense_adam`] of a batch of 1 to 16 rows and at most 128 outputs (the seed's
-    /// Dense(128) at batch 10) then runs as one kernel that reads each weight row, computes its
-    /// gradient in registers, its input gradient from the old row and Adam's step, with no
-    /// workspace; off, it runs chunk by chunk through cuBLAS. The workspace differs, so set it
-    /// before a memory plan is made (before training starts). For A/B timing and tests.
+    /// Dense(128) at batch 10), or under [`Precision::Tf32`] of 17 to 128 rows and a multiple
+    /// of 8 up to 128 outputs (the seed at batch 100, on the TF32 tensor cores), then runs as
+    /// one kernel that reads each weight row, computes its gradient in registers, its input
+    /// gradient from the old row and Adam's step, with no workspace; off, it runs chunk by
+    /// chunk through cuBLAS. The workspace differs, so set it before a memory plan is made
+    /// (before training starts). For A/B timing and tests.
     pub fn set_dense_adam_rows(&self, on: bool) {
         self.dense_rows.store(on, Ordering::Relaxed);
     }
 
     /// Whether an f32 dense update of `m` batch rows and `n` outputs runs in one pass (see
-    /// [`CudaBackend::set_dense_adam_rows`]): a function of the shape and the setting, so a
-    /// memory plan made on it holds.
+    /// [`CudaBackend::set_dense_adam_rows`]): a function of the shape, the precision and the
+    /// setting, so a memory plan made on it holds.
     pub fn dense_adam_is_rows(&self, m: usize, n: usize, dtype: DType) -> bool {
-        self.dense_rows.load(Ordering::Relaxed) && dtype == DType::F32 && dense_rows_apply(m, n)
+        self.dense_rows.load(Ordering::Relaxed)
+            && dtype == DType::F32
+            && (dense_rows_apply(m, n) || self.dense_adam_is_mma(m, n))
+    }
+
+    /// Whether the one pass runs on the TF32 tensor cores (else in f32 FMAs).
+    fn dense_adam_is_mma(&self, m: usize, n: usize) -> bool {
+        self.precision == Precision::Tf32 && dense_mma_apply(m, n)
     }
 
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
@@ -110,7 +123,10 @@ impl CudaBackend {
         if self.dense_adam_is_rows(m, n, dtype) && k > 0 && n > 0 {
             let ops = (c.x.addr(), c.dy.addr(), dx.unwrap_or(0));
             let state = [c.w, c.mu, c.nu].map(|t| t.addr());
-            self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?;
+            match self.dense_adam_is_mma(m, n) {
+                true => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
+                false => self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?,
+            }
             return ws.finish();
         }
         if k == 0 || n == 0 {

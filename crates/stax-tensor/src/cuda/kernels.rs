@@ -26,6 +26,7 @@ macro_rules! launch {
     }};
 }
 
+mod dense;
 mod direct;
 mod gemm;
 mod launch;
@@ -34,10 +35,11 @@ mod rows;
 mod source;
 mod spatial;
 
+pub(crate) use dense::{dense_mma_apply, dense_rows_apply};
 pub(crate) use direct::direct_applies;
 pub use source::KernelModule;
 use source::compile;
-pub(crate) use spatial::{OHWI, dense_rows_apply, max_pool_bwd_bytes};
+pub(crate) use spatial::{OHWI, max_pool_bwd_bytes};
 
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -67,6 +69,14 @@ pub(crate) struct Kernels {
     max_blocks: u32,
     /// Multiprocessors of the device.
     sms: u32,
+}
+
+/// Lets `f` take up to `bytes` of dynamic shared memory (more than the default 48 KiB), once
+/// at load.
+fn allow_shared(f: &CudaFunction, bytes: usize) -> Result<(), TensorError> {
+    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
+    f.set_attribute(MAX, bytes as i32)
+        .map_err(driver("cuFuncSetAttribute"))
 }
 
 fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
@@ -120,7 +130,9 @@ impl Kernels {
                     .load_function(&symbol)
                     .map_err(driver("cuModuleGetFunction"))?;
                 if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
-                    gemm::allow_shared(&f)?;
+                    allow_shared(&f, gemm::SHARED_BYTES)?;
+                } else if dense::is_mma(&symbol) {
+                    allow_shared(&f, dense::MMA_SHARED_MAX)?;
                 }
                 functions.insert(symbol, f);
             }

@@ -3,7 +3,7 @@
 
 use super::{Kernels, aligned16, driver};
 use crate::{DType, TensorError};
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Rows of `a` a block holds in registers (two warps of 8 tiles of 8).
 const MAX_ROWS: usize = 128;
@@ -13,17 +13,9 @@ const BLOCK_COLS: usize = 128;
 const STEP_K: usize = 32;
 /// Dynamic shared memory of a block: 3 stages of 17,408 bytes of b and 8,192 of a
 /// (`GS_STAGES * GS_STAGE` in kernels/gemm.cu).
-const SHARED_BYTES: u32 = 3 * (17_408 + 8_192);
+pub(super) const SHARED_BYTES: usize = 3 * (17_408 + 8_192);
 /// The kernels that take [`SHARED_BYTES`] of dynamic shared memory.
 pub(super) const SHARED_KERNELS: [&str; 2] = ["gemm_wf32_bf16", "gemm_wf32_f16"];
-
-/// Lets `f` (one of [`SHARED_KERNELS`]) take more than the default 48 KiB of dynamic shared
-/// memory, once at load.
-pub(super) fn allow_shared(f: &CudaFunction) -> Result<(), TensorError> {
-    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
-    f.set_attribute(MAX, SHARED_BYTES as i32)
-        .map_err(driver("cuFuncSetAttribute"))
-}
 
 impl Kernels {
     /// Whether [`Kernels::gemm_wf32`] takes `[m, k] · [k, n]`: `1 <= m <= 128`, `k % 8 == 0`,
@@ -77,7 +69,7 @@ impl Kernels {
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, n.div_ceil(BLOCK_COLS) as u32, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: SHARED_BYTES,
+            shared_mem_bytes: SHARED_BYTES as u32,
         };
         let (mu, nu, ku, kps) = (m as u32, n as u32, k as u64, k_per_split as u64);
         let sym = format!("gemm_wf32_{}", dtype.name());

@@ -181,10 +181,8 @@ impl KernelModule {
         let generic = per_dtype
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
-        // the small-batch dense update, one kernel per batch size
-        let batches = (1..=super::spatial::DENSE_ROWS_MAX_BATCH)
-            .filter(|_| self == KernelModule::Adam)
-            .map(|m| format!("dense_adam_rows_m{m}"));
+        // the one-pass dense updates, one kernel per batch size (or 8 rows of it)
+        let batches = super::dense::symbols().filter(|_| self == KernelModule::Adam);
         let fixed = fixed.iter().map(|s| s.to_string()).chain(batches);
         fixed.chain(generic).collect()
     }

@@ -5,16 +5,6 @@ use super::{Kernels, aligned16, driver};
 use crate::{AdamHyper, Conv2dGeometry, DType, PoolKind, TensorError};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-/// The largest batch (rows of x) of [`Kernels::dense_adam_rows`]: dy's rows live in registers.
-pub(crate) const DENSE_ROWS_MAX_BATCH: usize = 16;
-/// The most output features of [`Kernels::dense_adam_rows`]: four columns a lane.
-pub(crate) const DENSE_ROWS_MAX_OUT: usize = 128;
-
-/// Whether [`Kernels::dense_adam_rows`] takes a batch of `m` rows and `n` outputs.
-pub(crate) fn dense_rows_apply(m: usize, n: usize) -> bool {
-    (1..=DENSE_ROWS_MAX_BATCH).contains(&m) && n <= DENSE_ROWS_MAX_OUT
-}
-
 /// `kernels/layout.cu`'s code of cuDNN's NHWC filter layout KRSC = OHWI `[co, kh, kw, ci]`.
 pub(crate) const OHWI: i32 = 4;
 
@@ -138,48 +128,6 @@ impl Kernels {
         // matches (see the DeviceRepr impl above).
         unsafe { launch!(self.stream, f, self.grid(threads); &p, &g, &m, &v, h, &n).map(drop) }
             .map_err(driver(k))
-    }
-
-    /// A dense layer's backward pass with Adam on its f32 weight in one pass over the weight
-    /// (`kernels/adam.cu`'s `dense_adam_rows_m<m>`): x `[m, k]`, dy `[m, n]`, `[w, mu, nu]`
-    /// `[k, n]` updated in place, dx `[m, k]` (0: not computed; may be x). Any alignment.
-    /// For `1 <= m <=` [`DENSE_ROWS_MAX_BATCH`] and `n <=` [`DENSE_ROWS_MAX_OUT`] only (else an
-    /// invalid-argument error); nothing to do for `k == 0`.
-    pub(crate) fn dense_adam_rows(
-        &self,
-        (x, dy, dx): (u64, u64, u64),
-        [w, mu, nu]: [u64; 3],
-        (m, n, k): (usize, usize, usize),
-        h: &AdamHyper,
-    ) -> Result<(), TensorError> {
-        if !dense_rows_apply(m, n) {
-            return Err(TensorError::InvalidArgument {
-                op: "dense_adam_rows",
-                reason: format!(
-                    "a batch of {m} rows (1 to {DENSE_ROWS_MAX_BATCH}) and {n} outputs \
-                     (at most {DENSE_ROWS_MAX_OUT})"
-                ),
-            });
-        }
-        if k == 0 {
-            return Ok(());
-        }
-        let symbol = format!("dense_adam_rows_m{m}");
-        let f = self.function(&symbol)?;
-        const WARPS: usize = 4;
-        let blocks = k.div_ceil(32 * WARPS).clamp(1, self.max_blocks as usize) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (32 * WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let n32 = n as i32;
-        // SAFETY: `dense_adam_rows_m<m>(const float *x, const float *dy, float *w, float *mu,
-        // float *nu, float *dx, AdamHyper h, int n, size_t k)` with blocks of 4 warps (its
-        // shared arrays' size); x holds m k floats, dy m n, w, mu, nu k n each (the front
-        // end's shapes), dx m k or is null; n <= 128 fits an int; AdamHyper's layout matches.
-        unsafe { launch!(self.stream, f, cfg; &x, &dy, &w, &mu, &nu, &dx, h, &n32, &k).map(drop) }
-            .map_err(driver("dense_adam_rows"))
     }
 
     /// One Adam step over `n` elements of the f32 `[p, g, m, v]` (a dense weight's chunk, its

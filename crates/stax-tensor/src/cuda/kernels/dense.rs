@@ -1,0 +1,180 @@
+//! Launchers of the dense update's one-pass kernels (`kernels/adam.cu`): a dense layer's
+//! backward pass with Adam on its f32 weight, in which the weight and its moments cross memory
+//! once and the weight gradient never does. `dense_adam_rows_m<m>` takes a small batch in f32
+//! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` a batch of up to 128 rows on the
+//! TF32 tensor cores (`Precision::Tf32` only).
+
+use super::{Kernels, driver};
+use crate::{AdamHyper, TensorError};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// The largest batch (rows of x) of [`Kernels::dense_adam_rows`]: dy's rows live in registers.
+pub(crate) const DENSE_ROWS_MAX_BATCH: usize = 16;
+/// The most output features of both one-pass kernels: four columns a lane, or 16 slices of 8.
+pub(crate) const DENSE_MAX_OUT: usize = 128;
+/// The largest batch of [`Kernels::dense_adam_mma`]: 16 mma steps of 8 rows.
+pub(crate) const DENSE_MMA_MAX_BATCH: usize = 128;
+/// Warps per block of the tensor-core kernel (`DM_WARPS` in kernels/adam.cu).
+const MMA_WARPS: usize = 8;
+/// Shared-memory words of a warp's two stages of w, mu and nu (`2 DM_STAGE`: 3 arrays of 16
+/// rows of 32 columns, 40 words apart).
+const MMA_STAGE_WORDS: usize = 2 * 3 * 16 * 40;
+
+/// Whether [`Kernels::dense_adam_rows`] takes a batch of `m` rows and `n` outputs.
+pub(crate) fn dense_rows_apply(m: usize, n: usize) -> bool {
+    (1..=DENSE_ROWS_MAX_BATCH).contains(&m) && n <= DENSE_MAX_OUT
+}
+
+/// Whether [`Kernels::dense_adam_mma`] takes a batch of `m` rows and `n` outputs: past the
+/// rows kernel's batches up to 128 rows, `n` a multiple of 8 (its 8-byte loads and 8-column
+/// slices) from 8 to 128.
+pub(crate) fn dense_mma_apply(m: usize, n: usize) -> bool {
+    (DENSE_ROWS_MAX_BATCH + 1..=DENSE_MMA_MAX_BATCH).contains(&m)
+        && n % 8 == 0
+        && (8..=DENSE_MAX_OUT).contains(&n)
+}
+
+/// The tensor-core kernel's dynamic shared memory for `m` rows and `n` outputs, in bytes: each
+/// warp's two stages, then dy rounded to TF32, `[8 ceil(m / 8)][roundup(n, 32) + 8]` words. One
+/// block fits a multiprocessor (its 8 warps hide the latencies with up to 255 registers each).
+fn mma_shared_bytes(m: usize, n: usize) -> usize {
+    4 * (MMA_WARPS * MMA_STAGE_WORDS + 8 * m.div_ceil(8) * (n.next_multiple_of(32) + 8))
+}
+
+/// The most dynamic shared memory a tensor-core kernel takes (128 rows, 128 outputs: 192,512
+/// bytes), allowed once at load.
+pub(super) const MMA_SHARED_MAX: usize = 4 * (MMA_WARPS * MMA_STAGE_WORDS + 8 * 16 * (128 + 8));
+
+/// The module's one-pass kernels: `dense_adam_rows_m1..16`, `dense_adam_mma_mb3..16`.
+pub(super) fn symbols() -> impl Iterator<Item = String> {
+    let rows = (1..=DENSE_ROWS_MAX_BATCH).map(|m| format!("dense_adam_rows_m{m}"));
+    let first_mma = DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1;
+    let mma = (first_mma..=DENSE_MMA_MAX_BATCH / 8).map(|mb| format!("dense_adam_mma_mb{mb}"));
+    rows.chain(mma)
+}
+
+/// Whether `symbol` is a tensor-core kernel (it takes [`MMA_SHARED_MAX`] at most).
+pub(super) fn is_mma(symbol: &str) -> bool {
+    symbol.starts_with("dense_adam_mma_")
+}
+
+/// The error of a launcher given a shape its kernel does not take.
+fn not_taken(op: &'static str, m: usize, n: usize, takes: &str) -> TensorError {
+    TensorError::InvalidArgument {
+        op,
+        reason: format!("a batch of {m} rows and {n} outputs: it takes {takes}"),
+    }
+}
+
+impl Kernels {
+    /// A dense layer's backward pass with Adam on its f32 weight in one pass over the weight
+    /// (`kernels/adam.cu`'s `dense_adam_rows_m<m>`): x `[m, k]`, dy `[m, n]`, `[w, mu, nu]`
+    /// `[k, n]` updated in place, dx `[m, k]` (0: not computed; may be x). Any alignment.
+    /// For `1 <= m <=` [`DENSE_ROWS_MAX_BATCH`] and `n <=` [`DENSE_MAX_OUT`] only (else an
+    /// invalid-argument error); nothing to do for `k == 0`.
+    pub(crate) fn dense_adam_rows(
+        &self,
+        (x, dy, dx): (u64, u64, u64),
+        [w, mu, nu]: [u64; 3],
+        (m, n, k): (usize, usize, usize),
+        h: &AdamHyper,
+    ) -> Result<(), TensorError> {
+        if !dense_rows_apply(m, n) {
+            return Err(not_taken(
+                "dense_adam_rows",
+                m,
+                n,
+                "1 to 16 rows and 128 outputs",
+            ));
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let symbol = format!("dense_adam_rows_m{m}");
+        let f = self.function(&symbol)?;
+        const WARPS: usize = 4;
+        let blocks = k.div_ceil(32 * WARPS).clamp(1, self.max_blocks as usize) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (32 * WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n32 = n as i32;
+        // SAFETY: `dense_adam_rows_m<m>(const float *x, const float *dy, float *w, float *mu,
+        // float *nu, float *dx, AdamHyper h, int n, size_t k)` with blocks of 4 warps (its
+        // shared arrays' size); x holds m k floats, dy m n, w, mu, nu k n each (the front
+        // end's shapes), dx m k or is null; n <= 128 fits an int; AdamHyper's layout matches.
+        unsafe { launch!(self.stream, f, cfg; &x, &dy, &w, &mu, &nu, &dx, h, &n32, &k).map(drop) }
+            .map_err(driver("dense_adam_rows"))
+    }
+
+    /// The same pass on the TF32 tensor cores (`kernels/adam.cu`'s `dense_adam_mma_mb<mb>`, mb
+    /// = ceil(m / 8)): dw and dx from operands rounded to TF32 and summed in f32, Adam's step
+    /// as every Adam kernel's. `[w, mu, nu]` 8-byte aligned (allocations are). For shapes where
+    /// [`dense_mma_apply`] only (else an invalid-argument error); nothing to do for `k == 0`.
+    pub(crate) fn dense_adam_mma(
+        &self,
+        (x, dy, dx): (u64, u64, u64),
+        [w, mu, nu]: [u64; 3],
+        (m, n, k): (usize, usize, usize),
+        h: &AdamHyper,
+    ) -> Result<(), TensorError> {
+        if !dense_mma_apply(m, n) {
+            let takes = "17 to 128 rows and a multiple of 8 up to 128 outputs";
+            return Err(not_taken("dense_adam_mma", m, n, takes));
+        }
+        if [w, mu, nu].iter().any(|a| a % 8 != 0) {
+            return Err(TensorError::InvalidArgument {
+                op: "dense_adam_mma",
+                reason: "w, mu and nu must be 8-byte aligned".into(),
+            });
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("dense_adam_mma_mb{}", m.div_ceil(8)))?;
+        let strips = k.div_ceil(16);
+        let most = self.sms as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (strips.div_ceil(MMA_WARPS).clamp(1, most) as u32, 1, 1),
+            block_dim: (32 * MMA_WARPS as u32, 1, 1),
+            shared_mem_bytes: mma_shared_bytes(m, n) as u32,
+        };
+        let (m32, n32) = (m as i32, n as i32);
+        // SAFETY: `dense_adam_mma_mb<mb>(const float *x, const float *dy, float *w, float *mu,
+        // float *nu, float *dx, AdamHyper h, int m, int n, size_t k)` with blocks of whole
+        // warps and the dynamic shared memory its stages and staged dy take for 8 mb >= m rows
+        // (allowed at load up to MMA_SHARED_MAX); x holds m k floats, dy m n, w, mu, nu k n each (the
+        // front end's shapes; 8-byte aligned, n even), dx m k or is null; m, n <= 128 fit an
+        // int; AdamHyper's layout matches.
+        unsafe {
+            launch!(self.stream, f, cfg; &x, &dy, &w, &mu, &nu, &dx, h, &m32, &n32, &k).map(drop)
+        }
+        .map_err(driver("dense_adam_mma"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_take_the_shapes_their_layouts_allow() {
+        assert!(dense_rows_apply(16, 128) && !dense_rows_apply(17, 128));
+        assert!(!dense_rows_apply(0, 1) && !dense_rows_apply(1, 129));
+        assert!(dense_mma_apply(17, 128) && dense_mma_apply(100, 8) && dense_mma_apply(128, 64));
+        assert!(!dense_mma_apply(16, 128) && !dense_mma_apply(129, 128));
+        assert!(!dense_mma_apply(100, 120 + 4) && !dense_mma_apply(100, 136));
+        assert!(!dense_mma_apply(100, 0));
+        // the seed's batch 100: 8 warps' 2 stages of 3 x 16 x 40 words, then 13 steps of 8 rows
+        // of 128 + 8 words (the 179,456 bytes the harness launched)
+        assert_eq!(mma_shared_bytes(100, 128), 4 * (8 * 3840 + 104 * 136));
+        assert_eq!(mma_shared_bytes(100, 128), 179_456);
+        assert_eq!(mma_shared_bytes(17, 8), 4 * (8 * 3840 + 24 * 40));
+        assert_eq!(mma_shared_bytes(128, 128), MMA_SHARED_MAX);
+        let names: Vec<String> = symbols().collect();
+        assert_eq!(names.len(), 16 + 14);
+        assert_eq!(names[16], "dense_adam_mma_mb3");
+        assert_eq!(names.last().unwrap(), "dense_adam_mma_mb16");
+    }
+}
