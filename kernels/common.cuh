@@ -161,3 +161,16 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0));
 }
+
+// Adam's hyper-parameters of one step (adam.cu, dense_mma.cu).
+// Must match `AdamHyper` in crates/stax-tensor/src/backend.rs (#[repr(C)], eight f32).
+struct AdamHyper {
+    float lr;
+    float b1;
+    float b2;
+    float eps;
+    float eps_root;
+    float bias_correction1;
+    float bias_correction2;
+    float grad_scale;
+};

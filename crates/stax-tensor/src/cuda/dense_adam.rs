@@ -13,7 +13,7 @@
 //! ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the weight, its moments, x and dx
 //! cross memory once.
 
-use super::kernels::{dense_mma_apply, dense_rows_apply};
+use super::kernels::dense_rows_apply;
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas::Gemm};
 use crate::backend::{Call, DenseAdam, DenseDx, Scratch};
@@ -60,9 +60,10 @@ impl CudaBackend {
             && (dense_rows_apply(m, n) || self.dense_adam_is_mma(m, n))
     }
 
-    /// Whether the one pass runs on the TF32 tensor cores (else in f32 FMAs).
+    /// Whether the one pass runs on the TF32 tensor cores (else in f32 FMAs): under TF32, for
+    /// the shapes the kernel takes within the device's shared memory.
     fn dense_adam_is_mma(&self, m: usize, n: usize) -> bool {
-        self.precision == Precision::Tf32 && dense_mma_apply(m, n)
+        self.precision == Precision::Tf32 && self.kernels.dense_mma_fits(m, n)
     }
 
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.

@@ -35,7 +35,7 @@ mod rows;
 mod source;
 mod spatial;
 
-pub(crate) use dense::{dense_mma_apply, dense_rows_apply};
+pub(crate) use dense::dense_rows_apply;
 pub(crate) use direct::direct_applies;
 pub use source::KernelModule;
 use source::compile;
@@ -69,6 +69,9 @@ pub(crate) struct Kernels {
     max_blocks: u32,
     /// Multiprocessors of the device.
     sms: u32,
+    /// The most dynamic shared memory one block may take on the device, in bytes (227 KiB on
+    /// Hopper, 163 KiB on the A100, 99 KiB on sm_86 and sm_89).
+    shared_optin: usize,
 }
 
 /// Lets `f` take up to `bytes` of dynamic shared memory (more than the default 48 KiB), once
@@ -97,11 +100,11 @@ impl Kernels {
             .compute_capability()
             .map_err(driver("cuDeviceGetAttribute"))?;
         let arch = &format!("sm_{major}{minor}");
-        let sms = ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(driver("cuDeviceGetAttribute"))?;
+        use cudarc::driver::sys::CUdevice_attribute as Attr;
+        let attribute = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
+        let sms = attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let shared_optin =
+            attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
         let ptxs: Vec<Result<String, TensorError>> = std::thread::scope(|s| {
             let jobs: Vec<_> = KernelModule::ALL
                 .iter()
@@ -132,7 +135,8 @@ impl Kernels {
                 if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
                     allow_shared(&f, gemm::SHARED_BYTES)?;
                 } else if dense::is_mma(&symbol) {
-                    allow_shared(&f, dense::MMA_SHARED_MAX)?;
+                    // what the device allows: a shape needing more is not dispatched there
+                    allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
                 }
                 functions.insert(symbol, f);
             }
@@ -144,6 +148,7 @@ impl Kernels {
             functions,
             max_blocks: (sms.max(1) as u32) * 32,
             sms: sms.max(1) as u32,
+            shared_optin,
         })
     }
 

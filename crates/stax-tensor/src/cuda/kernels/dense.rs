@@ -1,10 +1,11 @@
-//! Launchers of the dense update's one-pass kernels (`kernels/adam.cu`): a dense layer's
-//! backward pass with Adam on its f32 weight, in which the weight and its moments cross memory
-//! once and the weight gradient never does. `dense_adam_rows_m<m>` takes a small batch in f32
-//! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` a batch of up to 128 rows on the
-//! TF32 tensor cores (`Precision::Tf32` only).
+//! Launchers of the dense update's one-pass kernels: a dense layer's backward pass with Adam on
+//! its f32 weight, in which the weight and its moments cross memory once and the weight
+//! gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
+//! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` (`kernels/dense_mma.cu`) a batch of
+//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only).
 
-use super::{Kernels, driver};
+use super::source::KernelModule;
+use super::{Kernels, aligned16, driver};
 use crate::{AdamHyper, TensorError};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -14,7 +15,7 @@ pub(crate) const DENSE_ROWS_MAX_BATCH: usize = 16;
 pub(crate) const DENSE_MAX_OUT: usize = 128;
 /// The largest batch of [`Kernels::dense_adam_mma`]: 16 mma steps of 8 rows.
 pub(crate) const DENSE_MMA_MAX_BATCH: usize = 128;
-/// Warps per block of the tensor-core kernel (`DM_WARPS` in kernels/adam.cu).
+/// Warps per block of the tensor-core kernel (`DM_WARPS` in kernels/dense_mma.cu).
 const MMA_WARPS: usize = 8;
 /// Shared-memory words of a warp's two stages of w, mu and nu (`2 DM_STAGE`: 3 arrays of 16
 /// rows of 32 columns, 40 words apart).
@@ -25,10 +26,11 @@ pub(crate) fn dense_rows_apply(m: usize, n: usize) -> bool {
     (1..=DENSE_ROWS_MAX_BATCH).contains(&m) && n <= DENSE_MAX_OUT
 }
 
-/// Whether [`Kernels::dense_adam_mma`] takes a batch of `m` rows and `n` outputs: past the
-/// rows kernel's batches up to 128 rows, `n` a multiple of 8 (its 8-byte loads and 8-column
-/// slices) from 8 to 128.
-pub(crate) fn dense_mma_apply(m: usize, n: usize) -> bool {
+/// Whether the tensor-core kernel's layout takes a batch of `m` rows and `n` outputs: past the
+/// rows kernel's batches up to 128 rows, `n` a multiple of 8 (its 8-column slices, and 16-byte
+/// copies of a row's columns) from 8 to 128. [`Kernels::dense_mma_fits`] adds the device's
+/// shared memory.
+fn dense_mma_apply(m: usize, n: usize) -> bool {
     (DENSE_ROWS_MAX_BATCH + 1..=DENSE_MMA_MAX_BATCH).contains(&m)
         && n % 8 == 0
         && (8..=DENSE_MAX_OUT).contains(&n)
@@ -45,12 +47,18 @@ fn mma_shared_bytes(m: usize, n: usize) -> usize {
 /// bytes), allowed once at load.
 pub(super) const MMA_SHARED_MAX: usize = 4 * (MMA_WARPS * MMA_STAGE_WORDS + 8 * 16 * (128 + 8));
 
-/// The module's one-pass kernels: `dense_adam_rows_m1..16`, `dense_adam_mma_mb3..16`.
-pub(super) fn symbols() -> impl Iterator<Item = String> {
-    let rows = (1..=DENSE_ROWS_MAX_BATCH).map(|m| format!("dense_adam_rows_m{m}"));
-    let first_mma = DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1;
-    let mma = (first_mma..=DENSE_MMA_MAX_BATCH / 8).map(|mb| format!("dense_adam_mma_mb{mb}"));
-    rows.chain(mma)
+/// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16`, `dense_mma.cu`'s
+/// `dense_adam_mma_mb3..16`.
+pub(super) fn symbols(module: KernelModule) -> Vec<String> {
+    match module {
+        KernelModule::Adam => (1..=DENSE_ROWS_MAX_BATCH)
+            .map(|m| format!("dense_adam_rows_m{m}"))
+            .collect(),
+        KernelModule::DenseMma => (DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1..=DENSE_MMA_MAX_BATCH / 8)
+            .map(|mb| format!("dense_adam_mma_mb{mb}"))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether `symbol` is a tensor-core kernel (it takes [`MMA_SHARED_MAX`] at most).
@@ -67,6 +75,15 @@ fn not_taken(op: &'static str, m: usize, n: usize, takes: &str) -> TensorError {
 }
 
 impl Kernels {
+    /// Whether [`Kernels::dense_adam_mma`] takes a batch of `m` rows and `n` outputs on this
+    /// device: [`dense_mma_apply`], and the shared memory it takes is within what a block may
+    /// have here (all shapes on Hopper; on the A100's 163 KiB up to 80 rows into 128 outputs;
+    /// none on 99 KiB devices). A function of the shape and the device, so a plan made on it
+    /// holds.
+    pub(crate) fn dense_mma_fits(&self, m: usize, n: usize) -> bool {
+        dense_mma_apply(m, n) && mma_shared_bytes(m, n) <= self.shared_optin
+    }
+
     /// A dense layer's backward pass with Adam on its f32 weight in one pass over the weight
     /// (`kernels/adam.cu`'s `dense_adam_rows_m<m>`): x `[m, k]`, dy `[m, n]`, `[w, mu, nu]`
     /// `[k, n]` updated in place, dx `[m, k]` (0: not computed; may be x). Any alignment.
@@ -84,7 +101,7 @@ impl Kernels {
                 "dense_adam_rows",
                 m,
                 n,
-                "1 to 16 rows and 128 outputs",
+                "1 to 16 rows and at most 128 outputs",
             ));
         }
         if k == 0 {
@@ -108,10 +125,12 @@ impl Kernels {
             .map_err(driver("dense_adam_rows"))
     }
 
-    /// The same pass on the TF32 tensor cores (`kernels/adam.cu`'s `dense_adam_mma_mb<mb>`, mb
-    /// = ceil(m / 8)): dw and dx from operands rounded to TF32 and summed in f32, Adam's step
-    /// as every Adam kernel's. `[w, mu, nu]` 8-byte aligned (allocations are). For shapes where
-    /// [`dense_mma_apply`] only (else an invalid-argument error); nothing to do for `k == 0`.
+    /// The same pass on the TF32 tensor cores (`kernels/dense_mma.cu`'s
+    /// `dense_adam_mma_mb<mb>`, mb = ceil(m / 8)): dw and dx from operands rounded to TF32 and
+    /// summed in f32, Adam's step in f32 with a fast division (`adam_tf32`: within a few ulp of
+    /// `adam_one`'s). `[w, mu, nu]` 16-byte aligned (its 16-byte copies; allocations are). For
+    /// shapes where [`Kernels::dense_mma_fits`] only (else an invalid-argument error); nothing to
+    /// do for `k == 0`.
     pub(crate) fn dense_adam_mma(
         &self,
         (x, dy, dx): (u64, u64, u64),
@@ -119,14 +138,15 @@ impl Kernels {
         (m, n, k): (usize, usize, usize),
         h: &AdamHyper,
     ) -> Result<(), TensorError> {
-        if !dense_mma_apply(m, n) {
-            let takes = "17 to 128 rows and a multiple of 8 up to 128 outputs";
+        if !self.dense_mma_fits(m, n) {
+            let takes = "17 to 128 rows and a multiple of 8 up to 128 outputs, within the \
+                         device's shared memory a block";
             return Err(not_taken("dense_adam_mma", m, n, takes));
         }
-        if [w, mu, nu].iter().any(|a| a % 8 != 0) {
+        if !aligned16(&[w, mu, nu]) {
             return Err(TensorError::InvalidArgument {
                 op: "dense_adam_mma",
-                reason: "w, mu and nu must be 8-byte aligned".into(),
+                reason: "w, mu and nu must be 16-byte aligned".into(),
             });
         }
         if k == 0 {
@@ -142,11 +162,13 @@ impl Kernels {
         };
         let (m32, n32) = (m as i32, n as i32);
         // SAFETY: `dense_adam_mma_mb<mb>(const float *x, const float *dy, float *w, float *mu,
-        // float *nu, float *dx, AdamHyper h, int m, int n, size_t k)` with blocks of whole
-        // warps and the dynamic shared memory its stages and staged dy take for 8 mb >= m rows
-        // (allowed at load up to MMA_SHARED_MAX); x holds m k floats, dy m n, w, mu, nu k n each (the
-        // front end's shapes; 8-byte aligned, n even), dx m k or is null; m, n <= 128 fit an
-        // int; AdamHyper's layout matches.
+        // float *nu, float *dx, AdamHyper h, int m, int n, size_t k)` with blocks of exactly
+        // DM_WARPS (8) warps (each warp's stages are its slice of the shared memory) and the
+        // dynamic shared memory its stages and staged dy take for 8 mb >= m rows (allowed at
+        // load up to this size: dense_mma_fits); x holds m k floats, dy m n, w, mu, nu k n each
+        // (the front end's shapes; 16-byte aligned, n a multiple of 8, so every 16-byte copy of
+        // a row's columns is aligned), dx m k or is null; m, n <= 128 fit an int; AdamHyper's
+        // layout matches.
         unsafe {
             launch!(self.stream, f, cfg; &x, &dy, &w, &mu, &nu, &dx, h, &m32, &n32, &k).map(drop)
         }
@@ -172,9 +194,15 @@ mod tests {
         assert_eq!(mma_shared_bytes(100, 128), 179_456);
         assert_eq!(mma_shared_bytes(17, 8), 4 * (8 * 3840 + 24 * 40));
         assert_eq!(mma_shared_bytes(128, 128), MMA_SHARED_MAX);
-        let names: Vec<String> = symbols().collect();
-        assert_eq!(names.len(), 16 + 14);
-        assert_eq!(names[16], "dense_adam_mma_mb3");
-        assert_eq!(names.last().unwrap(), "dense_adam_mma_mb16");
+        // within the A100's 166,912 bytes a block up to 80 rows into 128 outputs; the stages
+        // alone (122,880 bytes) are over the 101,376 of sm_86 and sm_89
+        assert!(mma_shared_bytes(80, 128) <= 166_912 && mma_shared_bytes(81, 128) > 166_912);
+        assert!(mma_shared_bytes(17, 8) > 101_376);
+        assert_eq!(symbols(KernelModule::Adam).len(), 16);
+        let mma = symbols(KernelModule::DenseMma);
+        assert_eq!(mma.len(), 14);
+        assert_eq!(mma[0], "dense_adam_mma_mb3");
+        assert_eq!(mma.last().unwrap(), "dense_adam_mma_mb16");
+        assert!(symbols(KernelModule::Norm).is_empty());
     }
 }

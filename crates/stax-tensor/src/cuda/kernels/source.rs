@@ -45,7 +45,7 @@ pub enum KernelModule {
     SoftmaxXent,
     /// `kernels/adam.cu`: the fused Adam step (every gradient and first-moment dtype; for the
     /// dense update also keeping the old weight in bf16 or f16), the small-batch dense update
-    /// in one pass and the loss scale's finiteness check.
+    /// in one pass (f32 FMAs) and the loss scale's finiteness check.
     Adam,
     /// `kernels/layout.cu`: filter transposes and padding copies for cuDNN (every float
     /// dtype), block copies.
@@ -61,11 +61,13 @@ pub enum KernelModule {
     /// `kernels/direct_conv.cu`: the forward pass and the filter gradient of convolutions with
     /// at most 32 taps, in f32 FMAs, every float dtype.
     DirectConv,
+    /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
+    DenseMma,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -75,6 +77,7 @@ impl KernelModule {
         KernelModule::Norm,
         KernelModule::Gemm,
         KernelModule::DirectConv,
+        KernelModule::DenseMma,
     ];
 
     /// The file name, for messages.
@@ -89,6 +92,7 @@ impl KernelModule {
             KernelModule::Norm => "norm.cu",
             KernelModule::Gemm => "gemm.cu",
             KernelModule::DirectConv => "direct_conv.cu",
+            KernelModule::DenseMma => "dense_mma.cu",
         }
     }
 
@@ -125,7 +129,7 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
-            KernelModule::DirectConv => &[],
+            KernelModule::DirectConv | KernelModule::DenseMma => &[],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -174,7 +178,7 @@ impl KernelModule {
                 "bias_add_vec",
                 "bias_grad_vec",
             ],
-            KernelModule::Gemm => &[],
+            KernelModule::Gemm | KernelModule::DenseMma => &[],
             KernelModule::DirectConv => &DIRECT_ROOTS,
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
@@ -182,7 +186,7 @@ impl KernelModule {
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
         // the one-pass dense updates, one kernel per batch size (or 8 rows of it)
-        let batches = super::dense::symbols().filter(|_| self == KernelModule::Adam);
+        let batches = super::dense::symbols(self);
         let fixed = fixed.iter().map(|s| s.to_string()).chain(batches);
         fixed.chain(generic).collect()
     }
@@ -198,6 +202,7 @@ impl KernelModule {
             KernelModule::Norm => include_str!("../../../../../kernels/norm.cu"),
             KernelModule::Gemm => include_str!("../../../../../kernels/gemm.cu"),
             KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
+            KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
         }
     }
 }
