@@ -159,14 +159,15 @@ fn chunks(
     for r0 in (0..k).step_by(rows) {
         let rc = rows.min(k - r0);
         let (g, wr) = buffers(&mut ws, (gi.is_some(), ri.is_some()), rc * n)?;
-        // dw_chunk [rc, n] = x[:, r0..r0 + rc]ᵀ · dy
-        let xc = MatRef::strided(&xs.read()[r0..], m, rc, (k, 1)).t();
+        // dw_chunk [rc, n] = x[:, r0..r0 + rc]ᵀ · dy; x's and dx's columns from r0 (none
+        // without rows: an empty batch holds no element at r0)
+        let xc = MatRef::strided(xs.read().get(r0..).unwrap_or_default(), m, rc, (k, 1)).t();
         let dy_m = MatRef::row_major(dy, m, n);
         gemm(OP, 1.0, xc, dy_m, 0.0, MatMut::row_major(g, rc, n))?;
         let span = r0 * n..(r0 + rc) * n;
         let target = match (&mut into, &mut xs) {
-            (Some(d), _) => Some(&mut d[r0..]),
-            (None, X::Write(x)) => Some(&mut x[r0..]),
+            (Some(d), _) => Some(d.get_mut(r0..).unwrap_or_default()),
+            (None, X::Write(x)) => Some(x.get_mut(r0..).unwrap_or_default()),
             (None, X::Read(_)) => None,
         };
         if let Some(t) = target {

@@ -145,8 +145,8 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
 /// its `dw` before its `dx` is written over it).
 ///
 /// # Errors
-/// [`TensorError::Shape`] for operands of other shapes (x and dy must be matrices with the
-/// same rows); [`TensorError::UnsupportedDType`] for a U32 `x`; [`TensorError::DType`] when
+/// [`TensorError::Shape`] for operands of other shapes (x `[m, k]` and w `[k, n]` matrices, dy
+/// `[m, n]`, mu and nu as w, dx as x; the operand named); [`TensorError::UnsupportedDType`] for a U32 `x`; [`TensorError::DType`] when
 /// dy or dx is not of x's dtype or w, mu, nu are not f32; as [`adam`] for the
 /// hyper-parameters; device and alias errors (w, mu, nu, an in-place x and dx must be solely
 /// owned).
@@ -165,15 +165,17 @@ pub fn dense_adam(
     let dtype = x.dtype();
     supports(OP, dtype, FLOATS)?;
     validate(h)?;
-    let matrix = |t: &Tensor| match t.dims() {
+    let matrix = |t: &Tensor, name: &str| match t.dims() {
         &[r, c] => Ok((r, c)),
         _ => Err(TensorError::Shape {
             op: OP,
-            reason: "x and dy must be matrices [rows, features]".into(),
+            reason: format!("{name}: x, dy and w must be matrices"),
             got: t.shape().clone(),
         }),
     };
-    let ((m, k), (_, n)) = (matrix(x)?, matrix(dy)?);
+    // the batch and input features from x, the outputs from the weight: a dy of other
+    // features is dy's error
+    let ((m, k), (_, n)) = (matrix(x, "x")?, matrix(w, "w")?);
     input(OP, &be, dy, "dy", dtype, Some(&Shape::new([m, n])))?;
     let weight = Shape::new([k, n]);
     for (t, name) in [(&*w, "w"), (&*mu, "mu"), (&*nu, "nu")] {

@@ -39,7 +39,8 @@ fn unfused(be: &Arc<dyn Backend>, [x, dy, mut w, mut mu, mut nu]: [Tensor; 5]) -
 }
 
 /// Chunks of 64 rows, a last partial chunk, each way of writing dx: equal to matmul then
-/// adam.
+/// adam; an empty batch too (a zero gradient: Adam's step on zeros, over every chunk), and no
+/// outputs.
 #[test]
 fn fused_equals_matmul_then_adam_over_partial_chunks() {
     // room for 64 rows of 3 columns: k = 150 is 64 + 64 + 22 rows
@@ -49,6 +50,11 @@ fn fused_equals_matmul_then_adam_over_partial_chunks() {
         ((5, 3, 150), 1),
         ((1, 3, 150), 2),
         ((4, 7, 9), 0),
+        ((0, 3, 150), 0),
+        ((0, 3, 150), 1),
+        ((0, 3, 150), 2),
+        ((0, 0, 3), 0),
+        ((2, 0, 150), 1),
     ] {
         let want = unfused(&be, operands(&be, dims, 11));
         let [mut x, dy, mut w, mut mu, mut nu] = operands(&be, dims, 11);
@@ -112,6 +118,21 @@ fn bad_operands_are_errors_and_change_nothing() {
         &hyper(),
     );
     assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
+    // a dy of other features than w's outputs is dy's error
+    let wide = tensor(&be, &[0.0; 16], [4, 4]);
+    let e = ops::dense_adam(
+        &mut x,
+        &wide,
+        &mut w,
+        &mut mu,
+        &mut nu2,
+        DenseDx::Skip,
+        &hyper(),
+    );
+    let named = e
+        .as_ref()
+        .is_err_and(|e| e.to_string().contains("dy: expected shape [4, 3]"));
+    assert!(named, "{e:?}");
     let mut flat = tensor(&be, &[0.0; 40], [40]);
     let e = ops::dense_adam(
         &mut flat,
