@@ -4,7 +4,7 @@
 //! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
 //! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, `--epochs -1`, an `--lr` below
 //! 0 or beyond f32's range, two output flags naming one file, bfc on the CPU without a budget,
-//! a missing `--data` file, a `--bucket` that is no size);
+//! a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no .svg);
 //! CUDA-only flags on the CPU are named as ignored; a resumed run says what it continued; a set-up out-of-memory names the
 //! batch `--batch auto` would pick.
 
@@ -18,7 +18,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 21] = [
+    let cases: [(&std::path::Path, &[&str], &str); 22] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -95,6 +95,12 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--bucket", "bogus"],
             "invalid value 'bogus' for '--bucket <BUCKET>': expected bytes, or a number with KiB",
+        ),
+        (
+            &cnn,
+            &["--plot", "memory.png"],
+            "invalid value 'memory.png' for '--plot <FILE.svg>': the plot is written as SVG: give \
+             a file name ending in .svg",
         ),
         (
             &cnn,

@@ -149,6 +149,16 @@ pub fn learning_rate(s: &str) -> Result<f32, String> {
     }
 }
 
+/// `--plot`: a file name ending in `.svg` (any case), the format it writes; another extension
+/// would hold SVG under a name that says otherwise.
+pub fn svg_path(s: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(s);
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(path),
+        _ => Err("the plot is written as SVG: give a file name ending in .svg".into()),
+    }
+}
+
 /// `--device`: `auto` or a device name ([`Device`]'s), kept as written.
 pub fn device_flag(s: &str) -> Result<String, String> {
     match s {

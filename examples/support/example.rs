@@ -40,7 +40,7 @@ use data::{input_channels, load};
 mod checks;
 use checks::{
     batch_size, check_img, check_path, conv_apis, device_flag, direct_convs, fp32_convs,
-    learning_rate, with_feed_hint,
+    learning_rate, svg_path, with_feed_hint,
 };
 
 #[path = "exports.rs"]
@@ -114,9 +114,9 @@ pub struct Common {
     /// --plan: the plan's step).
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Draw one step's memory, stacked by category, as SVG to this file (with --plan: the
-    /// plan's step; otherwise the last step run).
-    #[arg(long)]
+    /// Draw one step's memory, stacked by category, as SVG to this file, a name ending in .svg
+    /// (with --plan: the plan's step; otherwise the last step run).
+    #[arg(long, value_name = "FILE.svg", value_parser = svg_path)]
     pub plot: Option<PathBuf>,
     /// Print the full memory breakdown (by category, cache, outside the allocator, host) after
     /// every step.
