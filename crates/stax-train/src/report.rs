@@ -318,7 +318,7 @@ pub struct StepOom {
     /// The last step that finished (its parameters and optimizer state are kept).
     pub last_finished_step: u64,
     /// Whether it failed at the trainer's set-up, reserving the step's memory ahead
-    /// ([`crate::Trainer::rehearse`]), before any step ran.
+    /// (the trainer's rehearsal of the step), before any step ran.
     pub at_set_up: bool,
 }
 
