@@ -24,6 +24,15 @@ use std::sync::atomic::Ordering;
 
 const OP: &str = "dense_adam";
 
+/// The one-pass kernel of a dense update ([`CudaBackend::dense_adam_is_rows`]).
+#[derive(Debug, Clone, Copy)]
+enum OnePass {
+    /// `dense_adam_rows_m<m>`: f32 FMAs, a batch of 1 to 16 rows.
+    Rows,
+    /// `dense_adam_mma_mb<mb>`: the TF32 tensor cores, 17 to 128 rows.
+    Mma,
+}
+
 /// One call's device addresses: the operands, the workspace, and its sizes.
 struct Addrs {
     /// `[x, dy, w, mu, nu]`.
@@ -55,15 +64,22 @@ impl CudaBackend {
     /// [`CudaBackend::set_dense_adam_rows`]): a function of the shape, the precision and the
     /// setting, so a memory plan made on it holds.
     pub fn dense_adam_is_rows(&self, m: usize, n: usize, dtype: DType) -> bool {
-        self.dense_rows.load(Ordering::Relaxed)
-            && dtype == DType::F32
-            && (dense_rows_apply(m, n) || self.dense_adam_is_mma(m, n))
+        self.dense_one_pass(m, n, dtype).is_some()
     }
 
-    /// Whether the one pass runs on the TF32 tensor cores (else in f32 FMAs): under TF32, for
-    /// the shapes the kernel takes within the device's shared memory.
-    fn dense_adam_is_mma(&self, m: usize, n: usize) -> bool {
-        self.precision == Precision::Tf32 && self.kernels.dense_mma_fits(m, n)
+    /// The one-pass kernel of a dense update, if one runs it: in f32 FMAs for a small batch,
+    /// else on the TF32 tensor cores under TF32 for the shapes that kernel takes within the
+    /// device's shared memory.
+    fn dense_one_pass(&self, m: usize, n: usize, dtype: DType) -> Option<OnePass> {
+        if !self.dense_rows.load(Ordering::Relaxed) || dtype != DType::F32 {
+            None
+        } else if dense_rows_apply(m, n) {
+            Some(OnePass::Rows)
+        } else if self.precision == Precision::Tf32 && self.kernels.dense_mma_fits(m, n) {
+            Some(OnePass::Mma)
+        } else {
+            None
+        }
     }
 
     /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
@@ -121,12 +137,12 @@ impl CudaBackend {
             DenseDx::InPlace => Some(c.x.addr()),
             DenseDx::Into(ref t) => Some(t.addr()),
         };
-        if self.dense_adam_is_rows(m, n, dtype) && k > 0 && n > 0 {
+        if let Some(pass) = self.dense_one_pass(m, n, dtype).filter(|_| k > 0 && n > 0) {
             let ops = (c.x.addr(), c.dy.addr(), dx.unwrap_or(0));
             let state = [c.w, c.mu, c.nu].map(|t| t.addr());
-            match self.dense_adam_is_mma(m, n) {
-                true => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
-                false => self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?,
+            match pass {
+                OnePass::Mma => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
+                OnePass::Rows => self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?,
             }
             return ws.finish();
         }

@@ -146,10 +146,10 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
 ///
 /// # Errors
 /// [`TensorError::Shape`] for operands of other shapes (x `[m, k]` and w `[k, n]` matrices, dy
-/// `[m, n]`, mu and nu as w, dx as x; the operand named); [`TensorError::UnsupportedDType`] for a U32 `x`; [`TensorError::DType`] when
-/// dy or dx is not of x's dtype or w, mu, nu are not f32; as [`adam`] for the
-/// hyper-parameters; device and alias errors (w, mu, nu, an in-place x and dx must be solely
-/// owned).
+/// `[m, n]`, mu and nu as w, dx as x; the operand named); [`TensorError::UnsupportedDType`]
+/// for a U32 `x`; [`TensorError::DType`] when dy or dx is not of x's dtype or w, mu, nu are
+/// not f32; as [`adam`] for the hyper-parameters; device and alias errors (w, mu, nu, an
+/// in-place x and dx must be solely owned).
 #[allow(clippy::too_many_arguments)]
 pub fn dense_adam(
     x: &mut Tensor,

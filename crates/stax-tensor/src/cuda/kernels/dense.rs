@@ -39,13 +39,13 @@ fn dense_mma_apply(m: usize, n: usize) -> bool {
 /// The tensor-core kernel's dynamic shared memory for `m` rows and `n` outputs, in bytes: each
 /// warp's two stages, then dy rounded to TF32, `[8 ceil(m / 8)][roundup(n, 32) + 8]` words. One
 /// block fits a multiprocessor (its 8 warps hide the latencies with up to 255 registers each).
-fn mma_shared_bytes(m: usize, n: usize) -> usize {
+const fn mma_shared_bytes(m: usize, n: usize) -> usize {
     4 * (MMA_WARPS * MMA_STAGE_WORDS + 8 * m.div_ceil(8) * (n.next_multiple_of(32) + 8))
 }
 
 /// The most dynamic shared memory a tensor-core kernel takes (128 rows, 128 outputs: 192,512
 /// bytes), allowed once at load.
-pub(super) const MMA_SHARED_MAX: usize = 4 * (MMA_WARPS * MMA_STAGE_WORDS + 8 * 16 * (128 + 8));
+pub(super) const MMA_SHARED_MAX: usize = mma_shared_bytes(DENSE_MMA_MAX_BATCH, DENSE_MAX_OUT);
 
 /// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16`, `dense_mma.cu`'s
 /// `dense_adam_mma_mb3..16`.
