@@ -287,3 +287,57 @@ fn workspace_headroom_leaves_the_peak_alone() {
         .find(|(b, _)| b.name == "5.dense/workspace");
     assert_eq!(dense.map(|(_, room)| room), Some(0), "{plan}");
 }
+
+#[test]
+fn headroom_rule_widens_workspace_at_the_same_peak() {
+    // conv2's im2col columns (2,400 output pixels of 576 floats: 5.5 MB) exceed the CPU's
+    // default 4 MiB bound; the rule grows them where the step has room below its peak. An
+    // explicit 4 MiB limit caps them: the behaviour before the rule.
+    let input = Shape::new([24, 10, 10, 3]);
+    let adam = Adam::new(1e-3);
+    let (capped, free) = (cpu(Some(4 << 20)), cpu(None));
+    let before = MemoryPlan::new(&seed_model(), &input, &adam, &free).unwrap();
+    let headroom = before.op_headroom();
+    assert!(!headroom.is_empty());
+    // an op's headroom is at most that of each of its workspace buffers, and below the peak
+    let least_buffer = before.workspace_headroom().iter().map(|(_, h)| *h).min();
+    assert!(headroom.iter().all(|(_, h)| *h < before.peak.bytes));
+    assert!(headroom.iter().map(|(_, h)| *h).min() >= least_buffer);
+    assert_eq!(before.allot_headroom(&capped).unwrap(), 0, "the limit caps");
+    let workspace = |p: &MemoryPlan| {
+        p.buffers
+            .iter()
+            .filter(|b| b.name == "2.conv/workspace")
+            .map(|b| b.bytes)
+            .max()
+            .unwrap()
+    };
+    let classes = before.labels.dims()[1];
+    let mut runs = Vec::new();
+    for be in [&capped, &free] {
+        // the trainer allots at set-up (`Trainer::calibrate`)
+        let mut trainer = Trainer::new(seed_model(), input.clone(), adam, be, 7).unwrap();
+        let plan = trainer.plan(24).unwrap();
+        let mut losses = Vec::new();
+        for _ in 0..2 {
+            let (x, y) = batch(be, &input, classes);
+            let r = trainer.step(&x, &y).unwrap();
+            assert_matches(&plan, &r);
+            losses.push(r.loss);
+        }
+        runs.push((plan, losses, common::host_values(trainer.params().leaves())));
+    }
+    let [(old, old_losses, old_params), (new, new_losses, new_params)] = &runs[..] else {
+        unreachable!()
+    };
+    assert_eq!(old.peak.bytes, before.peak.bytes);
+    assert_eq!(new.peak.bytes, before.peak.bytes, "{new}");
+    // whole rows of 576 floats within 4 MiB
+    assert_eq!(workspace(old), (4 << 20) / 2304 * 2304);
+    assert!(workspace(new) > workspace(old), "{new}");
+    // more pixels per chunk: the same sums in another order
+    for (a, b) in old_losses.iter().zip(new_losses) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "loss {a} vs {b}");
+    }
+    common::assert_rel_close(new_params, old_params, 1e-5, "parameters after two steps");
+}

@@ -144,7 +144,8 @@ pub struct Common {
     pub record_trace: Option<PathBuf>,
     /// The most workspace one convolution pass may use (bytes, or with KiB/MiB/GiB/TiB/KB/MB/GB/TB):
     /// on CUDA what cuDNN's search may pick algorithms within (default 256 MiB), on the CPU the
-    /// im2col column chunk (default 4 MiB).
+    /// im2col column chunk (default 4 MiB). Without it a pass may also take what the step has
+    /// free below its peak while it runs (the headroom rule); given, it caps that too.
     #[arg(long, allow_hyphen_values = true)]
     pub workspace_limit: Option<String>,
     /// Collect the dense weights' gradients for the one update after the backward pass (as
@@ -352,14 +353,25 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     let input = Shape::new([batch, img, img, channels]);
     let adam = args.adam();
     if args.plan {
-        let plan = MemoryPlan::with_feed(&make()?, &input, &adam, &backend, args.feed())?;
+        let replan = || -> Result<MemoryPlan, Error> {
+            Ok(MemoryPlan::with_feed(
+                &make()?,
+                &input,
+                &adam,
+                &backend,
+                args.feed(),
+            )?)
+        };
+        let plan = replan()?;
         if !plan.exact {
             // the explicit step that allocates: cuDNN's algorithm search for each conv pass
             println!("calibrating the step's ops (cuDNN's algorithm search; scratch released)");
             plan.calibrate(&backend)?;
         }
-        let plan = MemoryPlan::with_feed(&make()?, &input, &adam, &backend, args.feed())?;
-        return show_plan(args, &plan, &make()?, &backend);
+        // as the trainer does: each conv the workspace the step has free below its peak
+        let widened = replan()?.allot_headroom(&backend)?;
+        println!("workspace headroom: {widened} op(s) given more workspace below the peak");
+        return show_plan(args, &replan()?, &make()?, &backend);
     }
     train_and_test(args, example, (&make, input), &backend, (&train, &test))
 }

@@ -17,8 +17,8 @@ pub fn show_plan(
 ) -> Result<(), Error> {
     println!("{plan}");
     if let Some(gpu) = backend.as_cuda() {
-        // cuDNN's choice per conv pass, and the candidates it was made from (issue 12's
-        // "what a larger allowance would buy": those over the limit are listed untimed)
+        // cuDNN's choice per conv pass, what a larger allowance would buy (the search times
+        // candidates over the limit where the device has room), and every candidate
         for conv in gpu.conv_plans() {
             println!("{conv:#}");
         }

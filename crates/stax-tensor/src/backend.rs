@@ -206,6 +206,38 @@ pub trait Backend:
         true
     }
 
+    /// The headroom rule ("workspace that costs no peak", issue 12): lets each op of
+    /// `headroom` hold up to that many bytes more workspace at once than its
+    /// [`Backend::workspace_schedule`] holds now, where more workspace can make it faster. A
+    /// caller that knows a step's peak passes, per op, the bytes the step has free below that
+    /// peak while the op runs (`stax_train`'s `MemoryPlan::op_headroom`), so no schedule
+    /// grows past the peak. Ops the backend keys alike (CUDA: one convolution pass of one
+    /// geometry and dtype, with or without a bias; CPU: one pass of one geometry) get the least
+    /// of their headrooms; an explicit [`BackendOptions::workspace_limit`] still caps each op;
+    /// a schedule never shrinks. On CUDA a cuDNN pass is searched again within its allowance
+    /// (calibrating it first if needed); on the CPU a convolution's im2col column buffer takes
+    /// more output pixels per chunk. Returns how many ops of `headroom` changed schedule;
+    /// [`Backend::revoke_workspace`] undoes it. The default changes nothing.
+    ///
+    /// # Errors
+    /// As [`Backend::workspace_schedule`] and [`Backend::calibrate`] (a search that runs out
+    /// of memory for its larger scratch keeps the pass's choice instead).
+    fn allot_workspace(&self, _headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
+        Ok(0)
+    }
+
+    /// Drops every allowance [`Backend::allot_workspace`] gave: on CUDA each widened pass is
+    /// searched again within the backend's limit, on the CPU each column buffer returns to
+    /// it. For a caller whose allotment made a run no longer fit the device's memory (a
+    /// larger block can grow what the allocator reserves, even at the same peak). The default
+    /// has nothing to drop.
+    ///
+    /// # Errors
+    /// As [`Backend::calibrate`].
+    fn revoke_workspace(&self) -> Result<(), TensorError> {
+        Ok(())
+    }
+
     /// The allocator of the pinned host memory this backend copies from and to (its staging
     /// buffers are tagged [`stax_alloc::Category::Input`]): allocate
     /// [`MemoryOps::upload_async`] sources here for full-speed copies; reports show it as

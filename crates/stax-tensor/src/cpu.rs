@@ -47,12 +47,14 @@ use crate::backend::{
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{
-    Backend, BackendId, BackendOptions, Checked, ConvOps, DType, Device, ElementwiseOps, LossOps,
-    MatmulOps, MemoryOps, NormOps, OpDesc, OptimOps, Precision, TensorError, WorkspaceStep,
+    Backend, BackendId, BackendOptions, Checked, Conv2dGeometry, ConvOps, ConvPass, DType, Device,
+    ElementwiseOps, LossOps, MatmulOps, MemoryOps, NormOps, OpDesc, OptimOps, Precision,
+    TensorError, WorkspaceStep,
 };
 use host::{bytes_of, bytes_of_mut, data, data_mut};
 use stax_alloc::{Allocator, HostMemory};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Default bound on one im2col column buffer: 4 MiB of f32 (it stays in the last-level cache).
 const DEFAULT_WORKSPACE_BYTES: usize = 4 << 20;
@@ -70,6 +72,12 @@ pub struct CpuBackend {
     allocator: Arc<Allocator>,
     precision: Precision,
     workspace_bytes: usize,
+    /// The user's explicit workspace limit, which caps allotted headroom too (`usize::MAX`
+    /// when none was given).
+    workspace_cap: usize,
+    /// Column-buffer bounds (bytes) of the convolution passes given headroom
+    /// ([`Backend::allot_workspace`]).
+    allowances: Mutex<HashMap<(Conv2dGeometry, ConvPass), usize>>,
 }
 
 impl CpuBackend {
@@ -104,12 +112,29 @@ impl CpuBackend {
             allocator,
             precision: options.precision,
             workspace_bytes: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_BYTES),
+            workspace_cap: options.workspace_limit.unwrap_or(usize::MAX),
+            allowances: Mutex::default(),
         }))
     }
 
-    /// How many im2col rows of `row_len` floats fit in the workspace bound (at least one).
-    fn workspace_rows(&self, row_len: usize) -> usize {
-        (self.workspace_bytes / 4 / row_len.max(1)).max(1)
+    /// How many im2col rows of `row_len` floats fit in the workspace bound of conv pass
+    /// `key` (its allowance, else the backend's; at least one).
+    fn workspace_rows(&self, row_len: usize, key: (Conv2dGeometry, ConvPass)) -> usize {
+        let allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        let bound = allowances
+            .get(&key)
+            .copied()
+            .unwrap_or(self.workspace_bytes);
+        (bound / 4 / row_len.max(1)).max(1)
+    }
+
+    /// Raises the column-buffer bound of conv pass `key` to `bytes` (at most the user's
+    /// limit; never lowers it).
+    fn allow_columns(&self, key: (Conv2dGeometry, ConvPass), bytes: usize) {
+        let bytes = bytes.min(self.workspace_cap);
+        let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        let bound = allowances.entry(key).or_insert(self.workspace_bytes);
+        *bound = (*bound).max(bytes);
     }
 }
 
@@ -146,7 +171,7 @@ impl Backend for CpuBackend {
     /// (`promote.rs`), around the f32 body's workspace.
     fn workspace_schedule(&self, op: &OpDesc) -> Result<Vec<WorkspaceStep>, TensorError> {
         let inner = match op {
-            OpDesc::Conv { geometry, .. } => conv::schedule(self, geometry)?,
+            OpDesc::Conv { geometry, pass, .. } => conv::schedule(self, geometry, *pass)?,
             OpDesc::DenseAdam {
                 n,
                 k,
@@ -157,6 +182,19 @@ impl Backend for CpuBackend {
             _ => Vec::new(),
         };
         Ok(promote::around(promote::copies(op), inner))
+    }
+
+    /// Grows convolutions' im2col column buffers within their headroom (see `conv.rs`).
+    fn allot_workspace(&self, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
+        conv::allot(self, headroom)
+    }
+
+    fn revoke_workspace(&self) -> Result<(), TensorError> {
+        self.allowances
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        Ok(())
     }
 }
 
@@ -481,6 +519,91 @@ mod tests {
             b_dtype: DType::F32,
         };
         assert_eq!(be.workspace_bytes(&mm).unwrap(), 0);
+    }
+
+    #[test]
+    fn allotted_headroom_grows_column_buffers_within_the_cap() {
+        // 50 output pixels with 27-float patches (108 bytes a row); a 1 KiB bound: 9 rows
+        let open = |cap| CpuBackend {
+            workspace_bytes: 1024,
+            workspace_cap: cap,
+            ..Arc::into_inner(CpuBackend::new(&BackendOptions::default()).unwrap()).unwrap()
+        };
+        let g = Conv2dGeometry::new(
+            &[2, 5, 5, 3].into(),
+            &[3, 3, 3, 4].into(),
+            (1, 1),
+            crate::Padding::Same,
+        )
+        .unwrap();
+        let conv = |pass, bias| OpDesc::Conv {
+            geometry: g,
+            pass,
+            dtype: DType::F32,
+            bias,
+        };
+        let (fwd, fwd_plain) = (
+            conv(ConvPass::Forward, true),
+            conv(ConvPass::Forward, false),
+        );
+        let (bwd_filter, bwd_data) = (
+            conv(ConvPass::BackwardFilter, true),
+            conv(ConvPass::BackwardData, false),
+        );
+        let mm = OpDesc::Matmul {
+            m: 4,
+            n: 4,
+            k: 4,
+            dtype: DType::F32,
+            b_dtype: DType::F32,
+        };
+        let be = open(usize::MAX);
+        // the forward pass takes its two ops' least headroom (300: 972 + 300 bytes hold 11
+        // rows); 10 more bytes are no row for the filter gradient; a matmul has no columns
+        let headroom = [(fwd, 500), (fwd_plain, 300), (bwd_filter, 10), (mm, 1000)];
+        assert_eq!(be.allot_workspace(&headroom).unwrap(), 2);
+        let bytes = |op| be.workspace_bytes(&op).unwrap();
+        assert_eq!([bytes(fwd), bytes(fwd_plain)], [11 * 108; 2]);
+        assert_eq!([bytes(bwd_filter), bytes(bwd_data)], [9 * 108; 2]);
+        // never shrinks; at most every pixel
+        assert_eq!(be.allot_workspace(&[(fwd, 0)]).unwrap(), 0);
+        assert_eq!(bytes(fwd), 11 * 108);
+        assert_eq!(be.allot_workspace(&[(fwd, 1 << 30)]).unwrap(), 1);
+        assert_eq!(bytes(fwd), 50 * 108);
+        // the pass allocates what its schedule says, and computes the same
+        let be: Arc<dyn Backend> = Arc::new(be);
+        let x = tensor(
+            &be,
+            &(0..150).map(|i| i as f32 / 150.0).collect::<Vec<_>>(),
+            [2, 5, 5, 3],
+        );
+        let w = tensor(
+            &be,
+            &(0..108).map(|i| 0.5 - i as f32 / 108.0).collect::<Vec<_>>(),
+            [3, 3, 3, 4],
+        );
+        let b = tensor(&be, &[0.0; 4], [4]);
+        let run = |be: &Arc<dyn Backend>| {
+            let (x, w, b) = (x.to(be).unwrap(), w.to(be).unwrap(), b.to(be).unwrap());
+            let mut y = Tensor::empty(be, g.output_shape(), DType::F32, Category::Other).unwrap();
+            ops::conv2d(&x, &w, &b, &g, &mut y, Default::default()).unwrap();
+            let ws = be.allocator().stats().by_category[Category::Workspace.index()].peak;
+            (y.to_vec().unwrap(), ws)
+        };
+        let (wide, ws) = run(&be);
+        assert_eq!(ws, 50 * 108);
+        let (narrow, ws) = run(&super::testing::backend_with_workspace(1024));
+        assert_eq!(ws, 9 * 108);
+        for (a, b) in wide.iter().zip(&narrow) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        // an explicit limit caps the allowance: 1,100 bytes hold 10 rows
+        let capped = open(1100);
+        assert_eq!(capped.allot_workspace(&[(fwd, 500)]).unwrap(), 1);
+        assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 10 * 108);
+        // revoked: back to the backend's bound
+        capped.revoke_workspace().unwrap();
+        assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 9 * 108);
     }
 
     #[test]

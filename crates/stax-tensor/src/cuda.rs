@@ -30,6 +30,7 @@ pub mod cublas;
 pub mod cudnn;
 mod dense_adam;
 mod direct;
+mod headroom;
 mod im2col;
 pub mod kernels;
 mod matmul;
@@ -49,7 +50,9 @@ use stax_alloc::{Allocator, RawMemory, Strategy};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use cudnn::{ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT, Fp32Convs};
+pub use cudnn::{
+    ConvApis, ConvCandidate, ConvPlanInfo, DEFAULT_WORKSPACE_LIMIT, Fp32Convs, LOOK_AHEAD_BYTES,
+};
 pub use direct::DirectConvs;
 pub use transfer::STAGING_CHUNK_BYTES;
 
@@ -67,6 +70,11 @@ pub struct CudaBackend {
     allocator: Arc<Allocator>,
     precision: Precision,
     workspace_limit: usize,
+    /// The user's explicit workspace limit, which caps allotted headroom too (`usize::MAX`
+    /// when none was given; see [`Backend::allot_workspace`]).
+    workspace_cap: usize,
+    /// cuDNN passes searched within more than `workspace_limit` (`headroom.rs`).
+    allowances: headroom::Allowances,
     /// Whether epilogues are fused (see [`CudaBackend::set_fused_epilogues`]).
     fused: AtomicBool,
     /// Which passes run the direct conv kernels ([`DirectConvs::code`]).
@@ -168,7 +176,9 @@ impl CudaBackend {
     /// [`DEFAULT_WORKSPACE_LIMIT`]) and cuBLAS's ([`cublas::CUBLAS_WORKSPACE_BYTES`] at most).
     /// A conv pass whose fast algorithms need more at the whole batch may run over batch
     /// chunks whose workspace fits, when that is timed faster (its plan says so:
-    /// [`ConvPlanInfo::algorithm`]).
+    /// [`ConvPlanInfo::algorithm`]). A pass may later be allotted more where a step has
+    /// headroom below its peak ([`Backend::allot_workspace`]), up to `options.workspace_limit`
+    /// when one is given.
     ///
     /// # Errors
     /// [`TensorError::CudaUnavailable`] when a CUDA library cannot be loaded (with a hint);
@@ -209,6 +219,8 @@ impl CudaBackend {
             allocator,
             precision: options.precision,
             workspace_limit: options.workspace_limit.unwrap_or(DEFAULT_WORKSPACE_LIMIT),
+            workspace_cap: options.workspace_limit.unwrap_or(usize::MAX),
+            allowances: Default::default(),
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
@@ -404,6 +416,15 @@ impl Backend for CudaBackend {
             } => self.conv_is_calibrated(geometry, *dtype, *pass),
             _ => true,
         }
+    }
+
+    /// Searches cuDNN passes again within their allotted headroom (see `headroom.rs`).
+    fn allot_workspace(&self, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
+        self.allot(headroom)
+    }
+
+    fn revoke_workspace(&self) -> Result<(), TensorError> {
+        self.revoke()
     }
 
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {

@@ -38,6 +38,7 @@
 mod backend;
 mod dtypes;
 pub(crate) mod fit;
+mod headroom;
 mod table;
 mod timeline;
 
@@ -53,7 +54,7 @@ use stax_tensor::{Backend, DType, Device, OpDesc, Shape, Tensor, Tree};
 use crate::TrainError;
 use crate::staging::input_tensors;
 use crate::step::{Parts, Phase, check_input_shape, output_shape, run_step};
-use backend::PlanBackend;
+use backend::{OpSpan, PlanBackend};
 pub use dtypes::DTypeBytes;
 pub(crate) use fit::AllocatorModel;
 pub use fit::{MAX_BATCH, default_budget, max_batch_that_fits};
@@ -168,6 +169,10 @@ pub struct MemoryPlan {
     pub(crate) loop_start: usize,
     #[serde(skip)]
     pub(crate) allocator: AllocatorModel,
+    /// The planned step's op calls that allocate workspace: each op (an index into `ops`)
+    /// with its step events ([`MemoryPlan::op_headroom`]).
+    #[serde(skip)]
+    pub(crate) op_spans: Vec<OpSpan>,
 }
 
 /// The placed batches as the step takes them.
@@ -295,7 +300,7 @@ impl MemoryPlan {
             hook,
         )?;
         let step_end = pb.events();
-        let (mut trace, ops) = pb.finish();
+        let (mut trace, ops, spans) = pb.finish();
         drop((batches, next, params, state, be));
         trace.events.truncate(step_end);
         trace.marks.retain(|m| mark_at(m) <= step_end);
@@ -308,6 +313,7 @@ impl MemoryPlan {
             steps: step_start..step_end,
             loop_start,
             ops,
+            spans,
         };
         let plan = planned.assemble(trace);
         let comm = parts.dp.map(crate::DataParallel::report);
@@ -386,31 +392,6 @@ impl MemoryPlan {
             .iter()
             .reduce(|a, b| if b.bytes > a.bytes { b } else { a })
     }
-
-    /// Each workspace buffer of the step with the bytes it could grow by without raising the
-    /// step's peak: the peak less the most bytes live from its allocation to its free (all
-    /// categories, requested bytes), in step order. 0 marks a buffer live at the peak; where
-    /// it is positive, that pass could take a larger workspace (a faster algorithm, a larger
-    /// chunk) at no cost in peak (issue 12's "workspace that costs no peak"). Growing one
-    /// buffer by its headroom leaves the peak as it is; one byte more raises it by one.
-    pub fn workspace_headroom(&self) -> Vec<(&PlannedBuffer, u64)> {
-        let totals: Vec<u64> = self
-            .timeline
-            .live_by_category()
-            .iter()
-            .map(|live| live.iter().sum())
-            .collect();
-        self.buffers
-            .iter()
-            .filter(|b| b.category == Category::Workspace)
-            .filter_map(|b| {
-                let alloc = b.alloc?;
-                let live = totals.get(alloc..b.free.unwrap_or(totals.len()))?;
-                let most = live.iter().max()?;
-                Some((b, self.peak.bytes.saturating_sub(*most)))
-            })
-            .collect()
-    }
 }
 
 fn mark_at(m: &Mark) -> usize {
@@ -432,6 +413,8 @@ struct Planned<'a> {
     loop_start: usize,
     /// Every op of the dry run.
     ops: Vec<OpDesc>,
+    /// The dry run's op calls that allocated workspace, numbered as the trace.
+    spans: Vec<OpSpan>,
 }
 
 impl Planned<'_> {
@@ -526,6 +509,12 @@ impl Planned<'_> {
             timeline,
             trace,
             loop_start: self.loop_start,
+            op_spans: self
+                .spans
+                .into_iter()
+                .filter(|(_, s)| s.start >= start && s.end <= end)
+                .map(|(op, s)| (op, s.start - start..s.end - start))
+                .collect(),
         };
         plan.peak_by_dtype = plan.by_dtype();
         plan

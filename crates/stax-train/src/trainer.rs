@@ -20,6 +20,7 @@ use crate::staging::{HostStaging, Labels, Layout};
 use crate::step::{Parts, check_input_shape, output_shape, run_step};
 use crate::{Phase, TrainError};
 
+mod calibrate;
 mod eval;
 mod profile;
 pub use eval::summarize;
@@ -221,17 +222,6 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             })?;
         self.rehearsed = Some(self.feed);
         Ok(())
-    }
-
-    /// Makes the ops of a step with batch size `batch` exact on this trainer's backend
-    /// ([`MemoryPlan::calibrate`]: on CUDA, cuDNN's algorithm search for every convolution
-    /// pass not chosen yet; it allocates scratch buffers on the device and releases them
-    /// before it returns). A step of a batch size not calibrated calibrates itself first.
-    ///
-    /// # Errors
-    /// Planning errors; the device's errors (out of memory for the search's buffers).
-    pub fn calibrate(&self, batch: usize) -> Result<(), TrainError> {
-        self.plan(batch)?.calibrate(&self.backend)
     }
 
     fn parts(&self) -> Parts<'_> {

@@ -25,7 +25,8 @@ use super::matmul::{MatMut, MatRef, gemm};
 use super::norm::channel_sums;
 use super::{CpuBackend, data, data_mut};
 use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd};
-use crate::{Conv2dGeometry, FilterLayout, Layout, TensorError, WorkspaceStep};
+use crate::{Conv2dGeometry, ConvPass, FilterLayout, Layout, OpDesc, TensorError, WorkspaceStep};
+use std::collections::HashMap;
 use std::ops::Range;
 
 #[cfg(test)]
@@ -160,16 +161,45 @@ fn out_blocks(
     }
 }
 
-/// Floats of the im2col column buffer one call of any pass allocates: none for a pointwise conv
-/// (a plain GEMM on `x` or into `dx`), else a chunk of rows of `K` floats within the backend's
-/// workspace bound (at least one row, at most every output pixel).
-fn column_floats(be: &CpuBackend, g: &Conv2dGeometry) -> usize {
+/// Floats of the im2col column buffer one call of `pass` allocates: none for a pointwise conv
+/// (a plain GEMM on `x` or into `dx`), else a chunk of rows of `K` floats within the pass's
+/// workspace bound (the backend's, or the allowance [`allot`] gave it; at least one row, at
+/// most every output pixel).
+fn column_floats(be: &CpuBackend, g: &Conv2dGeometry, pass: ConvPass) -> usize {
     if is_pointwise(g) {
         0
     } else {
         let k = patch_len(g);
-        be.workspace_rows(k).min(pixels(g)) * k
+        be.workspace_rows(k, (*g, pass)).min(pixels(g)) * k
     }
+}
+
+/// The headroom rule on the CPU (see [`crate::Backend::allot_workspace`]): each convolution
+/// pass's column buffer may grow by the least headroom of its ops (at most the user's limit),
+/// which takes more output pixels per chunk; returns how many ops changed schedule.
+///
+/// # Errors
+/// As [`schedule`].
+pub(crate) fn allot(be: &CpuBackend, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
+    let mut least: HashMap<(Conv2dGeometry, ConvPass), usize> = HashMap::new();
+    for (op, bytes) in headroom {
+        if let OpDesc::Conv { geometry, pass, .. } = *op {
+            let entry = least.entry((geometry, pass)).or_insert(*bytes);
+            *entry = (*entry).min(*bytes);
+        }
+    }
+    let columns = |op: &OpDesc| match op {
+        OpDesc::Conv { geometry, pass, .. } => column_floats(be, geometry, *pass),
+        _ => 0,
+    };
+    let before: Vec<usize> = headroom.iter().map(|(op, _)| columns(op)).collect();
+    for ((g, pass), bytes) in least {
+        g.validate("allot_workspace")?;
+        let now = column_floats(be, &g, pass) * 4;
+        be.allow_columns((g, pass), now.saturating_add(bytes));
+    }
+    let after = headroom.iter().map(|(op, _)| columns(op));
+    Ok(before.iter().zip(after).filter(|(b, a)| **b != *a).count())
 }
 
 /// The workspace one call of any pass allocates and frees, in order (what
@@ -182,6 +212,7 @@ fn column_floats(be: &CpuBackend, g: &Conv2dGeometry) -> usize {
 pub(crate) fn schedule(
     be: &CpuBackend,
     g: &Conv2dGeometry,
+    pass: ConvPass,
 ) -> Result<Vec<WorkspaceStep>, TensorError> {
     g.validate("workspace_schedule")?;
     let overflow = || TensorError::InvalidArgument {
@@ -196,7 +227,9 @@ pub(crate) fn schedule(
             .checked_mul(4)
             .ok_or_else(overflow)?,
     };
-    let columns = column_floats(be, g).checked_mul(4).ok_or_else(overflow)?;
+    let columns = column_floats(be, g, pass)
+        .checked_mul(4)
+        .ok_or_else(overflow)?;
     let sizes: Vec<usize> = [filter, columns].into_iter().filter(|&b| b > 0).collect();
     let mut steps: Vec<WorkspaceStep> = sizes.iter().map(|&b| WorkspaceStep::Alloc(b)).collect();
     steps.extend((0..sizes.len()).rev().map(WorkspaceStep::Free));
@@ -244,8 +277,12 @@ struct Work {
 }
 
 impl Work {
-    fn new(be: &CpuBackend, op: &'static str, g: &Conv2dGeometry) -> Result<Work, TensorError> {
-        let mut ws = Scratch::new(op, crate::Backend::allocator(be), schedule(be, g)?);
+    fn new(
+        be: &CpuBackend,
+        (op, pass): (&'static str, ConvPass),
+        g: &Conv2dGeometry,
+    ) -> Result<Work, TensorError> {
+        let mut ws = Scratch::new(op, crate::Backend::allocator(be), schedule(be, g, pass)?);
         let filter = (g.filter != FilterLayout::Hwio)
             .then(|| ws.alloc())
             .transpose()?;
@@ -337,7 +374,7 @@ pub(crate) fn forward(be: &CpuBackend, c: Conv2d<'_>) -> Result<(), TensorError>
     } = c;
     let xs = data(FWD, x)?;
     let bias = b.map(|b| data(FWD, b)).transpose()?;
-    let mut work = Work::new(be, FWD, &g)?;
+    let mut work = Work::new(be, (FWD, ConvPass::Forward), &g)?;
     let (fbuf, cbuf) = work.views()?;
     let wm = MatRef::row_major(hwio(&g, data(FWD, w)?, fbuf), patch_len(&g), g.c_out);
     let ys = data_mut(FWD, y)?;
@@ -369,7 +406,7 @@ pub(crate) fn backward_data(be: &CpuBackend, c: Conv2dBwdData<'_>) -> Result<(),
     let g = &g;
     let (total, k, co) = (pixels(g), patch_len(g), g.c_out);
     let dys = data(BWD_DATA, dy)?;
-    let mut work = Work::new(be, BWD_DATA, g)?;
+    let mut work = Work::new(be, (BWD_DATA, ConvPass::BackwardData), g)?;
     let (fbuf, cbuf) = work.views()?;
     let wt = MatRef::row_major(hwio(g, data(BWD_DATA, w)?, fbuf), k, co).t();
     let dxs = data_mut(BWD_DATA, dx)?;
@@ -449,7 +486,7 @@ pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result
     }
     let g = &g;
     let (xs, dys) = (data(BWD_FILTER, x)?, data(BWD_FILTER, dy)?);
-    let mut work = Work::new(be, BWD_FILTER, g)?;
+    let mut work = Work::new(be, (BWD_FILTER, ConvPass::BackwardFilter), g)?;
     let (fbuf, cbuf) = work.views()?;
     let dws = data_mut(BWD_FILTER, dw)?;
     match fbuf {

@@ -31,6 +31,7 @@ mod search;
 mod tf32x3;
 
 pub use report::{ConvCandidate, ConvPlanInfo};
+pub use search::LOOK_AHEAD_BYTES;
 pub(crate) use search::mean_ms;
 pub use tf32x3::Fp32Convs;
 
@@ -281,6 +282,22 @@ impl Dnn {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let plan = state.plans.get(&(*geometry, dtype, precision))?;
         plan.chosen[pass as usize].map(|c| (c.workspace, c.time_ms))
+    }
+
+    /// Drops the choice of `pass` for `geometry` in `dtype` under `precision`, so that the next
+    /// [`Dnn::prepare`] searches again (within another workspace limit); returns it.
+    pub(crate) fn forget(
+        &self,
+        (geometry, dtype): (&Conv2dGeometry, DType),
+        precision: Precision,
+        pass: ConvPass,
+    ) -> Option<(usize, f32)> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = state.plans.get_mut(&(*geometry, dtype, precision))?;
+        plan.candidates[pass as usize].clear();
+        plan.chosen[pass as usize]
+            .take()
+            .map(|c| (c.workspace, c.time_ms))
     }
 
     /// Whether algorithms are chosen without timing ([`Dnn::set_deterministic`]).

@@ -161,8 +161,8 @@ impl CudaBackend {
             Some((bytes, _)) => Ok(bytes),
             None => {
                 let (conv, _) = layout(g, dtype);
-                self.dnn
-                    .bound(pass, &conv, self.precision, self.workspace_limit)
+                let limit = self.conv_limit(&(*g, dtype, pass));
+                self.dnn.bound(pass, &conv, self.precision, limit)
             }
         }
     }
@@ -292,17 +292,28 @@ impl CudaBackend {
         Ok(s.finish())
     }
 
+    /// Whether `pass` of `g` in `dtype` runs an algorithm cuDNN's search chooses: not the
+    /// direct kernels, nor the filter gradient as a GEMM ([`filter_grad_is_gemm`]) or im2col.
+    pub(super) fn conv_is_searched(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> bool {
+        !(self.conv_is_direct(g, dtype, pass)
+            || (pass == ConvPass::BackwardFilter
+                && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype))))
+    }
+
     /// Whether `pass` of `g` in `dtype` needs no search: its algorithm is chosen, or it is not
-    /// cuDNN's (direct, [`filter_grad_is_gemm`], im2col).
+    /// cuDNN's ([`Self::conv_is_searched`]).
     pub(super) fn conv_is_calibrated(
         &self,
         g: &Conv2dGeometry,
         dtype: DType,
         pass: ConvPass,
     ) -> bool {
-        self.conv_is_direct(g, dtype, pass)
-            || (pass == ConvPass::BackwardFilter
-                && (filter_grad_is_gemm(g) || self.filter_grad_is_im2col(g, dtype)))
+        !self.conv_is_searched(g, dtype, pass)
             || self.dnn.chosen((g, dtype), self.precision, pass).is_some()
     }
 
@@ -332,7 +343,7 @@ impl CudaBackend {
             w: w.addr(),
             y: y.addr(),
         };
-        let search = (self.workspace_limit, &self.allocator);
+        let search = (self.conv_limit(&(*g, dtype, pass)), &self.allocator);
         let key = (pass, &conv, self.precision);
         self.dnn.prepare(key, ops, search, &self.kernels)?;
         if self.direct_is_timed(g, dtype, pass) {

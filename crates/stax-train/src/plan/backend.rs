@@ -32,7 +32,14 @@ pub(crate) struct PlanBackend {
     allocator: Arc<Allocator>,
     /// Every op the dry run met, in order of first appearance.
     ops: Mutex<Vec<OpDesc>>,
+    /// Each call that allocated workspace: its op (an index into `ops`) and its events.
+    spans: Mutex<Vec<OpSpan>>,
 }
+
+/// One op call's workspace in a trace: the op (an index into the plan's ops) and the events
+/// (allocations and frees, numbered as the trace's) from its first workspace allocation to
+/// its last free.
+pub(crate) type OpSpan = (usize, std::ops::Range<usize>);
 
 impl PlanBackend {
     /// A planning backend for `target`, recording from its first allocation.
@@ -45,6 +52,7 @@ impl PlanBackend {
             target: target.clone(),
             allocator,
             ops: Mutex::new(Vec::new()),
+            spans: Mutex::new(Vec::new()),
         }))
     }
 
@@ -54,23 +62,31 @@ impl PlanBackend {
         (s.allocs + s.frees) as usize
     }
 
-    /// Stops recording: the trace, and every op the run met (in order of first appearance).
-    pub(crate) fn finish(&self) -> (Trace, Vec<OpDesc>) {
+    /// Stops recording: the trace, every op the run met (in order of first appearance) and
+    /// the spans of the calls that allocated workspace.
+    pub(crate) fn finish(&self) -> (Trace, Vec<OpDesc>, Vec<OpSpan>) {
         let ops = std::mem::take(&mut *self.ops.lock().unwrap_or_else(|p| p.into_inner()));
-        (self.allocator.stop_trace(), ops)
+        let spans = std::mem::take(&mut *self.spans.lock().unwrap_or_else(|p| p.into_inner()));
+        (self.allocator.stop_trace(), ops, spans)
     }
 
     /// Allocates and frees the workspace the target uses for the op of `call`, in the
     /// target's order ([`Backend::workspace_schedule`]), in the current scope
-    /// (`2.conv/workspace`), and notes the op.
+    /// (`2.conv/workspace`), and notes the op and the call's span.
     fn replay<T: Call>(&self, call: &Checked<T>) -> Result<(), TensorError> {
         let op = call.get().desc();
-        {
+        let index = {
             let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-            if op != OpDesc::Memory && !ops.contains(&op) {
-                ops.push(op);
+            match ops.iter().position(|o| *o == op) {
+                Some(i) => i,
+                None if op == OpDesc::Memory => usize::MAX,
+                None => {
+                    ops.push(op);
+                    ops.len() - 1
+                }
             }
-        }
+        };
+        let start = self.events();
         let mut held = Vec::new();
         for step in self.target.workspace_schedule(&op)? {
             match step {
@@ -79,6 +95,12 @@ impl PlanBackend {
                 }
                 WorkspaceStep::Free(i) => drop(held.get_mut(i).and_then(Option::take)),
             }
+        }
+        drop(held);
+        let end = self.events();
+        if end > start {
+            let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+            spans.push((index, start..end));
         }
         Ok(())
     }

@@ -48,16 +48,39 @@ pub struct ConvCandidate {
     pub math: String,
     /// Workspace bytes it needs.
     pub workspace_bytes: usize,
-    /// Its time per run as the search measured it, in ms, or None if it was not timed (over the
-    /// workspace budget, or not supported).
+    /// Its time per run as the search measured it, in ms, or None if it was not timed (not
+    /// supported, or over the search's scratch: the limit, or more where the device had room
+    /// up to [`crate::cuda::LOOK_AHEAD_BYTES`]).
     pub time_ms: Option<f32>,
     /// cuDNN's status for it (`CUDNN_STATUS_SUCCESS` when usable).
     pub status: String,
 }
 
+impl ConvPlanInfo {
+    /// What a larger workspace allowance would buy: the fastest usable candidate the search
+    /// timed that needs more workspace than the chosen algorithm and runs faster (timed but
+    /// not chosen: over the pass's limit), if any. None when the choice was made without
+    /// timing.
+    pub fn larger_allowance(&self) -> Option<&ConvCandidate> {
+        self.candidates
+            .iter()
+            .filter(|c| {
+                c.workspace_bytes > self.workspace_bytes
+                    && c.status.starts_with("CUDNN_STATUS_SUCCESS")
+            })
+            .filter(|c| c.time_ms.is_some_and(|t| t < self.time_ms))
+            .min_by(|a, b| {
+                a.time_ms
+                    .unwrap_or(f32::MAX)
+                    .total_cmp(&b.time_ms.unwrap_or(f32::MAX))
+            })
+    }
+}
+
 impl fmt::Display for ConvPlanInfo {
     /// `conv NxHxWxC -> K kRxS stride SHxSW dtype precision pass: algorithm math, workspace B,
-    /// time`, then with `{:#}` each candidate on its own line.
+    /// time`, what a larger allowance would buy ([`ConvPlanInfo::larger_allowance`]), then
+    /// with `{:#}` each candidate on its own line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let g = &self.geometry;
         write!(
@@ -83,6 +106,19 @@ impl fmt::Display for ConvPlanInfo {
         )?;
         if !self.epilogue.is_empty() {
             write!(f, ", epilogue {}", self.epilogue)?;
+        }
+        match self.larger_allowance() {
+            Some(c) => write!(
+                f,
+                "; with {} B more workspace: {} {}",
+                c.workspace_bytes - self.workspace_bytes,
+                c.algorithm,
+                ms(c.time_ms)
+            )?,
+            None if !self.time_ms.is_nan() => {
+                write!(f, "; nothing timed faster with more workspace")?
+            }
+            None => {}
         }
         if f.alternate() {
             for c in &self.candidates {

@@ -102,9 +102,37 @@ pub(super) fn listed(
 /// Runs of each candidate between the two timing events, after one untimed run.
 const TIMED_RUNS: usize = 3;
 
+/// The most workspace the search allocates to time candidates over its limit, in bytes
+/// (8 GiB): they are timed, never chosen, so that the report says what a larger allowance
+/// would buy ([`super::ConvPlanInfo::larger_allowance`]).
+pub const LOOK_AHEAD_BYTES: usize = 8 << 30;
+
+/// The search's scratch workspace: room for every usable candidate up to
+/// [`LOOK_AHEAD_BYTES`] when the device has it, else the `budget` within the limit; with its
+/// size.
+fn scratch(
+    alloc: &Arc<Allocator>,
+    candidates: &[Choice],
+    budget: usize,
+) -> Result<(Option<Allocation>, usize), TensorError> {
+    let roomy = candidates
+        .iter()
+        .filter(|c| c.ok && c.workspace <= LOOK_AHEAD_BYTES)
+        .map(|c| c.workspace)
+        .max()
+        .unwrap_or(0);
+    if roomy > budget
+        && let Ok(ws) = alloc.allocate(roomy, Category::Workspace)
+    {
+        return Ok((Some(ws), roomy));
+    }
+    Ok((workspace(alloc, budget)?, budget))
+}
+
 /// Lists the legacy API's heuristic candidates and the graph API's engines, times on `ops`
-/// those that fit the budget (the largest usable workspace within `limit`, allocated once),
-/// and keeps the fastest; returns it with every candidate for the report (`kernels` split the
+/// those that fit the search's scratch ([`scratch`]: the largest usable workspace within
+/// `limit`, or up to [`LOOK_AHEAD_BYTES`] where the device has room), and keeps the fastest
+/// within `limit`; returns it with every candidate for the report (`kernels` split the
 /// operands of 3xTF32 composites). Our own timing
 /// (events around [`TIMED_RUNS`] runs after a first untimed one) replaces
 /// `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode and so made other
@@ -119,11 +147,11 @@ pub(super) fn choose(
     let pass = s.key.0;
     let all = listed(s, plan, conv, limit)?;
     let budget = budget(&all, pass, limit)?;
-    let ws = workspace(alloc, budget)?;
+    let (ws, room) = scratch(alloc, &all, budget)?;
     let _exclusive = crate::cuda::exclusive();
     let mut timed = Vec::with_capacity(all.len());
     for c in &all {
-        let t = if c.ok && c.workspace <= budget {
+        let t = if c.ok && c.workspace <= room {
             Some(time_choice((s, kernels), plan, *c, ops, ws.as_ref()))
         } else {
             None
@@ -151,7 +179,7 @@ pub(super) fn choose(
     let best = timed
         .into_iter()
         .flatten()
-        .filter(|c| c.ok)
+        .filter(|c| c.ok && c.workspace <= limit)
         .min_by(|a, b| a.time_ms.total_cmp(&b.time_ms))
         .ok_or_else(|| TensorError::InvalidArgument {
             op: "conv2d",

@@ -1,0 +1,102 @@
+//! The headroom rule on CUDA ([`crate::Backend::allot_workspace`]): a cuDNN conv pass whose
+//! step has bytes free below its peak while the pass runs is searched again within that much
+//! more workspace, so a faster algorithm runs where it costs no peak (issue 12: "workspace
+//! that costs no peak").
+
+use super::CudaBackend;
+use super::conv::layout;
+use crate::{Conv2dGeometry, ConvPass, DType, OpDesc, TensorError};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A cuDNN conv pass as its choice is keyed (with the backend's precision): a pass of one
+/// geometry in one dtype, with or without a bias.
+pub(super) type ConvKey = (Conv2dGeometry, DType, ConvPass);
+
+/// The workspace limit each widened pass is searched within (bytes; more than the backend's
+/// default limit).
+pub(super) type Allowances = Mutex<HashMap<ConvKey, usize>>;
+
+impl CudaBackend {
+    /// The workspace limit the search of `key` takes: its allowance where one was allotted,
+    /// else the backend's limit.
+    pub(super) fn conv_limit(&self, key: &ConvKey) -> usize {
+        let allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        allowances.get(key).copied().unwrap_or(self.workspace_limit)
+    }
+
+    /// See [`crate::Backend::allot_workspace`]: the least headroom per searched pass, each
+    /// pass widened by it; returns how many ops of `headroom` changed schedule.
+    pub(super) fn allot(&self, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
+        let mut least: HashMap<ConvKey, usize> = HashMap::new();
+        for (op, bytes) in headroom {
+            if let OpDesc::Conv {
+                geometry,
+                pass,
+                dtype,
+                ..
+            } = *op
+                && self.conv_is_searched(&geometry, dtype, pass)
+            {
+                let entry = least.entry((geometry, dtype, pass)).or_insert(*bytes);
+                *entry = (*entry).min(*bytes);
+            }
+        }
+        let schedules = || {
+            headroom
+                .iter()
+                .map(|(op, _)| self.op_workspace_schedule(op))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let before = schedules()?;
+        for (key, bytes) in least {
+            self.widen(key, bytes)?;
+        }
+        let after = schedules()?;
+        Ok(before.iter().zip(&after).filter(|(b, a)| b != a).count())
+    }
+
+    /// Searches `key` again within its chosen workspace plus `headroom` bytes (at most the
+    /// user's limit), if cuDNN lists a candidate the old limit left out; a search that runs
+    /// out of memory for its larger scratch searches within the old limit again.
+    fn widen(&self, key: ConvKey, headroom: usize) -> Result<(), TensorError> {
+        let (g, dtype, pass) = key;
+        self.calibrate_conv(&g, dtype, pass)?;
+        let Some((now, _)) = self.dnn.chosen((&g, dtype), self.precision, pass) else {
+            return Ok(());
+        };
+        let (old, limit) = (self.conv_limit(&key), now.saturating_add(headroom));
+        let limit = limit.min(self.workspace_cap);
+        let (conv, _) = layout(&g, dtype);
+        let bound = |l| self.dnn.bound(pass, &conv, self.precision, l);
+        if limit <= old || bound(limit)? == bound(old)? {
+            return Ok(());
+        }
+        self.set_allowance(key, limit);
+        self.dnn.forget((&g, dtype), self.precision, pass);
+        match self.calibrate_conv(&g, dtype, pass) {
+            Err(e) if e.oom().is_some() => {
+                self.set_allowance(key, old);
+                self.calibrate_conv(&g, dtype, pass)
+            }
+            done => done,
+        }
+    }
+
+    /// See [`crate::Backend::revoke_workspace`]: every widened pass searched again within the
+    /// backend's limit.
+    pub(super) fn revoke(&self) -> Result<(), TensorError> {
+        let widened =
+            std::mem::take(&mut *self.allowances.lock().unwrap_or_else(|p| p.into_inner()));
+        for (g, dtype, pass) in widened.into_keys() {
+            self.dnn.forget((&g, dtype), self.precision, pass);
+            self.calibrate_conv(&g, dtype, pass)?;
+        }
+        Ok(())
+    }
+
+    fn set_allowance(&self, key: ConvKey, limit: usize) {
+        let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        allowances.insert(key, limit);
+    }
+}
