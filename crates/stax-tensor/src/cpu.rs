@@ -469,18 +469,35 @@ mod tests {
         assert_eq!(t.to_vec().unwrap(), Vec::<f32>::new());
     }
 
-    #[test]
-    fn workspace_is_bounded_and_freed_after_conv() {
-        // 50 output pixels with 27-float patches: a whole-batch im2col would take 5400 bytes;
-        // a 1 KiB bound gives chunks of 9 rows (972 bytes).
-        let be = super::testing::backend_with_workspace(1024);
-        let g = Conv2dGeometry::new(
+    /// 2 images of 5x5x3 into 4 channels by a 3x3 kernel, SAME: 50 output pixels with
+    /// 27-float patches (108 bytes a row).
+    fn five_by_five() -> Conv2dGeometry {
+        Conv2dGeometry::new(
             &[2, 5, 5, 3].into(),
             &[3, 3, 3, 4].into(),
             (1, 1),
             crate::Padding::Same,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A 4x4x4 f32 matmul: no workspace on the CPU.
+    fn small_matmul() -> OpDesc {
+        OpDesc::Matmul {
+            m: 4,
+            n: 4,
+            k: 4,
+            dtype: DType::F32,
+            b_dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn workspace_is_bounded_and_freed_after_conv() {
+        // 50 output pixels with 27-float patches: a whole-batch im2col would take 5400 bytes;
+        // a 1 KiB bound gives chunks of 9 rows (972 bytes).
+        let be = super::testing::backend_with_workspace(1024);
+        let g = five_by_five();
         let x = tensor(&be, &[0.5; 150], [2, 5, 5, 3]);
         let w = tensor(&be, &[0.25; 108], [3, 3, 3, 4]);
         let b = tensor(&be, &[0.0; 4], [4]);
@@ -511,13 +528,7 @@ mod tests {
             assert_eq!(be.workspace_bytes(&q).unwrap(), 9 * 27 * 4);
         }
         assert_eq!(stats.by_category[ws].peak, 9 * 27 * 4);
-        let mm = OpDesc::Matmul {
-            m: 4,
-            n: 4,
-            k: 4,
-            dtype: DType::F32,
-            b_dtype: DType::F32,
-        };
+        let mm = small_matmul();
         assert_eq!(be.workspace_bytes(&mm).unwrap(), 0);
     }
 
@@ -529,13 +540,7 @@ mod tests {
             workspace_cap: cap,
             ..Arc::into_inner(CpuBackend::new(&BackendOptions::default()).unwrap()).unwrap()
         };
-        let g = Conv2dGeometry::new(
-            &[2, 5, 5, 3].into(),
-            &[3, 3, 3, 4].into(),
-            (1, 1),
-            crate::Padding::Same,
-        )
-        .unwrap();
+        let g = five_by_five();
         let conv = |pass, bias| OpDesc::Conv {
             geometry: g,
             pass,
@@ -550,13 +555,7 @@ mod tests {
             conv(ConvPass::BackwardFilter, true),
             conv(ConvPass::BackwardData, false),
         );
-        let mm = OpDesc::Matmul {
-            m: 4,
-            n: 4,
-            k: 4,
-            dtype: DType::F32,
-            b_dtype: DType::F32,
-        };
+        let mm = small_matmul();
         let be = open(usize::MAX);
         // the forward pass takes its two ops' least headroom (300: 972 + 300 bytes hold 11
         // rows); 10 more bytes are no row for the filter gradient; a matmul has no columns
