@@ -812,8 +812,8 @@ fn workspace_schedules_of_the_new_ops_are_exact() {
 /// 64-channel 3x3 conv at 32x128x128, whose FFT-based candidates need more than the default
 /// 256 MiB. Each pass, chosen within the default limit, is allotted what its largest candidate
 /// timed by the search's look-ahead needs: searched again, it chooses the fastest candidate
-/// within the new limit as that search timed them, its schedule grows by at most the headroom,
-/// and every pass still matches the CPU.
+/// within the new limit as that search timed them, its schedule grows by at most the headroom;
+/// revoked, each is chosen within the default limit again, and every pass matches the CPU.
 #[test]
 fn allotted_headroom_searches_each_pass_again_within_it() {
     let g = Conv2dGeometry::new(
@@ -878,6 +878,26 @@ fn allotted_headroom_searches_each_pass_again_within_it() {
         over_default > 0,
         "no pass lists a candidate over the default limit"
     );
+    // revoked: each pass is searched again within the default limit
+    let ops: Vec<OpDesc> = [
+        ConvPass::Forward,
+        ConvPass::BackwardData,
+        ConvPass::BackwardFilter,
+    ]
+    .map(|pass| OpDesc::Conv {
+        geometry: g,
+        pass,
+        dtype: DType::F32,
+        bias: false,
+    })
+    .into();
+    gpu.revoke_workspace(&ops).unwrap();
+    for op in &ops {
+        assert!(!gpu.workspace_allotted(op) && gpu.is_calibrated(op));
+    }
+    for p in cuda.conv_plans().iter().filter(|p| p.geometry == g) {
+        assert!(p.workspace_bytes <= DEFAULT_WORKSPACE_LIMIT, "{p:#}");
+    }
     // the filter gradient sums 524,288 products per weight: the CPU's own f32 sums are about
     // sqrt(n) x 6e-8 = 4e-5 off (measured 2.2e-5 against it), so 1e-4 here, not 1e-5
     conv_passes_within(&g, &gpu, Precision::Highest, 1e-4);

@@ -15,7 +15,9 @@ use stax::alloc::{Category, TraceOp};
 use stax::train::export::{XAxis, perfetto_json, stacked_series};
 use stax::train::plan::{MemoryPlan, NamedTrace};
 use stax::train::{StepReport, Trainer};
-use stax::{Adam, Backend, BackendOptions, Device, Serial, Shape};
+use stax::{
+    Adam, Backend, BackendOptions, Conv, Dense, Device, Flatten, Relu, Serial, Shape, serial,
+};
 
 fn cpu(workspace_limit: Option<usize>) -> Arc<dyn Backend> {
     let options = BackendOptions {
@@ -340,4 +342,44 @@ fn headroom_rule_widens_workspace_at_the_same_peak() {
         assert!((a - b).abs() <= 1e-5 * a.abs(), "loss {a} vs {b}");
     }
     common::assert_rel_close(new_params, old_params, 1e-5, "parameters after two steps");
+}
+
+#[test]
+fn trainers_sharing_a_backend_do_not_pay_for_each_others_headroom() {
+    // both models start with the same conv on the same input (one key of the backend's
+    // allowances); its im2col columns (12,544 pixels of 144 floats: 7.2 MB) exceed 4 MiB
+    let input = Shape::new([16, 28, 28, 16]);
+    let a = || serial![Conv::same(32, (3, 3)), Relu, Flatten, Dense(2)];
+    let b = || {
+        serial![
+            Conv::same(32, (3, 3)),
+            Relu,
+            Conv::same(8, (3, 3)),
+            Relu,
+            Flatten,
+            Dense(2)
+        ]
+    };
+    let adam = Adam::new(1e-3);
+    let alone = MemoryPlan::new(&b(), &input, &adam, &cpu(None)).unwrap();
+    let shared = cpu(None);
+    let first = Trainer::new(a(), input.clone(), adam, &shared, 7).unwrap();
+    let planned = first.plan(16).unwrap();
+    let widened = |p: &MemoryPlan| {
+        let conv = p.buffers.iter().find(|b| b.name == "0.conv/workspace");
+        conv.map_or(0, |b| b.bytes)
+    };
+    assert!(
+        widened(&planned) > 4 << 20,
+        "the first trainer's conv was widened"
+    );
+    let second = Trainer::new(b(), input.clone(), adam, &shared, 7).unwrap();
+    // the second plans as if alone at most: the conv the first widened went back to the
+    // limit, so the first's plan is lower than before, never higher (each is exact on a
+    // backend of its own; here the allocator counts both trainers' buffers)
+    let second_plan = second.plan(16).unwrap();
+    assert!(second_plan.peak.bytes <= alone.peak.bytes, "{second_plan}");
+    let now = first.plan(16).unwrap();
+    assert!(now.peak.bytes <= planned.peak.bytes, "{now}");
+    assert!(widened(&now) <= 4 << 20, "{now}");
 }

@@ -267,3 +267,29 @@ fn the_largest_prefetched_batch_a_budget_holds_runs_in_it() {
         );
     }
 }
+
+/// The headroom rule on a tight budget: the seed at batch 100 on 28x28 in 140 MB. Widening
+/// conv2's im2col buffer would keep the planned peak yet make the caching allocator empty its
+/// cache at every step (a larger block wants its own segment); the trainer revokes it, and the
+/// allocator reserves once.
+#[test]
+fn a_tight_budget_keeps_its_memory_steady_under_the_headroom_rule() {
+    let (train, _) = fashion_mnist_2class().unwrap();
+    let options = stax::BackendOptions::default();
+    let capped: Arc<dyn Backend> =
+        stax::tensor::cpu::CpuBackend::with_capacity(&options, 140_000_000).unwrap();
+    let input = Shape::new([100, 28, 28, 3]);
+    let model = stax::models::seed_cnn(2);
+    let mut t = Trainer::new(model, input, Adam::new(1e-3), &capped, 5).unwrap();
+    let plan = t.plan_with_feed(100, Feed::Prefetched).unwrap();
+    let conv2 = plan.buffers.iter().find(|b| b.name == "2.conv/workspace");
+    assert!(conv2.is_some_and(|b| b.bytes <= 4 << 20), "{plan}");
+    let mut feed = t.prefetch(&train, batches(&train, 100, 4));
+    let mut releases = Vec::new();
+    while let Some(r) = t.step_prefetched(&mut feed).unwrap() {
+        assert!(r.memory.peak <= plan.peak.bytes);
+        releases.push(capped.allocator().stats().backend_releases);
+    }
+    assert_eq!(releases.len(), 4);
+    assert!(releases.windows(2).all(|w| w[0] == w[1]), "{releases:?}");
+}

@@ -353,25 +353,18 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     let input = Shape::new([batch, img, img, channels]);
     let adam = args.adam();
     if args.plan {
-        let replan = || -> Result<MemoryPlan, Error> {
-            Ok(MemoryPlan::with_feed(
-                &make()?,
-                &input,
-                &adam,
-                &backend,
-                args.feed(),
-            )?)
-        };
-        let plan = replan()?;
+        let model = make()?;
+        let at = |feed| MemoryPlan::with_feed(&model, &input, &adam, &backend, feed);
+        let plan = at(args.feed())?;
         if !plan.exact {
             // the explicit step that allocates: cuDNN's algorithm search for each conv pass
             println!("calibrating the step's ops (cuDNN's algorithm search; scratch released)");
             plan.calibrate(&backend)?;
         }
         // as the trainer does: each conv the workspace the step has free below its peak
-        let widened = replan()?.allot_headroom(&backend)?;
+        let widened = stax::train::plan::headroom_rule(&backend, args.feed(), at)?;
         println!("workspace headroom: {widened} op(s) given more workspace below the peak");
-        return show_plan(args, &replan()?, &make()?, &backend);
+        return show_plan(args, &at(args.feed())?, &model, &backend);
     }
     train_and_test(args, example, (&make, input), &backend, (&train, &test))
 }

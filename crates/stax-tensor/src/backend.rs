@@ -216,7 +216,7 @@ pub trait Backend:
     /// of their headrooms; an explicit [`BackendOptions::workspace_limit`] still caps each op;
     /// a schedule never shrinks. On CUDA a cuDNN pass is searched again within its allowance
     /// (calibrating it first if needed); on the CPU a convolution's im2col column buffer takes
-    /// more output pixels per chunk. Returns how many ops of `headroom` changed schedule;
+    /// more output pixels per chunk. Returns how many entries of `headroom` changed schedule;
     /// [`Backend::revoke_workspace`] undoes it. The default changes nothing.
     ///
     /// # Errors
@@ -226,15 +226,22 @@ pub trait Backend:
         Ok(0)
     }
 
-    /// Drops every allowance [`Backend::allot_workspace`] gave: on CUDA each widened pass is
-    /// searched again within the backend's limit, on the CPU each column buffer returns to
-    /// it. For a caller whose allotment made a run no longer fit the device's memory (a
-    /// larger block can grow what the allocator reserves, even at the same peak). The default
-    /// has nothing to drop.
+    /// Whether [`Backend::allot_workspace`] gave `op` (or an op keyed alike) an allowance
+    /// that is in effect. False by default.
+    fn workspace_allotted(&self, _op: &OpDesc) -> bool {
+        false
+    }
+
+    /// Drops the allowances [`Backend::allot_workspace`] gave `ops` (and ops keyed alike): on
+    /// CUDA each such pass is searched again within the backend's limit, on the CPU each
+    /// column buffer returns to it. For a caller whose allotment made a run no longer fit the
+    /// device's memory steadily (a larger block can make an allocator reserve more, even at
+    /// the same peak), and for ops another plan's allotment widened (a plan made before it is
+    /// stale: one plan must not pay for another's headroom). The default has nothing to drop.
     ///
     /// # Errors
     /// As [`Backend::calibrate`].
-    fn revoke_workspace(&self) -> Result<(), TensorError> {
+    fn revoke_workspace(&self, _ops: &[OpDesc]) -> Result<(), TensorError> {
         Ok(())
     }
 

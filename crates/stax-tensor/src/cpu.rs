@@ -189,11 +189,16 @@ impl Backend for CpuBackend {
         conv::allot(self, headroom)
     }
 
-    fn revoke_workspace(&self) -> Result<(), TensorError> {
-        self.allowances
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+    fn workspace_allotted(&self, op: &OpDesc) -> bool {
+        let allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        conv::key(op).is_some_and(|key| allowances.contains_key(&key))
+    }
+
+    fn revoke_workspace(&self, ops: &[OpDesc]) -> Result<(), TensorError> {
+        let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        for key in ops.iter().filter_map(conv::key) {
+            allowances.remove(&key);
+        }
         Ok(())
     }
 }
@@ -600,8 +605,25 @@ mod tests {
         let capped = open(1100);
         assert_eq!(capped.allot_workspace(&[(fwd, 500)]).unwrap(), 1);
         assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 10 * 108);
-        // revoked: back to the backend's bound
-        capped.revoke_workspace().unwrap();
+        // revoked: back to the backend's bound, the forward pass with and without a bias
+        assert!(capped.workspace_allotted(&fwd_plain) && !capped.workspace_allotted(&bwd_data));
+        capped.revoke_workspace(&[fwd_plain, mm]).unwrap();
+        assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 9 * 108);
+        assert!(!capped.workspace_allotted(&fwd));
+        // a bad op fails before anything changes (no overflow panic on huge fields)
+        let mut huge = g;
+        huge.n = usize::MAX / 2;
+        let bad = OpDesc::Conv {
+            geometry: huge,
+            pass: ConvPass::Forward,
+            dtype: DType::F32,
+            bias: true,
+        };
+        let r = capped.allot_workspace(&[(fwd, 500), (bad, 1)]);
+        assert!(
+            matches!(r, Err(TensorError::InvalidArgument { .. })),
+            "{r:?}"
+        );
         assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 9 * 108);
     }
 

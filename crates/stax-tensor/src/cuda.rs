@@ -423,8 +423,12 @@ impl Backend for CudaBackend {
         self.allot(headroom)
     }
 
-    fn revoke_workspace(&self) -> Result<(), TensorError> {
-        self.revoke()
+    fn workspace_allotted(&self, op: &OpDesc) -> bool {
+        self.allotted(op)
+    }
+
+    fn revoke_workspace(&self, ops: &[OpDesc]) -> Result<(), TensorError> {
+        self.revoke(ops)
     }
 
     fn staging_allocator(&self) -> Option<&Arc<Allocator>> {

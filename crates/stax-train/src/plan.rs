@@ -58,6 +58,7 @@ use backend::{OpSpan, PlanBackend};
 pub use dtypes::DTypeBytes;
 pub(crate) use fit::AllocatorModel;
 pub use fit::{MAX_BATCH, default_budget, max_batch_that_fits};
+pub use headroom::headroom_rule;
 pub use timeline::{NamedTrace, Peak, Timeline, TimelineEvent};
 
 /// One buffer of the plan.

@@ -174,27 +174,34 @@ fn column_floats(be: &CpuBackend, g: &Conv2dGeometry, pass: ConvPass) -> usize {
     }
 }
 
-/// The headroom rule on the CPU (see [`crate::Backend::allot_workspace`]): each convolution
-/// pass's column buffer may grow by the least headroom of its ops (at most the user's limit),
-/// which takes more output pixels per chunk; returns how many ops changed schedule.
+/// The key of `op`'s column-buffer bound if it is a convolution pass.
+pub(crate) fn key(op: &OpDesc) -> Option<(Conv2dGeometry, ConvPass)> {
+    match *op {
+        OpDesc::Conv { geometry, pass, .. } => Some((geometry, pass)),
+        _ => None,
+    }
+}
+
+/// The headroom rule on the CPU (see [`crate::Backend::allot_workspace`]): every geometry is
+/// checked first (a bad op fails before anything changes), then each convolution pass's
+/// column buffer may grow by the least headroom of its ops (at most the user's limit), which
+/// takes more output pixels per chunk; returns how many entries of `headroom` changed
+/// schedule.
 ///
 /// # Errors
 /// As [`schedule`].
 pub(crate) fn allot(be: &CpuBackend, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
     let mut least: HashMap<(Conv2dGeometry, ConvPass), usize> = HashMap::new();
     for (op, bytes) in headroom {
-        if let OpDesc::Conv { geometry, pass, .. } = *op {
-            let entry = least.entry((geometry, pass)).or_insert(*bytes);
+        if let Some(key) = key(op) {
+            key.0.validate("allot_workspace")?;
+            let entry = least.entry(key).or_insert(*bytes);
             *entry = (*entry).min(*bytes);
         }
     }
-    let columns = |op: &OpDesc| match op {
-        OpDesc::Conv { geometry, pass, .. } => column_floats(be, geometry, *pass),
-        _ => 0,
-    };
+    let columns = |op: &OpDesc| key(op).map_or(0, |(g, pass)| column_floats(be, &g, pass));
     let before: Vec<usize> = headroom.iter().map(|(op, _)| columns(op)).collect();
     for ((g, pass), bytes) in least {
-        g.validate("allot_workspace")?;
         let now = column_floats(be, &g, pass) * 4;
         be.allow_columns((g, pass), now.saturating_add(bytes));
     }

@@ -25,23 +25,23 @@ impl CudaBackend {
         allowances.get(key).copied().unwrap_or(self.workspace_limit)
     }
 
-    /// See [`crate::Backend::allot_workspace`]: the least headroom per searched pass, each
-    /// pass widened by it; returns how many ops of `headroom` changed schedule.
-    pub(super) fn allot(&self, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
-        let mut least: HashMap<ConvKey, usize> = HashMap::new();
-        for (op, bytes) in headroom {
-            if let OpDesc::Conv {
+    /// The key of `op` if it is a convolution pass.
+    fn conv_key(op: &OpDesc) -> Option<ConvKey> {
+        match *op {
+            OpDesc::Conv {
                 geometry,
                 pass,
                 dtype,
                 ..
-            } = *op
-                && self.conv_is_searched(&geometry, dtype, pass)
-            {
-                let entry = least.entry((geometry, dtype, pass)).or_insert(*bytes);
-                *entry = (*entry).min(*bytes);
-            }
+            } => Some((geometry, dtype, pass)),
+            _ => None,
         }
+    }
+
+    /// See [`crate::Backend::allot_workspace`]: every op's schedule first (so a bad op fails
+    /// before anything changes), then the least headroom per searched pass, each pass widened
+    /// by it; returns how many entries of `headroom` changed schedule.
+    pub(super) fn allot(&self, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
         let schedules = || {
             headroom
                 .iter()
@@ -49,11 +49,42 @@ impl CudaBackend {
                 .collect::<Result<Vec<_>, _>>()
         };
         let before = schedules()?;
+        let mut least: HashMap<ConvKey, usize> = HashMap::new();
+        for (op, bytes) in headroom {
+            if let Some(key @ (g, dtype, pass)) = Self::conv_key(op)
+                && self.conv_is_searched(&g, dtype, pass)
+            {
+                let entry = least.entry(key).or_insert(*bytes);
+                *entry = (*entry).min(*bytes);
+            }
+        }
         for (key, bytes) in least {
             self.widen(key, bytes)?;
         }
         let after = schedules()?;
         Ok(before.iter().zip(&after).filter(|(b, a)| b != a).count())
+    }
+
+    /// See [`crate::Backend::workspace_allotted`].
+    pub(super) fn allotted(&self, op: &OpDesc) -> bool {
+        let allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+        Self::conv_key(op).is_some_and(|key| allowances.contains_key(&key))
+    }
+
+    /// See [`crate::Backend::revoke_workspace`]: each widened pass of `ops` searched again
+    /// within the backend's limit.
+    pub(super) fn revoke(&self, ops: &[OpDesc]) -> Result<(), TensorError> {
+        for (g, dtype, pass) in ops.iter().filter_map(Self::conv_key) {
+            let widened = {
+                let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
+                allowances.remove(&(g, dtype, pass)).is_some()
+            };
+            if widened {
+                self.dnn.forget((&g, dtype), self.precision, pass);
+                self.calibrate_conv(&g, dtype, pass)?;
+            }
+        }
+        Ok(())
     }
 
     /// Searches `key` again within its chosen workspace plus `headroom` bytes (at most the
@@ -81,18 +112,6 @@ impl CudaBackend {
             }
             done => done,
         }
-    }
-
-    /// See [`crate::Backend::revoke_workspace`]: every widened pass searched again within the
-    /// backend's limit.
-    pub(super) fn revoke(&self) -> Result<(), TensorError> {
-        let widened =
-            std::mem::take(&mut *self.allowances.lock().unwrap_or_else(|p| p.into_inner()));
-        for (g, dtype, pass) in widened.into_keys() {
-            self.dnn.forget((&g, dtype), self.precision, pass);
-            self.calibrate_conv(&g, dtype, pass)?;
-        }
-        Ok(())
     }
 
     fn set_allowance(&self, key: ConvKey, limit: usize) {

@@ -82,12 +82,24 @@ impl MemoryPlan {
     /// # Errors
     /// Allocator errors other than out of memory.
     pub fn fits(&self, budget: u64) -> Result<bool, TrainError> {
+        Ok(self.releases_within(budget)?.is_some())
+    }
+
+    /// As [`MemoryPlan::fits`], with how many times the replay's allocator returned memory
+    /// to the device (`backend_releases`: a caching allocator emptying its cache to make room
+    /// under the budget, or a strategy that releases on every free); None when the run does
+    /// not fit. A run that needs more releases in the same budget churns its memory at every
+    /// step.
+    ///
+    /// # Errors
+    /// As [`MemoryPlan::fits`].
+    pub fn releases_within(&self, budget: u64) -> Result<Option<u64>, TrainError> {
         let Some(allocator) = self.allocator.allocator(budget)? else {
-            return Ok(false);
+            return Ok(None);
         };
         match replay(&self.trace, &allocator) {
-            Ok(_) => Ok(true),
-            Err(AllocError::OutOfMemory(_)) => Ok(false),
+            Ok(_) => Ok(Some(allocator.stats().backend_releases)),
+            Err(AllocError::OutOfMemory(_)) => Ok(None),
             Err(e) => Err(TensorError::from(e).into()),
         }
     }

@@ -2,7 +2,7 @@
 //! that allocates workspace, could grow by while the step stays at its planned peak, and the
 //! rule that gives them to the target ([`MemoryPlan::allot_headroom`]).
 
-use super::{MemoryPlan, PlannedBuffer};
+use super::{Feed, MemoryPlan, PlannedBuffer, default_budget};
 use crate::TrainError;
 use stax_alloc::Category;
 use stax_tensor::{Backend, OpDesc};
@@ -67,12 +67,13 @@ impl MemoryPlan {
             .collect()
     }
 
-    /// The headroom rule: gives each op of this plan its [`MemoryPlan::op_headroom`] on
-    /// `target` ([`Backend::allot_workspace`]: on CUDA a cuDNN convolution pass is searched
-    /// again within its workspace plus that headroom, where a faster algorithm needs more;
-    /// an explicit workspace limit still caps it), so that a plan made afterwards has the
-    /// same peak and faster passes. Plan again afterwards: this plan's schedules are the old
-    /// ones. Returns how many ops changed schedule.
+    /// Gives each op of this plan its [`MemoryPlan::op_headroom`] on `target`
+    /// ([`Backend::allot_workspace`]: on CUDA a cuDNN convolution pass is searched again
+    /// within its workspace plus that headroom, where a faster algorithm needs more; an
+    /// explicit workspace limit still caps it), so that a plan made afterwards has the same
+    /// peak and faster passes. The bare step of the rule: [`headroom_rule`] is the rule with
+    /// its checks. Plan again afterwards: this plan's schedules are the old ones. Returns how
+    /// many ops changed schedule.
     ///
     /// # Errors
     /// The target's errors (its algorithm searches).
@@ -84,4 +85,69 @@ impl MemoryPlan {
             .collect();
         Ok(target.allot_workspace(&headroom)?)
     }
+}
+
+/// The headroom rule ("workspace that costs no peak", issue 12) for the step `replan` plans
+/// (by feed) on `target`, as [`crate::Trainer::calibrate`] applies it after calibrating:
+/// 1. the step's ops that another plan's allotment already widened return to the backend's
+///    limit ([`Backend::revoke_workspace`]) and get no allotment here: the plans made before
+///    stay upper bounds, and no model pays for another's headroom;
+/// 2. each other op gets its [`MemoryPlan::op_headroom`] ([`MemoryPlan::allot_headroom`]);
+/// 3. where the step, fed as `feed` and prefetched, fitted the device's memory
+///    ([`default_budget`]; nothing is checked on a backend of no memory size) with some
+///    number of allocator releases before and now does not fit or needs more (a larger
+///    block can make a caching allocator reserve a new segment at the same peak, then empty
+///    its cache under the budget at every step), the allotment is revoked.
+///
+/// Returns how many ops keep a changed schedule.
+///
+/// # Errors
+/// Planning errors; the target's (its algorithm searches).
+pub fn headroom_rule(
+    target: &Arc<dyn Backend>,
+    feed: Feed,
+    replan: impl Fn(Feed) -> Result<MemoryPlan, TrainError>,
+) -> Result<usize, TrainError> {
+    let plan = replan(feed)?;
+    let taken: Vec<OpDesc> = plan
+        .ops
+        .iter()
+        .filter(|op| target.workspace_allotted(op))
+        .copied()
+        .collect();
+    target.revoke_workspace(&taken)?;
+    let releases = |plans: &dyn Fn(Feed) -> Result<MemoryPlan, TrainError>| {
+        let budget = match default_budget(target.as_ref()) {
+            Ok(budget) => budget,
+            Err(TrainError::NoBudget { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        [feed, Feed::Prefetched]
+            .into_iter()
+            .map(|f| plans(f)?.releases_within(budget))
+            .collect::<Result<Vec<_>, TrainError>>()
+    };
+    let before = releases(&replan)?;
+    let plan = replan(feed)?;
+    let headroom: Vec<(OpDesc, usize)> = plan
+        .op_headroom()
+        .into_iter()
+        .filter(|(op, _)| !taken.contains(op))
+        .map(|(op, free)| (op, usize::try_from(free).unwrap_or(usize::MAX)))
+        .collect();
+    let changed = target.allot_workspace(&headroom)?;
+    if changed == 0 {
+        return Ok(0);
+    }
+    let worse = |(was, is): (&Option<u64>, &Option<u64>)| match (was, is) {
+        (Some(_), None) => true,
+        (Some(was), Some(is)) => is > was,
+        (None, _) => false,
+    };
+    if before.iter().zip(&releases(&replan)?).any(worse) {
+        let ops: Vec<OpDesc> = headroom.into_iter().map(|(op, _)| op).collect();
+        target.revoke_workspace(&ops)?;
+        return Ok(0);
+    }
+    Ok(changed)
 }

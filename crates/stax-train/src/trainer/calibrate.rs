@@ -1,10 +1,9 @@
 //! Calibration at set-up: cuDNN's algorithm choice for every conv pass of the step, then the
-//! headroom rule ("workspace that costs no peak", issue 12), kept only where the run still
-//! fits the device.
+//! headroom rule ("workspace that costs no peak", issue 12: [`plan::headroom_rule`]).
 
 use super::Trainer;
 use crate::TrainError;
-use crate::plan::{self, Feed};
+use crate::plan;
 use stax_layers::{Layer, Loss};
 use stax_optim::Optimizer;
 
@@ -13,40 +12,19 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// ([`crate::MemoryPlan::calibrate`]: on CUDA, cuDNN's algorithm search for every
     /// convolution pass not chosen yet; it allocates scratch buffers on the device and releases
     /// them before it returns), then gives each op the workspace the step has free below its
-    /// peak while the op runs ([`crate::MemoryPlan::allot_headroom`]: a faster cuDNN algorithm
-    /// where it costs no peak; an explicit workspace limit of the backend caps it). The step's
-    /// planned peak stays what it was. A larger block can still grow what a caching allocator
-    /// reserves: where the step, placed or prefetched, fitted the device's memory
-    /// ([`plan::default_budget`]) before the allotment and no longer does, the allotment is
-    /// revoked ([`stax_tensor::Backend::revoke_workspace`]). A step of a batch size not
-    /// calibrated calibrates itself first (without the allotment).
+    /// peak while the op runs ([`plan::headroom_rule`]: a faster cuDNN algorithm where it
+    /// costs no peak; an explicit workspace limit of the backend caps it; ops another
+    /// trainer's allotment widened return to the limit; revoked where the step, placed or
+    /// prefetched, would no longer fit the device's memory as steadily). The step's planned
+    /// peak stays what it was. A step of a batch size not calibrated calibrates itself first
+    /// (without the allotment).
     ///
     /// # Errors
     /// Planning errors; the device's errors (out of memory for the search's buffers).
     pub fn calibrate(&self, batch: usize) -> Result<(), TrainError> {
         self.plan(batch)?.calibrate(self.backend())?;
-        let fitted = self.fitting(batch)?;
-        if self.plan(batch)?.allot_headroom(self.backend())? > 0 {
-            let fits = self.fitting(batch)?;
-            let lost = fitted.iter().zip(&fits).any(|(was, is)| *was && !*is);
-            if lost {
-                self.backend().revoke_workspace()?;
-            }
-        }
+        let replan = |feed| self.plan_with_feed(batch, feed);
+        plan::headroom_rule(self.backend(), self.feed(), replan)?;
         Ok(())
-    }
-
-    /// Whether the step at `batch`, fed as this trainer is and prefetched (as the loop may
-    /// be later), fits the device's memory; nothing when the backend has no memory size.
-    fn fitting(&self, batch: usize) -> Result<Vec<bool>, TrainError> {
-        let budget = match plan::default_budget(self.backend().as_ref()) {
-            Ok(budget) => budget,
-            Err(TrainError::NoBudget { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        [self.feed(), Feed::Prefetched]
-            .into_iter()
-            .map(|feed| self.plan_with_feed(batch, feed)?.fits(budget))
-            .collect()
     }
 }
