@@ -401,7 +401,7 @@ impl Backend for CudaBackend {
                 pass,
                 dtype,
                 ..
-            } => self.calibrate_conv(&geometry, dtype, pass),
+            } => self.calibrate_conv((&geometry, dtype, pass), true),
             _ => Ok(()),
         }
     }

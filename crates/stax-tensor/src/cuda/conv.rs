@@ -308,7 +308,7 @@ impl CudaBackend {
         let Conv2dBwdData { g, dy, w, dx } = c;
         self.bind()?;
         let (pass, dtype) = (ConvPass::BackwardData, dy.dtype());
-        self.calibrate_conv(&g, dtype, pass)?;
+        self.calibrate_conv((&g, dtype, pass), false)?;
         let (conv, ext) = layout(&g, dtype);
         let schedule = self.conv_schedule(&g, dtype, pass, false)?;
         let mut ws = Scratch::new(OP, &self.allocator, schedule);
@@ -492,7 +492,7 @@ impl ConvOps for CudaBackend {
         let c = c.into_inner();
         // calibration may hand the pass to the direct kernels: choose first, then dispatch
         self.bind()?;
-        self.calibrate_conv(&c.g, c.x.dtype(), ConvPass::Forward)?;
+        self.calibrate_conv((&c.g, c.x.dtype(), ConvPass::Forward), false)?;
         match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::Forward) {
             true => self.direct_forward(c),
             false => self.conv_forward(c),
@@ -506,7 +506,7 @@ impl ConvOps for CudaBackend {
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
         self.bind()?;
-        self.calibrate_conv(&c.g, c.x.dtype(), ConvPass::BackwardFilter)?;
+        self.calibrate_conv((&c.g, c.x.dtype(), ConvPass::BackwardFilter), false)?;
         match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::BackwardFilter) {
             true => self.direct_filter_grad(c),
             false => self.conv_backward_filter(c),

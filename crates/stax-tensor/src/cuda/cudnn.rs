@@ -318,7 +318,7 @@ impl Dnn {
         &self,
         (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
         ops: Operands,
-        (limit, alloc): (usize, &Arc<Allocator>),
+        (limit, alloc, look_ahead): (usize, &Arc<Allocator>, usize),
         kernels: &Kernels,
     ) -> Result<usize, TensorError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -327,7 +327,7 @@ impl Dnn {
             (&self.stream, kernels),
             (pass, conv, precision),
             ops,
-            (limit, alloc),
+            (limit, alloc, look_ahead),
         )?;
         Ok(choice.workspace)
     }
@@ -352,6 +352,7 @@ impl Dnn {
             key: (pass, precision, conv.dtype),
             apis: state.apis,
             fp32: state.fp32,
+            look_ahead: 0,
         };
         let plan = plan_of(&mut state, conv, precision)?;
         budget(&listed(&search, plan, conv, limit)?, pass, limit)
@@ -507,7 +508,7 @@ fn plan_and_choice<'s>(
     (stream, kernels): (&Arc<CudaStream>, &Kernels),
     (pass, conv, precision): (ConvPass, &CudnnConv, Precision),
     ops: Operands,
-    (limit, alloc): (usize, &Arc<Allocator>),
+    (limit, alloc, look_ahead): (usize, &Arc<Allocator>, usize),
 ) -> Result<(&'s mut Plan, Choice), TensorError> {
     let (handle, deterministic, apis, fp32) =
         (state.handle, state.deterministic, state.apis, state.fp32);
@@ -527,6 +528,7 @@ fn plan_and_choice<'s>(
             key: (pass, precision, conv.dtype),
             apis,
             fp32,
+            look_ahead,
         };
         choose((&search, kernels), plan, conv, ops, (limit, alloc))?
     };

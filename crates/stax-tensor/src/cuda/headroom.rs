@@ -81,7 +81,7 @@ impl CudaBackend {
             };
             if widened {
                 self.dnn.forget((&g, dtype), self.precision, pass);
-                self.calibrate_conv(&g, dtype, pass)?;
+                self.calibrate_conv((&g, dtype, pass), true)?;
             }
         }
         Ok(())
@@ -92,7 +92,7 @@ impl CudaBackend {
     /// out of memory for its larger scratch searches within the old limit again.
     fn widen(&self, key: ConvKey, headroom: usize) -> Result<(), TensorError> {
         let (g, dtype, pass) = key;
-        self.calibrate_conv(&g, dtype, pass)?;
+        self.calibrate_conv((&g, dtype, pass), true)?;
         let Some((now, _)) = self.dnn.chosen((&g, dtype), self.precision, pass) else {
             return Ok(());
         };
@@ -105,10 +105,10 @@ impl CudaBackend {
         }
         self.set_allowance(key, limit);
         self.dnn.forget((&g, dtype), self.precision, pass);
-        match self.calibrate_conv(&g, dtype, pass) {
+        match self.calibrate_conv((&g, dtype, pass), true) {
             Err(e) if e.oom().is_some() => {
                 self.set_allowance(key, old);
-                self.calibrate_conv(&g, dtype, pass)
+                self.calibrate_conv((&g, dtype, pass), true)
             }
             done => done,
         }

@@ -4,7 +4,7 @@
 //! what the op does, to the byte and in order.
 
 use super::conv::{extended_bytes, filter_copy_bytes, filter_grad_is_gemm, layout};
-use super::cudnn::Operands;
+use super::cudnn::{LOOK_AHEAD_BYTES, Operands};
 use super::{CudaBackend, cublas};
 use crate::{
     Conv2dGeometry, ConvPass, DType, Layout, OpDesc, PoolKind, TensorError, WorkspaceStep,
@@ -319,12 +319,14 @@ impl CudaBackend {
 
     /// Chooses the algorithm of `pass` for `g` in `dtype`, if not chosen yet, by timing the
     /// candidates on temporary buffers of its shapes, then releases them and what the search
-    /// left cached (see [`crate::Backend::calibrate`]).
+    /// left cached (see [`crate::Backend::calibrate`]). With `look_ahead` (an explicit
+    /// calibration, not a pass calibrating itself inside a step) the search also times the
+    /// candidates over the limit where the device has room
+    /// ([`super::cudnn::LOOK_AHEAD_BYTES`]).
     pub(super) fn calibrate_conv(
         &self,
-        g: &Conv2dGeometry,
-        dtype: DType,
-        pass: ConvPass,
+        (g, dtype, pass): (&Conv2dGeometry, DType, ConvPass),
+        look_ahead: bool,
     ) -> Result<(), TensorError> {
         if self.conv_is_calibrated(g, dtype, pass) {
             return Ok(());
@@ -343,7 +345,8 @@ impl CudaBackend {
             w: w.addr(),
             y: y.addr(),
         };
-        let search = (self.conv_limit(&(*g, dtype, pass)), &self.allocator);
+        let room = if look_ahead { LOOK_AHEAD_BYTES } else { 0 };
+        let search = (self.conv_limit(&(*g, dtype, pass)), &self.allocator, room);
         let key = (pass, &conv, self.precision);
         self.dnn.prepare(key, ops, search, &self.kernels)?;
         if self.direct_is_timed(g, dtype, pass) {

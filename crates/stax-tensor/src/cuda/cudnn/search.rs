@@ -49,6 +49,9 @@ pub(super) struct Search<'a> {
     pub(super) key: (ConvPass, Precision, DType),
     pub(super) apis: ConvApis,
     pub(super) fp32: Fp32Convs,
+    /// The most scratch the search may allocate to time candidates over its limit (0: none;
+    /// [`LOOK_AHEAD_BYTES`] for an explicit calibration).
+    pub(super) look_ahead: usize,
 }
 
 /// The candidates of `all` that `apis` admits (with [`ConvApis::Graph`], the legacy ones only
@@ -102,22 +105,23 @@ pub(super) fn listed(
 /// Runs of each candidate between the two timing events, after one untimed run.
 const TIMED_RUNS: usize = 3;
 
-/// The most workspace the search allocates to time candidates over its limit, in bytes
-/// (8 GiB): they are timed, never chosen, so that the report says what a larger allowance
-/// would buy ([`super::ConvPlanInfo::larger_allowance`]).
+/// The most workspace an explicit calibration's search ([`crate::Backend::calibrate`])
+/// allocates to time candidates over its limit, in bytes (8 GiB), where the device has room:
+/// they are timed, never chosen, so that the report says what a larger allowance would buy
+/// ([`super::ConvPlanInfo::larger_allowance`]). A pass calibrating itself inside a step times
+/// only within its limit.
 pub const LOOK_AHEAD_BYTES: usize = 8 << 30;
 
-/// The search's scratch workspace: room for every usable candidate up to
-/// [`LOOK_AHEAD_BYTES`] when the device has it, else the `budget` within the limit; with its
-/// size.
+/// The search's scratch workspace: room for every usable candidate up to `look_ahead` bytes
+/// when the device has it, else the `budget` within the limit; with its size.
 fn scratch(
     alloc: &Arc<Allocator>,
     candidates: &[Choice],
-    budget: usize,
+    (budget, look_ahead): (usize, usize),
 ) -> Result<(Option<Allocation>, usize), TensorError> {
     let roomy = candidates
         .iter()
-        .filter(|c| c.ok && c.workspace <= LOOK_AHEAD_BYTES)
+        .filter(|c| c.ok && c.workspace <= look_ahead)
         .map(|c| c.workspace)
         .max()
         .unwrap_or(0);
@@ -131,7 +135,7 @@ fn scratch(
 
 /// Lists the legacy API's heuristic candidates and the graph API's engines, times on `ops`
 /// those that fit the search's scratch ([`scratch`]: the largest usable workspace within
-/// `limit`, or up to [`LOOK_AHEAD_BYTES`] where the device has room), and keeps the fastest
+/// `limit`, or up to `s.look_ahead` where the device has room), and keeps the fastest
 /// within `limit`; returns it with every candidate for the report (`kernels` split the
 /// operands of 3xTF32 composites). Our own timing
 /// (events around [`TIMED_RUNS`] runs after a first untimed one) replaces
@@ -147,7 +151,7 @@ pub(super) fn choose(
     let pass = s.key.0;
     let all = listed(s, plan, conv, limit)?;
     let budget = budget(&all, pass, limit)?;
-    let (ws, room) = scratch(alloc, &all, budget)?;
+    let (ws, room) = scratch(alloc, &all, (budget, s.look_ahead))?;
     let _exclusive = crate::cuda::exclusive();
     let mut timed = Vec::with_capacity(all.len());
     for c in &all {
