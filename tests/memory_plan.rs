@@ -382,4 +382,25 @@ fn trainers_sharing_a_backend_do_not_pay_for_each_others_headroom() {
     let now = first.plan(16).unwrap();
     assert!(now.peak.bytes <= planned.peak.bytes, "{now}");
     assert!(widened(&now) <= 4 << 20, "{now}");
+    // a third with more room there leaves the claimed conv alone too (a fresh user's finding:
+    // the second's revoke had freed it for the third, which raised the first's peak)
+    let c = || {
+        serial![
+            Conv::same(32, (3, 3)),
+            Relu,
+            Conv::same(32, (3, 3)),
+            Relu,
+            Conv::same(8, (3, 3)),
+            Relu,
+            Flatten,
+            Dense(2)
+        ]
+    };
+    let third = Trainer::new(c(), input.clone(), adam, &shared, 7).unwrap();
+    let alone = MemoryPlan::new(&c(), &input, &adam, &cpu(None)).unwrap();
+    assert!(third.plan(16).unwrap().peak.bytes <= alone.peak.bytes);
+    for plan in [first.plan(16).unwrap(), second.plan(16).unwrap()] {
+        assert!(widened(&plan) <= 4 << 20, "{plan}");
+    }
+    assert!(first.plan(16).unwrap().peak.bytes <= planned.peak.bytes);
 }

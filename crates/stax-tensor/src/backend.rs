@@ -226,15 +226,18 @@ pub trait Backend:
         Ok(0)
     }
 
-    /// Whether [`Backend::allot_workspace`] gave `op` (or an op keyed alike) an allowance
-    /// that is in effect. False by default.
+    /// Whether an allotment claimed `op` (or an op keyed alike): [`Backend::allot_workspace`]
+    /// was given it, whether or not it widened it, and a revoke leaves it claimed at the
+    /// backend's limit. A later plan must leave a claimed op out of its own allotment: the
+    /// claimant planned with its workspace. False by default.
     fn workspace_allotted(&self, _op: &OpDesc) -> bool {
         false
     }
 
-    /// Drops the allowances [`Backend::allot_workspace`] gave `ops` (and ops keyed alike): on
-    /// CUDA each such pass is searched again within the backend's limit, on the CPU each
-    /// column buffer returns to it. For a caller whose allotment made a run no longer fit the
+    /// Returns the claimed ops of `ops` (and ops keyed alike) to the backend's limit, still
+    /// claimed ([`Backend::workspace_allotted`]): on CUDA each widened pass is searched again
+    /// within the limit, on the CPU each column buffer returns to it; ops never allotted are
+    /// left as they are. For a caller whose allotment made a run no longer fit the
     /// device's memory steadily (a larger block can make an allocator reserve more, even at
     /// the same peak), and for ops another plan's allotment widened (a plan made before it is
     /// stale: one plan must not pay for another's headroom). The default has nothing to drop.

@@ -197,7 +197,9 @@ impl Backend for CpuBackend {
     fn revoke_workspace(&self, ops: &[OpDesc]) -> Result<(), TensorError> {
         let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
         for key in ops.iter().filter_map(conv::key) {
-            allowances.remove(&key);
+            if let Some(bound) = allowances.get_mut(&key) {
+                *bound = self.workspace_bytes;
+            }
         }
         Ok(())
     }

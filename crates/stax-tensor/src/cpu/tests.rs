@@ -227,11 +227,14 @@ fn allotted_headroom_grows_column_buffers_within_the_cap() {
     let capped = open(1100);
     assert_eq!(capped.allot_workspace(&[(fwd, 500)]).unwrap(), 1);
     assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 10 * 108);
-    // revoked: back to the backend's bound, the forward pass with and without a bias
+    // revoked: back to the backend's bound, the forward pass with and without a bias, still
+    // claimed; an op given no room is claimed too, one never given any is not
     assert!(capped.workspace_allotted(&fwd_plain) && !capped.workspace_allotted(&bwd_data));
-    capped.revoke_workspace(&[fwd_plain, mm]).unwrap();
+    capped.revoke_workspace(&[fwd_plain, mm, bwd_data]).unwrap();
     assert_eq!(capped.workspace_bytes(&fwd).unwrap(), 9 * 108);
-    assert!(!capped.workspace_allotted(&fwd));
+    assert!(capped.workspace_allotted(&fwd) && !capped.workspace_allotted(&bwd_data));
+    assert_eq!(capped.allot_workspace(&[(bwd_data, 0)]).unwrap(), 0);
+    assert!(capped.workspace_allotted(&bwd_data));
     // a bad op fails before anything changes (no overflow panic on huge fields)
     let mut huge = g;
     huge.n = usize::MAX / 2;

@@ -71,13 +71,16 @@ impl CudaBackend {
         Self::conv_key(op).is_some_and(|key| allowances.contains_key(&key))
     }
 
-    /// See [`crate::Backend::revoke_workspace`]: each widened pass of `ops` searched again
-    /// within the backend's limit.
+    /// See [`crate::Backend::revoke_workspace`]: each claimed pass of `ops` back to the
+    /// backend's limit (searched again where it was widened), still claimed.
     pub(super) fn revoke(&self, ops: &[OpDesc]) -> Result<(), TensorError> {
         for (g, dtype, pass) in ops.iter().filter_map(Self::conv_key) {
             let widened = {
                 let mut allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
-                allowances.remove(&(g, dtype, pass)).is_some()
+                let base = self.workspace_limit;
+                allowances
+                    .get_mut(&(g, dtype, pass))
+                    .is_some_and(|limit| std::mem::replace(limit, base) > base)
             };
             if widened {
                 self.dnn.forget((&g, dtype), self.precision, pass);
@@ -87,9 +90,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Searches `key` again within its chosen workspace plus `headroom` bytes (at most the
-    /// user's limit), if cuDNN lists a candidate the old limit left out; a search that runs
-    /// out of memory for its larger scratch searches within the old limit again.
+    /// Claims `key` and searches it again within its chosen workspace plus `headroom` bytes
+    /// (at most the user's limit), if cuDNN lists a candidate the old limit left out; a search
+    /// that runs out of memory for its larger scratch searches within the old limit again.
     fn widen(&self, key: ConvKey, headroom: usize) -> Result<(), TensorError> {
         let (g, dtype, pass) = key;
         self.calibrate_conv((&g, dtype, pass), true)?;
@@ -101,6 +104,7 @@ impl CudaBackend {
         let (conv, _) = layout(&g, dtype);
         let bound = |l| self.dnn.bound(pass, &conv, self.precision, l);
         if limit <= old || bound(limit)? == bound(old)? {
+            self.set_allowance(key, old);
             return Ok(());
         }
         self.set_allowance(key, limit);

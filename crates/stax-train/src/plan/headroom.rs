@@ -89,9 +89,11 @@ impl MemoryPlan {
 
 /// The headroom rule ("workspace that costs no peak", issue 12) for the step `replan` plans
 /// (by feed) on `target`, as [`crate::Trainer::calibrate`] applies it after calibrating:
-/// 1. the step's ops that another plan's allotment already widened return to the backend's
-///    limit ([`Backend::revoke_workspace`]) and get no allotment here: the plans made before
-///    stay upper bounds, and no model pays for another's headroom;
+/// 1. the step's ops an allotment already claimed ([`Backend::workspace_allotted`]: another
+///    trainer's on the same backend, or an earlier rule for this step) return to the
+///    backend's limit ([`Backend::revoke_workspace`]) and get no allotment here: the plans
+///    made before stay upper bounds, and no model pays for another's headroom (so applying
+///    the rule twice to one step gives its widened ops up, for good);
 /// 2. each other op gets its [`MemoryPlan::op_headroom`] ([`MemoryPlan::allot_headroom`]);
 /// 3. where the step, fed as `feed` and prefetched, fitted the device's memory
 ///    ([`default_budget`]; nothing is checked on a backend of no memory size) with some
