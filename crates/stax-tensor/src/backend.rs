@@ -63,8 +63,9 @@ pub struct BackendOptions {
     pub strategy: Strategy,
     /// Conv/matmul precision (CUDA only; the CPU always computes in f32).
     pub precision: Precision,
-    /// Upper bound on the workspace bytes one cuDNN call may use (CUDA only). `None`: the
-    /// backend's default, which favours a low peak.
+    /// Upper bound on the workspace bytes one cuDNN call (CUDA) or one im2col column buffer
+    /// (CPU) may use. `None`: the backend's default, which favours a low peak, and more where
+    /// the headroom rule allots it ([`Backend::allot_workspace`]); `Some`: caps that too.
     pub workspace_limit: Option<usize>,
 }
 

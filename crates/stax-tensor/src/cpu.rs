@@ -65,7 +65,9 @@ const DEFAULT_WORKSPACE_BYTES: usize = 4 << 20;
 /// It owns an [`Allocator`] over [`HostMemory`] with the strategy of the [`BackendOptions`] it
 /// was opened with. [`BackendOptions::workspace_limit`] bounds the bytes of one im2col column
 /// buffer (default 4 MiB); the buffer always holds at least one output pixel's patch, so a limit
-/// smaller than `kh * kw * c_in * 4` bytes is raised to that.
+/// smaller than `kh * kw * c_in * 4` bytes is raised to that. Without a limit, a pass may be
+/// allotted more where its step has room below its peak ([`Backend::allot_workspace`]); a
+/// limit given caps that too.
 #[derive(Debug)]
 pub struct CpuBackend {
     id: BackendId,
@@ -75,8 +77,8 @@ pub struct CpuBackend {
     /// The user's explicit workspace limit, which caps allotted headroom too (`usize::MAX`
     /// when none was given).
     workspace_cap: usize,
-    /// Column-buffer bounds (bytes) of the convolution passes given headroom
-    /// ([`Backend::allot_workspace`]).
+    /// The convolution passes an allotment claimed ([`Backend::workspace_allotted`]), each
+    /// with its column-buffer bound (bytes; at least `workspace_bytes`).
     allowances: Mutex<HashMap<(Conv2dGeometry, ConvPass), usize>>,
 }
 

@@ -515,7 +515,11 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
     /// The largest batch whose step fits `budget` bytes of this backend's memory (by the
     /// plan for [`Trainer::feed`], replayed on an allocator like this one's; see
     /// [`plan::max_batch_that_fits`]). `None`: the backend's free memory plus what its
-    /// allocator holds ([`plan::default_budget`]).
+    /// allocator holds ([`plan::default_budget`]). The plans include the workspace the
+    /// headroom rule gave this trainer's batch size at set-up ([`Trainer::calibrate`]),
+    /// checked against the backend's own memory then: on a backend of no memory size (a
+    /// plain CPU backend) a smaller `budget` given here may hold a batch or two less than
+    /// with an explicit workspace limit.
     ///
     /// # Errors
     /// [`TrainError::NoBudget`] when `budget` is None and the backend reports no memory size;

@@ -13,13 +13,13 @@ use std::sync::Mutex;
 /// geometry in one dtype, with or without a bias.
 pub(super) type ConvKey = (Conv2dGeometry, DType, ConvPass);
 
-/// The workspace limit each widened pass is searched within (bytes; more than the backend's
-/// default limit).
+/// The passes an allotment claimed ([`crate::Backend::workspace_allotted`]), each with the
+/// workspace limit its search takes (bytes; at least the backend's limit).
 pub(super) type Allowances = Mutex<HashMap<ConvKey, usize>>;
 
 impl CudaBackend {
-    /// The workspace limit the search of `key` takes: its allowance where one was allotted,
-    /// else the backend's limit.
+    /// The workspace limit the search of `key` takes: its allowance where it is claimed, else
+    /// the backend's limit.
     pub(super) fn conv_limit(&self, key: &ConvKey) -> usize {
         let allowances = self.allowances.lock().unwrap_or_else(|p| p.into_inner());
         allowances.get(key).copied().unwrap_or(self.workspace_limit)
