@@ -16,7 +16,7 @@ use stax::train::export::{XAxis, perfetto_json, stacked_series};
 use stax::train::plan::{MemoryPlan, NamedTrace};
 use stax::train::{StepReport, Trainer};
 use stax::{
-    Adam, Backend, BackendOptions, Conv, Dense, Device, Flatten, Relu, Serial, Shape, serial,
+    Adam, Backend, BackendOptions, Conv, Dense, Device, Flatten, Layer, Relu, Serial, Shape,
 };
 
 fn cpu(workspace_limit: Option<usize>) -> Arc<dyn Backend> {
@@ -344,22 +344,24 @@ fn headroom_rule_widens_workspace_at_the_same_peak() {
     common::assert_rel_close(new_params, old_params, 1e-5, "parameters after two steps");
 }
 
+/// 3x3 SAME convs of `widths` outputs, each with its ReLU, then Flatten and Dense(2).
+fn convs(widths: &[usize]) -> Serial {
+    let mut layers: Vec<Box<dyn Layer>> = Vec::new();
+    for &w in widths {
+        layers.push(Box::new(Conv::same(w, (3, 3))));
+        layers.push(Box::new(Relu));
+    }
+    layers.push(Box::new(Flatten));
+    layers.push(Box::new(Dense(2)));
+    Serial(layers)
+}
+
 #[test]
 fn trainers_sharing_a_backend_do_not_pay_for_each_others_headroom() {
     // both models start with the same conv on the same input (one key of the backend's
     // allowances); its im2col columns (12,544 pixels of 144 floats: 7.2 MB) exceed 4 MiB
     let input = Shape::new([16, 28, 28, 16]);
-    let a = || serial![Conv::same(32, (3, 3)), Relu, Flatten, Dense(2)];
-    let b = || {
-        serial![
-            Conv::same(32, (3, 3)),
-            Relu,
-            Conv::same(8, (3, 3)),
-            Relu,
-            Flatten,
-            Dense(2)
-        ]
-    };
+    let (a, b, c) = (|| convs(&[32]), || convs(&[32, 8]), || convs(&[32, 32, 8]));
     let adam = Adam::new(1e-3);
     let alone = MemoryPlan::new(&b(), &input, &adam, &cpu(None)).unwrap();
     let shared = cpu(None);
@@ -384,18 +386,6 @@ fn trainers_sharing_a_backend_do_not_pay_for_each_others_headroom() {
     assert!(widened(&now) <= 4 << 20, "{now}");
     // a third with more room there leaves the claimed conv alone too (a fresh user's finding:
     // the second's revoke had freed it for the third, which raised the first's peak)
-    let c = || {
-        serial![
-            Conv::same(32, (3, 3)),
-            Relu,
-            Conv::same(32, (3, 3)),
-            Relu,
-            Conv::same(8, (3, 3)),
-            Relu,
-            Flatten,
-            Dense(2)
-        ]
-    };
     let third = Trainer::new(c(), input.clone(), adam, &shared, 7).unwrap();
     let alone = MemoryPlan::new(&c(), &input, &adam, &cpu(None)).unwrap();
     assert!(third.plan(16).unwrap().peak.bytes <= alone.peak.bytes);

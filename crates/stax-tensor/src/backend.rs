@@ -27,8 +27,26 @@ pub use scratch::Scratch;
 
 use crate::{Device, OpDesc, Shape, TensorError, WorkspaceStep};
 use stax_alloc::{Allocator, Strategy};
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::Hash;
 use std::sync::Arc;
+
+/// The least headroom of [`Backend::allot_workspace`]'s `headroom` per backend key, over the
+/// ops `key` keys (ops keyed alike take the least of their headrooms; the others are left out).
+pub(crate) fn least_headroom<K: Eq + Hash>(
+    headroom: &[(OpDesc, usize)],
+    key: impl Fn(&OpDesc) -> Option<K>,
+) -> HashMap<K, usize> {
+    let mut least = HashMap::new();
+    for (op, bytes) in headroom {
+        if let Some(k) = key(op) {
+            let entry = least.entry(k).or_insert(*bytes);
+            *entry = (*entry).min(*bytes);
+        }
+    }
+    least
+}
 
 /// Matrix-unit precision for conv and matmul, like `jax.default_matmul_precision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

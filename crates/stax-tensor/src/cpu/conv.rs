@@ -24,9 +24,10 @@ use super::elementwise::{unary, unary_bwd};
 use super::matmul::{MatMut, MatRef, gemm};
 use super::norm::channel_sums;
 use super::{CpuBackend, data, data_mut};
-use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd};
+use crate::backend::{
+    Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch, Unary, UnaryBwd, least_headroom,
+};
 use crate::{Conv2dGeometry, ConvPass, FilterLayout, Layout, OpDesc, TensorError, WorkspaceStep};
-use std::collections::HashMap;
 use std::ops::Range;
 
 #[cfg(test)]
@@ -191,14 +192,10 @@ pub(crate) fn key(op: &OpDesc) -> Option<(Conv2dGeometry, ConvPass)> {
 /// # Errors
 /// As [`schedule`].
 pub(crate) fn allot(be: &CpuBackend, headroom: &[(OpDesc, usize)]) -> Result<usize, TensorError> {
-    let mut least: HashMap<(Conv2dGeometry, ConvPass), usize> = HashMap::new();
-    for (op, bytes) in headroom {
-        if let Some(key) = key(op) {
-            key.0.validate("allot_workspace")?;
-            let entry = least.entry(key).or_insert(*bytes);
-            *entry = (*entry).min(*bytes);
-        }
+    for (g, _) in headroom.iter().filter_map(|(op, _)| key(op)) {
+        g.validate("allot_workspace")?;
     }
+    let least = least_headroom(headroom, key);
     let columns = |op: &OpDesc| key(op).map_or(0, |(g, pass)| column_floats(be, &g, pass));
     let before: Vec<usize> = headroom.iter().map(|(op, _)| columns(op)).collect();
     for ((g, pass), bytes) in least {

@@ -5,6 +5,7 @@
 
 use super::CudaBackend;
 use super::conv::layout;
+use crate::backend::least_headroom;
 use crate::{Conv2dGeometry, ConvPass, DType, OpDesc, TensorError};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -49,16 +50,10 @@ impl CudaBackend {
                 .collect::<Result<Vec<_>, _>>()
         };
         let before = schedules()?;
-        let mut least: HashMap<ConvKey, usize> = HashMap::new();
-        for (op, bytes) in headroom {
-            if let Some(key @ (g, dtype, pass)) = Self::conv_key(op)
-                && self.conv_is_searched(&g, dtype, pass)
-            {
-                let entry = least.entry(key).or_insert(*bytes);
-                *entry = (*entry).min(*bytes);
-            }
-        }
-        for (key, bytes) in least {
+        let searched = |op: &OpDesc| {
+            Self::conv_key(op).filter(|(g, dtype, pass)| self.conv_is_searched(g, *dtype, *pass))
+        };
+        for (key, bytes) in least_headroom(headroom, searched) {
             self.widen(key, bytes)?;
         }
         let after = schedules()?;

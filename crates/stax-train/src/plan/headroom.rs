@@ -78,12 +78,17 @@ impl MemoryPlan {
     /// # Errors
     /// The target's errors (its algorithm searches).
     pub fn allot_headroom(&self, target: &Arc<dyn Backend>) -> Result<usize, TrainError> {
-        let headroom: Vec<(OpDesc, usize)> = self
-            .op_headroom()
+        Ok(target.allot_workspace(&self.allotment(&[]))?)
+    }
+
+    /// [`MemoryPlan::op_headroom`] as [`Backend::allot_workspace`] takes it, without the ops
+    /// of `leave_out`.
+    fn allotment(&self, leave_out: &[OpDesc]) -> Vec<(OpDesc, usize)> {
+        self.op_headroom()
             .into_iter()
+            .filter(|(op, _)| !leave_out.contains(op))
             .map(|(op, free)| (op, usize::try_from(free).unwrap_or(usize::MAX)))
-            .collect();
-        Ok(target.allot_workspace(&headroom)?)
+            .collect()
     }
 }
 
@@ -117,26 +122,30 @@ pub fn headroom_rule(
         .filter(|op| target.workspace_allotted(op))
         .copied()
         .collect();
-    target.revoke_workspace(&taken)?;
-    let releases = |plans: &dyn Fn(Feed) -> Result<MemoryPlan, TrainError>| {
-        let budget = match default_budget(target.as_ref()) {
-            Ok(budget) => budget,
-            Err(TrainError::NoBudget { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        [feed, Feed::Prefetched]
-            .into_iter()
-            .map(|f| plans(f)?.releases_within(budget))
-            .collect::<Result<Vec<_>, TrainError>>()
+    let plan = if taken.is_empty() {
+        plan
+    } else {
+        target.revoke_workspace(&taken)?;
+        replan(feed)?
     };
-    let before = releases(&replan)?;
-    let plan = replan(feed)?;
-    let headroom: Vec<(OpDesc, usize)> = plan
-        .op_headroom()
-        .into_iter()
-        .filter(|(op, _)| !taken.contains(op))
-        .map(|(op, free)| (op, usize::try_from(free).unwrap_or(usize::MAX)))
-        .collect();
+    // one budget for both sides of the comparison; none on a backend of no memory size
+    let budget = match default_budget(target.as_ref()) {
+        Ok(budget) => Some(budget),
+        Err(TrainError::NoBudget { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let releases = |placed: &MemoryPlan| -> Result<Vec<Option<u64>>, TrainError> {
+        let Some(budget) = budget else {
+            return Ok(Vec::new());
+        };
+        let prefetched = replan(Feed::Prefetched)?;
+        [placed, &prefetched]
+            .into_iter()
+            .map(|p| p.releases_within(budget))
+            .collect()
+    };
+    let before = releases(&plan)?;
+    let headroom = plan.allotment(&taken);
     let changed = target.allot_workspace(&headroom)?;
     if changed == 0 {
         return Ok(0);
@@ -146,7 +155,7 @@ pub fn headroom_rule(
         (Some(was), Some(is)) => is > was,
         (None, _) => false,
     };
-    if before.iter().zip(&releases(&replan)?).any(worse) {
+    if budget.is_some() && before.iter().zip(&releases(&replan(feed)?)?).any(worse) {
         let ops: Vec<OpDesc> = headroom.into_iter().map(|(op, _)| op).collect();
         target.revoke_workspace(&ops)?;
         return Ok(0);
