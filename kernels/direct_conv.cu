@@ -3,110 +3,17 @@
 // FMAs (no tensor cores, no im2col matrix): NHWC input, HWIO kernel, c_out a power of two from
 // 32 to 512 (G = c_out / 2 divides the block). Exact fp32 products in every precision; on the
 // H200 the seed's conv1 forward (bias, ReLU and mask fused) runs at about 1 TB/s (1.09 ms at
-// batch 100), 4x the floor of the 1.1 GB it moves.
+// batch 100), 4x the floor of the 1.1 GB it moves. kernels/direct_common.cuh (prepended)
+// stages the patches; direct_mma.cu runs the same passes on the tensor cores.
 //
-// A block of 256 threads works on tiles of DC_PIXELS consecutive output positions (in n, oy, ox
-// order): it stages their patches (K values each, in HWIO tap order k = (ky * kw + kx) * c_in +
-// ci, zeros in the padding and past K up to KP) in shared memory, then thread t takes the
-// output channels co = 2 (t % G), +1 (G = c_out / 2 threads a position) of positions t / G,
-// + 256 / G, ... of the tile. Each template is instantiated for KP = 4, 8, ..., 32 (K rounded up
-// to a multiple of 4) in every float dtype: direct_conv_fwd_k<KP>_<dtype>,
+// Thread t takes the output channels co = 2 (t % G), +1 (G = c_out / 2 threads a position) of
+// positions t / G, + 256 / G, ... of the tile. Each template is instantiated for KP = 4, 8,
+// ..., 32 (K rounded up to a multiple of 4) in every float dtype: direct_conv_fwd_k<KP>_<dtype>,
 // direct_conv_wgrad_k<KP>_<dtype>; the launchers are in
 // crates/stax-tensor/src/cuda/kernels/direct.rs.
 
-#define DC_THREADS 256
-#define DC_PIXELS 64
 // Positions whose output gradient a filter-gradient thread loads at once.
 #define DC_BATCH 8
-
-// Two consecutive elements as f32 (8 bytes of f32, 4 of bf16 or f16): p 8- or 4-byte aligned.
-__device__ __forceinline__ void load2(const float *p, float &a, float &b) {
-    float2 v = *(const float2 *)p;
-    a = v.x, b = v.y;
-}
-template <typename T> __device__ __forceinline__ void load2(const T *p, float &a, float &b) {
-    u32 w = *(const u32 *)p;
-    T lo, hi;
-    lo.bits = (unsigned short)(w & 0xffffu);
-    hi.bits = (unsigned short)(w >> 16);
-    a = to_f32(lo), b = to_f32(hi);
-}
-__device__ __forceinline__ void store2(float *p, float a, float b) {
-    *(float2 *)p = make_float2(a, b);
-}
-template <typename T> __device__ __forceinline__ void store2(T *p, float a, float b) {
-    *(u32 *)p = (u32)from_f32<T>(a).bits | ((u32)from_f32<T>(b).bits << 16);
-}
-
-// The input offsets of every tap k < K: ky * dh, kx * dw and ci (the block's tables).
-struct Taps {
-    int dy[32], dx[32], ci[32];
-};
-
-__device__ __forceinline__ void taps_init(Taps &t, const WindowGeometry &g, int K) {
-    for (int k = threadIdx.x; k < K; k += DC_THREADS) {
-        int ci = k % (int)g.c, tap = k / (int)g.c;
-        t.dy[k] = (tap / (int)g.kw) * (int)g.dh;
-        t.dx[k] = (tap % (int)g.kw) * (int)g.dw;
-        t.ci[k] = ci;
-    }
-}
-
-// Loads this thread's share of the patches of positions p0 .. p0 + DC_PIXELS (of `total`)
-// into v: 4 threads a position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q, q + 4, ...;
-// zeros outside the input, past K and past total. The loads of the next tile are in flight
-// while the block computes this one (stage_patches then writes them to shared memory).
-template <typename T, int KP>
-__device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g, const Taps &t,
-                                             int K, size_t p0, size_t total,
-                                             float (&v)[KP / 4]) {
-    const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
-    const size_t pix = p0 + p;
-    bool live = pix < total;
-    size_t ox = 0, oy = 0, b = 0;
-    if (live) {
-        ox = pix % g.out_w;
-        size_t r = pix / g.out_w;
-        oy = r % g.out_h, b = r / g.out_h;
-    }
-    const long y0 = (long)(oy * g.sh) - (long)g.pad_top;
-    const long x0 = (long)(ox * g.sw) - (long)g.pad_left;
-    const T *img = x + b * g.h * g.w * g.c;
-#pragma unroll
-    for (int i = 0; i < KP / 4; ++i) {
-        int k = q + 4 * i;
-        v[i] = 0.0f;
-        if (live && k < K) {
-            long iy = y0 + t.dy[k], ix = x0 + t.dx[k];
-            if (iy >= 0 && iy < (long)g.h && ix >= 0 && ix < (long)g.w) {
-                v[i] = to_f32(img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]]);
-            }
-        }
-    }
-}
-
-// The block's first tile's loads into v, once its tap tables are written.
-template <typename T, int KP>
-__device__ __forceinline__ void first_patches(const T *x, const WindowGeometry &g, const Taps &t,
-                                              int K, size_t tiles, size_t total,
-                                              float (&v)[KP / 4]) {
-    __syncthreads();
-    if (blockIdx.x < tiles) load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
-}
-
-// Writes v (load_patches') to the block's patch rows s; the loads of `next` (a tile index, or
-// past `tiles` for none) are then issued into v. Between two barriers.
-template <typename T, int KP>
-__device__ __forceinline__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t,
-                                              int K, size_t next, size_t tiles, size_t total,
-                                              float (&v)[KP / 4], float (*s)[KP]) {
-    const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < KP / 4; ++i) s[p][q + 4 * i] = v[i];
-    __syncthreads();
-    if (next < tiles) load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
-}
 
 // y = conv(x, w) (+ b when not null), then with relu != 0 the ReLU of y rounded to T (NaN
 // propagates, as relu_vec), its mask bit (y > 0) of element i to bit i % 32 of mask[i / 32]
@@ -133,7 +40,7 @@ __device__ void direct_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mas
     float v[KP / 4];
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
+        stage_patches<T, KP, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
         for (int p = r; p < DC_PIXELS; p += R) {
             float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
@@ -199,7 +106,7 @@ __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial
     float v[KP / 4];
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        stage_patches<T, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
+        stage_patches<T, KP, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
         // DC_BATCH positions' dy (masked, written back) loaded together, then their products
         for (int p0 = r; p0 < DC_PIXELS; p0 += DC_BATCH * R) {
             float d0[DC_BATCH], d1[DC_BATCH];

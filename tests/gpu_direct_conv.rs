@@ -1,12 +1,14 @@
-//! The direct conv kernels (`kernels/direct_conv.cu`: convs with at most 32 taps, such as the
-//! seed's conv1) against the CPU backend on fresh seeded random inputs, in f32, bf16 and f16:
+//! The direct conv kernels (`kernels/direct_conv.cu` in f32 FMAs, `kernels/direct_mma.cu` on
+//! the tensor cores for 32 to 128 outputs: convs with at most 32 taps, such as the seed's
+//! conv1) against the CPU backend on fresh seeded random inputs, in f32 (full fp32 and TF32),
+//! bf16 and f16:
 //! the forward pass with and without the bias, with the fused ReLU (its mask bit for bit
 //! against the output), the filter and bias gradients with and without the fused ReLU backward
 //! (the masked dy bit for bit), on the seed's conv1 shape at a small image and on odd ones
 //! (stride 2 with SAME on even sizes, explicit asymmetric padding with dilation, one input
-//! channel, 32 taps with 512 outputs, a 1x1 kernel, positions not a multiple of the kernels'
-//! tiles, the seed's 200x200 at 4 images); and their workspace, exactly the schedule. Without a GPU every test prints a skip
-//! notice.
+//! channel, 32 taps with 512 outputs and with 64, 16 taps, a 1x1 kernel, positions not a multiple of the kernels' tiles, the seed's
+//! 200x200 at 4 images); and their workspace, exactly the schedule. Without a GPU every test
+//! prints a skip notice.
 
 mod common;
 
@@ -34,7 +36,7 @@ type Case = (
 fn cases() -> Vec<Conv2dGeometry> {
     let same = Padding::Same;
     let asym = Padding::Explicit([(2, 1), (0, 3)]);
-    let table: [Case; 8] = [
+    let table: [Case; 10] = [
         ([2, 12, 11, 3], (3, 3), 64, (1, 1), same, (1, 1)),
         ([3, 10, 10, 3], (3, 3), 32, (2, 2), same, (1, 1)),
         ([2, 9, 13, 2], (3, 3), 256, (1, 2), asym, (2, 2)),
@@ -44,6 +46,9 @@ fn cases() -> Vec<Conv2dGeometry> {
         ([1, 3, 3, 3], (2, 2), 64, (3, 1), same, (1, 2)),
         // the seed's conv1 at 4 images: many tiles a block
         ([4, 200, 200, 3], (3, 3), 64, (1, 1), same, (1, 1)),
+        // 32 taps into 64 (the tensor cores' largest patch), 16 taps
+        ([2, 7, 9, 2], (4, 4), 64, (1, 1), same, (1, 1)),
+        ([3, 6, 5, 4], (2, 2), 128, (2, 1), Padding::Valid, (1, 1)),
     ];
     table
         .into_iter()
@@ -59,12 +64,16 @@ fn cases() -> Vec<Conv2dGeometry> {
         .collect()
 }
 
-/// The tolerance of a pass in `dtype`, norm-wise relative: f32 sums of exact products (1e-5,
-/// as full fp32), else two roundings of the storage type.
-fn tolerance(dtype: DType) -> f64 {
+/// The tolerance of a pass of `g` in `dtype` under `precision`, norm-wise relative: f32 sums
+/// of exact products (1e-5, as full fp32), f32 operands rounded to TF32 where the tensor-core
+/// kernels take f32 (TF32, 32 to 128 outputs: 10-bit mantissas, 2e-3), else two roundings of
+/// the storage type.
+fn tolerance(g: &Conv2dGeometry, dtype: DType, precision: Precision) -> f64 {
+    let tensor_cores = (32..=128).contains(&g.c_out);
     match dtype {
         DType::BF16 => 2.0 * 2f64.powi(-8),
         DType::F16 => 2.0 * 2f64.powi(-11),
+        _ if tensor_cores && precision == Precision::Tf32 => 2e-3,
         _ => 1e-5,
     }
 }
@@ -124,15 +133,16 @@ const NAMES: [&str; 8] = [
     "dy without act (untouched)",
 ];
 
-/// Every pass of every case on `cuda` matches the CPU; the mask is the GPU output's sign.
-fn direct_passes_match(cuda: &Arc<CudaBackend>) {
+/// Every pass of every case on `cuda` (of `precision`) matches the CPU; the mask is the GPU
+/// output's sign.
+fn direct_passes_match(cuda: &Arc<CudaBackend>, precision: Precision) {
     for g in &cases() {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
                 let direct = cuda.conv_is_direct(g, dtype, pass);
                 assert!(direct, "{dtype} {pass:?} {g:?} is not direct");
             }
-            passes_match(cuda, g, dtype, tolerance(dtype));
+            passes_match(cuda, g, dtype, tolerance(g, dtype, precision));
         }
     }
 }
@@ -175,7 +185,18 @@ fn direct_convs_match_the_cpu() {
         return;
     };
     cuda.set_direct_convs(DirectConvs::All);
-    direct_passes_match(&cuda);
+    direct_passes_match(&cuda, Precision::Highest);
+}
+
+/// Under TF32 the f32 passes of 32 to 128 outputs run on the tensor cores: the CPU's results
+/// within TF32's rounding.
+#[test]
+fn direct_convs_match_the_cpu_under_tf32() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    cuda.set_direct_convs(DirectConvs::All);
+    direct_passes_match(&cuda, Precision::Tf32);
 }
 
 /// With the epilogues unfused the direct forward runs the bias and ReLU as their own passes and
@@ -187,12 +208,22 @@ fn direct_convs_match_the_cpu_with_the_epilogues_unfused() {
     };
     cuda.set_fused_epilogues(false);
     cuda.set_direct_convs(DirectConvs::All);
-    direct_passes_match(&cuda);
+    direct_passes_match(&cuda, Precision::Tf32);
 }
 
-/// The modes before any calibration: off, no pass is direct; winning (the default), only the
-/// f32 forward pass under full fp32 (the others are timed at calibration, below); all, forward
-/// and filter gradient in every float dtype. Never backward data.
+/// Whether [`DirectConvs::Winning`] runs `pass` of `g` in `dtype` under `precision` without
+/// timing it: the f32 forward pass under full fp32, and the passes of the tensor-core kernels
+/// (bf16, f16, f32 under TF32; 32 to 128 outputs).
+fn by_rule(g: &Conv2dGeometry, dtype: DType, pass: ConvPass, precision: Precision) -> bool {
+    let tensor_cores =
+        (32..=128).contains(&g.c_out) && (dtype != DType::F32 || precision == Precision::Tf32);
+    let fma = pass == ConvPass::Forward && dtype == DType::F32 && precision == Precision::Highest;
+    pass != ConvPass::BackwardData && (tensor_cores || fma)
+}
+
+/// The modes before any calibration: off, no pass is direct; winning (the default), the passes
+/// of its rule ([`by_rule`]; the others are timed at calibration, below); all, forward and
+/// filter gradient in every float dtype. Never backward data.
 #[test]
 fn direct_conv_modes_choose_their_passes() {
     for precision in [Precision::Highest, Precision::Tf32] {
@@ -211,11 +242,7 @@ fn direct_conv_modes_choose_their_passes() {
                     ] {
                         let want = match mode {
                             DirectConvs::Off => false,
-                            DirectConvs::Winning => {
-                                pass == ConvPass::Forward
-                                    && dtype == DType::F32
-                                    && precision == Precision::Highest
-                            }
+                            DirectConvs::Winning => by_rule(g, dtype, pass, precision),
                             DirectConvs::All => pass != ConvPass::BackwardData,
                         };
                         let got = cuda.conv_is_direct(g, dtype, pass);
@@ -316,8 +343,9 @@ fn schedules_hold(
     }
 }
 
-/// Under [`DirectConvs::Winning`] calibration times the kernel against cuDNN's choice for the
-/// forward pass and the filter gradient: the report lists it as a candidate with its time, the
+/// Under [`DirectConvs::Winning`] calibration times the FMA kernel against cuDNN's choice for
+/// the forward pass and the filter gradient outside its rule (in TF32: 256 and 512 outputs):
+/// the report lists it as a candidate with its time, the
 /// faster of the two is chosen and is what runs (its workspace exactly the schedule); with
 /// deterministic algorithms nothing is timed and the rule alone applies. A pass run before
 /// any calibration (the ops API alone) calibrates, then runs the choice, matching the CPU.
@@ -326,9 +354,13 @@ fn winning_times_the_kernel_at_calibration() {
     let Some(cuda) = private_cuda_with(Precision::Tf32) else {
         return;
     };
-    let geometries = [cases()[0], cases()[7], seed_conv1(10)];
+    let geometries = [cases()[2], cases()[4]];
     for g in &geometries {
         for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+            assert!(
+                !by_rule(g, DType::F32, pass, Precision::Tf32),
+                "{pass:?} {g:?}"
+            );
             let op = OpDesc::Conv {
                 geometry: *g,
                 pass,
@@ -378,7 +410,7 @@ fn winning_times_the_kernel_at_calibration() {
     let Some(fresh) = private_cuda_with(Precision::Tf32) else {
         return;
     };
-    for g in [seed_conv1(10), cases()[0]] {
+    for g in [cases()[2], cases()[4]] {
         // TF32 where cuDNN keeps a pass: operands rounded to 10 mantissa bits
         passes_match(&fresh, &g, DType::F32, 2e-3);
         for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
@@ -398,16 +430,19 @@ fn winning_times_the_kernel_at_calibration() {
         return;
     };
     fixed.set_deterministic(true);
-    let g = seed_conv1(10);
+    let (g, seed) = (cases()[2], seed_conv1(10));
     for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
-        let op = OpDesc::Conv {
-            geometry: g,
+        let op = |geometry| OpDesc::Conv {
+            geometry,
             pass,
             dtype: DType::F32,
             bias: true,
         };
-        fixed.calibrate(&op).unwrap();
+        fixed.calibrate(&op(g)).unwrap();
+        fixed.calibrate(&op(seed)).unwrap();
         assert!(!fixed.conv_is_direct(&g, DType::F32, pass), "{pass:?}");
+        // the tensor-core kernels by the rule
+        assert!(fixed.conv_is_direct(&seed, DType::F32, pass), "{pass:?}");
     }
     let plans = fixed.conv_plans();
     assert!(

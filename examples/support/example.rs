@@ -184,9 +184,10 @@ pub struct Common {
     #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
     pub fp32_convs: Fp32Convs,
     /// CUDA: where our direct kernels for convs of at most 32 taps (the first conv on RGB
-    /// images) run instead of cuDNN: winning (default: where timed faster than cuDNN's choice
-    /// at calibration, and always the f32 forward pass under --precision highest; not timed
-    /// with --deterministic), all (forward and filter gradient) or off.
+    /// images) run instead of cuDNN: winning (default: always on the tensor cores for 32 to
+    /// 128 outputs in bf16, f16 and TF32, and the f32 forward pass under --precision highest;
+    /// elsewhere where timed faster than cuDNN's choice at calibration, not timed with
+    /// --deterministic), all (forward and filter gradient) or off.
     #[arg(long, default_value = "winning", value_parser = direct_convs)]
     pub direct_convs: DirectConvs,
     /// CUDA: run every dense layer's backward pass with Adam by chunks through cuBLAS, also

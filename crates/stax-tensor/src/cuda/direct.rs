@@ -2,23 +2,23 @@
 //! pass) and the filter and bias gradients (the ReLU backward in the same pass) of a
 //! convolution with at most 32 taps `kh · kw · c_in` and 32 to 512 output channels (a multiple
 //! of 32), NHWC with an HWIO kernel: the seed's conv1 (3x3 on 3 channels, 64 out), or any
-//! network's first layer on RGB images with a small kernel. `kernels/direct_conv.cu` computes
-//! them in f32 FMAs, the same arithmetic in every precision (so also full fp32).
+//! network's first layer on RGB images with a small kernel. `kernels/direct_mma.cu` computes
+//! them on the tensor cores for 32 to 128 output channels in bf16 and f16 (exact products) and
+//! in f32 under [`Precision::Tf32`] (TF32 products, as cuDNN's TF32 algorithms);
+//! `kernels/direct_conv.cu` otherwise in f32 FMAs (so in full fp32 exact f32 products).
 //!
 //! Such a pass moves the bytes of its output (forward) or of its output gradient (filter
 //! gradient) and little else: the seed's is 1.02 GB, about 0.25 ms at the H200's copy
-//! bandwidth. Measured on the H200 (2026-12-03, BENCHMARKS.md) at batch 100 the forward pass
-//! with bias, ReLU and mask takes 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA
-//! algorithms) but 0.95 ms in TF32, and the masked filter gradient 1.68 ms against cuDNN's
-//! 1.46; at batch 10 in TF32 the forward pass (0.116 ms) wins its calibration, though the
-//! step did not measurably gain.
-//! [`DirectConvs`] picks where they run; by default where they time faster than cuDNN's
-//! choice at calibration (see [`DirectConvs::Winning`]). The backward-data pass stays on cuDNN
-//! (a first layer has none).
+//! bandwidth. Measured on the H200 at batch 100: the FMA forward pass with bias, ReLU and
+//! mask 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA algorithms; 2026-12-03); on the
+//! tensor cores the forward pass 0.72 ms in TF32 and 0.71 in bf16, the masked filter gradient
+//! with the bias gradient 1.11 ms in TF32 (calibration times, 2026-12-04, BENCHMARKS.md).
+//! [`DirectConvs`] picks where they run (see [`DirectConvs::Winning`]). The backward-data pass
+//! stays on cuDNN (a first layer has none).
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
-use super::kernels::direct_applies;
+use super::kernels::{direct_applies, direct_math};
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use stax_alloc::Category;
@@ -30,7 +30,7 @@ use std::sync::Mutex;
 pub(super) type DirectTimes = Mutex<HashMap<(Conv2dGeometry, DType, ConvPass), (f32, bool)>>;
 
 /// The report's name of a pass run by the direct kernels.
-const DIRECT: &str = "stax direct kernel (kernels/direct_conv.cu)";
+const DIRECT: &str = "stax direct kernel";
 
 /// Which conv passes run the direct kernels (see [`CudaBackend::set_direct_convs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,9 +38,15 @@ pub enum DirectConvs {
     /// None: every pass on cuDNN.
     Off,
     /// The f32 forward pass under [`crate::Precision::Highest`] always (the seed's conv1 with
-    /// bias, ReLU and mask: 1.09 ms against cuDNN's 2.31 at batch 100, H200, 2026-12-03), and
-    /// any other forward pass or filter gradient where the kernel, timed at calibration on the
-    /// search's buffers (CUDA events, as cuDNN's candidates), is faster than cuDNN's choice
+    /// bias, ReLU and mask: 1.09 ms against cuDNN's 2.31 at batch 100, H200, 2026-12-03); the
+    /// forward pass and the filter gradient wherever the tensor-core kernels take them (bf16
+    /// and f16, f32 under TF32; 32 to 128 outputs): with their epilogues and no layout copy
+    /// the seed's step at batch 100 takes 12.70 ms in TF32 against 13.37 with cuDNN's passes
+    /// and theirs, 8.30 against 8.55 in bf16 (H200, 2026-12-04, BENCHMARKS.md), though alone
+    /// they time slower than cuDNN's convolution without its epilogue (TF32 forward 0.72
+    /// against 0.55 ms), so timing them at calibration would keep cuDNN; and any other forward pass or filter gradient where the FMA kernel, timed at
+    /// calibration on the search's buffers (CUDA events, as cuDNN's candidates), is faster
+    /// than cuDNN's choice
     /// (TF32 at batch 10 the seed's forward, 0.116 ms; at batch 100 cuDNN's, 0.55 against
     /// 1.07). The kernel is timed with its epilogue (bias, ReLU, mask), cuDNN's
     /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
@@ -88,6 +94,16 @@ impl std::str::FromStr for DirectConvs {
 }
 
 impl CudaBackend {
+    /// The direct kernel of `pass` for `g` in `dtype` with this backend's precision: its
+    /// geometry, dtype and whether f32 operands may be rounded to TF32.
+    fn direct_kernel<'g>(
+        &self,
+        g: &'g Conv2dGeometry,
+        dtype: DType,
+    ) -> (&'g Conv2dGeometry, DType, bool) {
+        (g, dtype, self.precision == Precision::Tf32)
+    }
+
     /// Whether `pass` of `g` in `dtype` runs the direct kernels: the mode
     /// ([`CudaBackend::set_direct_convs`]) selects it, it is the forward pass or the filter
     /// gradient, and `g` is within what they take (at most 32 taps `kh · kw · c_in`, `c_out` a
@@ -98,16 +114,21 @@ impl CudaBackend {
         let chosen = match self.direct_convs() {
             DirectConvs::Off => false,
             DirectConvs::Winning => {
-                self.direct_by_rule(dtype, pass) || self.direct_won(g, dtype, pass)
+                self.direct_by_rule(g, dtype, pass) || self.direct_won(g, dtype, pass)
             }
             DirectConvs::All => pass != ConvPass::BackwardData,
         };
         chosen && direct_applies(g)
     }
 
-    /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass under full fp32.
-    fn direct_by_rule(&self, dtype: DType, pass: ConvPass) -> bool {
-        pass == ConvPass::Forward && dtype == DType::F32 && self.precision == Precision::Highest
+    /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass under full fp32, and every
+    /// forward pass and filter gradient on the tensor cores (`kernels/direct_mma.cu`, see
+    /// [`DirectConvs::Winning`]).
+    fn direct_by_rule(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let tf32 = self.precision == Precision::Tf32;
+        pass != ConvPass::BackwardData
+            && (direct_math(g, dtype, tf32).tensor_cores()
+                || (pass == ConvPass::Forward && dtype == DType::F32 && !tf32))
     }
 
     /// Whether the kernel was timed faster than cuDNN for `pass` of `g` in `dtype`.
@@ -123,7 +144,7 @@ impl CudaBackend {
         self.direct_convs() == DirectConvs::Winning
             && pass != ConvPass::BackwardData
             && direct_applies(g)
-            && !self.direct_by_rule(dtype, pass)
+            && !self.direct_by_rule(g, dtype, pass)
             && !self.dnn.is_deterministic()
     }
 
@@ -154,13 +175,15 @@ impl CudaBackend {
             Some(p) => {
                 let inputs = (ops.x, ops.y, mask.addr());
                 let grads = (ops.w, bias.addr());
+                let kernel = self.direct_kernel(g, dtype);
                 self.kernels
-                    .direct_filter_grad((g, dtype), inputs, p.addr(), grads)
+                    .direct_filter_grad(kernel, inputs, p.addr(), grads)
             }
             None => {
                 let addrs = (ops.x, ops.w, bias.addr(), ops.y);
+                let kernel = self.direct_kernel(g, dtype);
                 self.kernels
-                    .direct_forward((g, dtype), addrs, (true, mask.addr()))
+                    .direct_forward(kernel, addrs, (true, mask.addr()))
             }
         };
         run()?;
@@ -184,7 +207,9 @@ impl CudaBackend {
                 ConvPass::BackwardFilter => self.direct_wgrad_bytes(&p.geometry),
                 _ => 0,
             };
-            let math = "f32 FMA".to_string();
+            let tf32 = self.precision == Precision::Tf32;
+            let math = direct_math(&p.geometry, p.dtype, tf32);
+            let math = math.name().to_string();
             p.candidates.push(ConvCandidate {
                 algorithm: DIRECT.into(),
                 math: math.clone(),
@@ -228,7 +253,8 @@ impl CudaBackend {
         let bias = b.filter(|_| fused).map_or(0, |b| b.addr());
         let addrs = (x.addr(), w.addr(), bias, y.addr());
         let relu_mask = (relu, if relu { mask } else { 0 });
-        self.kernels.direct_forward((&g, dtype), addrs, relu_mask)?;
+        let kernel = self.direct_kernel(&g, dtype);
+        self.kernels.direct_forward(kernel, addrs, relu_mask)?;
         if let (Some(b), false) = (b, fused) {
             self.add_bias(&g, y, b.addr())?;
         }
@@ -266,8 +292,9 @@ impl CudaBackend {
         let partial = ws.alloc()?;
         let grads = (dw.addr(), db.map_or(0, |d| d.addr()));
         let inputs = (x.addr(), dy.addr(), mask);
+        let kernel = self.direct_kernel(&g, dtype);
         self.kernels
-            .direct_filter_grad((&g, dtype), inputs, ws.addr(partial), grads)?;
+            .direct_filter_grad(kernel, inputs, ws.addr(partial), grads)?;
         ws.free(partial)?;
         ws.finish()
     }

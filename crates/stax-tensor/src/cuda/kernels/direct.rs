@@ -1,7 +1,8 @@
-//! Launchers of `kernels/direct_conv.cu`: the forward pass (with the bias, a ReLU and its mask)
-//! and the filter and bias gradients (with the ReLU backward) of a convolution with at most 32
-//! taps, in f32 FMAs, where cuDNN's algorithms run far from the memory floor (see
-//! [`direct_applies`]).
+//! Launchers of `kernels/direct_conv.cu` and `kernels/direct_mma.cu`: the forward pass (with
+//! the bias, a ReLU and its mask) and the filter and bias gradients (with the ReLU backward) of
+//! a convolution with at most 32 taps, where cuDNN's algorithms run far from the memory floor
+//! (see [`direct_applies`]): on the tensor cores where [`direct_math`] allows it, else in f32
+//! FMAs.
 
 use super::spatial::WindowGeometry;
 use super::{Kernels, driver};
@@ -38,25 +39,74 @@ pub(crate) fn direct_applies(g: &Conv2dGeometry) -> bool {
         && small(g.kw * g.dilation_w)
 }
 
+/// The arithmetic of the direct kernels for `g` in `dtype`: the tensor cores
+/// (`kernels/direct_mma.cu`: bf16 or f16 products, exact, or f32 operands rounded to TF32 where
+/// `tf32` allows it; f32 sums either way, the bias gradient in f32 adds) for 32, 64 or 128
+/// output channels, else f32 FMAs (`kernels/direct_conv.cu`: exact f32 products).
+pub(crate) fn direct_math(g: &Conv2dGeometry, dtype: DType, tf32: bool) -> DirectMath {
+    let mma = [32, 64, 128].contains(&g.c_out) && taps(g) <= MAX_TAPS;
+    match dtype {
+        DType::F32 if mma && tf32 => DirectMath::Tf32Mma,
+        DType::BF16 | DType::F16 if mma => DirectMath::HalfMma,
+        _ => DirectMath::Fma,
+    }
+}
+
+/// How a direct kernel multiplies ([`direct_math`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DirectMath {
+    /// `kernels/direct_conv.cu`: f32 FMAs.
+    Fma,
+    /// `kernels/direct_mma.cu`: f32 operands rounded to TF32, `mma.m16n8k8`.
+    Tf32Mma,
+    /// `kernels/direct_mma.cu`: bf16 or f16 operands, `mma.m16n8k16`.
+    HalfMma,
+}
+
+impl DirectMath {
+    /// Whether it runs on the tensor cores (`kernels/direct_mma.cu`).
+    pub(crate) fn tensor_cores(self) -> bool {
+        self != DirectMath::Fma
+    }
+
+    /// The plan's name of the arithmetic.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DirectMath::Fma => "f32 FMA",
+            DirectMath::Tf32Mma => "TF32 tensor cores (mma), f32 sums",
+            DirectMath::HalfMma => "16-bit tensor cores (mma), f32 sums",
+        }
+    }
+}
+
+/// The kernel of `pass` (`fwd` or `wgrad`) for `g` in `dtype` with arithmetic `math`: the
+/// FMA kernel for `g`'s taps rounded up to a multiple of 4, the tensor-core kernel for them
+/// rounded up to 16 and `g`'s output channels.
+fn symbol(pass: &str, g: &Conv2dGeometry, dtype: DType, math: DirectMath) -> String {
+    let d = dtype.name();
+    match math {
+        DirectMath::Fma => format!("direct_conv_{pass}_k{}_{d}", taps(g).next_multiple_of(4)),
+        _ => {
+            let (kp, c) = (taps(g).next_multiple_of(16), g.c_out);
+            format!("direct_mma_{pass}_k{kp}_c{c}_{d}")
+        }
+    }
+}
+
 /// Tiles of [`PIXELS`] output positions in `g`.
 fn tiles(g: &Conv2dGeometry) -> usize {
     (g.n * g.out_h * g.out_w).div_ceil(PIXELS)
 }
 
-/// The kernel of `root` for `g`'s taps rounded up to a multiple of 4, in `dtype`.
-fn symbol(root: &str, g: &Conv2dGeometry, dtype: DType) -> String {
-    let kp = taps(g).next_multiple_of(4);
-    format!("{root}_k{kp}_{}", dtype.name())
-}
-
-/// Fails unless every address is 8-byte aligned (two f32 or 16-bit elements a thread at even
-/// channel offsets).
-fn aligned8(op: &'static str, addrs: &[u64]) -> Result<(), TensorError> {
-    match addrs.iter().all(|a| a % 8 == 0) {
-        true => Ok(()),
-        false => Err(TensorError::InvalidArgument {
+/// Fails unless `addr` is 8-byte aligned (two f32 or 16-bit elements a thread at even channel
+/// offsets); the tensor cores' 16-byte accesses fall back to `DirectMath::Fma` below 16.
+fn aligned(op: &'static str, addr: u64, math: DirectMath) -> Result<DirectMath, TensorError> {
+    match (addr % 16, addr % 8) {
+        (0, _) => Ok(math),
+        (_, 0) => Ok(DirectMath::Fma),
+        _ => Err(TensorError::InvalidArgument {
             op,
-            reason: format!("direct conv buffers must be 8-byte aligned: {addrs:x?}"),
+            reason: format!("direct conv buffers must be 8-byte aligned: {addr:#x}"),
         }),
     }
 }
@@ -74,18 +124,19 @@ impl Kernels {
     }
 
     /// `y = conv(x, w) (+ b)` for `g` of [`direct_applies`], every operand of `dtype` (x NHWC,
-    /// w HWIO, b `[c_out]` or 0 for none, y NHWC, overwritten), summed in f32 and rounded once;
-    /// with `relu`, then the ReLU of the rounded output and, when `mask != 0`, its packed mask
-    /// (`ceil(numel / 32)` words, as `relu`'s).
+    /// w HWIO, b `[c_out]` or 0 for none, y NHWC, overwritten), summed in f32 with the
+    /// arithmetic of [`direct_math`] and rounded once; with `relu`, then the ReLU of the
+    /// rounded output and, when `mask != 0`, its packed mask (`ceil(numel / 32)` words, as
+    /// `relu`'s).
     pub(crate) fn direct_forward(
         &self,
-        (g, dtype): (&Conv2dGeometry, DType),
+        (g, dtype, tf32): (&Conv2dGeometry, DType, bool),
         (x, w, b, y): (u64, u64, u64, u64),
         (relu, mask): (bool, u64),
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_fwd";
-        aligned8(OP, &[y])?;
-        let sym = symbol(OP, g, dtype);
+        let math = aligned(OP, y, direct_math(g, dtype, tf32))?;
+        let sym = symbol("fwd", g, dtype, math);
         let cfg = LaunchConfig {
             grid_dim: (tiles(g).clamp(1, 8 * self.sms as usize) as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -97,33 +148,42 @@ impl Kernels {
             g.c_out as i32,
             i32::from(relu),
         );
+        let f = self.function(&sym)?;
         // SAFETY: `direct_conv_fwd_k<KP>_<dtype>(const T *x, const T *w, const T *b, T *y,
         // u32 *mask, WindowGeometry g, int K, int c_out, int relu)` with KP = K rounded up to
-        // a multiple of 4 (<= 32, direct_applies); x holds g's NHWC input, w its K*c_out HWIO
-        // taps, b null or c_out elements, y g's NHWC output (8-byte aligned) and mask null or
-        // numel/32 words (c_out % 32 == 0), all of `dtype`; blocks of 256 threads, as the
-        // staging (4 threads a position of 64) and the 16-lane mask shuffles need.
+        // a multiple of 4 (<= 32, direct_applies), or `direct_mma_fwd_k<KP>_c<c_out>_<dtype>`
+        // (the same without c_out) with KP = K rounded up to 16 (direct_math); x holds g's
+        // NHWC input, w its K*c_out HWIO taps, b null or c_out elements, y g's NHWC output (8-
+        // or for mma 16-byte aligned: `aligned`) and mask null or numel/32 words (c_out % 32 ==
+        // 0), all of `dtype`; blocks of 256 threads, as the staging (4 threads a position of
+        // 64), the 16-lane mask shuffles and the 8 warps of the mma tiles need.
         unsafe {
-            launch!(self.stream, self.function(&sym)?, cfg; &x, &w, &b, &y, &mask, &wg, &k, &c_out, &relu)
-                .map(drop)
+            match math {
+                DirectMath::Fma => {
+                    launch!(self.stream, f, cfg; &x, &w, &b, &y, &mask, &wg, &k, &c_out, &relu)
+                }
+                _ => launch!(self.stream, f, cfg; &x, &w, &b, &y, &mask, &wg, &k, &relu),
+            }
+            .map(drop)
         }
         .map_err(driver(OP))
     }
 
     /// `dw = Σ patch · dy` (HWIO, overwritten) and `db = Σ dy` (when `db != 0`) for `g` of
     /// [`direct_applies`], every operand of `dtype`, through `partial`
-    /// ([`Self::direct_wgrad_bytes`]): f32 sums per thread, f64 over threads and blocks (a
-    /// fixed order), rounded once. With `mask != 0` dy is first masked in place by the ReLU
-    /// backward (it becomes the pre-activation gradient), in the same pass.
+    /// ([`Self::direct_wgrad_bytes`]): f32 sums per thread (or per warp on the tensor cores,
+    /// [`direct_math`]), f64 over threads and blocks (a fixed order), rounded once. With
+    /// `mask != 0` dy is first masked in place by the ReLU backward (it becomes the
+    /// pre-activation gradient), in the same pass.
     pub(crate) fn direct_filter_grad(
         &self,
-        (g, dtype): (&Conv2dGeometry, DType),
+        (g, dtype, tf32): (&Conv2dGeometry, DType, bool),
         (x, dy, mask): (u64, u64, u64),
         partial: u64,
         (dw, db): (u64, u64),
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
-        aligned8(OP, &[dy])?;
+        let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
         let blocks = self.direct_wgrad_blocks(g);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -131,14 +191,21 @@ impl Kernels {
             shared_mem_bytes: 0,
         };
         let (wg, k, c_out) = (WindowGeometry::of(g), taps(g) as i32, g.c_out as i32);
-        let sym = symbol(OP, g, dtype);
+        let f = self.function(&symbol("wgrad", g, dtype, math))?;
         // SAFETY: `direct_conv_wgrad_k<KP>_<dtype>(const T *x, T *dy, const u32 *mask, double
-        // *partial, WindowGeometry g, int K, int c_out)`; x holds g's NHWC input, dy its NHWC
-        // output gradient (8-byte aligned), mask null or numel/32 words, partial blocks*(K+1)*
-        // c_out doubles (direct_wgrad_bytes, the grid's blocks); blocks of 256 threads.
+        // *partial, WindowGeometry g, int K, int c_out)`, or `direct_mma_wgrad_k<KP>_c<c_out>_
+        // <dtype>` (the same without c_out, KP = K rounded up to 16: direct_math); x holds
+        // g's NHWC input, dy its NHWC output gradient (8-, for mma 16-byte aligned), mask null
+        // or numel/32 words, partial blocks*(K+1)*c_out doubles (direct_wgrad_bytes, the grid's
+        // blocks); blocks of 256 threads.
         unsafe {
-            launch!(self.stream, self.function(&sym)?, cfg; &x, &dy, &mask, &partial, &wg, &k, &c_out)
-                .map(drop)
+            match math {
+                DirectMath::Fma => {
+                    launch!(self.stream, f, cfg; &x, &dy, &mask, &partial, &wg, &k, &c_out)
+                }
+                _ => launch!(self.stream, f, cfg; &x, &dy, &mask, &partial, &wg, &k),
+            }
+            .map(drop)
         }
         .map_err(driver(OP))?;
         let (splits, k, c_out) = (blocks, taps(g), g.c_out);

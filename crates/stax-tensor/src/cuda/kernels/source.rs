@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
+/// What the direct convolution modules share (prepended to both after [`COMMON`]).
+const DIRECT_COMMON: &str = include_str!("../../../../../kernels/direct_common.cuh");
 
 /// The per-dtype roots of `kernels/direct_conv.cu`: each pass for patches of 4, 8, ..., 32
 /// taps, and the filter gradient's finishing sum.
@@ -29,6 +31,23 @@ const DIRECT_ROOTS: [&str; 17] = [
     "direct_conv_wgrad_k28",
     "direct_conv_wgrad_k32",
     "direct_conv_wgrad_finish",
+];
+
+/// The per-dtype roots of `kernels/direct_mma.cu`: each pass for patches of 16 or 32 taps and
+/// 32, 64 or 128 output channels.
+const DIRECT_MMA_ROOTS: [&str; 12] = [
+    "direct_mma_fwd_k16_c32",
+    "direct_mma_fwd_k16_c64",
+    "direct_mma_fwd_k16_c128",
+    "direct_mma_fwd_k32_c32",
+    "direct_mma_fwd_k32_c64",
+    "direct_mma_fwd_k32_c128",
+    "direct_mma_wgrad_k16_c32",
+    "direct_mma_wgrad_k16_c64",
+    "direct_mma_wgrad_k16_c128",
+    "direct_mma_wgrad_k32_c32",
+    "direct_mma_wgrad_k32_c64",
+    "direct_mma_wgrad_k32_c128",
 ];
 
 /// One `.cu` file: a module loaded once per backend.
@@ -61,13 +80,16 @@ pub enum KernelModule {
     /// `kernels/direct_conv.cu`: the forward pass and the filter gradient of convolutions with
     /// at most 32 taps, in f32 FMAs, every float dtype.
     DirectConv,
+    /// `kernels/direct_mma.cu`: the same passes on the tensor cores (bf16 and f16 mma, TF32
+    /// for f32), 32 to 128 output channels.
+    DirectMma,
     /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
     DenseMma,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -77,6 +99,7 @@ impl KernelModule {
         KernelModule::Norm,
         KernelModule::Gemm,
         KernelModule::DirectConv,
+        KernelModule::DirectMma,
         KernelModule::DenseMma,
     ];
 
@@ -92,6 +115,7 @@ impl KernelModule {
             KernelModule::Norm => "norm.cu",
             KernelModule::Gemm => "gemm.cu",
             KernelModule::DirectConv => "direct_conv.cu",
+            KernelModule::DirectMma => "direct_mma.cu",
             KernelModule::DenseMma => "dense_mma.cu",
         }
     }
@@ -129,7 +153,7 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
-            KernelModule::DirectConv | KernelModule::DenseMma => &[],
+            KernelModule::DirectConv | KernelModule::DirectMma | KernelModule::DenseMma => &[],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -180,6 +204,7 @@ impl KernelModule {
             ],
             KernelModule::Gemm | KernelModule::DenseMma => &[],
             KernelModule::DirectConv => &DIRECT_ROOTS,
+            KernelModule::DirectMma => &DIRECT_MMA_ROOTS,
         };
         let floats = crate::DType::FLOATS.iter().map(|d| d.name());
         let generic = per_dtype
@@ -202,6 +227,7 @@ impl KernelModule {
             KernelModule::Norm => include_str!("../../../../../kernels/norm.cu"),
             KernelModule::Gemm => include_str!("../../../../../kernels/gemm.cu"),
             KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
+            KernelModule::DirectMma => include_str!("../../../../../kernels/direct_mma.cu"),
             KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
         }
     }
@@ -223,8 +249,12 @@ pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, Tensor
     {
         return Ok(ptx.clone());
     }
+    let header = match module {
+        KernelModule::DirectConv | KernelModule::DirectMma => DIRECT_COMMON,
+        _ => "",
+    };
     let src = format!(
-        "{COMMON}\n#line 1 \"{}\"\n{}",
+        "{COMMON}\n{header}\n#line 1 \"{}\"\n{}",
         module.file(),
         module.source()
     );

@@ -1,0 +1,400 @@
+// direct_mma.cu: the passes of direct_conv.cu on the tensor cores (bf16 and f16 always, f32
+// under TF32), same operands, semantics and partials; kernels/direct_common.cuh (prepended)
+// stages the patches.
+//
+// Where the FMA kernels spend their time on shared-memory reads (each thread reads the
+// whole patch for 2 channels), a warp here runs mma.sync on 16 positions at a time: the patch
+// tile is staged as above, the products run as bf16/f16 m16n8k16 (exact products, f32 sums) or
+// TF32 m16n8k8 (operands rounded by cvt.rna, as cuDNN's TF32 algorithms do), and the tile's
+// outputs (forward) or output gradients (filter gradient) cross global memory in 16-byte
+// accesses through shared memory. c_out is 32, 64 or 128 (template C); KP = 16 or 32.
+// direct_mma_fwd_k<KP>_c<C>_<dtype>, direct_mma_wgrad_k<KP>_c<C>_<dtype>; the filter gradient
+// writes the same partials as direct_wgrad, finished by direct_conv_wgrad_finish.
+
+// One warp's mma of a 16 x 8 f32 tile. A (16 x KSTEP, row-major) and B (KSTEP x 8) come from
+// accessors at(row, col) and bt(k, n) returning f32 values (PTX ISA, "Matrix fragments for
+// mma.m16n8k16" and "mma.m16n8k8": lane = 4 g + t).
+template <typename T> struct Mma {
+    static const int KSTEP = 16;
+    static __device__ __forceinline__ u32 pack(float lo, float hi);
+    template <class F>
+    static __device__ __forceinline__ void a(u32 (&r)[4], F at, int g, int t) {
+        r[0] = pack(at(g, 2 * t), at(g, 2 * t + 1));
+        r[1] = pack(at(g + 8, 2 * t), at(g + 8, 2 * t + 1));
+        r[2] = pack(at(g, 2 * t + 8), at(g, 2 * t + 9));
+        r[3] = pack(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9));
+    }
+    template <class F>
+    static __device__ __forceinline__ void b(u32 (&r)[2], F bt, int g, int t) {
+        r[0] = pack(bt(2 * t, g), bt(2 * t + 1, g));
+        r[1] = pack(bt(2 * t + 8, g), bt(2 * t + 9, g));
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]);
+};
+
+template <> __device__ __forceinline__ u32 Mma<bf16_t>::pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ u32 Mma<f16_t>::pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <>
+__device__ __forceinline__ void Mma<bf16_t>::mma(float (&d)[4], const u32 (&a)[4],
+                                                 const u32 (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void Mma<f16_t>::mma(float (&d)[4], const u32 (&a)[4],
+                                                const u32 (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ u32 tf32(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+template <> struct Mma<float> {
+    static const int KSTEP = 8;
+    template <class F>
+    static __device__ __forceinline__ void a(u32 (&r)[4], F at, int g, int t) {
+        r[0] = tf32(at(g, t)), r[1] = tf32(at(g + 8, t));
+        r[2] = tf32(at(g, t + 4)), r[3] = tf32(at(g + 8, t + 4));
+    }
+    template <class F>
+    static __device__ __forceinline__ void b(u32 (&r)[2], F bt, int g, int t) {
+        r[0] = tf32(bt(t, g)), r[1] = tf32(bt(t + 4, g));
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4],
+                                               const u32 (&b)[2]) {
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+// v0, v1 rounded to T (round to nearest even), then with relu their ReLU (NaN stays), stored
+// at o (2 elements); returns their bits "rounded value > 0" (bit 0: v0). bf16 and f16 round a
+// pair with one cvt (a NaN becomes the canonical NaN).
+template <typename T>
+__device__ __forceinline__ u32 out_pair(T *o, float v0, float v1, int relu) {
+    const u32 p = Mma<T>::pack(v0, v1);
+    T lo, hi;
+    lo.bits = (unsigned short)(p & 0xffffu), hi.bits = (unsigned short)(p >> 16);
+    const float y0 = to_f32(lo), y1 = to_f32(hi);
+    u32 keep = 0xffffffffu;
+    if (relu) {
+        keep = (y0 <= 0.0f ? 0u : 0xffffu) | (y1 <= 0.0f ? 0u : 0xffff0000u);
+    }
+    *(u32 *)o = p & keep;
+    return (u32)(y0 > 0.0f) | (u32)(y1 > 0.0f) << 1;
+}
+template <> __device__ __forceinline__ u32 out_pair(float *o, float y0, float y1, int relu) {
+    const u32 bits = (u32)(y0 > 0.0f) | (u32)(y1 > 0.0f) << 1;
+    if (relu) {
+        y0 = y0 <= 0.0f ? 0.0f : y0;
+        y1 = y1 <= 0.0f ? 0.0f : y1;
+    }
+    store2(o, y0, y1);
+    return bits;
+}
+
+// The forward pass of direct_fwd on the tensor cores (same operands and semantics). Warp w
+// takes positions 16 (w % 4) .. + 15 of the tile and channels (C / 2)(w / 4) .. + C / 2 - 1,
+// with its share of w as B fragments in registers; the rounded, activated tile is staged in
+// shared memory (rows padded by 8 elements: conflict-free), then stored in 16-byte chunks (the
+// tile's outputs are contiguous), and with a mask one thread a mask word reads it back.
+template <typename T, int KP, int C>
+__device__ void mma_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mask,
+                        WindowGeometry g, int K, int relu) {
+    const int KSTEP = Mma<T>::KSTEP, KS = KP / KSTEP, NT = C / 16, S = KP + 8, OS = C + 8;
+    __shared__ __align__(16) float s[DC_PIXELS][S];
+    __shared__ __align__(16) T o[DC_PIXELS][OS];
+    __shared__ u32 mw[DC_PIXELS][C / 32];
+    __shared__ Taps t;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int m0 = 16 * (warp & 3), n0 = (C / 2) * (warp >> 2);
+    u32 b[NT][KS][2];
+    float bb[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int n = n0 + 8 * j;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            auto bt = [&](int k, int c) {
+                int kk = ks * KSTEP + k;
+                return kk < K ? to_f32(w[kk * C + n + c]) : 0.0f;
+            };
+            Mma<T>::b(b[j][ks], bt, gq, tq);
+        }
+        bb[j][0] = bias ? to_f32(bias[n + 2 * tq]) : 0.0f;
+        bb[j][1] = bias ? to_f32(bias[n + 2 * tq + 1]) : 0.0f;
+    }
+    taps_init(t, g, K);
+    for (int u = threadIdx.x; u < DC_PIXELS * C / 32; u += DC_THREADS) {
+        mw[u / (C / 32)][u % (C / 32)] = 0;
+    }
+    const size_t total = g.n * g.out_h * g.out_w;
+    const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    float v[KP / 4];
+    first_patches<T, KP>(x, g, t, K, tiles, total, v);
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        stage_patches<T, KP, S>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            u32 a[4];
+            Mma<T>::a(a, [&](int r, int c) { return s[m0 + r][ks * KSTEP + c]; }, gq, tq);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) Mma<T>::mma(acc[j], a, b[j][ks]);
+        }
+        // the lane's mask bits per row half h: word n0 / 32 + j / 4 of n-tile j (one word from
+        // two warps' halves when C = 32)
+        const int WL = C / 64 > 0 ? C / 64 : 1;
+        u32 bits[2][WL];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int i = 0; i < WL; ++i) bits[h][i] = 0;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int c = n0 + 8 * j + 2 * tq, wi = C >= 64 ? j / 4 : 0;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float v0 = acc[j][2 * h] + bb[j][0], v1 = acc[j][2 * h + 1] + bb[j][1];
+                const u32 pos = out_pair(&o[m0 + gq + 8 * h][c], v0, v1, relu);
+                bits[h][wi] |= pos << (c & 31);
+            }
+        }
+        if (mask && relu) {
+            // a row's bits are spread over the 4 lanes of a quad; its first lane ORs the word
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int i = 0; i < WL; ++i) {
+                    u32 w = bits[h][i];
+                    w |= __shfl_xor_sync(FULL_MASK, w, 1);
+                    w |= __shfl_xor_sync(FULL_MASK, w, 2);
+                    if (tq == 0) atomicOr(&mw[m0 + gq + 8 * h][n0 / 32 + i], w);
+                }
+            }
+        }
+        __syncthreads();
+        // the tile's outputs are contiguous: 16-byte chunks, CR a row
+        const size_t p0 = tile * DC_PIXELS;
+        const int CR = C * (int)sizeof(T) / 16;
+        for (int c = threadIdx.x; c < DC_PIXELS * CR; c += DC_THREADS) {
+            const int row = c / CR, off = c % CR;
+            if (p0 + row < total) {
+                ((uint4 *)(y + (p0 + row) * C))[off] = ((const uint4 *)&o[row][0])[off];
+            }
+        }
+        if (mask && relu) {
+            for (int u = threadIdx.x; u < DC_PIXELS * C / 32; u += DC_THREADS) {
+                const int row = u / (C / 32), wd = u % (C / 32);
+                if (p0 + row < total) mask[(p0 + row) * (C / 32) + wd] = mw[row][wd];
+                mw[row][wd] = 0;
+            }
+        }
+    }
+}
+
+// Eight consecutive elements of T in their storage bits: 16 bytes (bf16, f16) or 32 (f32).
+template <typename T> struct Raw8 {
+    u32 w[2 * sizeof(T)];
+};
+
+// The 8 elements at p (16-byte aligned) as stored.
+template <typename T> __device__ __forceinline__ Raw8<T> load_raw8(const T *p) {
+    Raw8<T> r;
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(T) / 2; ++i) {
+        uint4 q = ((const uint4 *)p)[i];
+        r.w[4 * i] = q.x, r.w[4 * i + 1] = q.y, r.w[4 * i + 2] = q.z, r.w[4 * i + 3] = q.w;
+    }
+    return r;
+}
+
+template <typename T> __device__ __forceinline__ void store_raw8(T *p, const Raw8<T> &r) {
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(T) / 2; ++i) {
+        ((uint4 *)p)[i] = make_uint4(r.w[4 * i], r.w[4 * i + 1], r.w[4 * i + 2], r.w[4 * i + 3]);
+    }
+}
+
+// Element j of r zeroed (+0) where bit j of bits is clear.
+template <typename T> __device__ __forceinline__ void mask_raw8(Raw8<T> &r, u32 bits) {
+    const int per = 4 / (int)sizeof(T); // elements a word
+#pragma unroll
+    for (int i = 0; i < 2 * (int)sizeof(T); ++i) {
+        u32 keep = bits >> (per * i) & 1u ? (per == 1 ? 0xffffffffu : 0xffffu) : 0u;
+        if (per == 2 && (bits >> (2 * i + 1) & 1u)) keep |= 0xffff0000u;
+        r.w[i] &= keep;
+    }
+}
+
+// r's elements as f32 (exact).
+template <typename T> __device__ __forceinline__ void unpack8(const Raw8<T> &r, float (&f)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if constexpr (sizeof(T) == 4) {
+            f[j] = __uint_as_float(r.w[j]);
+        } else {
+            T h;
+            h.bits = (unsigned short)(r.w[j / 2] >> (16 * (j % 2)));
+            f[j] = to_f32(h);
+        }
+    }
+}
+
+// dy's tile `tile` as f32 in e: chunk c = threadIdx.x + i DC_THREADS of 8 elements (position
+// c / (C / 8) of the tile, channels 8 (c % (C / 8)) ..), zeros past total; with a mask, masked
+// by it and written back masked (the ReLU backward in place, as direct_wgrad). dy 16-byte
+// aligned.
+template <typename T, int C, int CH>
+__device__ __forceinline__ void load_dy(T *dy, const u32 *mask, size_t tile, size_t total,
+                                        float (&e)[CH][8]) {
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        const int c = threadIdx.x + i * DC_THREADS, row = c / (C / 8), col = 8 * (c % (C / 8));
+        const size_t pix = tile * DC_PIXELS + row;
+        if (pix >= total) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) e[i][j] = 0.0f;
+            continue;
+        }
+        T *p = dy + pix * C + col;
+        Raw8<T> r = load_raw8(p);
+        if (mask) {
+            mask_raw8(r, mask[(pix * C + col) >> 5] >> (col & 31));
+            store_raw8(p, r);
+        }
+        unpack8(r, e[i]);
+    }
+}
+
+// The filter gradient of direct_wgrad on the tensor cores (same operands, partials and
+// semantics): dw^T = patches^T · dy over the tile's positions. dy's tile is loaded (masked, and
+// written back masked, in place) a tile ahead in 16-byte chunks and staged in shared memory as
+// f32. Warp w takes channels 8 j .. 8 j + 7 for j = w, w + 8, ... < C / 8 and every tap; its
+// f32 sums over the block's positions go to the partials once, in f64. db is summed from the
+// staged dy in exact f32 adds (thread t: channel t % C of positions t / C, + 256 / C, ...), not
+// on the tensor cores (TF32 would round dy), then over the threads in f64 (a fixed order).
+template <typename T, int KP, int C>
+__device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
+                          WindowGeometry g, int K) {
+    const int KSTEP = Mma<T>::KSTEP, MT = KP / 16, NT = C / 8, NW = (NT + 7) / 8;
+    const int S = KP + 4, DS = C + 4, CH = DC_PIXELS * C / 8 / DC_THREADS;
+    __shared__ __align__(16) float s[DC_PIXELS][S];
+    __shared__ __align__(16) float d[DC_PIXELS][DS];
+    __shared__ double red[DC_THREADS];
+    __shared__ Taps t;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    float acc[NW][MT][4], db = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[i][m][0] = acc[i][m][1] = acc[i][m][2] = acc[i][m][3] = 0.0f;
+    taps_init(t, g, K);
+    const size_t total = g.n * g.out_h * g.out_w;
+    const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
+    float v[KP / 4], e[CH][8];
+    first_patches<T, KP>(x, g, t, K, tiles, total, v);
+    if (blockIdx.x < tiles) load_dy<T, C, CH>(dy, mask, blockIdx.x, total, e);
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        __syncthreads();
+        put_patches<KP, S>(v, s);
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int c = threadIdx.x + i * DC_THREADS;
+            store8(&d[c / (C / 8)][8 * (c % (C / 8))], e[i]);
+        }
+        __syncthreads();
+        const size_t next = tile + gridDim.x;
+        if (next < tiles) {
+            load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
+            load_dy<T, C, CH>(dy, mask, next, total, e);
+        }
+        for (int p = threadIdx.x / C; p < DC_PIXELS; p += DC_THREADS / C) {
+            db += d[p][threadIdx.x % C];
+        }
+#pragma unroll
+        for (int ps = 0; ps < DC_PIXELS / KSTEP; ++ps) {
+            const int p = ps * KSTEP;
+#pragma unroll
+            for (int i = 0; i < NW; ++i) {
+                const int n = 8 * (warp + 8 * i);
+                if (n >= C) break;
+                u32 bf[2];
+                Mma<T>::b(bf, [&](int k, int c) { return d[p + k][n + c]; }, gq, tq);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    u32 a[4];
+                    Mma<T>::a(a, [&](int r, int c) { return s[p + c][16 * m + r]; }, gq, tq);
+                    Mma<T>::mma(acc[i][m], a, bf);
+                }
+            }
+        }
+    }
+    double *out = partial + (size_t)blockIdx.x * (K + 1) * C;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        const int n = 8 * (warp + 8 * i) + 2 * tq;
+        if (n >= C) break;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int k = 16 * m + gq + 8 * h;
+                if (k < K) {
+                    out[k * C + n] = acc[i][m][2 * h];
+                    out[k * C + n + 1] = acc[i][m][2 * h + 1];
+                }
+            }
+        }
+    }
+    red[threadIdx.x] = db;
+    __syncthreads();
+    if ((int)threadIdx.x < C) {
+        double sum = 0.0;
+        for (int u = threadIdx.x; u < DC_THREADS; u += C) sum += red[u];
+        out[K * C + threadIdx.x] = sum;
+    }
+}
+
+#define DIRECT_MMA(T, S, KP, C)                                                                \
+    extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
+        direct_mma_fwd_k##KP##_c##C##_##S(const T *x, const T *w, const T *b, T *y, u32 *mask, \
+                                          WindowGeometry g, int K, int relu) {                 \
+        mma_fwd<T, KP, C>(x, w, b, y, mask, g, K, relu);                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
+        direct_mma_wgrad_k##KP##_c##C##_##S(const T *x, T *dy, const u32 *mask,               \
+                                            double *partial, WindowGeometry g, int K) {        \
+        mma_wgrad<T, KP, C>(x, dy, mask, partial, g, K);                                       \
+    }
+
+#define INSTANTIATE_MMA(T, S)                                                                  \
+    DIRECT_MMA(T, S, 16, 32)                                                                   \
+    DIRECT_MMA(T, S, 16, 64)                                                                   \
+    DIRECT_MMA(T, S, 16, 128)                                                                  \
+    DIRECT_MMA(T, S, 32, 32)                                                                   \
+    DIRECT_MMA(T, S, 32, 64)                                                                   \
+    DIRECT_MMA(T, S, 32, 128)
+
+FOR_FLOATS(INSTANTIATE_MMA)
