@@ -189,7 +189,8 @@ fn direct_convs_match_the_cpu() {
 }
 
 /// Under TF32 the f32 passes of 32 to 128 outputs run on the tensor cores: the CPU's results
-/// within TF32's rounding.
+/// within TF32's rounding. Untimed, each pass is listed by `conv_plans` as the direct kernel
+/// with its arithmetic.
 #[test]
 fn direct_convs_match_the_cpu_under_tf32() {
     let Some(cuda) = private_cuda_with(Precision::Tf32) else {
@@ -197,6 +198,19 @@ fn direct_convs_match_the_cpu_under_tf32() {
     };
     cuda.set_direct_convs(DirectConvs::All);
     direct_passes_match(&cuda, Precision::Tf32);
+    let plans = cuda.conv_plans();
+    for g in &cases() {
+        for pass in [ConvPass::Forward, ConvPass::BackwardFilter] {
+            let listed = plans
+                .iter()
+                .find(|p| p.geometry == *g && p.dtype == DType::F32 && p.pass == pass);
+            let p = listed.unwrap_or_else(|| panic!("no plan for {pass:?} {g:?}"));
+            assert!(p.algorithm.starts_with("stax direct"), "{p}");
+            let tensor_cores = (32..=128).contains(&g.c_out);
+            assert_eq!(p.math.starts_with("TF32 tensor cores"), tensor_cores, "{p}");
+            assert!(p.time_ms.is_nan() && p.candidates.is_empty(), "{p}");
+        }
+    }
 }
 
 /// With the epilogues unfused the direct forward runs the bias and ReLU as their own passes and

@@ -84,6 +84,9 @@ pub struct CudaBackend {
     dense_rows: AtomicBool,
     /// The direct conv kernels' calibration times ([`DirectConvs::Winning`]).
     direct_times: direct::DirectTimes,
+    /// The passes whose schedules were asked for while they ran the direct kernels (listed
+    /// by [`CudaBackend::conv_plans`]).
+    direct_used: direct::DirectUsed,
 }
 
 /// cudarc's probe of whether a library can be loaded.
@@ -225,6 +228,7 @@ impl CudaBackend {
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
             direct_times: Default::default(),
+            direct_used: Default::default(),
         }))
     }
 

@@ -22,12 +22,16 @@ use super::kernels::{direct_applies, direct_math};
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use stax_alloc::Category;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 /// The direct kernels' times at calibration, per (geometry, dtype, pass), in ms per run, and
 /// whether they beat cuDNN's choice (see [`DirectConvs::Winning`]).
 pub(super) type DirectTimes = Mutex<HashMap<(Conv2dGeometry, DType, ConvPass), (f32, bool)>>;
+
+/// The passes that ran (or were planned on) the direct kernels, per (geometry, dtype, pass):
+/// [`CudaBackend::with_direct`] lists those no calibration timed.
+pub(super) type DirectUsed = Mutex<HashSet<(Conv2dGeometry, DType, ConvPass)>>;
 
 /// The report's name of a pass run by the direct kernels.
 const DIRECT: &str = "stax direct kernel";
@@ -195,9 +199,62 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Records that `pass` of `g` in `dtype` runs the direct kernels (its schedule was asked
+    /// for), so that [`Self::with_direct`] lists it.
+    pub(super) fn note_direct(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) {
+        let mut used = self.direct_used.lock().unwrap_or_else(|p| p.into_inner());
+        used.insert((*g, dtype, pass));
+    }
+
     /// cuDNN's choices ([`super::cudnn::Dnn::plans`]) with each timed direct kernel added as a
-    /// candidate, and as the choice where it won.
-    pub(super) fn with_direct(&self, mut plans: Vec<ConvPlanInfo>) -> Vec<ConvPlanInfo> {
+    /// candidate, and as the choice where it won; then each pass the direct kernels run
+    /// untimed (by [`DirectConvs::Winning`]'s rule, or under [`DirectConvs::All`]) as its own
+    /// entry: the kernel, its arithmetic and workspace, `untimed`, no candidates.
+    pub(super) fn with_direct(&self, plans: Vec<ConvPlanInfo>) -> Vec<ConvPlanInfo> {
+        let mut plans = self.with_timed_direct(plans);
+        let used = self.direct_used.lock().unwrap_or_else(|p| p.into_inner());
+        let tf32 = self.precision == Precision::Tf32;
+        let mut untimed: Vec<_> = used
+            .iter()
+            .filter(|(g, dtype, pass)| {
+                !plans
+                    .iter()
+                    .any(|p| p.geometry == *g && p.dtype == *dtype && p.pass == *pass)
+            })
+            .map(|&(geometry, dtype, pass)| ConvPlanInfo {
+                geometry,
+                dtype,
+                precision: self.precision,
+                pass,
+                algorithm: DIRECT.into(),
+                math: direct_math(&geometry, dtype, tf32).name().into(),
+                workspace_bytes: match pass {
+                    ConvPass::BackwardFilter => self.direct_wgrad_bytes(&geometry),
+                    _ => 0,
+                },
+                layout_bytes: 0,
+                time_ms: f32::NAN,
+                candidates: Vec::new(),
+                epilogue: match pass {
+                    ConvPass::Forward => "in the kernel".into(),
+                    _ => String::new(),
+                },
+            })
+            .collect();
+        untimed.sort_by_key(|p| {
+            let g = &p.geometry;
+            let shape = [
+                g.n, g.h, g.w, g.c_in, g.c_out, g.kh, g.kw, g.stride_h, g.stride_w,
+            ];
+            (shape, p.dtype.name(), p.pass as u8)
+        });
+        plans.extend(untimed);
+        plans
+    }
+
+    /// cuDNN's choices with each timed direct kernel added as a candidate, and as the choice
+    /// where it won.
+    fn with_timed_direct(&self, mut plans: Vec<ConvPlanInfo>) -> Vec<ConvPlanInfo> {
         let times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
         for p in &mut plans {
             let Some(&(ms, won)) = times.get(&(p.geometry, p.dtype, p.pass)) else {
@@ -247,6 +304,7 @@ impl CudaBackend {
             aux,
         } = c;
         let dtype = x.dtype();
+        self.note_direct(&g, dtype, ConvPass::Forward);
         let fused = self.fused_epilogues();
         let relu = fused && act == Some(Activation::Relu);
         let mask = aux.map_or(0, |m| m.addr());

@@ -184,6 +184,7 @@ impl CudaBackend {
     ) -> Result<Vec<WorkspaceStep>, TensorError> {
         g.validate("workspace_schedule")?;
         if self.conv_is_direct(g, dtype, pass) {
+            self.note_direct(g, dtype, pass);
             return Ok(self.direct_schedule(g, pass));
         }
         let cudnn = self.cudnn_schedule(g, dtype, pass, bias)?;
