@@ -1,10 +1,12 @@
 //! The kernel sources and their compilation: one [`KernelModule`] per `kernels/*.cu` file,
-//! `kernels/common.cuh` prepended as text, NVRTC for the device's architecture, and a
-//! process-wide cache of the PTX.
+//! `kernels/common.cuh` prepended as text, NVRTC for the device's architecture, a process-wide
+//! cache of the PTX and an on-disk one across processes (`disk_cache.rs`).
 
+use super::disk_cache;
 use crate::TensorError;
 use cudarc::nvrtc::CompileOptions;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
@@ -239,7 +241,8 @@ fn ptx_cache() -> &'static Mutex<HashMap<(KernelModule, String), String>> {
     CACHE.get_or_init(Default::default)
 }
 
-/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the cached PTX.
+/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the PTX cached in this process or
+/// on disk ([`disk_cache::dir`]).
 pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, TensorError> {
     let key = (module, arch.to_string());
     if let Some(ptx) = ptx_cache()
@@ -249,6 +252,21 @@ pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, Tensor
     {
         return Ok(ptx.clone());
     }
+    let ptx = build(module, arch, disk_cache::dir().as_deref())?;
+    ptx_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+/// `module`'s PTX for `arch`: read from the disk cache `dir` if there, else compiled by NVRTC
+/// and stored there.
+pub(super) fn build(
+    module: KernelModule,
+    arch: &str,
+    dir: Option<&Path>,
+) -> Result<String, TensorError> {
     let header = match module {
         KernelModule::DirectConv | KernelModule::DirectMma => DIRECT_COMMON,
         _ => "",
@@ -258,8 +276,13 @@ pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, Tensor
         module.file(),
         module.source()
     );
+    let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    let disk = dir.map(|d| (d, disk_cache::key(&src, &options, nvrtc_version())));
+    if let Some(ptx) = disk.and_then(|(d, k)| disk_cache::read(d, module.file(), k)) {
+        return Ok(ptx);
+    }
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options,
         name: Some(module.file().into()),
         ..Default::default()
     };
@@ -269,11 +292,22 @@ pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, Tensor
             log: compile_log(e),
         })?
         .to_src();
-    ptx_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
+    if let Some((d, k)) = disk {
+        disk_cache::write(d, module.file(), k, &ptx);
+    }
     Ok(ptx)
+}
+
+/// NVRTC's `(major, minor)` version (`(0, 0)` if it cannot say): part of the disk cache's key.
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers; NVRTC is loaded (the
+    // backend probed it before compiling anything).
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    match status {
+        cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS => (major, minor),
+        _ => (0, 0),
+    }
 }
 
 fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
@@ -282,5 +316,39 @@ fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
             format!("{nvrtc:?}: {}", log.to_string_lossy())
         }
         other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where NVRTC loads (no GPU needed): a module compiled into an empty disk cache is
+    /// stored there, and a second build reads the same PTX back instead of compiling.
+    #[test]
+    fn a_module_compiled_once_is_read_from_the_disk_cache() {
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("a_module_compiled_once_is_read_from_the_disk_cache: skipped: no NVRTC");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("stax-kcache-build-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let module = KernelModule::Gemm;
+        let first = build(module, "sm_90", Some(&dir)).unwrap();
+        assert!(first.contains(".entry gemm_wf32_bf16"), "PTX of gemm.cu");
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(files.len(), 1, "one cached module");
+        // the file's content is what a second build returns: replace it to see it is read
+        let path = files[0].path();
+        std::fs::write(&path, "// from the cache").unwrap();
+        assert_eq!(
+            build(module, "sm_90", Some(&dir)).unwrap(),
+            "// from the cache"
+        );
+        // another architecture is another key: compiled, not read
+        let other = build(module, "sm_80", Some(&dir)).unwrap();
+        assert!(other.contains(".target sm_80"), "compiled for sm_80");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
