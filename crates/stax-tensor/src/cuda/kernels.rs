@@ -2,8 +2,10 @@
 //! capability, loaded once per backend, launched through one typed function each.
 //!
 //! Each source is embedded with `include_str!` and `kernels/common.cuh` is prepended as text
-//! (NVRTC's include paths want files on disk). Compiled PTX is cached per process and
-//! architecture, so opening a second backend does not compile again. Symbols are
+//! (NVRTC's include paths want files on disk). NVRTC compiles each module to the device's
+//! machine code (CUBIN, loaded by the driver as it is), cached per process and architecture and
+//! on disk (`kernels/disk_cache.rs`), so opening a second backend, or a second process, does not
+//! compile again. Symbols are
 //! `{op}_{dtype}`: kernels written once as templates are instantiated per float dtype
 //! (`unary_f32`, `unary_bf16`, `unary_f16`), and the loaded functions are found by that name.
 //! cudarc's `.arg()` is unchecked, so every kernel has exactly one launcher (in `launch.rs`,
@@ -106,7 +108,7 @@ impl Kernels {
         let sms = attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let shared_optin =
             attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
-        let ptxs: Vec<Result<String, TensorError>> = std::thread::scope(|s| {
+        let cubins: Vec<Result<Vec<u8>, TensorError>> = std::thread::scope(|s| {
             let jobs: Vec<_> = KernelModule::ALL
                 .iter()
                 .map(|&m| s.spawn(move || compile(m, arch)))
@@ -125,9 +127,9 @@ impl Kernels {
         });
         let mut modules = Vec::with_capacity(KernelModule::ALL.len());
         let mut functions = HashMap::new();
-        for (ptx, m) in ptxs.into_iter().zip(KernelModule::ALL) {
+        for (cubin, m) in cubins.into_iter().zip(KernelModule::ALL) {
             let module = ctx
-                .load_module(Ptx::from_src(ptx?))
+                .load_module(Ptx::from_binary(cubin?))
                 .map_err(driver("cuModuleLoadData"))?;
             for symbol in m.symbols() {
                 let f = module
@@ -224,10 +226,10 @@ mod tests {
         }
         for m in KernelModule::ALL {
             // compiled, not read from a disk cache
-            let ptx = source::build(m, "sm_90", None).unwrap_or_else(|e| panic!("{e}"));
+            let cubin = source::build(m, "sm_90", None).unwrap_or_else(|e| panic!("{e}"));
             for symbol in m.symbols() {
                 assert!(
-                    ptx.contains(&format!(".entry {symbol}(")),
+                    source::names(&cubin, &symbol),
                     "{} lacks {symbol}",
                     m.file()
                 );

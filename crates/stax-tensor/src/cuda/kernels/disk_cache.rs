@@ -1,10 +1,10 @@
 //! The on-disk cache of compiled kernel modules. NVRTC takes seconds for some modules
 //! (`kernels/dense_mma.cu` 16.3 s, `direct_conv.cu` 7.1 s, `direct_mma.cu` 5.0 s on one core,
 //! NVRTC 13.5, 2026-12-04), and every process that opens a CUDA backend compiled all of them
-//! (in parallel, so as long as the slowest); the PTX is now kept in a file named by a hash of
-//! everything that made it (the source with its headers, the options, the architecture, NVRTC's
-//! version), so a later process on the machine loads it instead. The driver keeps its own
-//! cache of what it builds from the PTX.
+//! (in parallel, so as long as the slowest); the CUBIN (the device's machine code, which the
+//! driver loads as it is) is now kept in a file named by a hash of everything that made it (the
+//! source with its headers, the options, the architecture, NVRTC's version), so a later process
+//! on the machine loads it instead.
 //!
 //! The cache is best effort: a file that cannot be read is compiled again, and a write that
 //! fails leaves no file and no error (the run does not depend on it). `STAX_KERNEL_CACHE=` (set
@@ -50,23 +50,23 @@ pub(super) fn key(src: &str, options: &[String], nvrtc: (i32, i32)) -> u64 {
     h.finish()
 }
 
-/// The file of `module`'s PTX under `key` in `dir`.
+/// The file of `module`'s CUBIN under `key` in `dir`.
 fn path(dir: &Path, module: &str, key: u64) -> PathBuf {
-    dir.join(format!("{module}-{key:016x}.ptx"))
+    dir.join(format!("{module}-{key:016x}.cubin"))
 }
 
-/// The PTX cached for `module` under `key`, if a whole file is there (an unreadable or empty
+/// The CUBIN cached for `module` under `key`, if a whole file is there (an unreadable or empty
 /// file is a miss).
-pub(super) fn read(dir: &Path, module: &str, key: u64) -> Option<String> {
-    std::fs::read_to_string(path(dir, module, key))
+pub(super) fn read(dir: &Path, module: &str, key: u64) -> Option<Vec<u8>> {
+    std::fs::read(path(dir, module, key))
         .ok()
-        .filter(|ptx| !ptx.is_empty())
+        .filter(|cubin| !cubin.is_empty())
 }
 
-/// Stores `ptx` for `module` under `key`: written to a file of this call alone (process id and
-/// a counter), then renamed, so a reader sees the whole file or none. Errors are ignored (the
-/// temporary file removed).
-pub(super) fn write(dir: &Path, module: &str, key: u64, ptx: &str) {
+/// Stores `cubin` for `module` under `key`: written to a file of this call alone (process id
+/// and a counter), then renamed, so a reader sees the whole file or none. Errors are ignored
+/// (the temporary file removed).
+pub(super) fn write(dir: &Path, module: &str, key: u64, cubin: &[u8]) {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(
@@ -74,7 +74,7 @@ pub(super) fn write(dir: &Path, module: &str, key: u64, ptx: &str) {
         std::process::id()
     ));
     let stored = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, ptx))
+        .and_then(|()| std::fs::write(&tmp, cubin))
         .and_then(|()| std::fs::rename(&tmp, path(dir, module, key)));
     if stored.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -102,8 +102,11 @@ mod tests {
             None,
             "nothing before the first write"
         );
-        write(&dir, "a.cu", k, "// ptx");
-        assert_eq!(read(&dir, "a.cu", k).as_deref(), Some("// ptx"));
+        write(&dir, "a.cu", k, b"\x7fELF cubin");
+        assert_eq!(
+            read(&dir, "a.cu", k).as_deref(),
+            Some(&b"\x7fELF cubin"[..])
+        );
         // another source, option set or NVRTC version is another key: a miss
         for other in [
             key("src ", &options, (13, 0)),
@@ -144,12 +147,12 @@ mod tests {
         let dir = scratch("unwritable");
         // a file where the directory should be: create_dir_all fails
         std::fs::write(&dir, "not a directory").unwrap();
-        write(&dir, "a.cu", 1, "// ptx");
+        write(&dir, "a.cu", 1, b"cubin");
         assert_eq!(read(&dir, "a.cu", 1), None);
         std::fs::remove_file(&dir).unwrap();
         // an empty file (a cache emptied by hand) is a miss too
         let dir = scratch("empty");
-        write(&dir, "a.cu", 2, "");
+        write(&dir, "a.cu", 2, b"");
         assert_eq!(read(&dir, "a.cu", 2), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }

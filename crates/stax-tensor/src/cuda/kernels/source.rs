@@ -1,11 +1,12 @@
 //! The kernel sources and their compilation: one [`KernelModule`] per `kernels/*.cu` file,
-//! `kernels/common.cuh` prepended as text, NVRTC for the device's architecture, a process-wide
-//! cache of the PTX and an on-disk one across processes (`disk_cache.rs`).
+//! `kernels/common.cuh` prepended as text, NVRTC to the device's machine code (CUBIN: the driver
+//! loads it without compiling PTX again), a process-wide cache of it and an on-disk one across
+//! processes (`disk_cache.rs`).
 
 use super::disk_cache;
 use crate::TensorError;
-use cudarc::nvrtc::CompileOptions;
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
@@ -235,38 +236,41 @@ impl KernelModule {
     }
 }
 
-/// PTX per (module, architecture), shared by every backend of the process.
-fn ptx_cache() -> &'static Mutex<HashMap<(KernelModule, String), String>> {
-    static CACHE: OnceLock<Mutex<HashMap<(KernelModule, String), String>>> = OnceLock::new();
+/// CUBIN per (module, architecture).
+type Cubins = HashMap<(KernelModule, String), Vec<u8>>;
+
+/// The process's [`Cubins`], shared by every backend.
+fn cubin_cache() -> &'static Mutex<Cubins> {
+    static CACHE: OnceLock<Mutex<Cubins>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
-/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the PTX cached in this process or
+/// Compiles `module` for `arch` (e.g. `sm_90`), or returns the CUBIN cached in this process or
 /// on disk ([`disk_cache::dir`]).
-pub(super) fn compile(module: KernelModule, arch: &str) -> Result<String, TensorError> {
+pub(super) fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>, TensorError> {
     let key = (module, arch.to_string());
-    if let Some(ptx) = ptx_cache()
+    if let Some(cubin) = cubin_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(&key)
     {
-        return Ok(ptx.clone());
+        return Ok(cubin.clone());
     }
-    let ptx = build(module, arch, disk_cache::dir().as_deref())?;
-    ptx_cache()
+    let cubin = build(module, arch, disk_cache::dir().as_deref())?;
+    cubin_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
-    Ok(ptx)
+        .insert(key, cubin.clone());
+    Ok(cubin)
 }
 
-/// `module`'s PTX for `arch`: read from the disk cache `dir` if there, else compiled by NVRTC
-/// and stored there.
+/// `module`'s CUBIN for `arch` (a real architecture, `sm_XY`): read from the disk cache `dir`
+/// if there, else compiled by NVRTC and stored there.
 pub(super) fn build(
     module: KernelModule,
     arch: &str,
     dir: Option<&Path>,
-) -> Result<String, TensorError> {
+) -> Result<Vec<u8>, TensorError> {
     let header = match module {
         KernelModule::DirectConv | KernelModule::DirectMma => DIRECT_COMMON,
         _ => "",
@@ -278,24 +282,54 @@ pub(super) fn build(
     );
     let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
     let disk = dir.map(|d| (d, disk_cache::key(&src, &options, nvrtc_version())));
-    if let Some(ptx) = disk.and_then(|(d, k)| disk_cache::read(d, module.file(), k)) {
-        return Ok(ptx);
+    if let Some(cubin) = disk.and_then(|(d, k)| disk_cache::read(d, module.file(), k)) {
+        return Ok(cubin);
     }
-    let opts = CompileOptions {
-        options,
-        name: Some(module.file().into()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-        .map_err(|e| TensorError::Compile {
-            kernel: module.file(),
-            log: compile_log(e),
-        })?
-        .to_src();
+    let cubin = nvrtc_cubin(&src, module.file(), &options).map_err(|log| TensorError::Compile {
+        kernel: module.file(),
+        log,
+    })?;
     if let Some((d, k)) = disk {
-        disk_cache::write(d, module.file(), k, &ptx);
+        disk_cache::write(d, module.file(), k, &cubin);
     }
-    Ok(ptx)
+    Ok(cubin)
+}
+
+/// NVRTC's CUBIN of `src` (named `name`) under `options`, whose `--gpu-architecture` is a real
+/// architecture; on failure NVRTC's status and log.
+fn nvrtc_cubin(src: &str, name: &str, options: &[String]) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let text = |e: &dyn std::fmt::Debug| format!("{e:?}");
+    let c_src = CString::new(src).map_err(|e| text(&e))?;
+    let c_name = CString::new(name).map_err(|e| text(&e))?;
+    let prog = result::create_program(&c_src, Some(&c_name)).map_err(|e| text(&e))?;
+    // SAFETY: `prog` was created above and is destroyed once, below; the size and the buffer
+    // passed to NVRTC agree.
+    let cubin = unsafe {
+        let compiled = result::compile_program(prog, options).map_err(|e| {
+            let log = result::get_program_log(prog).unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect();
+            format!("{e:?}: {}", String::from_utf8_lossy(&log))
+        });
+        let cubin = compiled.and_then(|()| {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(prog, &mut size)
+                .result()
+                .map_err(|e| text(&e))?;
+            let mut buf = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                .result()
+                .map_err(|e| text(&e))?;
+            Ok(buf)
+        });
+        let _ = result::destroy_program(prog);
+        cubin
+    }?;
+    Ok(cubin)
 }
 
 /// NVRTC's `(major, minor)` version (`(0, 0)` if it cannot say): part of the disk cache's key.
@@ -310,13 +344,10 @@ fn nvrtc_version() -> (i32, i32) {
     }
 }
 
-fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
-    match e {
-        cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
-            format!("{nvrtc:?}: {}", log.to_string_lossy())
-        }
-        other => format!("{other:?}"),
-    }
+/// Whether the image `cubin` names `symbol` (its ELF string table holds every kernel's name).
+#[cfg(test)]
+pub(super) fn names(cubin: &[u8], symbol: &str) -> bool {
+    cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes())
 }
 
 #[cfg(test)]
@@ -324,7 +355,7 @@ mod tests {
     use super::*;
 
     /// Where NVRTC loads (no GPU needed): a module compiled into an empty disk cache is
-    /// stored there, and a second build reads the same PTX back instead of compiling.
+    /// stored there, and a second build reads the same CUBIN back instead of compiling.
     #[test]
     fn a_module_compiled_once_is_read_from_the_disk_cache() {
         // SAFETY: only probes whether the library can be loaded.
@@ -336,19 +367,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let module = KernelModule::Gemm;
         let first = build(module, "sm_90", Some(&dir)).unwrap();
-        assert!(first.contains(".entry gemm_wf32_bf16"), "PTX of gemm.cu");
+        assert!(first.starts_with(b"\x7fELF"), "an ELF image");
+        assert!(names(&first, "gemm_wf32_bf16"), "CUBIN of gemm.cu");
         let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
         assert_eq!(files.len(), 1, "one cached module");
         // the file's content is what a second build returns: replace it to see it is read
         let path = files[0].path();
-        std::fs::write(&path, "// from the cache").unwrap();
+        std::fs::write(&path, "from the cache").unwrap();
         assert_eq!(
             build(module, "sm_90", Some(&dir)).unwrap(),
-            "// from the cache"
+            b"from the cache"
         );
         // another architecture is another key: compiled, not read
         let other = build(module, "sm_80", Some(&dir)).unwrap();
-        assert!(other.contains(".target sm_80"), "compiled for sm_80");
+        assert!(
+            other.starts_with(b"\x7fELF") && other != first,
+            "compiled for sm_80"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
