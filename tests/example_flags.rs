@@ -4,7 +4,8 @@
 //! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
 //! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, `--epochs -1`, an `--lr` below
 //! 0 or beyond f32's range, two output flags naming one file, bfc on the CPU without a budget,
-//! a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no .svg);
+//! a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no .svg), the
+//! flags that need no backend before one opens;
 //! CUDA-only flags on the CPU are named as ignored; a resumed run says what it continued; a set-up out-of-memory names the
 //! batch `--batch auto` would pick.
 
@@ -403,4 +404,53 @@ fn an_unknown_device_names_the_flag() {
     assert!(!ok, "{out}");
     let want = "invalid value 'tpu' for '--device <DEVICE>': expected auto, cpu, cuda or cuda:N";
     assert!(out.contains(want), "{out}");
+}
+
+/// Flags that need no backend are refused before one opens (a CUDA backend compiles the kernels
+/// on a machine's first run): asked for `--device cuda`, a machine without CUDA reports the
+/// flag, not the missing driver, and one with CUDA compiles nothing first.
+#[test]
+fn flags_are_checked_before_a_backend_opens() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--batch", "0"],
+            "--batch 0: a batch needs at least one example",
+        ),
+        (&["--budget", "abc"], "--budget \"abc\": expected bytes"),
+        (
+            &["--precision", "fp8"],
+            "--precision \"fp8\": expected tf32",
+        ),
+        (
+            &["--img", "0"],
+            "--img 0: the image size must be at least 1",
+        ),
+        (
+            &["--json", "x.json", "--trace", "x.json"],
+            "--json and --trace both write x.json: one would be lost",
+        ),
+        (
+            &[
+                "--data",
+                "/nonexistent.npz",
+                "--test-data",
+                "/nonexistent.npz",
+            ],
+            "--data /nonexistent.npz: load_npz: cannot access /nonexistent.npz",
+        ),
+    ];
+    for (flags, want) in cases {
+        let args: Vec<&str> = ["--device", "cuda"].iter().chain(flags).copied().collect();
+        let (ok, out) = run_example(&cnn, &std::env::temp_dir(), &args);
+        assert!(!ok, "{args:?} should fail:\n{out}");
+        assert!(out.contains(want), "{args:?}: expected {want:?} in:\n{out}");
+        assert_eq!(
+            out.lines().count(),
+            1,
+            "{args:?}: one line, nothing opened:\n{out}"
+        );
+    }
 }

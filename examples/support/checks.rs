@@ -9,7 +9,7 @@ use stax::alloc::human_bytes;
 use stax::tensor::cuda::{ConvApis, DirectConvs, Fp32Convs};
 use stax::train::TrainError;
 use stax::train::plan::{MemoryPlan, max_batch_that_fits};
-use stax::{Device, Shape};
+use stax::{DType, Device, Shape};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -59,9 +59,40 @@ pub fn check_img(
     Err(format!("--img {img}: the model cannot take {img}x{img} images ({hint}): {e}").into())
 }
 
+/// The flags' checks that need no backend, run before one opens (a CUDA backend compiles the
+/// kernels on a machine's first run, about half a minute): `--img 0`, `--batch N`,
+/// `--budget`, `--precision` and its dtype policy, and the output files (each writable, no two
+/// the same).
+pub fn check_flags(args: &Common) -> Result<(), Error> {
+    if args.img == Some(0) {
+        return Err("--img 0: the image size must be at least 1".into());
+    }
+    fixed_batch(args)?;
+    args.budget()?;
+    let policy = args.precision()?.1;
+    // f16 compute trains with jmp's dynamic loss scale (the trainer's default for it)
+    policy.check(policy.compute == DType::F16)?;
+    let outputs = [
+        ("--json", &args.json),
+        ("--trace", &args.trace),
+        ("--plot", &args.plot),
+        ("--record-trace", &args.record_trace),
+        ("--save", &args.save),
+    ];
+    for (i, (flag, p)) in outputs.iter().enumerate() {
+        check_path(flag, p)?;
+        let same = outputs[..i].iter().find(|(_, q)| p.is_some() && q == p);
+        if let (Some((first, _)), Some(path)) = (same, p) {
+            let path = path.display();
+            return Err(format!("{first} and {flag} both write {path}: one would be lost").into());
+        }
+    }
+    Ok(())
+}
+
 /// An output file's flag is checked before training, not after it: the path must not be a
 /// directory, and its directory must exist and take a new file (a probe, removed at once).
-pub fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
+fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     let Some(path) = p.as_deref() else {
         return Ok(());
     };
@@ -81,6 +112,21 @@ pub fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
         .map_err(|e| format!("{flag}: cannot write in {}: {e}", dir.display()).into())
 }
 
+/// `--batch N`'s N, or `None` for `auto`.
+fn fixed_batch(args: &Common) -> Result<Option<usize>, Error> {
+    if args.batch == "auto" {
+        return Ok(None);
+    }
+    match args.batch.parse() {
+        Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
+        Ok(n) => Ok(Some(n)),
+        Err(e) => {
+            let what = "expected a positive whole number or auto";
+            Err(format!("--batch {:?}: {what} ({e})", args.batch).into())
+        }
+    }
+}
+
 /// The batch size: `--batch N`, or with `auto` the largest whose plan fits (at most the
 /// training set's size).
 pub fn batch_size(
@@ -90,15 +136,8 @@ pub fn batch_size(
     backend: &Arc<dyn stax::Backend>,
     examples: usize,
 ) -> Result<usize, Error> {
-    if args.batch != "auto" {
-        return match args.batch.parse() {
-            Ok(0) => Err("--batch 0: a batch needs at least one example".into()),
-            Ok(n) => Ok(n),
-            Err(e) => {
-                let what = "expected a positive whole number or auto";
-                Err(format!("--batch {:?}: {what} ({e})", args.batch).into())
-            }
-        };
+    if let Some(n) = fixed_batch(args)? {
+        return Ok(n);
     }
     let (h, w, c) = image;
     let adam = args.adam();

@@ -11,7 +11,7 @@ use stax::train::data::{Dataset, Loader};
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
 use stax::train::{StepReport, TrainError};
-use stax::{Adam, DType, Device, Precision, Serial, Shape};
+use stax::{Adam, Device, Precision, Serial, Shape};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ use data::{input_channels, load};
 #[path = "checks.rs"]
 mod checks;
 use checks::{
-    batch_size, check_img, check_path, conv_apis, device_flag, direct_convs, fp32_convs,
+    batch_size, check_flags, check_img, conv_apis, device_flag, direct_convs, fp32_convs,
     learning_rate, svg_path, with_feed_hint,
 };
 
@@ -318,37 +318,25 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         return Ok(());
     }
     let args = &distributed::for_rank(args)?;
-    let backend = open_backend(args)?;
+    // what needs no backend first: opening one may compile the kernels
+    check_flags(args)?;
     let (train, test) = load(args)?;
+    let channels = input_channels(&train, &test)?;
+    let classes = train.num_classes();
+    if let Some(img) = args.img {
+        check_img(model, (classes, channels), img)?;
+    }
+    let backend = open_backend(args)?;
     let img = args.img.unwrap_or(if backend.device() == Device::Cpu {
         28
     } else {
         example.gpu_img
     });
-    if img == 0 {
-        return Err("--img 0: the image size must be at least 1".into());
-    }
-    let channels = input_channels(&train, &test)?;
-    check_img(model, (train.num_classes(), channels), img)?;
-    let outputs = [
-        ("--json", &args.json),
-        ("--trace", &args.trace),
-        ("--plot", &args.plot),
-        ("--record-trace", &args.record_trace),
-        ("--save", &args.save),
-    ];
-    for (i, (flag, p)) in outputs.iter().enumerate() {
-        check_path(flag, p)?;
-        let same = outputs[..i].iter().find(|(_, q)| p.is_some() && q == p);
-        if let (Some((first, _)), Some(path)) = (same, p) {
-            let path = path.display();
-            return Err(format!("{first} and {flag} both write {path}: one would be lost").into());
-        }
+    if args.img.is_none() {
+        check_img(model, (classes, channels), img)?;
     }
     let image = (img, img, channels);
     let policy = args.precision()?.1;
-    // f16 compute trains with jmp's dynamic loss scale (the trainer's default for it)
-    policy.check(policy.compute == DType::F16)?;
     let make = || model(train.num_classes(), image).map(|m| Mixed::new(m, policy));
     let batch = batch_size(args, &make()?, image, &backend, train.len())?;
     let input = Shape::new([batch, img, img, channels]);

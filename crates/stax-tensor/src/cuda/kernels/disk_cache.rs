@@ -6,9 +6,11 @@
 //! source with its headers, the options, the architecture, NVRTC's version), so a later process
 //! on the machine loads it instead.
 //!
-//! The cache is best effort: a file that cannot be read is compiled again, and a write that
-//! fails leaves no file and no error (the run does not depend on it). `STAX_KERNEL_CACHE=` (set
-//! and empty) turns it off; deleting the directory empties it.
+//! The cache is best effort: a file that cannot be read, or that the driver refuses to load
+//! (`Kernels::load` then compiles the module again and stores it over the file), is compiled
+//! again, and a write that fails leaves no file and no error (the run does not depend on it).
+//! Files of older sources or NVRTC versions stay until removed: `STAX_KERNEL_CACHE=` (set and
+//! empty) turns the cache off; deleting the directory empties it.
 
 use std::ffi::OsString;
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -256,20 +256,42 @@ pub(super) fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>, Tenso
     {
         return Ok(cubin.clone());
     }
-    let cubin = build(module, arch, disk_cache::dir().as_deref())?;
-    cubin_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, cubin.clone());
+    let cubin = build(module, arch, disk_cache::dir().as_deref(), Cached::Read)?;
+    remember(key, &cubin);
     Ok(cubin)
 }
 
+/// Compiles `module` for `arch` again, past both caches, and stores the CUBIN in them: for a
+/// cached image the driver refused (a file damaged on disk).
+pub(super) fn recompile(module: KernelModule, arch: &str) -> Result<Vec<u8>, TensorError> {
+    let cubin = build(module, arch, disk_cache::dir().as_deref(), Cached::Replace)?;
+    remember((module, arch.to_string()), &cubin);
+    Ok(cubin)
+}
+
+fn remember(key: (KernelModule, String), cubin: &[u8]) {
+    cubin_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, cubin.to_vec());
+}
+
+/// What [`build`] does with a disk cache's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cached {
+    /// Returned if there; else the compiled image is stored.
+    Read,
+    /// Not read: compiled and stored over it.
+    Replace,
+}
+
 /// `module`'s CUBIN for `arch` (a real architecture, `sm_XY`): read from the disk cache `dir`
-/// if there, else compiled by NVRTC and stored there.
+/// if there (and `cached` is [`Cached::Read`]), else compiled by NVRTC and stored there.
 pub(super) fn build(
     module: KernelModule,
     arch: &str,
     dir: Option<&Path>,
+    cached: Cached,
 ) -> Result<Vec<u8>, TensorError> {
     let header = match module {
         KernelModule::DirectConv | KernelModule::DirectMma => DIRECT_COMMON,
@@ -282,7 +304,8 @@ pub(super) fn build(
     );
     let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
     let disk = dir.map(|d| (d, disk_cache::key(&src, &options, nvrtc_version())));
-    if let Some(cubin) = disk.and_then(|(d, k)| disk_cache::read(d, module.file(), k)) {
+    let read = disk.filter(|_| cached == Cached::Read);
+    if let Some(cubin) = read.and_then(|(d, k)| disk_cache::read(d, module.file(), k)) {
         return Ok(cubin);
     }
     let cubin = nvrtc_cubin(&src, module.file(), &options).map_err(|log| TensorError::Compile {
@@ -355,7 +378,8 @@ mod tests {
     use super::*;
 
     /// Where NVRTC loads (no GPU needed): a module compiled into an empty disk cache is
-    /// stored there, and a second build reads the same CUBIN back instead of compiling.
+    /// stored there, a second build reads the same CUBIN back instead of compiling, and a
+    /// replacing build (after the driver refused a damaged file) compiles and stores over it.
     #[test]
     fn a_module_compiled_once_is_read_from_the_disk_cache() {
         // SAFETY: only probes whether the library can be loaded.
@@ -366,7 +390,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stax-kcache-build-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let module = KernelModule::Gemm;
-        let first = build(module, "sm_90", Some(&dir)).unwrap();
+        let first = build(module, "sm_90", Some(&dir), Cached::Read).unwrap();
         assert!(first.starts_with(b"\x7fELF"), "an ELF image");
         assert!(names(&first, "gemm_wf32_bf16"), "CUBIN of gemm.cu");
         let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
@@ -375,11 +399,15 @@ mod tests {
         let path = files[0].path();
         std::fs::write(&path, "from the cache").unwrap();
         assert_eq!(
-            build(module, "sm_90", Some(&dir)).unwrap(),
+            build(module, "sm_90", Some(&dir), Cached::Read).unwrap(),
             b"from the cache"
         );
+        // replaced: compiled again and stored over the damaged file
+        let again = build(module, "sm_90", Some(&dir), Cached::Replace).unwrap();
+        assert!(names(&again, "gemm_wf32_bf16"), "compiled, not read");
+        assert_eq!(std::fs::read(&path).unwrap(), again, "stored over it");
         // another architecture is another key: compiled, not read
-        let other = build(module, "sm_80", Some(&dir)).unwrap();
+        let other = build(module, "sm_80", Some(&dir), Cached::Read).unwrap();
         assert!(
             other.starts_with(b"\x7fELF") && other != first,
             "compiled for sm_80"
