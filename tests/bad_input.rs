@@ -264,3 +264,23 @@ fn op_errors_name_the_operand() {
     );
     drop(alias);
 }
+
+#[test]
+fn sizes_that_overflow_usize_are_typed_errors() {
+    use stax_tensor::{Conv2dGeometry, ConvSpec, Padding, TensorError, ops};
+    // SAME padding of a kernel dilated to usize::MAX
+    let spec = ConvSpec {
+        padding: Padding::Same,
+        dilation: (usize::MAX - 1, 1),
+        ..ConvSpec::default()
+    };
+    let x = Shape::new([1, 4, 4, 1]);
+    let err = Conv2dGeometry::with_spec(&x, &Shape::new([2, 2, 1, 1]), &spec).unwrap_err();
+    assert!(matches!(err, TensorError::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains("overflows"), "{err}");
+    // concatenated pieces whose sizes along the axis pass usize::MAX
+    let (a, b) = (Shape::new([2, usize::MAX]), Shape::new([2, 2]));
+    let err = ops::concat_shape("concat", 1, &[&a, &b]).unwrap_err();
+    assert!(matches!(err, TensorError::Shape { .. }), "{err}");
+    assert!(err.to_string().contains("overflow"), "{err}");
+}

@@ -156,17 +156,18 @@ impl Trace {
         })
     }
 
-    /// The peak of live requested bytes over the trace (what an ideal allocator would need).
+    /// The peak of live requested bytes over the trace (what an ideal allocator would need),
+    /// `u64::MAX` where it exceeds that (summed in `u128`, so later frees still count).
     pub fn peak_requested(&self) -> u64 {
-        let (mut live, mut peak) = (0u64, 0u64);
+        let (mut live, mut peak) = (0u128, 0u128);
         for e in &self.events {
             match e.op {
-                TraceOp::Alloc => live += e.bytes,
-                TraceOp::Free => live = live.saturating_sub(e.bytes),
+                TraceOp::Alloc => live += u128::from(e.bytes),
+                TraceOp::Free => live = live.saturating_sub(u128::from(e.bytes)),
             }
             peak = peak.max(live);
         }
-        peak
+        u64::try_from(peak).unwrap_or(u64::MAX)
     }
 }
 

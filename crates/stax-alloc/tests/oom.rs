@@ -175,3 +175,18 @@ fn platform_out_of_memory_does_not_fit_now() {
     drop(a);
     alloc.allocate(4 * MIB, Category::Input).unwrap();
 }
+
+/// Requests whose weights (twice their size) pass `u64::MAX` together: the caching strategy's
+/// budget does not wrap; the next request is served, a third of 2^63 bytes refused as typed.
+#[test]
+fn caching_budget_of_huge_blocks_does_not_overflow() {
+    let sim = Arc::new(SimMemory::new(u64::MAX, 2 << 20));
+    let alloc = Allocator::new(sim, Strategy::Caching).unwrap();
+    let huge = alloc.allocate(1 << 63, Category::Other).unwrap();
+    let small = alloc.allocate(4 * MIB, Category::Other).unwrap();
+    assert_eq!(alloc.stats().requested, (1 << 63) + 4 * MIB as u64);
+    let r = oom(alloc.allocate(1 << 63, Category::Other));
+    assert_eq!(r.requested, 1 << 63);
+    drop((huge, small));
+    assert_eq!(alloc.stats().requested, 0);
+}

@@ -324,3 +324,22 @@ fn a_replay_names_its_allocations_as_recorded() {
     ];
     assert_eq!(names, want);
 }
+
+/// A trace's ideal peak past `u64::MAX` saturates, and frees after it still count.
+#[test]
+fn the_ideal_peak_of_huge_requests_saturates() {
+    let line = |op: &str, id: u64, bytes: u64| {
+        format!(
+            "{{\"op\":\"{op}\",\"id\":{id},\"bytes\":{bytes},\"category\":\"other\",\"t_ns\":0,\"stream\":0}}\n"
+        )
+    };
+    let half = 1u64 << 63;
+    let text = line("alloc", 0, half) + &line("alloc", 1, half) + &line("free", 1, half);
+    let trace = Trace::read_jsonl(text.as_bytes()).unwrap();
+    assert_eq!(trace.peak_requested(), u64::MAX);
+    let text = line("alloc", 0, half) + &line("free", 0, half) + &line("alloc", 1, 7);
+    assert_eq!(
+        Trace::read_jsonl(text.as_bytes()).unwrap().peak_requested(),
+        half
+    );
+}

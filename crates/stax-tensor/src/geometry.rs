@@ -137,7 +137,17 @@ fn out_and_pads(
     match padding {
         Padding::Same => {
             let out = input.div_ceil(stride);
-            let total = ((out.max(1) - 1) * stride + k).saturating_sub(input);
+            let reach = (out.max(1) - 1)
+                .checked_mul(stride)
+                .and_then(|r| r.checked_add(k))
+                .ok_or_else(|| TensorError::InvalidArgument {
+                    op,
+                    reason: format!(
+                        "SAME padding of the (dilated) kernel {k} at stride {stride} overflows \
+                         usize"
+                    ),
+                })?;
+            let total = reach.saturating_sub(input);
             Ok((out, total / 2, total - total / 2))
         }
         Padding::Valid if input < k => Err(TensorError::InvalidArgument {

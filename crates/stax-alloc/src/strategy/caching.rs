@@ -47,10 +47,11 @@ pub(crate) struct Caching {
     small_segment: usize,
     granularity: usize,
     capacity: Option<u64>,
-    /// Total weight of the live blocks, bytes.
-    weight: u64,
+    /// Total weight of the live blocks, bytes (in `u128`: weights of huge blocks saturate at
+    /// `u64::MAX` each, and their sum must not wrap).
+    weight: u128,
     /// Highest `weight` so far: the bound `reserved` stays under.
-    weight_peak: u64,
+    weight_peak: u128,
 }
 
 impl Caching {
@@ -100,7 +101,7 @@ impl Caching {
     }
 
     fn grant(&mut self, pool: u64, t: Taken) -> Grant {
-        self.weight += self.weight_of(t.size) as u64;
+        self.weight += self.weight_of(t.size) as u128;
         self.weight_peak = self.weight_peak.max(self.weight);
         Grant {
             addr: t.addr,
@@ -128,7 +129,7 @@ impl Caching {
     /// none is left. A failed release is counted in `backend_errors` (the segment is gone
     /// from the books either way).
     fn trim_to(&mut self, mem: &mut Metered<'_>, budget: u64, adding: u64) {
-        while self.reserved() + adding > budget {
+        while self.reserved().saturating_add(adding) > budget {
             let seg = match self.large.take_largest_free_segment() {
                 Some(seg) => seg,
                 None => match self.small.take_largest_free_segment() {
@@ -165,7 +166,8 @@ impl Pool for Caching {
         }
         let budget = self
             .weight_peak
-            .max(self.weight + self.weight_of(size) as u64);
+            .max(self.weight + self.weight_of(size) as u128);
+        let budget = u64::try_from(budget).unwrap_or(u64::MAX);
         self.trim_to(mem, budget, seg_bytes as u64);
         let seg = match mem.reserve(seg_bytes) {
             Ok(seg) => seg,
@@ -209,7 +211,7 @@ impl Pool for Caching {
             return None;
         }
         let freed = self.arena(pool).free(handle as u32)?;
-        self.weight -= self.weight_of(freed.0) as u64;
+        self.weight -= self.weight_of(freed.0) as u128;
         Some(freed)
     }
 

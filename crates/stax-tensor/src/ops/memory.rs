@@ -127,7 +127,8 @@ pub fn axis_of(op: &'static str, axis: isize, rank: usize) -> Result<usize, Tens
 /// of the first on every other axis.
 ///
 /// # Errors
-/// [`TensorError::Shape`] naming the first piece that does not fit.
+/// [`TensorError::Shape`] naming the first piece that does not fit, or whose extent along
+/// `axis` makes the sum overflow `usize`.
 pub fn concat_shape(
     op: &'static str,
     axis: usize,
@@ -161,7 +162,13 @@ pub fn concat_shape(
                 got: (*s).clone(),
             });
         }
-        dims[axis] += s.dims()[axis];
+        dims[axis] = dims[axis]
+            .checked_add(s.dims()[axis])
+            .ok_or_else(|| TensorError::Shape {
+                op,
+                reason: format!("the pieces' sizes along axis {axis} overflow usize"),
+                got: (*s).clone(),
+            })?;
     }
     Ok(Shape::new(dims))
 }
