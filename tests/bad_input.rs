@@ -284,3 +284,18 @@ fn sizes_that_overflow_usize_are_typed_errors() {
     assert!(matches!(err, TensorError::Shape { .. }), "{err}");
     assert!(err.to_string().contains("overflow"), "{err}");
 }
+
+#[test]
+fn more_classes_than_labels_can_name_is_refused() {
+    use stax::train::data::npy::MAX_CLASSES;
+    use stax::train::data::{Dataset, Pixels};
+    for k in [MAX_CLASSES + 1, 1 << 40, usize::MAX] {
+        let built = Dataset::new(Pixels::U8(vec![1, 2]), 2, 1, 1, 1, vec![0, 0], k);
+        let err = built.expect_err("refused");
+        assert!(matches!(err, TrainError::BadShape { .. }), "{k}: {err}");
+        let ds = Dataset::new(Pixels::U8(vec![1, 2]), 2, 1, 1, 1, vec![0, 0], 2).unwrap();
+        assert!(ds.with_num_classes(k).is_err(), "{k}");
+    }
+    let ds = Dataset::new(Pixels::U8(vec![1, 2]), 2, 1, 1, 1, vec![0, 1], MAX_CLASSES).unwrap();
+    assert_eq!(ds.num_classes(), MAX_CLASSES);
+}

@@ -248,9 +248,10 @@ fn numpy_lists_the_documented_members() {
     want.extend(f32s("opt/[0].nu"));
     for (name, dtype) in [
         ("step", "<i8"),
+        ("seed", "<u8"),
         ("data/seed", "<u8"),
-        ("data/epoch", "<i8"),
-        ("data/index", "<i8"),
+        ("data/epoch", "<u8"),
+        ("data/index", "<u8"),
     ] {
         want.push((name.into(), vec![], dtype.into()));
     }
@@ -628,4 +629,33 @@ fn a_step_below_the_optimizers_count_is_refused() {
     assert_eq!(resumed.steps(), count + 2);
     let (same, _) = load(&saved).unwrap();
     assert_eq!(same.steps(), count);
+}
+
+/// A model with Dropout resumes to the bit: the checkpoint keeps the trainer's seed (each
+/// step's masks are drawn from `fold_in(seed, step)`), whether or not a data position of
+/// another seed is saved with it.
+#[test]
+fn a_dropout_model_resumes_with_its_masks() {
+    let be = cpu();
+    let dir = scratch("dropout");
+    let model = || serial![Flatten, Dense(16), Relu, stax::Dropout::new(0.5), Dense(2)];
+    let (x, y) = fixture_batch(&be, &repo_file("tests/data/jax_tiny.npz"));
+    let other_seed = DataPosition {
+        seed: 7,
+        epoch: 0,
+        index: 4,
+    };
+    for data in [None, Some(other_seed)] {
+        let mut a = Trainer::new(model(), tiny_input(), Adam::new(TINY_LR), &be, 5).unwrap();
+        a.step(&x, &y).unwrap();
+        let path = dir.join("ck.npz");
+        a.save(&path, data).unwrap();
+        let (mut b, _) =
+            Trainer::load(model(), tiny_input(), Adam::new(TINY_LR), &be, &path).unwrap();
+        for _ in 0..3 {
+            let (la, lb) = (a.step(&x, &y).unwrap().loss, b.step(&x, &y).unwrap().loss);
+            assert_eq!(la.to_bits(), lb.to_bits(), "{data:?}: {la} vs {lb}");
+        }
+        assert_eq!(state_bits(&b), state_bits(&a), "{data:?}");
+    }
 }

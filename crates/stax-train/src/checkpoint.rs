@@ -9,11 +9,14 @@
 //! | `opt/[0].count` | `<i4` (`<i8` past `i32::MAX`) | `()` | optax's step count |
 //! | `opt/[0].mu[i][j]`, `opt/[0].nu[i][j]` | `<f4` | as the parameter | Adam's moments (optax's `ScaleByAdamState`) |
 //! | `step` | `<i8` | `()` | [`crate::Trainer::steps`] |
-//! | `data/seed`, `data/epoch`, `data/index` | `<u8`, `<i8`, `<i8` | `()` | where the loop is in its data order ([`DataPosition`]), when given |
+//! | `seed` | `<u8` | `()` | the trainer's seed: each step's RNG key is `Rng::fold_in(seed, step)` (Dropout's masks) |
+//! | `data/seed`, `data/epoch`, `data/index` | `<u8` | `()` | where the loop is in its data order ([`DataPosition`]), when given (files before `seed` existed wrote epoch and index as `<i8`; both read) |
 //!
-//! That position is also the state of the run's randomness: after initialisation the loop
-//! draws random numbers only for the data order, whose generator is seeded per epoch from
-//! `(seed, epoch)` (the step itself draws none: no stax-rs layer is stochastic). The members
+//! With `seed` and `step`, that position is the whole state of the run's randomness: after
+//! initialisation the loop draws random numbers for the data order, whose generator is seeded
+//! per epoch from `(seed, epoch)`, and each step draws its layers' (Dropout's) from its key. A
+//! file without `seed` (an older one, or JAX's) resumes with the data order's seed, or 0. The
+//! members
 //! of the optimizer state follow its [`Optimizer::state_fields`]; every member is written in
 //! the order of this table, moments field by field (every `mu`, then every `nu`) as optax
 //! flattens them. `scripts/jax_checkpoint.py` holds the Python lines that save and load the
@@ -368,6 +371,15 @@ impl Checkpoint {
                 Err(self.fail("step", CheckpointProblem::Value { reason }))
             }
         }
+    }
+
+    /// The trainer's seed (`seed`); None in a file without one (JAX's, or one written before
+    /// the member existed).
+    ///
+    /// # Errors
+    /// As [`Checkpoint::step`].
+    pub fn seed(&mut self) -> Result<Option<u64>, TrainError> {
+        self.archive.read_u64("seed")
     }
 
     /// The data position (`data/seed`, `data/epoch`, `data/index`); None when the file has

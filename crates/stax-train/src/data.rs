@@ -47,6 +47,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{NonFiniteKind, TrainError};
+use npy::MAX_CLASSES;
 
 /// Image storage, NHWC (`[n, h, w, c]`, channels fastest). `F32` values must be finite. How
 /// either becomes what a model sees is the data set's [`PixelScaling`].
@@ -171,8 +172,8 @@ impl Dataset {
     ///
     /// # Errors
     /// - [`TrainError::EmptyDataset`] when `n == 0`;
-    /// - [`TrainError::BadShape`] when `h`, `w`, `c` or `num_classes` is zero, or
-    ///   `n * h * w * c` overflows;
+    /// - [`TrainError::BadShape`] when `h`, `w`, `c` or `num_classes` is zero, `num_classes`
+    ///   exceeds [`npy::MAX_CLASSES`], or `n * h * w * c` overflows;
     /// - [`TrainError::ShapeMismatch`] when `pixels` does not hold `n * h * w * c` values or
     ///   `labels` does not hold `n`;
     /// - [`TrainError::LabelOutOfRange`] for a label `>= num_classes`;
@@ -463,12 +464,12 @@ fn check_labels(
     labels: &[u32],
     num_classes: usize,
 ) -> Result<(), TrainError> {
-    if num_classes == 0 {
+    if num_classes == 0 || num_classes > MAX_CLASSES {
         return Err(TrainError::BadShape {
             op,
             what: "labels".into(),
-            shape: vec![labels.len() as u64, 0],
-            expected: "there must be at least one class",
+            shape: vec![labels.len() as u64, num_classes as u64],
+            expected: "from 1 to MAX_CLASSES (65,536) classes",
         });
     }
     match labels.iter().position(|&l| l as usize >= num_classes) {

@@ -21,6 +21,8 @@ struct Contents<'a> {
     state: &'a OptState,
     fields: &'static [&'static str],
     step: u64,
+    /// The trainer's seed (its steps' RNG keys).
+    seed: u64,
     data: Option<DataPosition>,
     staging: &'a HostStaging,
 }
@@ -73,10 +75,11 @@ impl Contents<'_> {
         }
         let step = i64::try_from(self.step).unwrap_or(i64::MAX);
         m.array("step", "<i8", &[], &step.to_le_bytes())?;
+        m.array("seed", "<u8", &[], &self.seed.to_le_bytes())?;
         if let Some(d) = self.data {
             m.array("data/seed", "<u8", &[], &d.seed.to_le_bytes())?;
-            m.array("data/epoch", "<i8", &[], &d.epoch.to_le_bytes())?;
-            m.array("data/index", "<i8", &[], &d.index.to_le_bytes())?;
+            m.array("data/epoch", "<u8", &[], &d.epoch.to_le_bytes())?;
+            m.array("data/index", "<u8", &[], &d.index.to_le_bytes())?;
         }
         m.finish()
     }
@@ -121,6 +124,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             state: self.state(),
             fields: self.optimizer().state_fields(),
             step: self.steps(),
+            seed: self.seed,
             data,
             staging: self.staging(),
         };
@@ -185,6 +189,7 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
         let state = ckpt.opt_state(&opt, &params)?;
         let step = ckpt.step_of(state.count)?;
         let data = ckpt.data_position()?;
+        let seed = ckpt.seed()?;
         let mut trainer =
             Trainer::from_params_with_loss(model, input, opt, loss, backend, params, Some(state))?;
         trainer.steps = step;
@@ -193,9 +198,10 @@ impl<L: Layer, O: Optimizer, F: Loss> Trainer<L, O, F> {
             trainer.set_loss_scale(Some(s))?;
         }
         trainer.staging = ckpt.staging;
-        // the steps' RNG keys continue from the run's seed, which the data order shares
-        if let Some(d) = &data {
-            trainer.seed = d.seed;
+        // the steps' RNG keys continue from the run's seed (a file without one: the data
+        // order's, which a run given one seed shares, else 0)
+        if let Some(seed) = seed.or(data.map(|d| d.seed)) {
+            trainer.seed = seed;
         }
         Ok((trainer, data))
     }

@@ -101,7 +101,13 @@ impl Loader {
             )));
         }
         let loader = *self;
-        let rest = (at.epoch.saturating_add(1)..).flat_map(move |e| loader.batches(e));
+        // the epochs after it, up to the counter's last (inclusive: no overflow at the end)
+        let later = at
+            .epoch
+            .checked_add(1)
+            .into_iter()
+            .flat_map(|e| e..=u64::MAX);
+        let rest = later.flat_map(move |e| loader.batches(e));
         Ok(self
             .batches(at.epoch)
             .skip((at.index / b) as usize)
@@ -131,6 +137,21 @@ mod tests {
             let hop = loader.advance(loader.advance(loader.start(), done / 2), done - done / 2);
             assert_eq!(hop, at);
         }
+    }
+
+    /// At the epoch counter's end the order gives that epoch's remaining batches, then stops.
+    #[test]
+    fn the_last_epoch_ends_the_order() {
+        let loader = Loader::new(7, 3, 1).unwrap(); // 2 batches an epoch
+        let at = DataPosition {
+            seed: 1,
+            epoch: u64::MAX,
+            index: 3,
+        };
+        let left: Vec<Vec<usize>> = loader.batches_from(at).unwrap().take(4).collect();
+        let last: Vec<Vec<usize>> = loader.batches(u64::MAX).skip(1).collect();
+        assert_eq!(left, last);
+        assert_eq!(left.len(), 1);
     }
 
     #[test]
