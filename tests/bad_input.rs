@@ -299,3 +299,18 @@ fn more_classes_than_labels_can_name_is_refused() {
     let ds = Dataset::new(Pixels::U8(vec![1, 2]), 2, 1, 1, 1, vec![0, 1], MAX_CLASSES).unwrap();
     assert_eq!(ds.num_classes(), MAX_CLASSES);
 }
+
+#[test]
+fn a_zero_extent_batch_layout_is_named() {
+    use stax::train::data::{Dataset, Pixels};
+    let be = cpu();
+    let ds = Dataset::new(Pixels::U8(vec![1, 2]), 2, 1, 1, 1, vec![0, 1], 2).unwrap();
+    for hwc in [(0, 0, 0), (1, 0, 1), (1, 1, 0)] {
+        let err = stax::train::place_batch(&be, &ds, &[0], hwc).unwrap_err();
+        assert!(matches!(err, TrainError::BadShape { .. }), "{hwc:?}: {err}");
+        assert!(
+            err.to_string().contains("every extent must be at least 1"),
+            "{err}"
+        );
+    }
+}

@@ -239,8 +239,9 @@ impl HostStaging {
     /// [`Backend::staging_allocator`] when it has one, else this staging's pageable allocator.
     ///
     /// # Errors
-    /// [`TrainError::ZeroBatchSize`] for no indices; data errors from
-    /// [`crate::data::loader::fill_batch`]; allocation errors.
+    /// [`TrainError::ZeroBatchSize`] for no indices; [`TrainError::BadShape`] for a zero
+    /// extent in `layout`; data errors from [`crate::data::loader::fill_batch`]; allocation
+    /// errors.
     pub fn gather(
         &self,
         backend: &Arc<dyn Backend>,
@@ -253,6 +254,14 @@ impl HostStaging {
         let (n, k) = (indices.len(), dataset.num_classes());
         if n == 0 {
             return Err(TrainError::ZeroBatchSize { op: "gather" });
+        }
+        if h == 0 || w == 0 || c == 0 {
+            return Err(TrainError::BadShape {
+                op: "gather",
+                what: "batch image layout".into(),
+                shape: vec![h as u64, w as u64, c as u64],
+                expected: "every extent must be at least 1",
+            });
         }
         let allocator = backend.staging_allocator().unwrap_or(&self.allocator);
         let labels_shape = layout.labels.shape(n, k);

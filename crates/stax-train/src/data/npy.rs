@@ -100,7 +100,8 @@ fn read_entry(
 }
 
 /// Opens `.npy` bytes. `npyz` multiplies the header's dimensions without an overflow check
-/// (a panic in debug builds), so a shape whose volume overflows `u64` is refused first.
+/// (a panic in debug builds), so a shape whose volume overflows `u64` is refused first; bytes
+/// past the data the header declares are refused too (`npyz` would ignore them).
 fn open_npy<'a>(
     op: &'static str,
     path: &Path,
@@ -109,7 +110,15 @@ fn open_npy<'a>(
     if let Some(dims) = overflowing_shape(bytes) {
         return Err(corrupt(op, path, Corruption::SizeOverflow { dims }));
     }
-    NpyFile::new(bytes).map_err(npy_err(op, path))
+    let file = NpyFile::new(bytes).map_err(npy_err(op, path))?;
+    let header = file.header().clone();
+    let data = file.into_inner();
+    let item = header.dtype().num_bytes().map(|b| b as u64);
+    let declared = item.and_then(|b| header.shape().iter().try_fold(b, |v, &d| v.checked_mul(d)));
+    if let Some(expected) = declared.filter(|&e| data.len() as u64 > e) {
+        return Err(corrupt(op, path, Corruption::TrailingData { expected }));
+    }
+    Ok(NpyFile::with_header(header, data))
 }
 
 /// The dimensions in the header's `'shape': (..)` entry when their product overflows `u64`

@@ -271,6 +271,39 @@ fn truncated_corrupt_and_missing_files() {
     assert!(matches!(e, TrainError::Io { op: "load_npy", .. }), "{e}");
 }
 
+/// Bytes past the declared data (images or labels) are refused, not ignored.
+#[test]
+fn trailing_data_is_corrupt() {
+    let labels = npy(&[3], &[0i64, 1, 0], None);
+    let mut long = u8_images();
+    long.extend_from_slice(&[7; 24]);
+    let e = load("trail", &long, &labels).unwrap_err();
+    let trailing = |e: &TrainError| {
+        matches!(
+            e,
+            TrainError::Corrupt {
+                reason: Corruption::TrailingData { expected: 12 },
+                ..
+            }
+        )
+    };
+    assert!(trailing(&e), "{e}");
+    let mut long_labels = labels.clone();
+    long_labels.extend_from_slice(&[0; 8]);
+    let e = load("trail-labels", &u8_images(), &long_labels).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TrainError::Corrupt {
+                reason: Corruption::TrailingData { expected: 24 },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(load("exact", &u8_images(), &labels).is_ok());
+}
+
 #[test]
 fn header_with_overflowing_shape_is_corrupt() {
     let header = "{'descr': '|u1', 'fortran_order': False, \
