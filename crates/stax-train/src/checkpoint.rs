@@ -16,12 +16,11 @@
 //! initialisation the loop draws random numbers for the data order, whose generator is seeded
 //! per epoch from `(seed, epoch)`, and each step draws its layers' (Dropout's) from its key. A
 //! file without `seed` (an older one, or JAX's) resumes with the data order's seed, or 0. The
-//! members
-//! of the optimizer state follow its [`Optimizer::state_fields`]; every member is written in
-//! the order of this table, moments field by field (every `mu`, then every `nu`) as optax
-//! flattens them. `scripts/jax_checkpoint.py` holds the Python lines that save and load the
-//! same members from JAX (also in the README); a file they write has no `stax.json`, `step`
-//! or `data/*`, and loads here with the step taken from the count. A `step` below the count is
+//! members of the optimizer state follow its [`Optimizer::state_fields`]; every member is
+//! written in the order of this table, moments field by field (every `mu`, then every `nu`)
+//! as optax flattens them. `scripts/jax_checkpoint.py` holds the Python lines that save and
+//! load the same members from JAX (also in the README); a file they write has no `stax.json`,
+//! `step`, `seed` or `data/*`, and loads here with the step taken from the count. A `step` below the count is
 //! refused ([`Checkpoint::step_of`]): a run's steps include every update it applied.
 //!
 //! Writing ([`crate::Trainer::save`]) is atomic: the file is written beside its target, `fsync`ed and
