@@ -255,14 +255,7 @@ impl HostStaging {
         if n == 0 {
             return Err(TrainError::ZeroBatchSize { op: "gather" });
         }
-        if h == 0 || w == 0 || c == 0 {
-            return Err(TrainError::BadShape {
-                op: "gather",
-                what: "batch image layout".into(),
-                shape: vec![h as u64, w as u64, c as u64],
-                expected: "every extent must be at least 1",
-            });
-        }
+        crate::data::resize::check_extents("gather", "batch image layout", hwc)?;
         let allocator = backend.staging_allocator().unwrap_or(&self.allocator);
         let labels_shape = layout.labels.shape(n, k);
         let mut images = host_words(allocator, n * h * w * c)?;

@@ -18,7 +18,7 @@
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
-use super::kernels::{direct_applies, direct_math};
+use super::kernels::{DirectMath, direct_applies, direct_math};
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use stax_alloc::Category;
@@ -48,9 +48,9 @@ pub enum DirectConvs {
     /// the seed's step at batch 100 takes 12.70 ms in TF32 against 13.37 with cuDNN's passes
     /// and theirs, 8.30 against 8.55 in bf16 (H200, 2026-12-04, BENCHMARKS.md), though alone
     /// they time slower than cuDNN's convolution without its epilogue (TF32 forward 0.72
-    /// against 0.55 ms), so timing them at calibration would keep cuDNN; and any other forward pass or filter gradient where the FMA kernel, timed at
-    /// calibration on the search's buffers (CUDA events, as cuDNN's candidates), is faster
-    /// than cuDNN's choice
+    /// against 0.55 ms), so timing them at calibration would keep cuDNN; and any other
+    /// forward pass or filter gradient where the FMA kernel, timed at calibration on the
+    /// search's buffers (CUDA events, as cuDNN's candidates), is faster than cuDNN's choice
     /// (TF32 at batch 10 the seed's forward, 0.116 ms; at batch 100 cuDNN's, 0.55 against
     /// 1.07). The kernel is timed with its epilogue (bias, ReLU, mask), cuDNN's
     /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
@@ -108,6 +108,21 @@ impl CudaBackend {
         (g, dtype, self.precision == Precision::Tf32)
     }
 
+    /// The arithmetic the direct kernels use for `g` in `dtype` under this backend's
+    /// precision ([`direct_math`]).
+    fn direct_math(&self, g: &Conv2dGeometry, dtype: DType) -> DirectMath {
+        direct_math(g, dtype, self.precision == Precision::Tf32)
+    }
+
+    /// The workspace of the direct kernel of `pass` for `g`: the filter gradient's partials,
+    /// none for the forward pass.
+    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, pass: ConvPass) -> usize {
+        match pass {
+            ConvPass::BackwardFilter => self.direct_wgrad_bytes(g),
+            _ => 0,
+        }
+    }
+
     /// Whether `pass` of `g` in `dtype` runs the direct kernels: the mode
     /// ([`CudaBackend::set_direct_convs`]) selects it, it is the forward pass or the filter
     /// gradient, and `g` is within what they take (at most 32 taps `kh · kw · c_in`, `c_out` a
@@ -129,10 +144,10 @@ impl CudaBackend {
     /// forward pass and filter gradient on the tensor cores (`kernels/direct_mma.cu`, see
     /// [`DirectConvs::Winning`]).
     fn direct_by_rule(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
-        let tf32 = self.precision == Precision::Tf32;
+        let full_fp32 = self.precision == Precision::Highest;
         pass != ConvPass::BackwardData
-            && (direct_math(g, dtype, tf32).tensor_cores()
-                || (pass == ConvPass::Forward && dtype == DType::F32 && !tf32))
+            && (self.direct_math(g, dtype).tensor_cores()
+                || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))
     }
 
     /// Whether the kernel was timed faster than cuDNN for `pass` of `g` in `dtype`.
@@ -213,7 +228,6 @@ impl CudaBackend {
     pub(super) fn with_direct(&self, plans: Vec<ConvPlanInfo>) -> Vec<ConvPlanInfo> {
         let mut plans = self.with_timed_direct(plans);
         let used = self.direct_used.lock().unwrap_or_else(|p| p.into_inner());
-        let tf32 = self.precision == Precision::Tf32;
         let mut untimed: Vec<_> = used
             .iter()
             .filter(|(g, dtype, pass)| {
@@ -227,11 +241,8 @@ impl CudaBackend {
                 precision: self.precision,
                 pass,
                 algorithm: DIRECT.into(),
-                math: direct_math(&geometry, dtype, tf32).name().into(),
-                workspace_bytes: match pass {
-                    ConvPass::BackwardFilter => self.direct_wgrad_bytes(&geometry),
-                    _ => 0,
-                },
+                math: self.direct_math(&geometry, dtype).name().into(),
+                workspace_bytes: self.direct_workspace_bytes(&geometry, pass),
                 layout_bytes: 0,
                 time_ms: f32::NAN,
                 candidates: Vec::new(),
@@ -260,13 +271,8 @@ impl CudaBackend {
             let Some(&(ms, won)) = times.get(&(p.geometry, p.dtype, p.pass)) else {
                 continue;
             };
-            let workspace = match p.pass {
-                ConvPass::BackwardFilter => self.direct_wgrad_bytes(&p.geometry),
-                _ => 0,
-            };
-            let tf32 = self.precision == Precision::Tf32;
-            let math = direct_math(&p.geometry, p.dtype, tf32);
-            let math = math.name().to_string();
+            let workspace = self.direct_workspace_bytes(&p.geometry, p.pass);
+            let math = self.direct_math(&p.geometry, p.dtype).name().to_string();
             p.candidates.push(ConvCandidate {
                 algorithm: DIRECT.into(),
                 math: math.clone(),

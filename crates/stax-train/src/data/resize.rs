@@ -107,6 +107,26 @@ fn lerp(a: f32, b: f32, t: f32) -> f32 {
     a + t * (b - a)
 }
 
+/// Checks that an image shape `(h, w, c)` (`what`, for the message) has no zero extent.
+///
+/// # Errors
+/// [`TrainError::BadShape`] naming `what` and the shape.
+pub(crate) fn check_extents(
+    op: &'static str,
+    what: &str,
+    (h, w, c): (usize, usize, usize),
+) -> Result<(), TrainError> {
+    if h == 0 || w == 0 || c == 0 {
+        return Err(TrainError::BadShape {
+            op,
+            what: what.into(),
+            shape: vec![h as u64, w as u64, c as u64],
+            expected: "every extent must be at least 1",
+        });
+    }
+    Ok(())
+}
+
 /// Checks that an image of shape `from` can be resized to `to` by [`resize_bilinear`]: no
 /// zero extent, and channels kept (`c == oc`) or replicated from gray (`c == 1`).
 ///
@@ -117,16 +137,8 @@ pub(crate) fn check_resizable(
     from: (usize, usize, usize),
     to: (usize, usize, usize),
 ) -> Result<(), TrainError> {
-    for (what, (h, w, c)) in [("source image", from), ("destination image", to)] {
-        if h == 0 || w == 0 || c == 0 {
-            return Err(TrainError::BadShape {
-                op,
-                what: what.into(),
-                shape: vec![h as u64, w as u64, c as u64],
-                expected: "every extent must be at least 1",
-            });
-        }
-    }
+    check_extents(op, "source image", from)?;
+    check_extents(op, "destination image", to)?;
     if from.2 != to.2 && from.2 != 1 {
         return Err(TrainError::BadChannels {
             op,
