@@ -27,20 +27,6 @@
 #define DM_PITCH 40            // words a staged row: 32 columns + 8 (conflict-free float2 reads)
 #define DM_STAGE (3 * 16 * DM_PITCH) // words of a stage: w, mu, nu's 16 rows of 32 columns
 
-__device__ __forceinline__ u32 to_tf32(float f) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-    return r;
-}
-
-__device__ __forceinline__ void mma1688(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                        u32 b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // adam_one's step with the bias corrections' reciprocals (inv_bc1, inv_bc2) as factors, f32
 // contractions allowed and a fast division (__fdividef, 2 ulp): within a few ulp of adam_one's
 // IEEE-rounded step, at a fifth of its instructions. For the TF32 pass only, whose gradient is
@@ -85,14 +71,14 @@ __device__ __forceinline__ void strip_dw(const float *x, const u32 *dys, int pit
     for (int kb = 0; kb < MB; ++kb) {
         const int b0 = 8 * kb + t, b1 = b0 + 4;
         const float *x0 = x + (size_t)b0 * k + r_lo, *x1 = x + (size_t)b1 * k + r_lo;
-        const u32 a0 = to_tf32(b0 < m && lo ? x0[0] : 0.0f);
-        const u32 a1 = to_tf32(b0 < m && hi ? x0[8] : 0.0f);
-        const u32 a2 = to_tf32(b1 < m && lo ? x1[0] : 0.0f);
-        const u32 a3 = to_tf32(b1 < m && hi ? x1[8] : 0.0f);
+        const u32 a[4] = {tf32_bits(b0 < m && lo ? x0[0] : 0.0f),
+                          tf32_bits(b0 < m && hi ? x0[8] : 0.0f),
+                          tf32_bits(b1 < m && lo ? x1[0] : 0.0f),
+                          tf32_bits(b1 < m && hi ? x1[8] : 0.0f)};
         const u32 *d0 = dys + b0 * pitch + g, *d1 = dys + b1 * pitch + g;
 #pragma unroll
         for (int c = 0; c < DM_SLICES; ++c) {
-            if (c < ns) mma1688(acc[c], a0, a1, a2, a3, d0[8 * c], d1[8 * c]);
+            if (c < ns) mma_sync<float>(acc[c], a, d0[8 * c], d1[8 * c]);
         }
     }
 }
@@ -112,12 +98,12 @@ __device__ __forceinline__ void strip_slice(float *w, float *mu, float *nu, cons
     const int array = 16 * DM_PITCH / 2; // float2s between w's, mu's and nu's rows
     float2 wl = lo_row[0], ml = lo_row[array], vl = lo_row[2 * array];
     float2 wh = hi_row[0], mh = hi_row[array], vh = hi_row[2 * array];
-    const u32 a0 = to_tf32(wl.x), a1 = to_tf32(wh.x), a2 = to_tf32(wl.y), a3 = to_tf32(wh.y);
+    const u32 a[4] = {tf32_bits(wl.x), tf32_bits(wh.x), tf32_bits(wl.y), tf32_bits(wh.y)};
     const u32 *d = dys + g * pitch + 8 * c + 2 * t;
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
         const uint2 bb = *(const uint2 *)(d + 8 * b * pitch);
-        mma1688(dxa[b], a0, a1, a2, a3, bb.x, bb.y);
+        mma_sync<float>(dxa[b], a, bb.x, bb.y);
     }
     adam_tf32(wl.x, dw[0], ml.x, vl.x, h, inv_bc1, inv_bc2);
     adam_tf32(wl.y, dw[1], ml.y, vl.y, h, inv_bc1, inv_bc2);
@@ -158,7 +144,7 @@ __device__ __forceinline__ void dense_adam_mma_t(const float *x, const float *__
     const int pitch = ((n + 31) & ~31) + 8, ns = n / 8, quarters = (n + 31) / 32;
     for (int i = threadIdx.x; i < MB * 8 * pitch; i += blockDim.x) {
         const int b = i / pitch, j = i % pitch;
-        dys[i] = b < m && j < n ? to_tf32(dy[(size_t)b * n + j]) : 0u;
+        dys[i] = b < m && j < n ? tf32_bits(dy[(size_t)b * n + j]) : 0u;
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

@@ -45,43 +45,28 @@ template <> __device__ __forceinline__ u32 Mma<f16_t>::pack(float lo, float hi) 
 template <>
 __device__ __forceinline__ void Mma<bf16_t>::mma(float (&d)[4], const u32 (&a)[4],
                                                  const u32 (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    mma_sync<bf16_t>(d, a, b[0], b[1]);
 }
 template <>
 __device__ __forceinline__ void Mma<f16_t>::mma(float (&d)[4], const u32 (&a)[4],
                                                 const u32 (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ u32 tf32(float v) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
+    mma_sync<f16_t>(d, a, b[0], b[1]);
 }
 
 template <> struct Mma<float> {
     static const int KSTEP = 8;
     template <class F>
     static __device__ __forceinline__ void a(u32 (&r)[4], F at, int g, int t) {
-        r[0] = tf32(at(g, t)), r[1] = tf32(at(g + 8, t));
-        r[2] = tf32(at(g, t + 4)), r[3] = tf32(at(g + 8, t + 4));
+        r[0] = tf32_bits(at(g, t)), r[1] = tf32_bits(at(g + 8, t));
+        r[2] = tf32_bits(at(g, t + 4)), r[3] = tf32_bits(at(g + 8, t + 4));
     }
     template <class F>
     static __device__ __forceinline__ void b(u32 (&r)[2], F bt, int g, int t) {
-        r[0] = tf32(bt(t, g)), r[1] = tf32(bt(t + 4, g));
+        r[0] = tf32_bits(bt(t, g)), r[1] = tf32_bits(bt(t + 4, g));
     }
     static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4],
                                                const u32 (&b)[2]) {
-        asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        mma_sync<float>(d, a, b[0], b[1]);
     }
 };
 
