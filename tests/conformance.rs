@@ -292,6 +292,16 @@ const LAYERS: &[Case] = &[
         ]),
         [2, 4, 3, 2]
     ),
+    case!(
+        "a remat span of two resnet identity blocks saving their convs",
+        serial![
+            Remat::new(models::identity_block(3, [2, 3], 4))
+                .spanning(2)
+                .saving(&["conv"]),
+            models::identity_block(3, [3, 2], 4)
+        ],
+        [2, 3, 3, 4]
+    ),
 ];
 
 /// Dimension numbers `(lhs, rhs, lhs)`.

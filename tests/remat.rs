@@ -34,6 +34,7 @@ fn shallow_for(remat: bool, img: usize) -> Serial {
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages: if remat { 4 } else { 0 },
+        remat_rest_saving_convs: false,
     };
     net.build((img, img, 1)).unwrap()
 }
@@ -181,13 +182,8 @@ fn a_rematerialized_resnet_trains_on_the_gpu_as_on_the_cpu() {
 
 #[test]
 fn remat_keeps_its_layers_parameters_and_description() {
-    let input = stax::Tree::leaf(Shape::new([2, 16]));
     let (plain, remat) = (mlp(false), mlp(true));
-    let specs = |m: &Serial| m.param_specs(&input).unwrap();
-    let paths = |m: &Serial| -> Vec<String> {
-        let s = specs(m);
-        s.paths().iter().map(|(p, _)| p.to_string()).collect()
-    };
+    let paths = |m: &Serial| param_specs(m).0;
     assert_eq!(paths(&plain), paths(&remat));
     assert_eq!(
         paths(&remat),
@@ -201,11 +197,7 @@ fn remat_keeps_its_layers_parameters_and_description() {
         ]
     );
     // only the head's weight is updated in the backward pass
-    let in_backward: Vec<bool> = specs(&remat)
-        .leaves()
-        .iter()
-        .map(|s| s.update_in_backward)
-        .collect();
+    let in_backward = param_specs(&remat).1;
     assert_eq!(in_backward, [false, false, false, false, true, false]);
     assert!(
         remat
@@ -363,8 +355,7 @@ fn saving_outputs_an_in_place_relu_copies_costs_no_more_than_recomputing_them() 
 
 #[test]
 fn saving_what_nothing_inside_can_save_is_a_config_error() {
-    use stax::layers::LayerError;
-    let (be, input) = (cpu(), Shape::new([4, 16]));
+    let input = Shape::new([4, 16]);
     // a kind that is not inside, and one whose layers keep more than their input
     let cases: [(Serial, &str); 2] = [
         (
@@ -383,15 +374,7 @@ fn saving_what_nothing_inside_can_save_is_a_config_error() {
         ),
     ];
     for (model, kind) in cases {
-        let err = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0)
-            .map(|_| ())
-            .unwrap_err();
-        let text = err.to_string();
-        let config = matches!(
-            err,
-            stax::train::TrainError::Layer(LayerError::Config { .. })
-        );
-        assert!(config && text.contains(&format!("saving {kind}")), "{text}");
+        assert_config_error(model, &input, &format!("saving {kind}"));
     }
 }
 
@@ -400,4 +383,266 @@ fn a_rematerialized_shallow_resnet_reaches_95_percent_with_exact_memory() {
     // common::train checks every step's peak and live bytes against the plan
     let (accuracy, _) = common::train(shallow(true), Shape::new([50, 28, 28, 1]), &cpu(), 4);
     assert!(accuracy >= 0.95, "test accuracy {accuracy}");
+}
+
+/// A ResNet of two blocks in each of its first two stages (`remat_stages` stages of
+/// rematerialized blocks, the later ones each one span saving its convs' outputs, or plain).
+fn spanned(remat_stages: usize, spans: bool) -> Serial {
+    let net = ResNet {
+        blocks: [2, 2, 1, 1],
+        widths: [8, 16, 16, 16],
+        classes: 2,
+        remat_stages,
+        remat_rest_saving_convs: spans,
+    };
+    net.build((28, 28, 1)).unwrap()
+}
+
+#[test]
+fn a_resnet_with_stage_spans_trains_to_the_plain_bits() {
+    let (be, input) = (cpu(), Shape::new([6, 28, 28, 1]));
+    let adam = Adam::new(1e-3);
+    let plain = run(spanned(0, false), &input, adam, &be, 3);
+    for stages in [0, 1] {
+        let with = run(spanned(stages, true), &input, adam, &be, 3);
+        assert_eq!(plain.0, with.0, "losses, {stages} stages of blocks");
+        assert!(plain.1 == with.1, "state, {stages} stages of blocks");
+    }
+    // the stages of two blocks are spans; those of one, one block saving its convs
+    let text = spanned(0, true).describe();
+    assert_eq!(
+        text.matches("remat(spanning 2, saving conv: ").count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(text.matches("remat(saving conv: ").count(), 2, "{text}");
+}
+
+/// Two conv blocks (3x3 SAME conv of 3 channels, BatchNorm, ReLU), the first spanning both
+/// and saving their convs' outputs, or plain; then `Flatten, Dense(2)`.
+fn two_conv_blocks(span: bool) -> Serial {
+    use stax::{BatchNorm, Conv, Flatten, Padding};
+    let block = || {
+        serial![
+            Conv::new(3, (3, 3), (1, 1), Padding::Same),
+            BatchNorm::new(),
+            Relu
+        ]
+    };
+    let first: Box<dyn Layer> = match span {
+        true => Box::new(Remat::new(block()).spanning(2).saving(&["conv"])),
+        false => Box::new(block()),
+    };
+    Serial(vec![
+        first,
+        Box::new(block()),
+        Box::new(Flatten),
+        Box::new(Dense(2)),
+    ])
+}
+
+#[test]
+fn a_span_keeps_only_its_convs_outputs_between_the_passes() {
+    let (be, input) = (cpu(), Shape::new([4, 6, 6, 2]));
+    let plan = |model: Serial| {
+        let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        t.plan(4).unwrap()
+    };
+    let outputs = 4 * 6 * 6 * 3 * 4; // a conv's (and a BatchNorm's) [4, 6, 6, 3] f32 output
+    let in_blocks = |p: &MemoryPlan| {
+        let mut kept = kept_across(p, "0.serial/");
+        kept.extend(kept_across(p, "1.serial/"));
+        kept.sort();
+        kept
+    };
+    // plain: each conv's output (its BatchNorm's input), each BatchNorm's statistics and
+    // ReLU mask (fused), the first block's output (the second conv's input)
+    let plain = in_blocks(&plan(two_conv_blocks(false)));
+    assert!(plain.contains(&("0.serial/1.batch_norm/output".to_string(), outputs)));
+    // the span: the two conv outputs alone, and its output (the dense head's input)
+    let p = plan(two_conv_blocks(true));
+    let kept = [
+        "0.serial/0.conv/output",
+        "1.serial/0.conv/output",
+        "1.serial/1.batch_norm/output",
+    ];
+    let want: Vec<(String, u64)> = kept.iter().map(|n| (n.to_string(), outputs)).collect();
+    assert_eq!(in_blocks(&p), want);
+    // the backward pass makes the BatchNorms' outputs again, named under `remat`, and no conv
+    let start = p
+        .phases
+        .iter()
+        .find(|(p, _)| *p == Phase::Backward)
+        .unwrap()
+        .1;
+    let again: Vec<&str> = p
+        .buffers
+        .iter()
+        .filter(|b| b.name.starts_with("remat/") && b.alloc.is_some_and(|a| a > start))
+        .map(|b| b.name.as_str())
+        .collect();
+    assert!(
+        again.contains(&"remat/0.serial/1.batch_norm/output"),
+        "{again:?}"
+    );
+    assert!(
+        again.contains(&"remat/1.serial/1.batch_norm/output"),
+        "{again:?}"
+    );
+    assert!(
+        !again.iter().any(|n| n.contains("conv/output")),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn stage_spans_lower_the_resnets_planned_peak() {
+    let (be, input) = (cpu(), Shape::new([50, 56, 56, 1]));
+    let peak = |spans: bool| {
+        let net = ResNet {
+            blocks: [2, 2, 1, 1],
+            widths: [8, 16, 16, 16],
+            classes: 2,
+            remat_stages: 0,
+            remat_rest_saving_convs: spans,
+        };
+        let model = net.build((56, 56, 1)).unwrap();
+        let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        t.plan(50).unwrap().peak.bytes
+    };
+    let (plain, spans) = (peak(false), peak(true));
+    println!("resnet [2, 2, 1, 1], batch 50, 56x56: planned peak {plain} plain, {spans} spans");
+    assert!(spans < plain, "{spans} >= {plain}");
+}
+
+#[test]
+fn a_span_keeps_the_parameter_tree_and_collects_what_it_covers() {
+    let spanning = serial![
+        Remat::new(Dense(8)).spanning(2).saving(&["dense"]),
+        Dense(8),
+        Dense(2)
+    ];
+    let plain = serial![Dense(8), Dense(8), Dense(2)];
+    let (paths, in_backward) = param_specs(&spanning);
+    assert_eq!(paths, param_specs(&plain).0);
+    assert_eq!(in_backward, [false, false, false, false, true, false]);
+    assert!(
+        spanning
+            .describe()
+            .starts_with("serial[remat(spanning 2, saving dense: dense(8)), dense(8)"),
+        "{}",
+        spanning.describe()
+    );
+    // and trains to the bits of the plain model collecting its dense weights
+    let (be, input) = (cpu(), Shape::new([8, 16]));
+    let adam = Adam::new(1e-3).collecting();
+    let with = run(spanning, &input, adam, &be, 3);
+    let without = run(plain, &input, adam, &be, 3);
+    assert_eq!(with.0, without.0, "losses");
+    assert!(with.1 == without.1, "state");
+}
+
+#[test]
+fn a_checkpoint_resumes_with_or_without_stage_spans() {
+    let dir = common::checkpoint::scratch("remat-span");
+    let (be, input) = (cpu(), Shape::new([2, 28, 28, 1]));
+    let adam = Adam::new(1e-3);
+    for (saved, loaded) in [(true, false), (false, true)] {
+        let t = Trainer::new(spanned(0, saved), input.clone(), adam, &be, 3).unwrap();
+        let path = dir.join(format!("span-{saved}.npz"));
+        t.save(&path, None).unwrap();
+        let model = spanned(0, loaded);
+        let (back, _) = Trainer::load(model, input.clone(), adam, &be, &path).unwrap();
+        assert!(
+            state_bits(&t) == state_bits(&back),
+            "saved with spans {saved}"
+        );
+    }
+}
+
+#[test]
+fn spans_that_do_not_fit_are_config_errors() {
+    use stax::{FanInSum, FanOut, parallel};
+    let input = Shape::new([4, 16]);
+    let cases: [(Serial, &str); 4] = [
+        (
+            serial![Remat::new(Dense(16)).spanning(3), Dense(2)],
+            "spanning 3 layers",
+        ),
+        (
+            serial![Remat::new(Dense(16)).spanning(0), Dense(2)],
+            "spanning 0 layers",
+        ),
+        (
+            serial![
+                Remat::new(Dense(16)).spanning(2),
+                Remat::new(Dense(16)).spanning(2),
+                Dense(2)
+            ],
+            "none of them spanning",
+        ),
+        (
+            serial![
+                FanOut(2),
+                parallel![Remat::new(serial![Dense(16), Relu]).spanning(2), Dense(16)],
+                FanInSum,
+                Dense(2)
+            ],
+            "a span runs as a layer of a serial",
+        ),
+    ];
+    for (model, want) in cases {
+        assert_config_error(model, &input, want);
+    }
+}
+
+#[test]
+fn a_resnet_with_stage_spans_trains_on_the_gpu_as_on_the_cpu() {
+    let Some(gpu) = private_gpu_with(Precision::Highest) else {
+        return;
+    };
+    two_steps_match_cpu(
+        || spanned(1, true),
+        &Shape::new([20, 28, 28, 1]),
+        &gpu,
+        1e-3,
+    );
+}
+
+#[test]
+fn a_resnet_with_stage_spans_reaches_95_percent_with_exact_memory() {
+    // common::train checks every step's peak and live bytes against the plan
+    let model = spanned(1, true);
+    let (accuracy, _) = common::train(model, Shape::new([50, 28, 28, 1]), &cpu(), 4);
+    assert!(accuracy >= 0.95, "test accuracy {accuracy}");
+}
+
+/// A trainer of `model` for `input` on the CPU is refused with a [`LayerError::Config`] whose
+/// message holds `want`.
+fn assert_config_error(model: Serial, input: &Shape, want: &str) {
+    use stax::layers::LayerError;
+    let err = Trainer::new(model, input.clone(), Adam::new(1e-3), &cpu(), 0)
+        .map(|_| ())
+        .unwrap_err();
+    let text = err.to_string();
+    let config = matches!(
+        err,
+        stax::train::TrainError::Layer(LayerError::Config { .. })
+    );
+    assert!(config && text.contains(want), "{text}");
+}
+
+/// The paths of `model`'s parameters for a `[2, 16]` input, and whether each is updated in
+/// the backward pass.
+fn param_specs(model: &Serial) -> (Vec<String>, Vec<bool>) {
+    let specs = model
+        .param_specs(&stax::Tree::leaf(Shape::new([2, 16])))
+        .unwrap();
+    let paths = specs.paths().iter().map(|(p, _)| p.to_string()).collect();
+    let in_backward = specs
+        .leaves()
+        .iter()
+        .map(|s| s.update_in_backward)
+        .collect();
+    (paths, in_backward)
 }

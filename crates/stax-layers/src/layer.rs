@@ -174,6 +174,13 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// The span of a [`crate::Remat`] that covers this layer and the ones after it in its
+    /// [`crate::Serial`] ([`crate::Remat::spanning`]), which the serial runs as one
+    /// rematerialized run; `None` (the default) for every other layer.
+    fn remat_span(&self) -> Option<crate::remat::RematSpan<'_>> {
+        None
+    }
+
     /// The activation this layer is, if it is an elementwise activation (a combinator may hand
     /// it to the layer before, see [`Layer::fuses`]).
     fn as_activation(&self) -> Option<Activation> {

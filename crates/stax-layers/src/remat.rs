@@ -5,7 +5,7 @@
 use stax_tensor::{Key, Params, Path, Tree};
 
 use crate::cx::Saving;
-use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, Value};
+use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Shapes, Value};
 
 /// `jax.checkpoint(layer)`: in a training step the layer's forward pass runs as usual, but all
 /// it keeps for the backward pass (its residuals: masks, inputs of its convs, BatchNorm's
@@ -22,7 +22,8 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Saved, Shapes, 
 /// output gradient and the peak rises. The results are the same bits: every op is
 /// deterministic on both backends, and the recomputation draws the same RNG key (the same
 /// dropout masks). Wrap each block of a deep model (`ResNet { remat_stages }`) to keep one
-/// block's activations at a time in the backward pass.
+/// block's activations at a time in the backward pass, or let one `Remat` span several layers
+/// of its serial ([`Remat::spanning`]).
 ///
 /// Parameters are the layer's own (same tree, same kind, so paths and checkpoints do not
 /// change), except that none is updated in the backward pass ([`ParamSpec`]'s
@@ -39,14 +40,127 @@ pub struct Remat<L: Layer> {
     /// The kinds of the layers inside whose outputs are saved rather than recomputed
     /// ([`Remat::saving`]); empty: only the input is kept.
     pub saving: Vec<&'static str>,
+    /// How many layers of its [`crate::Serial`] it covers, itself first ([`Remat::spanning`]);
+    /// 1: its layer alone.
+    pub span: usize,
 }
 
-/// What a [`Remat`] keeps to run its layer's forward pass again ([`Saved::Replay`]): the RNG
-/// key it gave the layer and the outputs it saved, by path.
+/// What a rematerialized run keeps to run its forward pass again ([`Saved::Replay`]): the RNG
+/// keys it gave its layers (a [`Remat`]'s one, a span's one a layer) and the outputs it saved,
+/// by path.
 #[derive(Debug, Clone)]
 pub struct Replay {
-    rng: Option<crate::Rng>,
+    rngs: Vec<Option<Rng>>,
     outputs: Vec<(Path, Value)>,
+}
+
+/// A [`Remat`] spanning layers of its serial ([`Layer::remat_span`]): how many, the kinds it
+/// saves, and the layer it wraps (the span's first).
+#[derive(Debug, Clone, Copy)]
+pub struct RematSpan<'a> {
+    /// Layers covered, the wrapping one first.
+    pub len: usize,
+    /// The kinds whose outputs are saved ([`Remat::saving`]).
+    pub saving: &'a [&'static str],
+    /// The first layer, unwrapped.
+    pub first: &'a dyn Layer,
+}
+
+/// The forward pass of a rematerialized run (a [`Remat`]'s layer, or a span of a serial):
+/// `run(cx, x, rngs)` runs it while the combinators inside drop every child's residuals and
+/// the outputs of the kinds in `saving` are recorded; the output, and as residuals the input
+/// (handles) with the replay. A run that was to save outputs and saved none is a
+/// [`LayerError::Config`] of `who`.
+pub(crate) fn remat_forward<R>(
+    (who, saving): (&dyn Layer, &[&'static str]),
+    rngs: Vec<Option<Rng>>,
+    x: Value,
+    cx: &mut Cx<'_>,
+    run: impl FnOnce(&mut Cx<'_>, Value, Vec<Option<Rng>>) -> Result<(Value, R), LayerError>,
+) -> Result<(Value, Residuals), LayerError> {
+    let kept = x.map(|t| Saved::Tensor(t.clone()));
+    let outer = cx.replace_saving(recording(saving, false, Vec::new()));
+    let discard = cx.replace_discard(true);
+    let out = run(cx, x, rngs.clone());
+    cx.replace_discard(discard);
+    let saved = cx.replace_saving(outer);
+    let (y, inner) = out?;
+    drop(inner);
+    let outputs = saved.map(|s| s.outputs).unwrap_or_default();
+    if !saving.is_empty() && outputs.is_empty() {
+        return Err(who.config(format!(
+            "saving {}: no layer of these kinds inside could be saved (Conv and Dense run by a \
+             serial or parallel combinator inside, not fused with an activation after them, \
+             not under a Mixed of their own)",
+            saving.join(", ")
+        )));
+    }
+    let replay = Saved::Replay(Box::new(Replay { rngs, outputs }));
+    let fields = [
+        (Key::Field("x"), kept),
+        (Key::Field("replay"), Tree::leaf(replay)),
+    ];
+    Ok((y, Tree::node(fields)))
+}
+
+/// The backward pass of a rematerialized run from the residuals of [`remat_forward`]: `run`
+/// again from the kept input with the same keys, handed the saved outputs (what it allocates
+/// is named `{path}/remat/...` in plans and traces), then `back` on the residuals it made.
+pub(crate) fn remat_backward<R>(
+    (who, saving): (&dyn Layer, &[&'static str]),
+    residuals: Residuals,
+    cx: &mut Cx<'_>,
+    run: impl FnOnce(&mut Cx<'_>, Value, Vec<Option<Rng>>) -> Result<(Value, R), LayerError>,
+    back: impl FnOnce(&mut Cx<'_>, R) -> Result<Option<Value>, LayerError>,
+) -> Result<Option<Value>, LayerError> {
+    let (x, Replay { rngs, outputs }) = unpack(who, residuals)?;
+    let outer = cx.replace_saving(recording(saving, true, outputs));
+    let again = {
+        let _scope = cx.backend().allocator().scope("remat");
+        run(cx, x, rngs)
+    };
+    drop(cx.replace_saving(outer));
+    let (y, inner) = again?;
+    drop(y);
+    back(cx, inner)
+}
+
+/// `specs` with none updated in the backward pass: a rematerialized run's parameters, read by
+/// the recomputation after their gradients are made.
+pub(crate) fn collected(specs: &Tree<ParamSpec>) -> Tree<ParamSpec> {
+    specs.map(|s| ParamSpec {
+        update_in_backward: false,
+        ..s.clone()
+    })
+}
+
+/// How a run's outputs of the kinds in `saving` are saved: recorded, or (`replay`) handed
+/// back; none for an empty `saving`.
+fn recording(saving: &[&'static str], replay: bool, outputs: Vec<(Path, Value)>) -> Option<Saving> {
+    (!saving.is_empty()).then(|| Saving {
+        kinds: saving.to_vec(),
+        replay,
+        outputs,
+    })
+}
+
+/// `(x, replay)` from the residuals of [`remat_forward`].
+fn unpack(who: &dyn Layer, residuals: Residuals) -> Result<(Value, Replay), LayerError> {
+    let (mut x, mut replay) = (None, None);
+    for (key, saved) in residuals.into_children() {
+        match (key, saved) {
+            (Key::Field("x"), t) => x = Some(t),
+            (Key::Field("replay"), Tree::Leaf(Saved::Replay(r))) => replay = Some(*r),
+            (key, _) => return Err(who.mismatch("residuals", format!("unexpected `{key}`"))),
+        }
+    }
+    let missing = |what: &str| who.mismatch("residuals", format!("no saved `{what}`"));
+    let x = x.ok_or_else(|| missing("x"))?;
+    let x = x.try_map_into(|_, s| match s {
+        Saved::Tensor(t) => Ok(t),
+        _ => Err(who.mismatch("residuals", "a saved input is not a tensor".into())),
+    })?;
+    Ok((x, replay.ok_or_else(|| missing("replay"))?))
 }
 
 impl<L: Layer> Remat<L> {
@@ -56,6 +170,7 @@ impl<L: Layer> Remat<L> {
         Remat {
             layer,
             saving: Vec::new(),
+            span: 1,
         }
     }
 
@@ -81,33 +196,30 @@ impl<L: Layer> Remat<L> {
         }
     }
 
-    /// How the layer's outputs are saved while it runs: recorded, or (`replay`) handed back.
-    fn outputs(&self, replay: bool, outputs: Vec<(Path, Value)>) -> Option<Saving> {
-        let kinds = self.saving.clone();
-        (!kinds.is_empty()).then_some(Saving {
-            kinds,
-            replay,
-            outputs,
-        })
+    /// This, covering the `len - 1` layers after it in its [`crate::Serial`] too: the serial
+    /// runs the span as one rematerialized run ([`Layer::remat_span`]), so only the span's
+    /// input is kept and its backward pass recomputes every layer of it (but what it saves)
+    /// at once. Parameters keep their place in the serial's tree (a model with spans loads the
+    /// plain model's checkpoints), where a `Remat` of a `serial` of those layers would nest
+    /// them. `Remat::new(first_block).spanning(3).saving(&["conv"])` is `jax.checkpoint` of a
+    /// ResNet stage that saves its convs' outputs. Outside a serial, or past its end, a span
+    /// is a [`LayerError::Config`].
+    pub fn spanning(self, len: usize) -> Remat<L> {
+        Remat { span: len, ..self }
     }
 
-    /// `(x, replay)` from the residuals of [`Layer::apply`].
-    fn unpack(&self, residuals: Residuals) -> Result<(Value, Replay), LayerError> {
-        let (mut x, mut replay) = (None, None);
-        for (key, saved) in residuals.into_children() {
-            match (key, saved) {
-                (Key::Field("x"), t) => x = Some(t),
-                (Key::Field("replay"), Tree::Leaf(Saved::Replay(r))) => replay = Some(*r),
-                (key, _) => return Err(self.mismatch("residuals", format!("unexpected `{key}`"))),
-            }
-        }
-        let missing = |what: &str| self.mismatch("residuals", format!("no saved `{what}`"));
-        let x = x.ok_or_else(|| missing("x"))?;
-        let x = x.try_map_into(|_, s| match s {
-            Saved::Tensor(t) => Ok(t),
-            _ => Err(self.mismatch("residuals", "a saved input is not a tensor".into())),
-        })?;
-        Ok((x, replay.ok_or_else(|| missing("replay"))?))
+    /// The layer's forward pass with the key `rngs` holds (given in this layer's place).
+    fn run(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        mut rngs: Vec<Option<Rng>>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let outer = cx.replace_rng(rngs.pop().flatten());
+        let out = self.layer.apply(params, x, cx);
+        cx.replace_rng(outer);
+        out
     }
 }
 
@@ -117,14 +229,22 @@ impl<L: Layer> Layer for Remat<L> {
     }
 
     fn describe(&self) -> String {
-        match self.saving.is_empty() {
+        let span = (self.span != 1).then(|| format!("spanning {}", self.span));
+        let saving =
+            (!self.saving.is_empty()).then(|| format!("saving {}", self.saving.join(", ")));
+        let how: Vec<String> = span.into_iter().chain(saving).collect();
+        match how.is_empty() {
             true => format!("remat({})", self.layer.describe()),
-            false => format!(
-                "remat(saving {}: {})",
-                self.saving.join(", "),
-                self.layer.describe()
-            ),
+            false => format!("remat({}: {})", how.join(", "), self.layer.describe()),
         }
+    }
+
+    fn remat_span(&self) -> Option<RematSpan<'_>> {
+        (self.span != 1).then_some(RematSpan {
+            len: self.span,
+            saving: &self.saving,
+            first: &self.layer,
+        })
     }
 
     fn policy(&self) -> Option<Policy> {
@@ -140,11 +260,7 @@ impl<L: Layer> Layer for Remat<L> {
     }
 
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
-        let specs = self.layer.param_specs(input)?;
-        Ok(specs.map(|s| ParamSpec {
-            update_in_backward: false,
-            ..s.clone()
-        }))
+        Ok(collected(&self.layer.param_specs(input)?))
     }
 
     fn apply(
@@ -156,31 +272,18 @@ impl<L: Layer> Layer for Remat<L> {
         if !cx.is_training() {
             return self.layer.apply(params, x, cx);
         }
-        let rng = cx.take_rng();
-        let kept = x.map(|t| Saved::Tensor(t.clone()));
-        cx.replace_rng(rng.clone());
-        let outer = cx.replace_saving(self.outputs(false, Vec::new()));
-        let discard = cx.replace_discard(true);
-        let out = self.layer.apply(params, x, cx);
-        cx.replace_discard(discard);
-        let saved = cx.replace_saving(outer);
-        let (y, inner) = out?;
-        drop(inner);
-        let outputs = saved.map(|s| s.outputs).unwrap_or_default();
-        if !self.saving.is_empty() && outputs.is_empty() {
+        if self.span != 1 {
             return Err(self.config(format!(
-                "saving {}: no layer of these kinds inside could be saved (Conv and Dense run by \
-                 a serial or parallel combinator inside, not fused with an activation after \
-                 them, not under a Mixed of their own)",
-                self.saving.join(", ")
+                "spanning {} layers: a span runs as a layer of a serial, which has the layers \
+                 after it",
+                self.span
             )));
         }
-        let replay = Saved::Replay(Box::new(Replay { rng, outputs }));
-        let fields = [
-            (Key::Field("x"), kept),
-            (Key::Field("replay"), Tree::leaf(replay)),
-        ];
-        Ok((y, Tree::node(fields)))
+        let rng = cx.take_rng();
+        let who = (self as &dyn Layer, self.saving.as_slice());
+        remat_forward(who, vec![rng], x, cx, |cx, x, rngs| {
+            self.run(params, x, cx, rngs)
+        })
     }
 
     fn vjp(
@@ -191,18 +294,10 @@ impl<L: Layer> Layer for Remat<L> {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let (x, Replay { rng, outputs }) = self.unpack(residuals)?;
-        let outer_rng = cx.replace_rng(rng);
-        let outer = cx.replace_saving(self.outputs(true, outputs));
-        let again = {
-            // what the recomputation allocates is named `{path}/remat/...` in plans and traces
-            let _scope = cx.backend().allocator().scope("remat");
-            self.layer.apply(params, x, cx)
-        };
-        drop(cx.replace_saving(outer));
-        cx.replace_rng(outer_rng);
-        let (y, inner) = again?;
-        drop(y);
-        self.layer.vjp(params, inner, dy, cx, need_dx)
+        let who = (self as &dyn Layer, self.saving.as_slice());
+        let run = |cx: &mut Cx<'_>, x, rngs| self.run(params, x, cx, rngs);
+        remat_backward(who, residuals, cx, run, |cx, inner| {
+            self.layer.vjp(params, inner, dy, cx, need_dx)
+        })
     }
 }

@@ -1,14 +1,18 @@
 //! `Serial`: layers applied one after another (stax's `serial`).
 
+use std::ops::Range;
+
 use stax_tensor::{Key, Params, Tree};
 
 use crate::fuse::{apply_pair, fused_at, vjp_pair};
-use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Shapes, Value};
+use crate::remat::{collected, remat_backward, remat_forward};
+use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value};
 
 /// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
 /// with one child per layer, keyed `{index}.{kind}` (`2.conv`; parameter-free layers keep
 /// their place with an empty node, as stax's `()`). An RNG key given to `apply` is split into
-/// one key per layer, as stax's `serial` splits it.
+/// one key per layer, as stax's `serial` splits it. A [`crate::Remat`] spanning several of its
+/// layers ([`crate::Remat::spanning`]) runs them as one rematerialized run in training.
 #[derive(Debug)]
 pub struct Serial(pub Vec<Box<dyn Layer>>);
 
@@ -28,8 +32,10 @@ impl Serial {
     /// The input shapes of every layer plus the final output shapes (`len + 1` entries).
     ///
     /// # Errors
-    /// The first layer whose input does not fit, with its path.
+    /// The first layer whose input does not fit, with its path; a span that does not fit
+    /// (see [`Serial::spans`]).
     pub fn shapes(&self, input: &Shapes) -> Result<Vec<Shapes>, LayerError> {
+        self.spans()?;
         let mut shapes = vec![input.clone()];
         for (i, layer) in self.0.iter().enumerate() {
             let next = layer
@@ -38,6 +44,33 @@ impl Serial {
             shapes.push(next);
         }
         Ok(shapes)
+    }
+
+    /// The rematerialized spans ([`crate::Remat::spanning`]) as `(first layer, layers)`.
+    ///
+    /// # Errors
+    /// [`LayerError::Config`] at the spanning layer for a span of no layers, one past the
+    /// serial's end, or one over another spanning layer.
+    fn spans(&self) -> Result<Vec<(usize, usize)>, LayerError> {
+        let (n, mut spans, mut i) = (self.0.len(), Vec::new(), 0);
+        while i < n {
+            let Some(len) = self.0[i].remat_span().map(|s| s.len) else {
+                i += 1;
+                continue;
+            };
+            let end = (i + len).min(n);
+            if len == 0 || i + len > n || (i + 1..end).any(|j| self.0[j].remat_span().is_some()) {
+                let reason = format!(
+                    "spanning {len} layers from layer {i} of {n}: a span covers 1 to {} layers, \
+                     none of them spanning",
+                    n - i
+                );
+                return Err(self.0[i].config(reason).at(self.key(i)));
+            }
+            spans.push((i, len));
+            i = end;
+        }
+        Ok(spans)
     }
 
     /// Each layer's parameters, checked to be keyed as [`Serial`] keys them.
@@ -93,8 +126,12 @@ impl Layer for Serial {
         Ok(self.shapes(input)?.pop().unwrap_or_else(|| input.clone()))
     }
 
+    /// Each layer's, those a span covers after its first collected as the span's own are
+    /// ([`crate::Remat`]: the recomputation reads them).
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
         let shapes = self.shapes(input)?;
+        let spans = self.spans()?;
+        let covered = |i: usize| spans.iter().any(|&(s, len)| s < i && i < s + len);
         let specs = self
             .0
             .iter()
@@ -102,7 +139,8 @@ impl Layer for Serial {
             .enumerate()
             .map(|(i, (layer, s))| {
                 let key = self.key(i);
-                Ok((key, layer.param_specs(s).map_err(|e| e.at(key))?))
+                let specs = layer.param_specs(s).map_err(|e| e.at(key))?;
+                Ok((key, if covered(i) { collected(&specs) } else { specs }))
             });
         Ok(Tree::Node(specs.collect::<Result<_, LayerError>>()?))
     }
@@ -115,32 +153,12 @@ impl Layer for Serial {
     ) -> Result<(Value, Residuals), LayerError> {
         let children = self.children(params)?;
         let n = self.0.len();
-        let mut rngs = cx.take_rng().map(|mut r| r.split(n).into_iter());
-        let mut next_rng = || rngs.as_mut().and_then(Iterator::next);
-        let (mut x, mut saved, mut i) = (x, Vec::with_capacity(n), 0);
-        while i < n {
-            let (layer, key) = (&*self.0[i], self.key(i));
-            let rng = next_rng();
-            match fused_at(&self.0, &children, i).filter(|_| cx.is_training()) {
-                Some(act) => {
-                    let act_key = self.key(i + 1);
-                    let (y, r) =
-                        apply_pair((layer, key, i), (act, act_key), children[i], x, cx, rng)?;
-                    next_rng();
-                    saved.push((key, cx.kept(r)));
-                    saved.push((act_key, Tree::empty()));
-                    x = y;
-                    i += 2;
-                }
-                None => {
-                    let (y, r) = cx.apply_child((key, i), rng, layer, children[i], x)?;
-                    saved.push((key, cx.kept(r)));
-                    x = y;
-                    i += 1;
-                }
-            }
-        }
-        Ok((x, Tree::Node(saved)))
+        let rngs = match cx.take_rng() {
+            Some(mut rng) => rng.split(n).into_iter().map(Some).collect(),
+            None => vec![None; n],
+        };
+        let (y, saved) = self.run(&children, 0..n, x, cx, rngs, true)?;
+        Ok((y, Tree::Node(saved)))
     }
 
     /// Backward through the layers in reverse; only the first layer's `need_dx` is the
@@ -156,35 +174,130 @@ impl Layer for Serial {
         let children = self.children(params)?;
         let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
         children_of(self, &residuals, &keys, "residuals")?;
-        let mut saved: Vec<Residuals> =
-            residuals.into_children().into_iter().map(|c| c.1).collect();
-        let (mut dy, mut end) = (Some(dy), self.0.len());
-        while end > 0 {
+        let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
+        let range = 0..self.0.len();
+        self.back(&children, range, saved, dy, cx, (need_dx, true))
+    }
+}
+
+impl Serial {
+    /// The layer at `i` as a run of `range` applies it: inside a span (`top` false) its first
+    /// layer unwrapped from the spanning [`crate::Remat`].
+    fn layer_in(&self, i: usize, range: &Range<usize>, top: bool) -> &dyn Layer {
+        let span = self.0[i].remat_span().filter(|_| !top && i == range.start);
+        span.map_or(&*self.0[i], |s| s.first)
+    }
+
+    /// The forward pass of layers `range`, each with its key of `rngs` (one a layer of the
+    /// range): the output, and each layer's residuals as the serial keeps them. `top`: the
+    /// serial's own run, in which a span runs as one rematerialized run (in training); else the
+    /// run of a span.
+    fn run(
+        &self,
+        children: &[&Params],
+        range: Range<usize>,
+        x: Value,
+        cx: &mut Cx<'_>,
+        rngs: Vec<Option<Rng>>,
+        top: bool,
+    ) -> Result<(Value, Vec<(Key, Residuals)>), LayerError> {
+        let mut rngs = rngs.into_iter();
+        let (mut x, mut saved, mut i) = (x, Vec::with_capacity(range.len()), range.start);
+        while i < range.end {
+            let key = self.key(i);
+            let span = self.0[i].remat_span().filter(|_| top && cx.is_training());
+            if let Some(span) = span {
+                let (len, who) = (span.len, (&*self.0[i], span.saving));
+                let keys: Vec<Option<Rng>> = rngs.by_ref().take(len).collect();
+                let (y, r) = remat_forward(who, keys, x, cx, |cx, x, keys| {
+                    self.run(children, i..i + len, x, cx, keys, false)
+                })?;
+                saved.push((key, cx.kept(r)));
+                saved.extend((i + 1..i + len).map(|j| (self.key(j), Tree::empty())));
+                x = y;
+                i += len;
+                continue;
+            }
+            let layer = self.layer_in(i, &range, top);
+            let rng = rngs.next().flatten();
+            let fused = fused_at(&self.0, children, i).filter(|_| i + 1 < range.end);
+            match fused.filter(|_| cx.is_training()) {
+                Some(act) => {
+                    let act_key = self.key(i + 1);
+                    let (y, r) =
+                        apply_pair((layer, key, i), (act, act_key), children[i], x, cx, rng)?;
+                    rngs.next();
+                    saved.push((key, cx.kept(r)));
+                    saved.push((act_key, Tree::empty()));
+                    x = y;
+                    i += 2;
+                }
+                None => {
+                    let (y, r) = cx.apply_child((key, i), rng, layer, children[i], x)?;
+                    saved.push((key, cx.kept(r)));
+                    x = y;
+                    i += 1;
+                }
+            }
+        }
+        Ok((x, saved))
+    }
+
+    /// The backward pass of layers `range` in reverse from their residuals (`saved`, one a
+    /// layer of the range); `need_dx` is the serial's caller's (for layer 0), `top` as in
+    /// [`Serial::run`]: a span's residuals run its forward pass again, then its backward pass.
+    fn back(
+        &self,
+        children: &[&Params],
+        range: Range<usize>,
+        mut saved: Vec<Residuals>,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        (need_dx, top): (bool, bool),
+    ) -> Result<Option<Value>, LayerError> {
+        let spans = if top { self.spans()? } else { Vec::new() };
+        let start = range.start;
+        let (mut dy, mut end) = (Some(dy), range.end);
+        while end > start {
             let i = end - 1;
             let d = dy.take().ok_or_else(|| {
                 self.mismatch("output gradients", format!("layer {i} got no gradient"))
             })?;
-            let r = std::mem::take(&mut saved[i]);
-            // A fused pair left the activation's residuals empty (see `fuse`).
-            let fused = i > 0 && r.children().is_empty() && matches!(r, Tree::Node(_));
+            if let Some(&(s, _)) = spans.iter().find(|&&(s, len)| s + len == end) {
+                let r = std::mem::take(&mut saved[s - start]);
+                let saving = self.0[s].remat_span().map_or(&[][..], |span| span.saving);
+                let run = |cx: &mut Cx<'_>, x, keys| self.run(children, s..end, x, cx, keys, false);
+                dy = remat_backward((&*self.0[s], saving), r, cx, run, |cx, inner| {
+                    let inner = inner.into_iter().map(|c| c.1).collect();
+                    self.back(children, s..end, inner, d, cx, (need_dx, false))
+                })?;
+                end = s;
+                continue;
+            }
+            let r = std::mem::take(&mut saved[i - start]);
+            // A fused pair left the activation's residuals empty (see `fuse`); a span's last
+            // layer fuses with nothing after it.
+            let after_span = spans.iter().any(|&(s, len)| s + len == i);
+            let fused =
+                i > start && !after_span && r.children().is_empty() && matches!(r, Tree::Node(_));
             let act = if fused {
-                fused_at(&self.0, &children, i - 1)
+                fused_at(&self.0, children, i - 1)
             } else {
                 None
             };
             match act {
                 Some(act) => {
-                    let (j, layer) = (i - 1, &*self.0[i - 1]);
-                    let r = std::mem::take(&mut saved[j]);
+                    let (j, layer) = (i - 1, self.layer_in(i - 1, &range, top));
+                    let r = std::mem::take(&mut saved[j - start]);
                     let want_dx = j > 0 || need_dx;
-                    let pair = ((layer, keys[j], j), (act, keys[i]));
+                    let pair = ((layer, self.key(j), j), (act, self.key(i)));
                     dy = vjp_pair(pair.0, pair.1, children[j], r, d, cx, want_dx)?;
                     end -= 2;
                 }
                 None => {
-                    let layer = &*self.0[i];
+                    let layer = self.layer_in(i, &range, top);
                     let want_dx = i > 0 || need_dx;
-                    dy = cx.child(keys[i], i, None, |cx| {
+                    dy = cx.child(self.key(i), i, None, |cx| {
                         layer.vjp(children[i], r, d, cx, want_dx)
                     })?;
                     end -= 1;

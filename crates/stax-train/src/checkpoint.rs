@@ -455,8 +455,9 @@ fn structure(description: &str) -> String {
 }
 
 /// A model description without its `remat(..)` wrappers ([`stax_layers::Remat`]'s
-/// description, with what it saves): `serial[remat(serial[dense(4)]), remat(saving conv:
-/// conv(..)), dense(2)]` is `serial[serial[dense(4)], conv(..), dense(2)]`.
+/// description, with the layers it spans and what it saves): `serial[remat(serial[dense(4)]),
+/// remat(spanning 2, saving conv: conv(..)), relu, dense(2)]` is `serial[serial[dense(4)],
+/// conv(..), relu, dense(2)]`.
 fn without_remat(description: &str) -> String {
     let mut out = String::with_capacity(description.len());
     // for each open parenthesis: whether it opened a remat wrapper
@@ -465,10 +466,12 @@ fn without_remat(description: &str) -> String {
     while let Some(c) = rest.chars().next() {
         if let Some(inner) = rest.strip_prefix("remat(") {
             open.push(true);
-            // `remat(saving conv, dense: ...)`: what it saves is not structure either
-            rest = match inner.strip_prefix("saving ") {
-                Some(kinds) => kinds.split_once(": ").map_or(inner, |(_, layer)| layer),
-                None => inner,
+            // `remat(spanning 3, saving conv, dense: ...)`: how many layers it covers (they
+            // keep their places) and what it saves are not structure either
+            let how = inner.starts_with("saving ") || inner.starts_with("spanning ");
+            rest = match how {
+                true => inner.split_once(": ").map_or(inner, |(_, layer)| layer),
+                false => inner,
             };
             continue;
         }
