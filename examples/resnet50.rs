@@ -9,7 +9,6 @@
 //! cargo run --example resnet50 --release -- --plan --batch 128           # the step's memory plan
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat   # the same, blocks recomputed
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat 2 # only the first two stages'
-//! cargo run --example resnet50 --release -- --plan --batch 128 --remat 1 --remat-saving-convs # later stages keep their convs' outputs
 //! cargo run --example resnet50 --release -- --device cpu --blocks 1,1,1,1 --widths 8,16,16,16 --epochs 4
 //! ```
 //!
@@ -46,11 +45,6 @@ struct Args {
     /// backward pass; less memory, one more forward pass of those blocks, the same results.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4", default_value_t = 0)]
     remat: usize,
-    /// Rematerialize each stage after the first --remat N (all four without --remat) as one
-    /// run that keeps its convs' outputs: no conv runs twice; the BatchNorms, ReLUs and
-    /// residual sums are recomputed a stage at a time in the backward pass. The same results.
-    #[arg(long)]
-    remat_saving_convs: bool,
 }
 
 /// Four comma-separated positive numbers.
@@ -73,7 +67,6 @@ fn main() -> std::process::ExitCode {
             widths: four("--widths", &args.widths)?,
             classes,
             remat_stages: args.remat,
-            remat_rest_saving_convs: args.remat_saving_convs,
         })
     };
     let example = Example {

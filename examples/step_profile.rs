@@ -582,9 +582,9 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         &mut || ops::adam(&mut wd, &dwd, &mut m, &mut v, &h1),
     );
     // What the step runs instead of the three rows above: Adam in dense1's backward pass.
-    // Where it applies, the one-pass kernel and (for A/B) the chunks.
+    // At a small batch, the one-pass kernel and (for A/B) the chunks.
     let mut dx1 = empty(&be, &[b, feat], DType::F32);
-    let one_pass = p.gpu.dense_adam_is_rows(b, 128, feat, DType::F32);
+    let one_pass = p.gpu.dense_adam_is_rows(b, 128, DType::F32);
     for rows_kernel in [true, false].into_iter().filter(|&r| one_pass || !r) {
         p.gpu.set_dense_adam_rows(rows_kernel);
         let name = match rows_kernel {
@@ -717,8 +717,7 @@ fn main() {
         println!("(again with every direct conv kernel: conv1 forward and filter grad)");
         whole_step(&gpu, args.batch, args.img, args.steps);
         gpu.set_direct_convs(DirectConvs::Winning);
-        let feat = args.img * args.img * 64; // the seed's flattened conv2 output
-        if gpu.dense_adam_is_rows(args.batch, 128, feat, DType::F32) {
+        if gpu.dense_adam_is_rows(args.batch, 128, DType::F32) {
             gpu.set_dense_adam_rows(false);
             println!("(again with the dense update by chunks)");
             whole_step(&gpu, args.batch, args.img, args.steps);

@@ -1,6 +1,41 @@
 // adam.cu: one fused, in-place Adam step (optax.adam: scale_by_adam then
 // scale_by_learning_rate; Kingma & Ba 2014, Algorithm 1, eps outside the square root).
 
+// x / y rounded to nearest (__fdiv_rn's bits) for a zero x too without the division's slow
+// path: __fdiv_rn's range check sends a zero dividend there (half the seed's dense rows have a
+// zero gradient, moment and step: ReLU's zeros), but for y > 0, ±0 / y is ±0 (IEEE 754).
+// The divisions run on 1 instead of 0, so no lane takes the slow path for them.
+__device__ __forceinline__ float div_rn(float x, float y) {
+    bool zero = x == 0.0f && y > 0.0f;
+    float q = __fdiv_rn(zero ? 1.0f : x, y);
+    return zero ? x : q;
+}
+
+// sqrt(x) rounded to nearest (__fsqrt_rn's bits), ±0 (whose square root is itself) without its
+// slow path.
+__device__ __forceinline__ float sqrt_rn(float x) {
+    float r = __fsqrt_rn(x == 0.0f ? 1.0f : x);
+    return x == 0.0f ? x : r;
+}
+
+// g *= grad_scale (1, or 1 / loss_scale: jmp's unscale in f32);
+// m = (1 - b1) g + b1 m; v = (1 - b2) g^2 + b2 v;
+// p += (-lr) * (m / bc1) / (sqrt(v / bc2 + eps_root) + eps).
+// Explicitly rounded operations (no FMA contraction), in the CPU backend's order, so both
+// backends give the same bits.
+__device__ __forceinline__ void adam_one(float &p, float g, float &m, float &v,
+                                         const AdamHyper &h) {
+    g = __fmul_rn(g, h.grad_scale);
+    float mi = __fadd_rn(__fmul_rn(1.0f - h.b1, g), __fmul_rn(h.b1, m));
+    float vi = __fadd_rn(__fmul_rn(1.0f - h.b2, __fmul_rn(g, g)), __fmul_rn(h.b2, v));
+    m = mi;
+    v = vi;
+    float mhat = div_rn(mi, h.bias_correction1);
+    float vhat = div_rn(vi, h.bias_correction2);
+    float denom = __fadd_rn(sqrt_rn(__fadd_rn(vhat, h.eps_root)), h.eps);
+    p = __fadd_rn(p, __fmul_rn(-h.lr, div_rn(mhat, denom)));
+}
+
 // One element per thread and iteration (any alignment): f32 parameters and second moment,
 // the gradient in its own dtype G (read as f32), the first moment in M (optax's mu_dtype:
 // read as f32, rounded once when stored): adam_<G> (M = f32), adam_mu_<M>_<G>.

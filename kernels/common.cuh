@@ -162,7 +162,7 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid)
                  "r"(valid ? 16 : 0));
 }
 
-// Adam's hyper-parameters of one step (adam.cu, dense_bulk.cu).
+// Adam's hyper-parameters of one step (adam.cu, dense_mma.cu).
 // Must match `AdamHyper` in crates/stax-tensor/src/backend.rs (#[repr(C)], eight f32).
 struct AdamHyper {
     float lr;
@@ -175,44 +175,6 @@ struct AdamHyper {
     float grad_scale;
 };
 
-// Adam's exact step (adam.cu, dense_bulk.cu): optax.adam's scale_by_adam then
-// scale_by_learning_rate (Kingma & Ba 2014, Algorithm 1, eps outside the square root).
-
-// x / y rounded to nearest (__fdiv_rn's bits) for a zero x too without the division's slow
-// path: __fdiv_rn's range check sends a zero dividend there (half the seed's dense rows have a
-// zero gradient, moment and step: ReLU's zeros), but for y > 0, ±0 / y is ±0 (IEEE 754).
-// The divisions run on 1 instead of 0, so no lane takes the slow path for them.
-__device__ __forceinline__ float div_rn(float x, float y) {
-    bool zero = x == 0.0f && y > 0.0f;
-    float q = __fdiv_rn(zero ? 1.0f : x, y);
-    return zero ? x : q;
-}
-
-// sqrt(x) rounded to nearest (__fsqrt_rn's bits), ±0 (whose square root is itself) without its
-// slow path.
-__device__ __forceinline__ float sqrt_rn(float x) {
-    float r = __fsqrt_rn(x == 0.0f ? 1.0f : x);
-    return x == 0.0f ? x : r;
-}
-
-// g *= grad_scale (1, or 1 / loss_scale: jmp's unscale in f32);
-// m = (1 - b1) g + b1 m; v = (1 - b2) g^2 + b2 v;
-// p += (-lr) * (m / bc1) / (sqrt(v / bc2 + eps_root) + eps).
-// Explicitly rounded operations (no FMA contraction), in the CPU backend's order, so both
-// backends give the same bits.
-__device__ __forceinline__ void adam_one(float &p, float g, float &m, float &v,
-                                         const AdamHyper &h) {
-    g = __fmul_rn(g, h.grad_scale);
-    float mi = __fadd_rn(__fmul_rn(1.0f - h.b1, g), __fmul_rn(h.b1, m));
-    float vi = __fadd_rn(__fmul_rn(1.0f - h.b2, __fmul_rn(g, g)), __fmul_rn(h.b2, v));
-    m = mi;
-    v = vi;
-    float mhat = div_rn(mi, h.bias_correction1);
-    float vhat = div_rn(vi, h.bias_correction2);
-    float denom = __fadd_rn(sqrt_rn(__fadd_rn(vhat, h.eps_root)), h.eps);
-    p = __fadd_rn(p, __fmul_rn(-h.lr, div_rn(mhat, denom)));
-}
-
 // v rounded to TF32 (cvt.rna, as cuDNN's and cuBLAS's TF32 paths round), as an mma operand.
 __device__ __forceinline__ u32 tf32_bits(float v) {
     u32 r;
@@ -220,7 +182,7 @@ __device__ __forceinline__ u32 tf32_bits(float v) {
     return r;
 }
 
-// d += a · b on the tensor cores with f32 accumulators (gemm.cu, direct_mma.cu, dense_bulk.cu):
+// d += a · b on the tensor cores with f32 accumulators (gemm.cu, direct_mma.cu, dense_mma.cu):
 // m16n8k16 for the 16-bit types, m16n8k8 TF32 for f32 (PTX ISA, "Matrix fragments for
 // mma.m16n8k16 / m16n8k8": lane 4 g + t).
 template <typename T>

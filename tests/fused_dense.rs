@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    Rng, assert_rel_close, assert_workspace_is_the_schedule, cpu, on_both, poisoned,
-    private_cuda_with, seed_for,
+    Rng, assert_rel_close, assert_workspace_is_the_schedule, cpu, cuda_or_skip, on_both, poisoned,
+    private_cuda_with, seed_for, with_precision,
 };
 use stax::tensor::backend::DenseDx;
 use stax::{Adam, Backend, Category, DType, Precision, Tensor};
@@ -121,15 +121,13 @@ fn dense_adam_agrees(
     assert_rel_close(&g, &c, tol, &format!("dx of {what}"));
 }
 
-/// Under TF32, an f32 batch into a multiple of 8 up to 128 outputs runs in one pass, with no
-/// workspace: by default 1 to 16 rows in f32 FMAs (`dense_adam_rows`), 17 to 128 rows on the
-/// tensor cores (`dense_adam_mma`); with the bulk kernel on, 1 to 128 rows from a multiple of 4
-/// inputs on the tensor cores (`dense_adam_bulk_f32`). Each, and the chunks (cuBLAS's TF32
-/// GEMMs, the kernels off), agree with the CPU's f32 within TF32's rounding, on the seed's
-/// shape at batch 100 and 10 (a partial 16-row tile at the end), the kernels' edges (1 row, 17
+/// Under TF32, an f32 batch of 17 to 128 rows into a multiple of 8 up to 128 outputs runs in
+/// one pass on the tensor cores (`dense_adam_mma`), with no workspace; it and the chunks
+/// (cuBLAS's TF32 GEMMs, the kernel off) agree with the CPU's f32 within TF32's rounding, on
+/// the seed's shape at batch 100 (a partial 16-row strip at the end), the kernel's edges (17
 /// rows and 8 outputs, 128 rows and 128 outputs) and batches that are no multiple of 8, with
-/// dx in place, into its own tensor and not computed. Past the edges (129 rows, 124 or 136
-/// outputs) no one-pass kernel runs; inputs not a multiple of 4 the bulk kernel does not take.
+/// dx in place, into its own tensor and not computed. Past its edges (16 rows, 129 rows, 124
+/// outputs) the update is not the tensor-core pass.
 #[test]
 fn gpu_tf32_dense_adam_in_one_pass_matches_cpu() {
     let Some(gpu) = private_cuda_with(Precision::Tf32) else {
@@ -137,57 +135,41 @@ fn gpu_tf32_dense_adam_in_one_pass_matches_cpu() {
     };
     let cpu = cpu();
     let cases = [
-        ((100, 128, 70_004), 0),
-        ((10, 128, 40_000), 0),
-        ((1, 16, 36), 1),
-        ((17, 8, 36), 1),
+        ((100, 128, 70_001), 0),
+        ((17, 8, 33), 1),
         ((128, 128, 5_000), 1),
         ((33, 64, 1_000), 2),
-        ((100, 120, 996), 1),
+        ((100, 120, 999), 1),
         ((71, 96, 4_096), 0),
     ];
-    for bulk in [false, true] {
-        gpu.set_dense_adam_bulk(bulk);
-        for one_pass in [true, false] {
-            gpu.set_dense_adam_rows(one_pass);
-            for ((m, n, k), mode) in cases {
-                assert_eq!(gpu.dense_adam_is_rows(m, n, k, DType::F32), one_pass);
-                let op = OpDesc::DenseAdam {
-                    m,
-                    n,
-                    k,
-                    dtype: DType::F32,
-                    input_grad: mode != 2,
-                };
-                assert_eq!(gpu.workspace_schedule(&op).unwrap().is_empty(), one_pass);
-                let be: Arc<dyn Backend> = gpu.clone();
-                let what = format!(
-                    "TF32 dense_adam m{m} n{n} k{k} mode {mode}, one pass {one_pass}, bulk {bulk}"
-                );
-                dense_adam_agrees(&be, &cpu, (m, n, k), mode, TF32, &what);
-            }
+    for one_pass in [true, false] {
+        gpu.set_dense_adam_rows(one_pass);
+        for ((m, n, k), mode) in cases {
+            assert_eq!(gpu.dense_adam_is_rows(m, n, DType::F32), one_pass);
+            let op = OpDesc::DenseAdam {
+                m,
+                n,
+                k,
+                dtype: DType::F32,
+                input_grad: mode != 2,
+            };
+            assert_eq!(gpu.workspace_schedule(&op).unwrap().is_empty(), one_pass);
+            let be: Arc<dyn Backend> = gpu.clone();
+            let what = format!("TF32 dense_adam m{m} n{n} k{k} mode {mode}, one pass {one_pass}");
+            dense_adam_agrees(&be, &cpu, (m, n, k), mode, TF32, &what);
         }
-        gpu.set_dense_adam_rows(true);
-        assert!(
-            gpu.dense_adam_is_rows(16, 128, 70_001, DType::F32),
-            "the f32 rows kernel"
-        );
-        for (m, n, k) in [(129, 128, 64), (100, 124, 64), (100, 136, 64)] {
-            assert!(
-                !gpu.dense_adam_is_rows(m, n, k, DType::F32),
-                "m{m} n{n} k{k}"
-            );
-        }
-        assert_eq!(
-            gpu.dense_adam_is_rows(100, 128, 70_001, DType::F32),
-            !bulk,
-            "inputs not a multiple of 4: the mma kernel's, not the bulk kernel's"
-        );
+    }
+    gpu.set_dense_adam_rows(true);
+    assert!(
+        gpu.dense_adam_is_rows(16, 128, DType::F32),
+        "the f32 rows kernel"
+    );
+    for (m, n) in [(129, 128), (100, 124), (100, 136)] {
+        assert!(!gpu.dense_adam_is_rows(m, n, DType::F32), "m{m} n{n}");
     }
     let highest = private_cuda_with(Precision::Highest).unwrap();
-    highest.set_dense_adam_bulk(true);
     assert!(
-        !highest.dense_adam_is_rows(100, 128, 64, DType::F32),
+        !highest.dense_adam_is_rows(100, 128, DType::F32),
         "full fp32 keeps the chunks"
     );
 }
@@ -330,17 +312,15 @@ fn assert_within_one_rounding(gpu: &[f32], cpu: &[f32], dtype: DType, what: &str
 }
 
 /// bf16 and f16 `x` and `dy` on both backends: the weight and both moments within f32 summation
-/// order (the f32 weight gradient from bf16/f16 products, summed by the tensor cores and by the
-/// CPU's GEMM in other orders: 2e-6 norm-wise), dx within one rounding of the dtype, an x that
-/// is only read unchanged; by the chunks (cuBLAS, the default) and with the bulk kernel on
-/// (`dense_adam_bulk`) in one pass where it takes the shape. Chunks only: two chunks of 64 MiB
-/// of f32 gradient (the second partial), one chunk, a batch of one row, odd n, inputs not a
-/// multiple of 8. In one pass: the seed's 128 outputs at batch 10 and 100 (a partial 8-row
-/// tile at the end), 128 rows, a batch not a multiple of 16 into another tensor, 8, 16 and 40
-/// outputs (dx's last K step half padding). All with a loss scale's `grad_scale`.
+/// order (the f32 weight gradient from bf16/f16 products, summed by cuBLAS's tensor cores and
+/// by the CPU's GEMM in other orders: 2e-6 norm-wise), dx within one rounding of the dtype, an
+/// x that is only read unchanged. Two chunks of 64 MiB of f32 gradient (the second partial),
+/// one chunk, a batch of one row, odd n, with a loss scale's `grad_scale`; the seed's 128
+/// outputs at batch 10 and 100 (70,001 rows), a batch not a multiple of 16 into another
+/// tensor, 16 outputs.
 #[test]
 fn gpu_low_precision_dense_adam_matches_cpu() {
-    let Some(cuda) = private_cuda_with(Precision::Highest) else {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
         return;
     };
     let cpu = cpu();
@@ -348,35 +328,18 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
         grad_scale: 0.25,
         ..hyper()
     };
-    // (m, n, k), the way dx is written, whether the bulk kernel takes it
     let cases = [
-        ((100, 300, 70_000), 0, false),
-        ((1, 3, 100), 1, false),
-        ((3, 5, 77), 1, false),
-        ((64, 127, 5_000), 0, false),
-        ((100, 128, 70_001), 0, false),
-        ((5, 16, 130), 0, false),
-        ((10, 128, 40_000), 2, true),
-        ((100, 128, 70_008), 0, true),
-        ((128, 128, 4_096), 1, true),
-        ((37, 64, 1_000), 1, true),
-        ((1, 8, 24), 0, true),
-        ((17, 16, 40), 1, true),
-        ((20, 40, 64), 0, true),
+        ((100, 300, 70_000), 0),
+        ((1, 3, 100), 1),
+        ((3, 5, 77), 1),
+        ((64, 127, 5_000), 0),
+        ((10, 128, 40_000), 2),
+        ((100, 128, 70_001), 0),
+        ((37, 64, 1_000), 1),
+        ((5, 16, 130), 0),
     ];
-    for (dtype, bulk) in [DType::BF16, DType::F16]
-        .into_iter()
-        .flat_map(|d| [(d, true), (d, false)])
-    {
-        cuda.set_dense_adam_bulk(bulk);
-        let gpu: Arc<dyn Backend> = cuda.clone();
-        for ((m, n, k), mode, takes) in cases {
-            let pass = bulk && takes;
-            assert_eq!(
-                cuda.dense_adam_is_rows(m, n, k, dtype),
-                pass,
-                "m{m} n{n} k{k}"
-            );
+    for dtype in [DType::BF16, DType::F16] {
+        for ((m, n, k), mode) in cases {
             let mut rng = Rng::new(seed_for("dense_adam low", &[m, n, k]));
             let mut both = |rows, cols, positive: bool| {
                 let mut v = rng.vec(rows * cols, -1.0, 1.0);
@@ -400,9 +363,7 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
             };
             ops::dense_adam(&mut xg, &dyg, &mut wg, &mut mug, &mut nug, dx_g, &h).unwrap();
             ops::dense_adam(&mut xc, &dyc, &mut wc, &mut muc, &mut nuc, dx_c, &h).unwrap();
-            let what = |s: &str| {
-                format!("{s} of {dtype} dense_adam m{m} n{n} k{k} mode {mode}, one pass {pass}")
-            };
+            let what = |s: &str| format!("{s} of {dtype} dense_adam m{m} n{n} k{k} mode {mode}");
             let pairs = [(&wg, &wc, "w"), (&mug, &muc, "mu"), (&nug, &nuc, "nu")];
             for (g, c, name) in pairs {
                 let (g, c) = (g.to_vec().unwrap(), c.to_vec().unwrap());
@@ -428,33 +389,31 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
 /// CUDA; the schedules hold what the op needs: on the CPU the f32 copies of x and dy (bf16,
 /// f16), the f32 chunk of dw, the rounded old weight's chunk (bf16, f16 with dx); on CUDA the
 /// f32 chunk, the old weight's chunk in the dtype (bf16, f16 with dx), cuBLAS's workspace,
-/// and nothing for the one-pass kernels (6 rows into 7 outputs: the f32 rows kernel, the 16-bit
-/// dtypes by chunks; 20 rows into 8 outputs from 152 inputs: the TF32 tensor-core kernel, and
-/// with the bulk kernel on that kernel in every dtype; off: the chunks).
+/// and nothing for the one-pass f32 kernels of these batches (6 rows: the rows kernel, 20 rows
+/// into 8 outputs: the TF32 tensor-core kernel; off: the chunks).
 #[test]
 fn dense_adam_workspace_is_its_schedule_on_both_backends() {
-    for (shape, bulk_takes) in [((6, 7, 150), false), ((20, 8, 152), true)] {
-        workspace_is_the_schedule(shape, bulk_takes);
+    for shape in [(6, 7, 150), (20, 8, 150)] {
+        workspace_is_the_schedule(shape);
     }
 }
 
-fn workspace_is_the_schedule((m, n, k): (usize, usize, usize), bulk_takes: bool) {
+fn workspace_is_the_schedule((m, n, k): (usize, usize, usize)) {
     let options = stax::BackendOptions {
         workspace_limit: Some(64 * n * 4),
         ..Default::default()
     };
     let small: Arc<dyn Backend> = stax::tensor::cpu::CpuBackend::new(&options).unwrap();
-    // (backend, whether the one-pass kernels are on, whether the bulk kernel is)
-    let mut backends = vec![(small, false, false)];
-    for (rows_kernel, bulk) in [(true, false), (true, true), (false, false)] {
+    // (backend, whether the one-pass kernel is on)
+    let mut backends = vec![(small, false)];
+    for rows_kernel in [true, false] {
         if let Some(gpu) = private_cuda_with(Precision::Tf32) {
             gpu.set_dense_adam_rows(rows_kernel);
-            gpu.set_dense_adam_bulk(bulk);
-            backends.push((gpu, rows_kernel, bulk));
+            backends.push((gpu, rows_kernel));
         }
     }
     let h = hyper();
-    for (be, rows_kernel, bulk) in backends {
+    for (be, rows_kernel) in backends {
         let device = be.device();
         for dtype in DType::FLOATS {
             for input_grad in [true, false] {
@@ -481,10 +440,10 @@ fn workspace_is_the_schedule((m, n, k): (usize, usize, usize), bulk_takes: bool)
                 let low = dtype != DType::F32;
                 let want = match device {
                     stax::Device::Cpu => 1 + 2 * low as usize + (low && input_grad) as usize,
-                    _ if rows_kernel && (!low || bulk && bulk_takes) => 0,
+                    _ if rows_kernel && !low => 0,
                     _ => 2 + (low && input_grad) as usize,
                 };
-                let what = format!("{device:?} {dtype} dense_adam, dx {input_grad}, bulk {bulk}");
+                let what = format!("{device:?} {dtype} dense_adam, dx {input_grad}");
                 assert_eq!(allocs, want, "{what}: buffers");
                 assert_workspace_is_the_schedule(&be, &what, op, &mut || {
                     let dx = if input_grad {

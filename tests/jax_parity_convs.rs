@@ -126,7 +126,6 @@ const LAYERS: &[Entry] = &[
             widths: [2, 2, 4, 4],
             classes: 3,
             remat_stages: 0,
-            remat_rest_saving_convs: false,
         }
         .build((16, 16, 3))
         .unwrap(),

@@ -34,7 +34,6 @@ fn shallow_for(remat: bool, img: usize) -> Serial {
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages: if remat { 4 } else { 0 },
-        remat_rest_saving_convs: false,
     };
     net.build((img, img, 1)).unwrap()
 }
@@ -385,17 +384,33 @@ fn a_rematerialized_shallow_resnet_reaches_95_percent_with_exact_memory() {
     assert!(accuracy >= 0.95, "test accuracy {accuracy}");
 }
 
-/// A ResNet of two blocks in each of its first two stages (`remat_stages` stages of
-/// rematerialized blocks, the later ones each one span saving its convs' outputs, or plain).
+/// [`spanned_for`] 28x28 images.
 fn spanned(remat_stages: usize, spans: bool) -> Serial {
+    spanned_for(remat_stages, spans, 28)
+}
+
+/// `ResNet { blocks: [2, 2, 1, 1], widths: [8, 16, 16, 16], classes: 2, remat_stages }` for
+/// `img`x`img` images, with (`spans`) each later stage of two blocks one span saving its convs'
+/// outputs: the first block a `Remat::new(block).spanning(2).saving(&["conv"])`.
+fn spanned_for(remat_stages: usize, spans: bool, img: usize) -> Serial {
+    use stax::models::{conv_block, identity_block};
     let net = ResNet {
         blocks: [2, 2, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages,
-        remat_rest_saving_convs: spans,
     };
-    net.build((28, 28, 1)).unwrap()
+    let Serial(plain) = net.build((img, img, 1)).unwrap();
+    let mut layers: Vec<Box<dyn Layer>> = plain;
+    for (stage, first) in [(0, 4), (1, 6)] {
+        if spans && stage >= remat_stages {
+            let (w, strides) = (net.widths[stage], [(1, 1), (2, 2)][stage]);
+            let block = conv_block(3, [w, w, 4 * w], strides);
+            layers[first] = Box::new(Remat::new(block).spanning(2).saving(&["conv"]));
+            layers[first + 1] = Box::new(identity_block(3, [w, w], 4 * w));
+        }
+    }
+    Serial(layers)
 }
 
 #[test]
@@ -408,14 +423,10 @@ fn a_resnet_with_stage_spans_trains_to_the_plain_bits() {
         assert_eq!(plain.0, with.0, "losses, {stages} stages of blocks");
         assert!(plain.1 == with.1, "state, {stages} stages of blocks");
     }
-    // the stages of two blocks are spans; those of one, one block saving its convs
+    // the two stages of two blocks are spans, nothing else is rematerialized
     let text = spanned(0, true).describe();
-    assert_eq!(
-        text.matches("remat(spanning 2, saving conv: ").count(),
-        2,
-        "{text}"
-    );
-    assert_eq!(text.matches("remat(saving conv: ").count(), 2, "{text}");
+    let spans = text.matches("remat(spanning 2, saving conv: ").count();
+    assert_eq!((spans, text.matches("remat(").count()), (2, 2), "{text}");
 }
 
 /// Two conv blocks (3x3 SAME conv of 3 channels, BatchNorm, ReLU), the first spanning both
@@ -499,14 +510,7 @@ fn a_span_keeps_only_its_convs_outputs_between_the_passes() {
 fn stage_spans_lower_the_resnets_planned_peak() {
     let (be, input) = (cpu(), Shape::new([50, 56, 56, 1]));
     let peak = |spans: bool| {
-        let net = ResNet {
-            blocks: [2, 2, 1, 1],
-            widths: [8, 16, 16, 16],
-            classes: 2,
-            remat_stages: 0,
-            remat_rest_saving_convs: spans,
-        };
-        let model = net.build((56, 56, 1)).unwrap();
+        let model = spanned_for(0, spans, 56);
         let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
         t.plan(50).unwrap().peak.bytes
     };
@@ -564,10 +568,18 @@ fn a_checkpoint_resumes_with_or_without_stage_spans() {
 fn spans_that_do_not_fit_are_config_errors() {
     use stax::{FanInSum, FanOut, parallel};
     let input = Shape::new([4, 16]);
-    let cases: [(Serial, &str); 4] = [
+    let cases: [(Serial, &str); 5] = [
         (
             serial![Remat::new(Dense(16)).spanning(3), Dense(2)],
             "spanning 3 layers",
+        ),
+        (
+            serial![
+                Dense(16),
+                Remat::new(Dense(16)).spanning(usize::MAX),
+                Dense(2)
+            ],
+            "from layer 1 of 3",
         ),
         (
             serial![Remat::new(Dense(16)).spanning(0), Dense(2)],
@@ -579,7 +591,7 @@ fn spans_that_do_not_fit_are_config_errors() {
                 Remat::new(Dense(16)).spanning(2),
                 Dense(2)
             ],
-            "none of them spanning",
+            "none of them spanning (layer 1 spans too)",
         ),
         (
             serial![

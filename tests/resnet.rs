@@ -20,7 +20,6 @@ fn shallow() -> Serial {
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages: 0,
-        remat_rest_saving_convs: false,
     };
     net.build((28, 28, 1)).unwrap()
 }

@@ -79,7 +79,7 @@ fn open_cpu(args: &Common, options: &BackendOptions) -> Result<Arc<dyn stax::Bac
 }
 
 /// The CUDA-only flags given away from their defaults (`--deterministic`, `--conv-apis`,
-/// `--fp32-convs`, `--direct-convs`, `--no-dense-adam-rows`, `--dense-bulk`), as written.
+/// `--fp32-convs`, `--direct-convs`, `--no-dense-adam-rows`), as written.
 fn cuda_only_flags(args: &Common) -> Vec<&'static str> {
     [
         ("--deterministic", args.deterministic),
@@ -90,7 +90,6 @@ fn cuda_only_flags(args: &Common) -> Vec<&'static str> {
             args.direct_convs != DirectConvs::default(),
         ),
         ("--no-dense-adam-rows", args.no_dense_adam_rows),
-        ("--dense-bulk", args.dense_bulk),
     ]
     .into_iter()
     .filter_map(|(flag, given)| given.then_some(flag))
@@ -98,7 +97,7 @@ fn cuda_only_flags(args: &Common) -> Vec<&'static str> {
 }
 
 /// CUDA device `ordinal`, with the `--deterministic`, `--conv-apis`, `--fp32-convs`,
-/// `--direct-convs`, `--no-dense-adam-rows` and `--dense-bulk` choices.
+/// `--direct-convs` and `--no-dense-adam-rows` choices.
 fn open_cuda(
     args: &Common,
     ordinal: usize,
@@ -110,6 +109,5 @@ fn open_cuda(
     cuda.set_fp32_convs(args.fp32_convs);
     cuda.set_direct_convs(args.direct_convs);
     cuda.set_dense_adam_rows(!args.no_dense_adam_rows);
-    cuda.set_dense_adam_bulk(args.dense_bulk);
     Ok(cuda)
 }

@@ -196,11 +196,6 @@ pub struct Common {
     /// weight (no workspace).
     #[arg(long)]
     pub no_dense_adam_rows: bool,
-    /// CUDA (sm_90): run every dense update of 1 to 128 rows into a multiple of 8 up to 128
-    /// outputs, in bf16, f16 and TF32, as one pass by the bulk-copy kernel
-    /// (`kernels/dense_bulk.cu`). Experimental: not yet measured against the default kernels.
-    #[arg(long, conflicts_with = "no_dense_adam_rows")]
-    pub dense_bulk: bool,
     #[command(flatten)]
     pub dist: distributed::Distributed,
 }

@@ -21,7 +21,9 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Sha
 /// each other (the blocks of a deep model): around a whole model, the recomputation meets the
 /// output gradient and the peak rises. The results are the same bits: every op is
 /// deterministic on both backends, and the recomputation draws the same RNG key (the same
-/// dropout masks). Wrap each block of a deep model (`ResNet { remat_stages }`) to keep one
+/// dropout masks); that holds where each conv gets the same workspace in both models (a
+/// backend's headroom rule may give a smaller plan's convs more, which sums a filter gradient
+/// in another order). Wrap each block of a deep model (`ResNet { remat_stages }`) to keep one
 /// block's activations at a time in the backward pass, or let one `Remat` span several layers
 /// of its serial ([`Remat::spanning`]).
 ///

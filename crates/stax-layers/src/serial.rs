@@ -58,11 +58,14 @@ impl Serial {
                 i += 1;
                 continue;
             };
-            let end = (i + len).min(n);
-            if len == 0 || i + len > n || (i + 1..end).any(|j| self.0[j].remat_span().is_some()) {
+            let fits = (1..=n - i).contains(&len);
+            let end = if fits { i + len } else { n };
+            let inner = (i + 1..end).find(|&j| self.0[j].remat_span().is_some());
+            if !fits || inner.is_some() {
+                let over = inner.map_or(String::new(), |j| format!(" (layer {j} spans too)"));
                 let reason = format!(
                     "spanning {len} layers from layer {i} of {n}: a span covers 1 to {} layers, \
-                     none of them spanning",
+                     none of them spanning{over}",
                     n - i
                 );
                 return Err(self.0[i].config(reason).at(self.key(i)));

@@ -82,9 +82,6 @@ pub struct CudaBackend {
     /// Whether small-batch dense updates run in one pass (see
     /// [`CudaBackend::set_dense_adam_rows`]).
     dense_rows: AtomicBool,
-    /// Whether the bulk-copy one-pass kernel takes the dense updates it fits (see
-    /// [`CudaBackend::set_dense_adam_bulk`]).
-    dense_bulk: AtomicBool,
     /// The direct conv kernels' calibration times ([`DirectConvs::Winning`]).
     direct_times: direct::DirectTimes,
     /// The passes whose schedules were asked for while they ran the direct kernels (listed
@@ -230,7 +227,6 @@ impl CudaBackend {
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
-            dense_bulk: AtomicBool::new(false),
             direct_times: Default::default(),
             direct_used: Default::default(),
         }))

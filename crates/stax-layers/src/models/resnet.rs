@@ -84,14 +84,6 @@ pub struct ResNet {
     /// most activation bytes per FLOP (ResNet-50 at batch 128, 224x224, f32 plan: 10.37 GB
     /// with none, 7.54 with one, 5.65 with two, 4.09 with all four).
     pub remat_stages: usize,
-    /// Whether each later stage (from `remat_stages` on) is one [`Remat`] spanning its blocks
-    /// that saves its convs' outputs (`Remat::new(block).spanning(n).saving(&["conv"])`):
-    /// between the passes such a stage keeps its input and its convs' outputs (which its
-    /// BatchNorms read), and its backward pass recomputes its BatchNorms, ReLUs and residual
-    /// sums, no conv. The parameter tree is the plain model's. ResNet-50 at batch 128,
-    /// 224x224, f32 plan: 7.45 GB for all four stages, 6.06 GB after one stage of
-    /// rematerialized blocks.
-    pub remat_rest_saving_convs: bool,
 }
 
 impl ResNet {
@@ -102,7 +94,6 @@ impl ResNet {
             widths: [64, 128, 256, 512],
             classes,
             remat_stages: 0,
-            remat_rest_saving_convs: false,
         }
     }
 
@@ -143,11 +134,9 @@ impl ResNet {
         ];
         for (stage, (&n, &width)) in self.blocks.iter().zip(&self.widths).enumerate() {
             let strides = if stage == 0 { (1, 1) } else { (2, 2) };
-            let first = conv_block(3, [width, width, 4 * width], strides);
-            layers.push(self.block(stage, first, (true, n)));
+            layers.push(self.block(stage, conv_block(3, [width, width, 4 * width], strides)));
             for _ in 1..n {
-                let block = identity_block(3, [width, width], 4 * width);
-                layers.push(self.block(stage, block, (false, n)));
+                layers.push(self.block(stage, identity_block(3, [width, width], 4 * width)));
             }
         }
         let trunk = Serial(layers);
@@ -163,16 +152,12 @@ impl ResNet {
         Ok(Serial(layers))
     }
 
-    /// A block of stage `stage` of `blocks` (`first`: its conv block) as this model holds it:
-    /// itself, rematerialized ([`ResNet::remat_stages`]), or the first of a stage's span
-    /// ([`ResNet::remat_rest_saving_convs`]).
-    fn block(&self, stage: usize, block: Serial, (first, blocks): (bool, usize)) -> Box<dyn Layer> {
-        if stage < self.remat_stages {
-            Box::new(Remat::new(block))
-        } else if self.remat_rest_saving_convs && first {
-            Box::new(Remat::new(block).spanning(blocks).saving(&["conv"]))
-        } else {
-            Box::new(block)
+    /// A block of stage `stage` as this model holds it: itself, or rematerialized
+    /// ([`ResNet::remat_stages`]).
+    fn block(&self, stage: usize, block: Serial) -> Box<dyn Layer> {
+        match stage < self.remat_stages {
+            true => Box::new(Remat::new(block)),
+            false => Box::new(block),
         }
     }
 }

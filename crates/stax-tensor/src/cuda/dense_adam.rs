@@ -11,10 +11,7 @@
 //! runs as one kernel instead, and so does, under [`Precision::Tf32`], an f32 batch of 17 to
 //! 128 rows into a multiple of 8 up to 128 outputs (the seed at batch 100) on the tensor cores
 //! ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the weight, its moments, x and dx
-//! cross memory once. With [`CudaBackend::set_dense_adam_bulk`] on, a batch of 1 to 128 rows
-//! into a multiple of 8 up to 128 outputs runs in one pass in bf16 and f16 too, and in f32
-//! under TF32 at every such batch (`dense_adam_bulk`, sm_90: the weight streamed through
-//! shared memory by the bulk-copy engine).
+//! cross memory once.
 
 use super::kernels::dense_rows_apply;
 use super::workspace::Schedule;
@@ -34,8 +31,6 @@ enum OnePass {
     Rows,
     /// `dense_adam_mma_mb<mb>`: the TF32 tensor cores, 17 to 128 rows.
     Mma,
-    /// `dense_adam_bulk_<dtype>`: the tensor cores (TF32 for f32), 1 to 128 rows.
-    Bulk,
 }
 
 /// One call's device addresses: the operands, the workspace, and its sizes.
@@ -53,50 +48,34 @@ struct Addrs {
 }
 
 impl CudaBackend {
-    /// Turns the one-pass dense updates on (the default) or off: a [`crate::ops::dense_adam`]
-    /// of a shape a one-pass kernel takes (see the module docs: the seed's Dense(128) at batch
-    /// 10 and, under TF32, 100) then runs as one kernel that computes each tile's weight
-    /// gradient on chip, its input gradient from the old weight and Adam's step, with no
-    /// workspace; off, it runs chunk by chunk through cuBLAS. The workspace
-    /// differs, so set it before a memory plan is made (before training starts). For A/B
-    /// timing and tests.
+    /// Turns the one-pass dense updates on (the default) or off: an f32
+    /// [`crate::ops::dense_adam`] of a batch of 1 to 16 rows and at most 128 outputs (the seed's
+    /// Dense(128) at batch 10), or under [`Precision::Tf32`] of 17 to 128 rows and a multiple
+    /// of 8 up to 128 outputs (the seed at batch 100, on the TF32 tensor cores), then runs as
+    /// one kernel that reads each weight row, computes its gradient in registers, its input
+    /// gradient from the old row and Adam's step, with no workspace; off, it runs chunk by
+    /// chunk through cuBLAS. The workspace differs, so set it before a memory plan is made
+    /// (before training starts). For A/B timing and tests.
     pub fn set_dense_adam_rows(&self, on: bool) {
         self.dense_rows.store(on, Ordering::Relaxed);
     }
 
-    /// Turns the bulk one-pass kernel (`kernels/dense_bulk.cu`) on or off (the default): on,
-    /// it takes every dense update it fits (see the module docs), bf16 and f16 ones included,
-    /// in place of the f32 kernels and the chunks. Off by default until it is measured against
-    /// them on a device; its results are checked against the CPU's by `tests/fused_dense.rs`.
-    /// The workspace differs, so set it before a memory plan is made.
-    pub fn set_dense_adam_bulk(&self, on: bool) {
-        self.dense_bulk.store(on, Ordering::Relaxed);
+    /// Whether an f32 dense update of `m` batch rows and `n` outputs runs in one pass (see
+    /// [`CudaBackend::set_dense_adam_rows`]): a function of the shape, the precision and the
+    /// setting, so a memory plan made on it holds.
+    pub fn dense_adam_is_rows(&self, m: usize, n: usize, dtype: DType) -> bool {
+        self.dense_one_pass(m, n, dtype).is_some()
     }
 
-    /// Whether a dense update of `m` batch rows of `dtype`, `n` outputs and `k` inputs runs in
-    /// one pass (see [`CudaBackend::set_dense_adam_rows`]): a function of the shape, the
-    /// precision, the device and the setting, so a memory plan made on it holds.
-    pub fn dense_adam_is_rows(&self, m: usize, n: usize, k: usize, dtype: DType) -> bool {
-        self.dense_one_pass(m, n, k, dtype).is_some()
-    }
-
-    /// The one-pass kernel of a dense update, if one runs it: with the bulk kernel on, it
-    /// where its products are the precision's (bf16, f16; f32 under TF32) and it takes the
-    /// shape on this device; else for f32 exact FMAs for a small batch, or the TF32 tensor
-    /// cores under TF32 for the shapes that kernel takes within the device's shared memory.
-    fn dense_one_pass(&self, m: usize, n: usize, k: usize, dtype: DType) -> Option<OnePass> {
-        let tf32 = self.precision == Precision::Tf32;
-        let tensor_cores = dtype != DType::F32 || tf32;
-        let bulk = self.dense_bulk.load(Ordering::Relaxed) && tensor_cores;
-        if !self.dense_rows.load(Ordering::Relaxed) {
-            None
-        } else if bulk && self.kernels.dense_bulk_fits(m, n, k, dtype) {
-            Some(OnePass::Bulk)
-        } else if dtype != DType::F32 {
+    /// The one-pass kernel of a dense update, if one runs it: in f32 FMAs for a small batch,
+    /// else on the TF32 tensor cores under TF32 for the shapes that kernel takes within the
+    /// device's shared memory.
+    fn dense_one_pass(&self, m: usize, n: usize, dtype: DType) -> Option<OnePass> {
+        if !self.dense_rows.load(Ordering::Relaxed) || dtype != DType::F32 {
             None
         } else if dense_rows_apply(m, n) {
             Some(OnePass::Rows)
-        } else if tf32 && self.kernels.dense_mma_fits(m, n) {
+        } else if self.precision == Precision::Tf32 && self.kernels.dense_mma_fits(m, n) {
             Some(OnePass::Mma)
         } else {
             None
@@ -118,7 +97,7 @@ impl CudaBackend {
         dtype: DType,
         input_grad: bool,
     ) -> Vec<WorkspaceStep> {
-        if k == 0 || n == 0 || self.dense_adam_is_rows(m, n, k, dtype) {
+        if k == 0 || n == 0 || self.dense_adam_is_rows(m, n, dtype) {
             return Vec::new();
         }
         let rounded = input_grad && dtype != DType::F32;
@@ -158,19 +137,12 @@ impl CudaBackend {
             DenseDx::InPlace => Some(c.x.addr()),
             DenseDx::Into(ref t) => Some(t.addr()),
         };
-        if let Some(pass) = self
-            .dense_one_pass(m, n, k, dtype)
-            .filter(|_| k > 0 && n > 0)
-        {
+        if let Some(pass) = self.dense_one_pass(m, n, dtype).filter(|_| k > 0 && n > 0) {
             let ops = (c.x.addr(), c.dy.addr(), dx.unwrap_or(0));
             let state = [c.w, c.mu, c.nu].map(|t| t.addr());
-            let shape = (m, n, k);
             match pass {
-                OnePass::Bulk => self
-                    .kernels
-                    .dense_adam_bulk(ops, state, shape, dtype, &c.h)?,
-                OnePass::Mma => self.kernels.dense_adam_mma(ops, state, shape, &c.h)?,
-                OnePass::Rows => self.kernels.dense_adam_rows(ops, state, shape, &c.h)?,
+                OnePass::Mma => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
+                OnePass::Rows => self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?,
             }
             return ws.finish();
         }

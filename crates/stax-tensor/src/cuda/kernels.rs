@@ -29,7 +29,6 @@ macro_rules! launch {
 }
 
 mod dense;
-mod dense_bulk;
 mod direct;
 mod disk_cache;
 mod gemm;
@@ -76,9 +75,6 @@ pub(crate) struct Kernels {
     /// The most dynamic shared memory one block may take on the device, in bytes (227 KiB on
     /// Hopper, 163 KiB on the A100, 99 KiB on sm_86 and sm_89).
     shared_optin: usize,
-    /// Whether the device has the bulk-copy engine (`cp.async.bulk`, compute capability 9.0
-    /// and later), which `kernels/dense_bulk.cu` needs.
-    bulk_copies: bool,
 }
 
 /// Lets `f` take up to `bytes` of dynamic shared memory (more than the default 48 KiB), once
@@ -148,8 +144,6 @@ impl Kernels {
                 } else if dense::is_mma(&symbol) {
                     // what the device allows: a shape needing more is not dispatched there
                     allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
-                } else if dense_bulk::is_bulk(&symbol) {
-                    allow_shared(&f, shared_optin)?;
                 }
                 functions.insert(symbol, f);
             }
@@ -162,7 +156,6 @@ impl Kernels {
             max_blocks: (sms.max(1) as u32) * 32,
             sms: sms.max(1) as u32,
             shared_optin,
-            bulk_copies: major >= 9,
         })
     }
 

@@ -2,8 +2,7 @@
 //! its f32 weight, in which the weight and its moments cross memory once and the weight
 //! gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
 //! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` (`kernels/dense_mma.cu`) a batch of
-//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only); `dense_bulk.rs` launches
-//! the bulk-copy kernel of every dtype.
+//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only).
 
 use super::source::KernelModule;
 use super::{Kernels, aligned16, driver};
@@ -68,7 +67,7 @@ pub(super) fn is_mma(symbol: &str) -> bool {
 }
 
 /// The error of a launcher given a shape its kernel does not take.
-pub(super) fn not_taken(op: &'static str, m: usize, n: usize, takes: &str) -> TensorError {
+fn not_taken(op: &'static str, m: usize, n: usize, takes: &str) -> TensorError {
     TensorError::InvalidArgument {
         op,
         reason: format!("a batch of {m} rows and {n} outputs: it takes {takes}"),

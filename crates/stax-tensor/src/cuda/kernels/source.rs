@@ -88,14 +88,11 @@ pub enum KernelModule {
     DirectMma,
     /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
     DenseMma,
-    /// `kernels/dense_bulk.cu`: the dense update in one pass on the tensor cores, its weight
-    /// streamed by the bulk-copy engine (sm_90), every float dtype.
-    DenseBulk,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 12] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -107,7 +104,6 @@ impl KernelModule {
         KernelModule::DirectConv,
         KernelModule::DirectMma,
         KernelModule::DenseMma,
-        KernelModule::DenseBulk,
     ];
 
     /// The file name, for messages.
@@ -124,7 +120,6 @@ impl KernelModule {
             KernelModule::DirectConv => "direct_conv.cu",
             KernelModule::DirectMma => "direct_mma.cu",
             KernelModule::DenseMma => "dense_mma.cu",
-            KernelModule::DenseBulk => "dense_bulk.cu",
         }
     }
 
@@ -161,10 +156,7 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
-            KernelModule::DirectConv
-            | KernelModule::DirectMma
-            | KernelModule::DenseMma
-            | KernelModule::DenseBulk => &[],
+            KernelModule::DirectConv | KernelModule::DirectMma | KernelModule::DenseMma => &[],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -214,7 +206,6 @@ impl KernelModule {
                 "bias_grad_vec",
             ],
             KernelModule::Gemm | KernelModule::DenseMma => &[],
-            KernelModule::DenseBulk => &["dense_adam_bulk"],
             KernelModule::DirectConv => &DIRECT_ROOTS,
             KernelModule::DirectMma => &DIRECT_MMA_ROOTS,
         };
@@ -241,7 +232,6 @@ impl KernelModule {
             KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
             KernelModule::DirectMma => include_str!("../../../../../kernels/direct_mma.cu"),
             KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
-            KernelModule::DenseBulk => include_str!("../../../../../kernels/dense_bulk.cu"),
         }
     }
 }
