@@ -107,14 +107,33 @@ fn a_dropout_inside_draws_the_same_mask_again() {
 /// What the plan keeps under `prefix` from the forward pass into the backward pass: `(name,
 /// bytes)` of every buffer allocated before the backward pass starts and freed after.
 fn kept_across(plan: &MemoryPlan, prefix: &str) -> Vec<(String, u64)> {
-    let backward = plan.phases.iter().find(|(p, _)| *p == Phase::Backward);
-    let start = backward.expect("a backward phase").1;
+    let start = backward_start(plan);
     plan.buffers
         .iter()
         .filter(|b| b.name.starts_with(prefix))
         .filter(|b| b.alloc.is_some_and(|a| a < start) && b.free.is_none_or(|f| f > start))
         .map(|b| (b.name.clone(), b.bytes))
         .collect()
+}
+
+/// The plan's step event at which the backward pass starts.
+fn backward_start(plan: &MemoryPlan) -> usize {
+    let backward = plan.phases.iter().find(|(p, _)| *p == Phase::Backward);
+    backward.expect("a backward phase").1
+}
+
+/// `(name, bytes)` of every buffer under `prefix` the backward pass allocates (what a
+/// rematerialization makes again), sorted.
+fn made_in_backward(plan: &MemoryPlan, prefix: &str) -> Vec<(String, u64)> {
+    let start = backward_start(plan);
+    let mut made: Vec<(String, u64)> = plan
+        .buffers
+        .iter()
+        .filter(|b| b.name.starts_with(prefix) && b.alloc.is_some_and(|a| a > start))
+        .map(|b| (b.name.clone(), b.bytes))
+        .collect();
+    made.sort();
+    made
 }
 
 #[test]
@@ -143,18 +162,10 @@ fn only_the_output_is_kept_between_the_passes() {
     let remat = kept_across(&remat_plan, "0.serial/");
     assert_eq!(remat, [("0.serial/3.dense/output".to_string(), 8 * 32 * 4)]);
     // the backward pass makes them again, named under `remat`
-    let start = remat_plan
-        .phases
-        .iter()
-        .find(|(p, _)| *p == Phase::Backward);
-    let start = start.unwrap().1;
-    let mut again: Vec<(String, u64)> = remat_plan
-        .buffers
-        .iter()
-        .filter(|b| b.name.starts_with("0.serial/remat/") && b.alloc.is_some_and(|a| a > start))
-        .map(|b| (b.name.replace("/remat/", "/"), b.bytes))
+    let again: Vec<(String, u64)> = made_in_backward(&remat_plan, "0.serial/remat/")
+        .into_iter()
+        .map(|(name, bytes)| (name.replace("/remat/", "/"), bytes))
         .collect();
-    again.sort();
     assert_eq!(again, want);
 }
 
@@ -304,19 +315,7 @@ fn saving_the_dense_outputs_recomputes_only_the_gelus() {
     kept.sort();
     want.remove(1);
     assert_eq!(kept, want);
-    let start = p
-        .phases
-        .iter()
-        .find(|(p, _)| *p == Phase::Backward)
-        .unwrap()
-        .1;
-    let mut again: Vec<(String, u64)> = p
-        .buffers
-        .iter()
-        .filter(|b| b.name.starts_with("0.serial/remat/") && b.alloc.is_some_and(|a| a > start))
-        .map(|b| (b.name.clone(), b.bytes))
-        .collect();
-    again.sort();
+    let again = made_in_backward(&p, "0.serial/remat/");
     let want = [
         f32s("0.serial/remat/1.gelu/output", 8 * 64),
         f32s("0.serial/remat/3.gelu/output", 8 * 32),
@@ -480,18 +479,8 @@ fn a_span_keeps_only_its_convs_outputs_between_the_passes() {
     let want: Vec<(String, u64)> = kept.iter().map(|n| (n.to_string(), outputs)).collect();
     assert_eq!(in_blocks(&p), want);
     // the backward pass makes the BatchNorms' outputs again, named under `remat`, and no conv
-    let start = p
-        .phases
-        .iter()
-        .find(|(p, _)| *p == Phase::Backward)
-        .unwrap()
-        .1;
-    let again: Vec<&str> = p
-        .buffers
-        .iter()
-        .filter(|b| b.name.starts_with("remat/") && b.alloc.is_some_and(|a| a > start))
-        .map(|b| b.name.as_str())
-        .collect();
+    let made = made_in_backward(&p, "remat/");
+    let again: Vec<&str> = made.iter().map(|(name, _)| name.as_str()).collect();
     assert!(
         again.contains(&"remat/0.serial/1.batch_norm/output"),
         "{again:?}"

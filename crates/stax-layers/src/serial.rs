@@ -5,7 +5,7 @@ use std::ops::Range;
 use stax_tensor::{Key, Params, Tree};
 
 use crate::fuse::{apply_pair, fused_at, vjp_pair};
-use crate::remat::{collected, remat_backward, remat_forward};
+use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
 use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value};
 
 /// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
@@ -46,18 +46,20 @@ impl Serial {
         Ok(shapes)
     }
 
-    /// The rematerialized spans ([`crate::Remat::spanning`]) as `(first layer, layers)`.
+    /// The rematerialized spans ([`crate::Remat::spanning`]) with the index of their first
+    /// layer.
     ///
     /// # Errors
     /// [`LayerError::Config`] at the spanning layer for a span of no layers, one past the
     /// serial's end, or one over another spanning layer.
-    fn spans(&self) -> Result<Vec<(usize, usize)>, LayerError> {
+    fn spans(&self) -> Result<Vec<(usize, RematSpan<'_>)>, LayerError> {
         let (n, mut spans, mut i) = (self.0.len(), Vec::new(), 0);
         while i < n {
-            let Some(len) = self.0[i].remat_span().map(|s| s.len) else {
+            let Some(span) = self.0[i].remat_span() else {
                 i += 1;
                 continue;
             };
+            let len = span.len;
             let fits = (1..=n - i).contains(&len);
             let end = if fits { i + len } else { n };
             let inner = (i + 1..end).find(|&j| self.0[j].remat_span().is_some());
@@ -70,7 +72,7 @@ impl Serial {
                 );
                 return Err(self.0[i].config(reason).at(self.key(i)));
             }
-            spans.push((i, len));
+            spans.push((i, span));
             i = end;
         }
         Ok(spans)
@@ -134,7 +136,7 @@ impl Layer for Serial {
     fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
         let shapes = self.shapes(input)?;
         let spans = self.spans()?;
-        let covered = |i: usize| spans.iter().any(|&(s, len)| s < i && i < s + len);
+        let covered = |i: usize| spans.iter().any(|(s, span)| *s < i && i < s + span.len);
         let specs = self
             .0
             .iter()
@@ -266,11 +268,10 @@ impl Serial {
             let d = dy.take().ok_or_else(|| {
                 self.mismatch("output gradients", format!("layer {i} got no gradient"))
             })?;
-            if let Some(&(s, _)) = spans.iter().find(|&&(s, len)| s + len == end) {
+            if let Some(&(s, span)) = spans.iter().find(|(s, span)| s + span.len == end) {
                 let r = std::mem::take(&mut saved[s - start]);
-                let saving = self.0[s].remat_span().map_or(&[][..], |span| span.saving);
                 let run = |cx: &mut Cx<'_>, x, keys| self.run(children, s..end, x, cx, keys, false);
-                dy = remat_backward((&*self.0[s], saving), r, cx, run, |cx, inner| {
+                dy = remat_backward((&*self.0[s], span.saving), r, cx, run, |cx, inner| {
                     let inner = inner.into_iter().map(|c| c.1).collect();
                     self.back(children, s..end, inner, d, cx, (need_dx, false))
                 })?;
@@ -280,7 +281,7 @@ impl Serial {
             let r = std::mem::take(&mut saved[i - start]);
             // A fused pair left the activation's residuals empty (see `fuse`); a span's last
             // layer fuses with nothing after it.
-            let after_span = spans.iter().any(|&(s, len)| s + len == i);
+            let after_span = spans.iter().any(|(s, span)| s + span.len == i);
             let fused =
                 i > start && !after_span && r.children().is_empty() && matches!(r, Tree::Node(_));
             let act = if fused {
