@@ -91,10 +91,11 @@ __device__ __forceinline__ void all_finite_t(const T *x, unsigned int *nonfinite
 FOR_FLOATS(ALL_FINITE)
 
 // A chunk of a dense weight updated while its input gradient still needs the weight before the
-// step in the compute dtype T (bf16 or f16; ops::dense_adam): as adam_f32 on f32
-// p, g, m, v, and besides old[i] = p[i] before the step, rounded to T (from_f32: the cast's
-// rounding), so the input gradient's GEMM reads what the unfused layer's cast of the weight holds.
-// The step itself is adam_one's, so p, m and v are those bits of adam_f32.
+// step in the compute dtype T (bf16 or f16; ops::dense_adam): the chunk's gradient g is of T
+// (the dw GEMM's output rounded once, as the unfused layer's weight gradient in T), read as
+// f32; p, m, v are f32, and besides old[i] = p[i] before the step, rounded to T (from_f32: the
+// cast's rounding), so the input gradient's GEMM reads what the unfused layer's cast of the
+// weight holds. The step itself is adam_one's, so p, m and v are those bits of adam_<T>.
 
 // Four values rounded to T, packed little-endian into 8 bytes (elements 4i .. 4i + 3).
 template <typename T> __device__ __forceinline__ uint2 pack4(float4 f) {
@@ -104,33 +105,45 @@ template <typename T> __device__ __forceinline__ uint2 pack4(float4 f) {
     return r;
 }
 
+// Four consecutive elements of g (element 4i on) as f32: one 16-byte load of f32, one 8-byte
+// load of a 16-bit dtype.
+__device__ __forceinline__ float4 load4(const float *g, size_t i) {
+    return ((const float4 *)g)[i];
+}
+template <typename T> __device__ __forceinline__ float4 load4(const T *g, size_t i) {
+    uint2 q = ((const uint2 *)g)[i];
+    T a, b, c, d;
+    a.bits = (unsigned short)(q.x & 0xffffu), b.bits = (unsigned short)(q.x >> 16);
+    c.bits = (unsigned short)(q.y & 0xffffu), d.bits = (unsigned short)(q.y >> 16);
+    return make_float4(to_f32(a), to_f32(b), to_f32(c), to_f32(d));
+}
+
 // One element per thread and iteration (any alignment).
 template <typename T>
-__device__ __forceinline__ void adam_old_t(float *p, const float *g, float *m, float *v, T *old,
+__device__ __forceinline__ void adam_old_t(float *p, const T *g, float *m, float *v, T *old,
                                            AdamHyper h, size_t n) {
     GRID_STRIDE(i, n) {
         float pi = p[i], mi = m[i], vi = v[i];
         old[i] = from_f32<T>(pi);
-        adam_one(pi, g[i], mi, vi, h);
+        adam_one(pi, to_f32(g[i]), mi, vi, h);
         m[i] = mi;
         v[i] = vi;
         p[i] = pi;
     }
 }
 
-// 16 bytes per f32 array and thread (8 of old): n / 4 float4s, then the last n % 4 elements by
-// the first threads of block 0. p, g, m, v 16-byte aligned, old 8-byte aligned or null (then
-// nothing but the step: adam_vec_f32).
-template <typename T>
-__device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const float *__restrict__ g,
+// 16 bytes per f32 array and thread (8 of old, 8 of a 16-bit g): n / 4 float4s, then the last
+// n % 4 elements by the first threads of block 0. p, g, m, v 16-byte aligned, old 8-byte
+// aligned or null (then nothing but the step: adam_vec_f32, with an f32 g).
+template <typename T, typename G>
+__device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const G *__restrict__ g,
                                                float *__restrict__ m, float *__restrict__ v,
                                                T *__restrict__ old, AdamHyper h, size_t n) {
     size_t n4 = n / 4;
     float4 *p4 = (float4 *)p, *m4 = (float4 *)m, *v4 = (float4 *)v;
-    const float4 *g4 = (const float4 *)g;
     uint2 *old4 = (uint2 *)old;
     GRID_STRIDE(i, n4) {
-        float4 gi = g4[i], mi = m4[i], vi = v4[i], pi = p4[i];
+        float4 gi = load4(g, i), mi = m4[i], vi = v4[i], pi = p4[i];
         if (old) old4[i] = pack4<T>(pi);
         adam_one(pi.x, gi.x, mi.x, vi.x, h);
         adam_one(pi.y, gi.y, mi.y, vi.y, h);
@@ -145,7 +158,7 @@ __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const floa
         size_t j = 4 * n4 + t;
         float pj = p[j], mj = m[j], vj = v[j];
         if (old) old[j] = from_f32<T>(pj);
-        adam_one(pj, g[j], mj, vj, h);
+        adam_one(pj, to_f32(g[j]), mj, vj, h);
         m[j] = mj;
         v[j] = vj;
         p[j] = pj;
@@ -154,13 +167,13 @@ __device__ __forceinline__ void adam_old_vec_t(float *__restrict__ p, const floa
 
 // adam_old_<T>, adam_old_vec_<T> for the two 16-bit dtypes.
 #define ADAM_OLD(T, s)                                                                         \
-    extern "C" __global__ void adam_old_##s(float *p, const float *g, float *m, float *v,      \
-                                            T *old, AdamHyper h, size_t n) {                   \
+    extern "C" __global__ void adam_old_##s(float *p, const T *g, float *m, float *v, T *old,  \
+                                            AdamHyper h, size_t n) {                           \
         adam_old_t<T>(p, g, m, v, old, h, n);                                                  \
     }                                                                                          \
-    extern "C" __global__ void adam_old_vec_##s(float *p, const float *g, float *m, float *v,  \
+    extern "C" __global__ void adam_old_vec_##s(float *p, const T *g, float *m, float *v,      \
                                                 T *old, AdamHyper h, size_t n) {               \
-        adam_old_vec_t<T>(p, g, m, v, old, h, n);                                              \
+        adam_old_vec_t<T, T>(p, g, m, v, old, h, n);                                           \
     }
 ADAM_OLD(bf16_t, bf16)
 ADAM_OLD(f16_t, f16)
@@ -170,7 +183,7 @@ ADAM_OLD(f16_t, f16)
 extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__restrict__ g,
                                         float *__restrict__ m, float *__restrict__ v,
                                         AdamHyper h, size_t n) {
-    adam_old_vec_t<bf16_t>(p, g, m, v, (bf16_t *)0, h, n);
+    adam_old_vec_t<bf16_t, float>(p, g, m, v, (bf16_t *)0, h, n);
 }
 
 

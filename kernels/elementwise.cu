@@ -171,40 +171,54 @@ template <typename T> __device__ void bias_add_vec_t(T *y, const T *b, size_t n8
     }
 }
 
-// Group j of 8 of dy, masked in place by its 8 mask bits when mask is not null (a group with
-// no bit set is not read), added to s in f64.
+// Group j of 8 of dy, loaded as f32, with its 8 mask bits (all set without a mask).
+struct Group {
+    float f[8];
+    u32 bits;
+};
 template <typename T>
-__device__ __forceinline__ void bias_grad_group(T *dy, const u32 *mask, size_t j, double *s) {
-    u32 bits = group_bits(mask, j);
-    float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    if (bits) load8(dy + 8 * j, f);
+__device__ __forceinline__ void group_load(const T *dy, const u32 *mask, size_t j, Group &g) {
+    g.bits = group_bits(mask, j);
+    load8(dy + 8 * j, g.f);
+}
+
+// A loaded group masked (and stored in place) when mask is not null, then added to s in f64.
+template <typename T>
+__device__ __forceinline__ void group_sum(T *dy, const u32 *mask, size_t j, Group &g,
+                                          double *s) {
     if (mask != 0) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) f[k] = (bits >> k) & 1u ? f[k] : 0.0f;
-        store8(dy + 8 * j, f);
+        for (int k = 0; k < 8; ++k) g.f[k] = (g.bits >> k) & 1u ? g.f[k] : 0.0f;
+        store8(dy + 8 * j, g.f);
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s[k] += (double)f[k];
+    for (int k = 0; k < 8; ++k) s[k] += (double)g.f[k];
 }
 
 // Stage 1 of db[j] = sum_r dy[r, j] for dy [rows, c] seen as n8 groups of 8, f64 sums: block
 // b writes partial[b, 0..c). When mask is not null, dy is first masked in place as
 // unary_bwd_<dtype> does (the ReLU backward fused with the bias gradient: one pass over dy).
 // Needs blockDim.x == 256, c % 8 == 0 and 2048 % c == 0, so that thread t of every block
-// always sees the column group t % (c / 8); dy 16-byte aligned. Stage 2 is
-// bias_grad_finish_<dtype>.
+// always sees the column group t % (c / 8); dy 16-byte aligned. Four groups a thread in flight,
+// their mask words and data loaded before any is used (a masked-out element is read too, and
+// zeroed). Stage 2 is bias_grad_finish_<dtype>.
 template <typename T>
 __device__ void bias_grad_vec_t(T *dy, const u32 *mask, double *partial, size_t n8, size_t c) {
     __shared__ double acc[8][256];
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    // Two groups in flight per thread.
-    for (; i + stride < n8; i += 2 * stride) {
-        bias_grad_group(dy, mask, i, s);
-        bias_grad_group(dy, mask, i + stride, s);
+    Group g[4];
+    for (; i + 3 * stride < n8; i += 4 * stride) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) group_load(dy, mask, i + u * stride, g[u]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) group_sum(dy, mask, i + u * stride, g[u], s);
     }
-    for (; i < n8; i += stride) bias_grad_group(dy, mask, i, s);
+    for (; i < n8; i += stride) {
+        group_load(dy, mask, i, g[0]);
+        group_sum(dy, mask, i, g[0], s);
+    }
     unsigned t = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[k][t] = s[k];

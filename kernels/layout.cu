@@ -43,17 +43,44 @@ __device__ void filter_permute_impl(const T *src, T *dst, size_t kh, size_t kw, 
 // dst NHWC [nb, hd, wd, cd] = src NHWC [nb, hs, ws, cs] placed at row top, column left and
 // channel 0; zeros elsewhere (hd >= top + hs, wd >= left + ws, cd >= cs: spatial padding and
 // channels padded for cuDNN's tensor cores).
-// One thread per destination pixel (its position divided out once, not per element).
+// One thread per destination pixel (its position divided out once, in I: 32-bit when the
+// pixels fit in 2^31); a pixel of 16 bytes (8 channels of bf16 or f16: cuDNN's channel
+// padding) gathered in registers and stored at once. src and dst never overlap.
+template <typename T, typename I>
+__device__ void pad_nhwc_loop(const T *__restrict__ src, T *__restrict__ dst, I nb, I hs, I ws,
+                              I cs, I hd, I wd, I cd, I top, I left) {
+    const int lanes = 16 / sizeof(T);
+    bool vec = cd == lanes && ((size_t)dst & 15) == 0;
+    for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < nb * hd * wd;
+         i += blockDim.x * gridDim.x) {
+        I x = i % wd, r = i / wd, y = r % hd, b = r / hd;
+        bool in = y >= top && y < top + hs && x >= left && x < left + ws;
+        size_t pixel = ((size_t)b * hs + (in ? y - top : 0)) * ws + (in ? x - left : 0);
+        const T *from = src + pixel * cs;
+        T *to = dst + (size_t)i * cd;
+        if (vec) {
+            union {
+                uint4 u;
+                T e[lanes];
+            } v;
+#pragma unroll
+            for (int ch = 0; ch < lanes; ++ch) {
+                v.e[ch] = in && ch < cs ? from[ch] : from_f32<T>(0.0f);
+            }
+            *(uint4 *)to = v.u;
+        } else {
+            for (I ch = 0; ch < cd; ++ch) to[ch] = in && ch < cs ? from[ch] : from_f32<T>(0.0f);
+        }
+    }
+}
+
 template <typename T>
 __device__ void pad_nhwc_impl(const T *src, T *dst, size_t nb, size_t hs, size_t ws, size_t cs,
                               size_t hd, size_t wd, size_t cd, size_t top, size_t left) {
-    size_t n = nb * hd * wd;
-    GRID_STRIDE(i, n) {
-        size_t x = i % wd, y = (i / wd) % hd, b = i / (wd * hd);
-        bool in = y >= top && y < top + hs && x >= left && x < left + ws;
-        const T *from = src + ((b * hs + (in ? y - top : 0)) * ws + (in ? x - left : 0)) * cs;
-        T *to = dst + i * cd;
-        for (size_t ch = 0; ch < cd; ++ch) to[ch] = in && ch < cs ? from[ch] : from_f32<T>(0.0f);
+    if (nb * hd * wd <= (1u << 31)) {
+        pad_nhwc_loop<T, unsigned>(src, dst, nb, hs, ws, cs, hd, wd, cd, top, left);
+    } else {
+        pad_nhwc_loop<T, size_t>(src, dst, nb, hs, ws, cs, hd, wd, cd, top, left);
     }
 }
 

@@ -105,9 +105,9 @@ impl Dense {
     /// The backward pass with Adam applied to `w` as its gradient is made (the step took `w`
     /// out of `params`, which hold only `b` here): `db = Σ dy` (in dy's dtype) to the sink,
     /// then [`ops::dense_adam`] writes `dx` in dy's dtype (over `x` when nothing else holds
-    /// it) and updates the f32 `w` and its moments chunk by chunk, from an f32 weight
-    /// gradient also under a bf16 or f16 policy (no whole gradient, no cast of `w`). The slot
-    /// goes back to `cx` in every case.
+    /// it) and updates the f32 `w` and its moments chunk by chunk, from a weight gradient in
+    /// dy's dtype (f32 sums rounded once, as the unfused backward's `dw`; no whole gradient,
+    /// no cast of `w`). The slot goes back to `cx` in every case.
     fn vjp_updating(
         &self,
         params: &Params,

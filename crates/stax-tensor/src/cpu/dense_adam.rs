@@ -3,10 +3,10 @@
 //! weight gradient never exists.
 //!
 //! A bf16 or f16 call runs the f32 loop on f32 copies of `x` and `dy` (workspace, as
-//! `promote.rs` makes them for the other low-precision ops): `dw` from the widened inputs
-//! stays f32, `dx` is computed over the copy of `x` from the old weight rounded to the dtype
-//! (a second workspace chunk, held as f32) and rounded once into `x` or the given tensor at
-//! the end.
+//! `promote.rs` makes them for the other low-precision ops): `dw` from the widened inputs is
+//! summed in f32 and rounded once to the dtype (held as f32), `dx` is computed over the copy
+//! of `x` from the old weight rounded to the dtype (a second workspace chunk, held as f32) and
+//! rounded once into `x` or the given tensor at the end.
 
 use super::conv::floats;
 use super::elementwise::not_float;
@@ -54,7 +54,7 @@ pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), Tensor
         unreachable!("DenseAdam describes itself as OpDesc::DenseAdam")
     };
     if dtype != DType::F32 {
-        return low_precision(be, c, (m, n, k), input_grad.then_some(dtype));
+        return low_precision(be, c, (m, n, k), (dtype, input_grad));
     }
     let DenseAdam {
         x,
@@ -82,14 +82,14 @@ pub(super) fn dense_adam(be: &CpuBackend, c: DenseAdam<'_>) -> Result<(), Tensor
     chunks(be, (m, n, k), o, None, &h)
 }
 
-/// A bf16 or f16 call (see the module docs): the f32 copies of `x` and `dy` are taken first,
-/// `x`'s copy receives `dx` when it is computed (`round`: the dtype the old weight is rounded
-/// to), which is rounded into its destination last; the copies are freed `dy`'s first.
+/// A bf16 or f16 call of `dtype` (see the module docs): the f32 copies of `x` and `dy` are
+/// taken first, `x`'s copy receives `dx` when it is computed (`input_grad`), which is rounded
+/// into its destination last; the copies are freed `dy`'s first.
 fn low_precision(
     be: &CpuBackend,
     c: DenseAdam<'_>,
     dims: (usize, usize, usize),
-    round: Option<DType>,
+    (dtype, input_grad): (DType, bool),
 ) -> Result<(), TensorError> {
     let DenseAdam {
         x,
@@ -101,9 +101,9 @@ fn low_precision(
         h,
     } = c;
     let (mut x32, dy32) = (widen(x, true)?, widen(dy, true)?);
-    let x_view = match round {
-        Some(_) => X::Write(data_mut(OP, &mut x32)?),
-        None => X::Read(data(OP, &x32)?),
+    let x_view = match input_grad {
+        true => X::Write(data_mut(OP, &mut x32)?),
+        false => X::Read(data(OP, &x32)?),
     };
     let o = Operands {
         x: x_view,
@@ -113,7 +113,7 @@ fn low_precision(
         mu: data_mut(OP, mu)?,
         nu: data_mut(OP, nu)?,
     };
-    chunks(be, dims, o, round, &h)?;
+    chunks(be, dims, o, Some(dtype), &h)?;
     match dx {
         DenseDx::InPlace => narrow(&x32, x)?,
         DenseDx::Into(t) => narrow(&x32, t)?,
@@ -135,15 +135,18 @@ struct Operands<'a> {
     nu: &'a mut [f32],
 }
 
-/// Takes the workspace of [`schedule`], then per chunk of `rows` weight rows: `dw_chunk`,
-/// `dx`'s columns from the old weight (rounded to `round` when given), the Adam step.
+/// Takes the workspace of [`schedule`], then per chunk of `rows` weight rows: `dw_chunk`
+/// (rounded to `low` when given), `dx`'s columns from the old weight (rounded to `low`), the
+/// Adam step.
 fn chunks(
     be: &CpuBackend,
     (m, n, k): (usize, usize, usize),
     o: Operands<'_>,
-    round: Option<DType>,
+    low: Option<DType>,
     h: &AdamHyper,
 ) -> Result<(), TensorError> {
+    let writes_dx = o.into.is_some() || matches!(o.x, X::Write(_));
+    let round = low.filter(|_| writes_dx);
     let mut ws = Scratch::new(OP, &be.allocator, schedule(be, k, n, round.is_some()));
     let gi = (k > 0 && n > 0).then(|| ws.alloc()).transpose()?;
     let ri = gi.and(round).map(|_| ws.alloc()).transpose()?;
@@ -164,6 +167,9 @@ fn chunks(
         let xc = MatRef::strided(xs.read().get(r0..).unwrap_or_default(), m, rc, (k, 1)).t();
         let dy_m = MatRef::row_major(dy, m, n);
         gemm(OP, 1.0, xc, dy_m, 0.0, MatMut::row_major(g, rc, n))?;
+        if let Some(d) = low {
+            round_in_place(d, g)?;
+        }
         let span = r0 * n..(r0 + rc) * n;
         let target = match (&mut into, &mut xs) {
             (Some(d), _) => Some(d.get_mut(r0..).unwrap_or_default()),
@@ -173,7 +179,11 @@ fn chunks(
         if let Some(t) = target {
             // dx[:, r0..r0 + rc] = dy · w_chunkᵀ, from the old weight (rounded)
             let old = match round {
-                Some(d) => rounded(d, &w[span.clone()], wr)?,
+                Some(d) => {
+                    wr.copy_from_slice(&w[span.clone()]);
+                    round_in_place(d, wr)?;
+                    &*wr
+                }
                 None => &w[span.clone()],
             };
             let wc = MatRef::row_major(old, rc, n).t();
@@ -205,11 +215,11 @@ fn buffers(
     })
 }
 
-/// `dst = src` rounded to `dtype` (and read back as f32); returns `dst`.
-fn rounded<'a>(dtype: DType, src: &[f32], dst: &'a mut [f32]) -> Result<&'a [f32], TensorError> {
+/// Every element of `v` rounded to `dtype` (and read back as f32).
+fn round_in_place(dtype: DType, v: &mut [f32]) -> Result<(), TensorError> {
     with_float!(dtype, T => {
-        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = T::from_f32(s).to_f32());
-        Ok(&*dst)
+        v.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
+        Ok(())
     }, Err(not_float(OP, dtype)))
 }
 

@@ -2,10 +2,11 @@
 //! [`crate::ops::dense_adam`]). Per chunk of the weight's rows, in f32: the dw GEMM
 //! (`dw_chunk = x[:, chunk]ᵀ · dy`, into the workspace), the dx GEMM (`dx[:, chunk] =
 //! dy · w_chunkᵀ`, from the old weight), then the Adam kernel on the chunk. In bf16 or f16
-//! (x, dy, dx of that dtype): the dw GEMM (`cublasGemmEx`, f32 output), the Adam kernel that
-//! also writes the old chunk rounded to the dtype into a second workspace buffer, then the dx
-//! GEMM from that copy. Both orders read x's chunk columns before dx overwrites them in place.
-//! A chunk holds a quarter of the workspace limit of f32 gradient (64 MiB by default).
+//! (x, dy, dx of that dtype): the dw GEMM (`cublasGemmEx`, f32 sums rounded once to the
+//! dtype), the Adam kernel that reads that gradient and also writes the old chunk rounded to
+//! the dtype into a second workspace buffer, then the dx GEMM from that copy. Both orders read
+//! x's chunk columns before dx overwrites them in place. A chunk holds a quarter of the
+//! workspace limit's bytes in f32 gradient rows (64 MiB by default; half that in bf16).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
 //! runs as one kernel instead, and so does, under [`Precision::Tf32`], an f32 batch of 17 to
@@ -39,7 +40,7 @@ struct Addrs {
     operands: [u64; 5],
     /// Where dx goes (none: not computed, or no rows).
     dx: Option<u64>,
-    /// The f32 chunk of `dw`.
+    /// The chunk of `dw`, in the call's dtype.
     g: u64,
     /// The old weight's chunk in `dtype`, when dx reads it (bf16, f16).
     old: Option<u64>,
@@ -82,14 +83,14 @@ impl CudaBackend {
         }
     }
 
-    /// Rows of the weight per chunk: a quarter of the workspace limit of gradient.
+    /// Rows of the weight per chunk: a quarter of the workspace limit of f32 gradient.
     pub(super) fn dense_chunk_rows(&self, k: usize, n: usize) -> usize {
         dense_chunk_rows(k, n, self.workspace_limit / 4)
     }
 
-    /// The workspace of a call for a `[k, n]` weight and `m` rows of `dtype`: the f32 chunk of
-    /// `dw`, then (when the input gradient reads the old weight rounded to bf16 or f16) that
-    /// chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for an empty
+    /// The workspace of a call for a `[k, n]` weight and `m` rows of `dtype`: the chunk of
+    /// `dw` in `dtype`, then (when the input gradient reads the old weight rounded to bf16 or
+    /// f16) that chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for an empty
     /// weight or the one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
     pub(super) fn dense_adam_schedule(
         &self,
@@ -103,7 +104,7 @@ impl CudaBackend {
         let rounded = input_grad && dtype != DType::F32;
         let rows = self.dense_chunk_rows(k, n);
         let mut s = Schedule::default();
-        let g = s.alloc(rows * n * 4);
+        let g = s.alloc(rows * n * dtype.size_bytes());
         let old = rounded.then(|| s.alloc(rows * n * 2));
         let blas = match self.matmul_bytes(m.max(1), n, k) {
             0 => None,
@@ -196,14 +197,14 @@ impl CudaBackend {
             self.blas.gemm(dxg, (dtype, dtype), ops, blas, blas_bytes)
         };
         if m == 0 {
-            self.kernels.fill_u32(a.g, 0, r * n)?;
+            self.kernels.zero(a.g, dtype, r * n)?;
         } else {
-            // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy, in f32; x's rows are k apart
+            // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy, f32 sums stored in `dtype`; x's rows
+            // are k apart
             let mut dw = Gemm::new(r, n, m, true, false);
             dw.row_strides[0] = k;
             let ops = (x + col, dy, a.g);
-            self.blas
-                .gemm(dw, (dtype, DType::F32), ops, blas, blas_bytes)?;
+            self.blas.gemm(dw, (dtype, dtype), ops, blas, blas_bytes)?;
         }
         if dtype == DType::F32 {
             if let Some(d) = a.dx {
@@ -214,7 +215,7 @@ impl CudaBackend {
         match a.old {
             None => self.kernels.adam(
                 chunk[0],
-                (a.g, DType::F32),
+                (a.g, dtype),
                 (chunk[2], DType::F32),
                 chunk[3],
                 h,

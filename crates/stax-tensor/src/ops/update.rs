@@ -130,16 +130,17 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
 /// and Adam's moments); dx `[m, k]` is of dtype D. For each chunk of the weight's rows
 /// ([`crate::dense_chunk_rows`]):
 ///
-/// - `dw_chunk = x[:, chunk]ᵀ · dy`, products and sums in f32 from the widened D inputs, kept
-///   in f32 (never rounded to D: the weight gradient is accumulated in f32);
-/// - the Adam step of [`adam`] with that f32 gradient on `w_chunk`, `mu_chunk`, `nu_chunk`
-///   (times `h.grad_scale`, as [`adam`] reads it);
+/// - `dw_chunk = x[:, chunk]ᵀ · dy`, products and sums in f32 from the widened D inputs,
+///   rounded once to D: the weight gradient the unfused layer hands to Adam in D (JAX's bf16
+///   `dot_general` and PyTorch autocast's bf16 GEMMs give it in bf16 too);
+/// - the Adam step of [`adam`] with that gradient read as f32 on `w_chunk`, `mu_chunk`,
+///   `nu_chunk` (times `h.grad_scale`, as [`adam`] reads it);
 /// - `dx[:, chunk] = dy · round_D(w_old_chunk)ᵀ` from the weight before the step rounded to
 ///   D, sums in f32, rounded once to D: what the unfused layer computes from its D copy of
 ///   the weight.
 ///
-/// For f32 this is exactly `matmul` then `adam` per element. The workspace (a chunk of `dw`
-/// in f32 and, for a bf16 or f16 `dx`, a chunk of the rounded old weight) is taken before
+/// For f32 this is exactly `matmul` then `adam` per element. The workspace (a chunk of `dw`,
+/// in D on CUDA and held as f32 on the CPU, and, for a bf16 or f16 `dx`, a chunk of the rounded old weight) is taken before
 /// anything is written, so an error leaves every operand as it was. With
 /// [`DenseDx::InPlace`], `x` holds `dx` on return (each chunk of `x`'s columns is read for
 /// its `dw` before its `dx` is written over it).

@@ -1,6 +1,6 @@
 //! `dense_adam` on the host: f32 against matmul then adam; bf16 and f16 against the semantics
-//! written out as loops (f32 `dw` from the widened inputs, `ops::adam`, `dx` from the old
-//! weight rounded, rounded once) on inputs whose every sum is exact in f32, so the comparison
+//! written out as loops (`dw` summed in f32 from the widened inputs and rounded once,
+//! `ops::adam`, `dx` from the old weight rounded, rounded once) on inputs whose every sum is exact in f32, so the comparison
 //! is bit for bit whatever the summation order; bad operands.
 
 use super::super::testing::{assert_close, backend_with_workspace, random_vec, rng, tensor};
@@ -200,8 +200,8 @@ fn grid(r: &mut StdRng, n: usize, bits: i32) -> Vec<f32> {
 }
 
 /// The semantics of a low-precision `dense_adam` as loops over `[x, dy, w, mu, nu]` (x and dy
-/// exact in `dtype`): `dw = xᵀ · dy` in f32, `ops::adam` with it, `dx = dy · round(w)ᵀ` in f32,
-/// rounded. Returns dx, w, mu, nu as bits.
+/// exact in `dtype`): `dw = xᵀ · dy` in f32 rounded to `dtype`, `ops::adam` with it,
+/// `dx = dy · round(w)ᵀ` in f32, rounded. Returns dx, w, mu, nu as bits.
 fn reference(
     be: &Arc<dyn Backend>,
     (m, n, k): (usize, usize, usize),
@@ -210,7 +210,12 @@ fn reference(
     h: &AdamHyper,
 ) -> [Vec<u32>; 4] {
     let dw: Vec<f32> = (0..k * n)
-        .map(|e| (0..m).map(|r| x[r * k + e / n] * dy[r * n + e % n]).sum())
+        .map(|e| {
+            round(
+                (0..m).map(|r| x[r * k + e / n] * dy[r * n + e % n]).sum(),
+                dtype,
+            )
+        })
         .collect();
     let dx: Vec<f32> = (0..m * k)
         .map(|e| {
@@ -231,9 +236,9 @@ fn reference(
 /// rows: k = 77 is 38 + 38 + 1), one batch row, an odd n, every way of writing dx, with a
 /// loss scale's `grad_scale`: bit for bit the reference. x and dy are multiples of 2^-6 (exact
 /// in both dtypes), w of 2^-12 (not exact: the rounding of the old weight shows), so every
-/// product and sum is exact in f32.
+/// product and sum is exact in f32; dw needs up to 15 bits, so its rounding shows too.
 #[test]
-fn low_precision_is_f32_dw_then_adam_and_dx_from_the_rounded_old_weight() {
+fn low_precision_is_rounded_dw_then_adam_and_dx_from_the_rounded_old_weight() {
     let be = backend_with_workspace(64 * 3 * 4);
     let h = AdamHyper {
         grad_scale: 0.5,
@@ -247,6 +252,7 @@ fn low_precision_is_f32_dw_then_adam_and_dx_from_the_rounded_old_weight() {
         ((4, 7, 9), 1),
     ];
     for dtype in [DType::BF16, DType::F16] {
+        let mut dw_rounds = false;
         for (dims @ (m, n, k), mode) in cases {
             let mut r = rng(17 + mode as u64);
             let nu: Vec<f32> = random_vec(&mut r, k * n).iter().map(|v| v.abs()).collect();
@@ -258,6 +264,12 @@ fn low_precision_is_f32_dw_then_adam_and_dx_from_the_rounded_old_weight() {
                 nu,
             ];
             assert!(v[2].iter().any(|&w| round(w, dtype) != w), "w is not exact");
+            dw_rounds |= (0..k * n).any(|e| {
+                let s: f32 = (0..m)
+                    .map(|r| v[0][r * k + e / n] * v[1][r * n + e % n])
+                    .sum();
+                round(s, dtype) != s
+            });
             let want = reference(&be, dims, &v, dtype, &h);
             let mut x = low(&be, &v[0], [m, k], dtype);
             let dy = low(&be, &v[1], [m, n], dtype);
@@ -281,6 +293,7 @@ fn low_precision_is_f32_dw_then_adam_and_dx_from_the_rounded_old_weight() {
                 assert_bits(&bits(t), want, &format!("{name} of {what}"));
             }
         }
+        assert!(dw_rounds, "no dw of these cases rounds in {dtype}");
     }
 }
 

@@ -130,9 +130,9 @@ impl Kernels {
             .map_err(driver(k))
     }
 
-    /// One Adam step over `n` elements of the f32 `[p, g, m, v]` (a dense weight's chunk, its
-    /// f32 gradient and moments) that also writes the old `p`, rounded to `dtype` (bf16 or
-    /// f16), to the `n` elements at `old`.
+    /// One Adam step over `n` elements of `[p, g, m, v]` (a dense weight's f32 chunk, its
+    /// gradient in `dtype`, bf16 or f16, and its f32 moments) that also writes the old `p`,
+    /// rounded to `dtype`, to the `n` elements at `old`.
     pub(crate) fn adam_old(
         &self,
         [p, g, m, v]: [u64; 4],
@@ -149,11 +149,12 @@ impl Kernels {
             false => ("adam_old", n),
         };
         let f = self.typed(root, dtype)?;
-        // SAFETY: `adam_old[_vec]_<dtype>(float *p, const float *g, float *m, float *v, T *old,
+        // SAFETY: `adam_old[_vec]_<dtype>(float *p, const T *g, float *m, float *v, T *old,
         // AdamHyper h, size_t n)`, loaded for bf16 and f16 only (another dtype is refused by
-        // `typed`); p, g, m, v hold n floats, old n 16-bit elements (the caller's chunks); the
-        // vector kernel gets 16-byte aligned floats and an 8-byte aligned old, and a grid with
-        // at least n % 4 threads in block 0 for the tail; AdamHyper's layout matches.
+        // `typed`); p, m, v hold n floats, g and old n 16-bit elements (the caller's chunks);
+        // the vector kernel gets 16-byte aligned p, g, m, v and an 8-byte aligned old, and a
+        // grid with at least n % 4 threads in block 0 for the tail; AdamHyper's layout
+        // matches.
         unsafe {
             launch!(self.stream, f, self.grid(threads); &p, &g, &m, &v, &old, h, &n).map(drop)
         }
