@@ -118,13 +118,13 @@ template <typename T> __device__ __forceinline__ float4 load4(const T *g, size_t
     return make_float4(to_f32(a), to_f32(b), to_f32(c), to_f32(d));
 }
 
-// One element per thread and iteration (any alignment).
+// One element per thread and iteration (any alignment); old null: nothing but the step.
 template <typename T>
 __device__ __forceinline__ void adam_old_t(float *p, const T *g, float *m, float *v, T *old,
                                            AdamHyper h, size_t n) {
     GRID_STRIDE(i, n) {
         float pi = p[i], mi = m[i], vi = v[i];
-        old[i] = from_f32<T>(pi);
+        if (old) old[i] = from_f32<T>(pi);
         adam_one(pi, to_f32(g[i]), mi, vi, h);
         m[i] = mi;
         v[i] = vi;

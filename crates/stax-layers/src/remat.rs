@@ -30,11 +30,10 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Sha
 /// Parameters are the layer's own (same tree, same kind, so paths and checkpoints do not
 /// change), except that none is updated in the backward pass ([`ParamSpec`]'s
 /// `update_in_backward` is cleared): the recomputation reads every parameter, so a dense
-/// weight inside is collected and updated after the backward pass. In f32 that is the same
-/// bits; under a bf16 or f16 policy it is what `Adam::collecting()` gives (the gradient
-/// rounded to the compute dtype before the update, where the in-backward update keeps it in
-/// f32). A `Remat` fuses nothing with the layers around it: an activation after it runs as its
-/// own layer.
+/// weight inside is collected and updated after the backward pass. That is the same
+/// arithmetic as the in-backward update (under a bf16 or f16 policy both round the gradient
+/// to the compute dtype once before the update). A `Remat` fuses nothing with the layers
+/// around it: an activation after it runs as its own layer.
 #[derive(Debug)]
 pub struct Remat<L: Layer> {
     /// The layer.

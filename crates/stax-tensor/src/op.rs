@@ -376,9 +376,10 @@ pub enum OpDesc {
         dtype: DType,
     },
     /// A dense layer's weight gradient `xᵀ · dy` (`[k, n]` from `[m, k]` and `[m, n]`) consumed
-    /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one f32
-    /// chunk of the gradient ([`dense_chunk_rows`]), and for a low-precision input gradient a
-    /// chunk of the old weight rounded to `dtype` (see [`crate::ops::dense_adam`]).
+    /// by Adam chunk by chunk, with the input gradient `dy · wᵀ`: its workspace is one chunk
+    /// of the gradient ([`dense_chunk_rows`]; in `dtype` on CUDA), and for a low-precision
+    /// input gradient a chunk of the old weight rounded to `dtype` (see
+    /// [`crate::ops::dense_adam`]).
     DenseAdam {
         /// Batch rows.
         m: usize,

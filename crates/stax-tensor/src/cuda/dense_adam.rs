@@ -90,8 +90,8 @@ impl CudaBackend {
 
     /// The workspace of a call for a `[k, n]` weight and `m` rows of `dtype`: the chunk of
     /// `dw` in `dtype`, then (when the input gradient reads the old weight rounded to bf16 or
-    /// f16) that chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for an empty
-    /// weight or the one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
+    /// f16) that chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for
+    /// an empty weight or the one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
     pub(super) fn dense_adam_schedule(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -212,22 +212,16 @@ impl CudaBackend {
             }
         }
         let chunk = [w + off, a.g, mu + off, nu + off];
-        match a.old {
-            None => self.kernels.adam(
-                chunk[0],
-                (a.g, dtype),
-                (chunk[2], DType::F32),
-                chunk[3],
-                h,
-                r * n,
-            ),
-            Some(old) => {
-                self.kernels.adam_old(chunk, (old, dtype), h, r * n)?;
-                match a.dx {
-                    Some(d) => dx_gemm(old, d),
-                    None => Ok(()),
-                }
-            }
+        if dtype == DType::F32 {
+            let (g, mu) = ((a.g, dtype), (chunk[2], dtype));
+            return self.kernels.adam(chunk[0], g, mu, chunk[3], h, r * n);
+        }
+        // bf16, f16: the step from the gradient in `dtype`, the old chunk kept when dx reads it
+        self.kernels
+            .adam_old(chunk, (a.old.unwrap_or(0), dtype), h, r * n)?;
+        match (a.old, a.dx) {
+            (Some(old), Some(d)) => dx_gemm(old, d),
+            _ => Ok(()),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `dense_adam` on the host: f32 against matmul then adam; bf16 and f16 against the semantics
 //! written out as loops (`dw` summed in f32 from the widened inputs and rounded once,
-//! `ops::adam`, `dx` from the old weight rounded, rounded once) on inputs whose every sum is exact in f32, so the comparison
-//! is bit for bit whatever the summation order; bad operands.
+//! `ops::adam`, `dx` from the old weight rounded, rounded once) on inputs whose every sum is
+//! exact in f32, so the comparison is bit for bit whatever the summation order; bad operands.
 
 use super::super::testing::{assert_close, backend_with_workspace, random_vec, rng, tensor};
 use crate::backend::DenseDx;

@@ -132,7 +132,7 @@ impl Kernels {
 
     /// One Adam step over `n` elements of `[p, g, m, v]` (a dense weight's f32 chunk, its
     /// gradient in `dtype`, bf16 or f16, and its f32 moments) that also writes the old `p`,
-    /// rounded to `dtype`, to the `n` elements at `old`.
+    /// rounded to `dtype`, to the `n` elements at `old` (0: not written).
     pub(crate) fn adam_old(
         &self,
         [p, g, m, v]: [u64; 4],
@@ -151,7 +151,7 @@ impl Kernels {
         let f = self.typed(root, dtype)?;
         // SAFETY: `adam_old[_vec]_<dtype>(float *p, const T *g, float *m, float *v, T *old,
         // AdamHyper h, size_t n)`, loaded for bf16 and f16 only (another dtype is refused by
-        // `typed`); p, m, v hold n floats, g and old n 16-bit elements (the caller's chunks);
+        // `typed`); p, m, v hold n floats, g n 16-bit elements and old (null or) n of them;
         // the vector kernel gets 16-byte aligned p, g, m, v and an 8-byte aligned old, and a
         // grid with at least n % 4 threads in block 0 for the tail; AdamHyper's layout
         // matches.
