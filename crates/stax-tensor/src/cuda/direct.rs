@@ -206,7 +206,7 @@ impl CudaBackend {
             }
         };
         run()?;
-        let ms = mean_ms(&self.stream, run)?;
+        let ms = mean_ms(&self.stream, run, None)?;
         let cudnn = self.dnn.chosen((g, dtype), self.precision, pass);
         let won = cudnn.is_some_and(|(_, c)| ms < c);
         let mut times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());

@@ -102,8 +102,13 @@ pub(super) fn listed(
     Ok(all)
 }
 
-/// Runs of each candidate between the two timing events, after one untimed run.
+/// Timed runs of each candidate, after one untimed run.
 const TIMED_RUNS: usize = 3;
+
+/// A candidate whose first timed run takes over this many times the best mean so far is not
+/// run again: it cannot win, and cuDNN's slowest candidates take up to about 0.6 s a run (the
+/// seed's conv2 backward-data in bf16, 2026-12-05).
+const CUTOFF: f32 = 4.0;
 
 /// The most workspace an explicit calibration's search ([`crate::Backend::calibrate`])
 /// allocates to time candidates over its limit, in bytes (8 GiB), where the device has room:
@@ -137,8 +142,9 @@ fn scratch(
 /// those that fit the search's scratch ([`scratch`]: the largest usable workspace within
 /// `limit`, or up to `s.look_ahead` where the device has room), and keeps the fastest
 /// within `limit`; returns it with every candidate for the report (`kernels` split the
-/// operands of 3xTF32 composites). Our own timing
-/// (events around [`TIMED_RUNS`] runs after a first untimed one) replaces
+/// operands of 3xTF32 composites). Our own timing (events around [`TIMED_RUNS`] runs after a
+/// first untimed one, a candidate cut off after one timed run over [`CUTOFF`] times the best
+/// mean so far) replaces
 /// `cudnnFind*AlgorithmEx`, which captures CUDA graphs in global mode and so made other
 /// threads' concurrent cuDNN calls fail (`CUDNN_STATUS_EXECUTION_FAILED`, seen in `gpu_ops`).
 pub(super) fn choose(
@@ -153,10 +159,18 @@ pub(super) fn choose(
     let budget = budget(&all, pass, limit)?;
     let (ws, room) = scratch(alloc, &all, (budget, s.look_ahead))?;
     let _exclusive = crate::cuda::exclusive();
-    let mut timed = Vec::with_capacity(all.len());
+    let mut timed: Vec<Option<Choice>> = Vec::with_capacity(all.len());
     for c in &all {
+        let best = timed.iter().flatten().filter(|t| t.ok).map(|t| t.time_ms);
+        let cutoff = best.min_by(f32::total_cmp).map(|ms| CUTOFF * ms);
         let t = if c.ok && c.workspace <= room {
-            Some(time_choice((s, kernels), plan, *c, ops, ws.as_ref()))
+            Some(time_choice(
+                (s, kernels),
+                plan,
+                *c,
+                ops,
+                (ws.as_ref(), cutoff),
+            ))
         } else {
             None
         };
@@ -192,14 +206,14 @@ pub(super) fn choose(
     Ok((best, report))
 }
 
-/// Times `c` on `ops`: `Ok(Ok(ms))` per run, `Ok(Err(status))` when cuDNN refuses to run it,
-/// `Err` when the events fail.
+/// Times `c` on `ops` with the workspace `ws` (see [`mean_ms`] for `cutoff`): `Ok(Ok(ms))`
+/// per run, `Ok(Err(status))` when cuDNN refuses to run it, `Err` when the events fail.
 fn time_choice(
     (s, kernels): (&Search<'_>, &Kernels),
     plan: &Plan,
     c: Choice,
     ops: Operands,
-    ws: Option<&Allocation>,
+    (ws, cutoff): (Option<&Allocation>, Option<f32>),
 ) -> Result<Result<f32, sys::cudnnStatus_t>, TensorError> {
     let run = || run_choice((s.handle, kernels), plan, s.key, c, ops, ws);
     if let Err(e) = run() {
@@ -208,29 +222,47 @@ fn time_choice(
             e => Err(e),
         };
     }
-    mean_ms(s.stream, run).map(Ok)
+    mean_ms(s.stream, run, cutoff).map(Ok)
 }
 
-/// The mean time of [`TIMED_RUNS`] runs of `run` on `stream` (its work queued there), in ms:
-/// CUDA events around them, after the untimed run the caller made.
+/// The mean time of [`TIMED_RUNS`] runs of `run` on `stream` (its work queued there), in ms,
+/// from CUDA events around them, after the untimed run the caller made. When the first timed
+/// run alone takes longer than `cutoff` ms, its time is returned without the other runs (the
+/// host waits for that first run's event; the rest are timed between their own events, so the
+/// wait is not counted).
 ///
 /// # Errors
 /// `run`'s, and the events' as [`TensorError::Driver`].
 pub(crate) fn mean_ms(
     stream: &Arc<CudaStream>,
     mut run: impl FnMut() -> Result<(), TensorError>,
+    cutoff: Option<f32>,
 ) -> Result<f32, TensorError> {
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let event = |e| crate::cuda::driver("cuEventRecord")(e);
-    let start = stream.record_event(flags).map_err(event)?;
-    for _ in 0..TIMED_RUNS {
+    let record = || {
+        stream
+            .record_event(flags)
+            .map_err(crate::cuda::driver("cuEventRecord"))
+    };
+    let elapsed = |a: &cudarc::driver::CudaEvent, b| {
+        a.elapsed_ms(b)
+            .map_err(crate::cuda::driver("cuEventElapsedTime"))
+    };
+    let start = record()?;
+    run()?;
+    let first = record()?;
+    if let Some(limit) = cutoff {
+        let ms = elapsed(&start, &first)?;
+        if ms > limit {
+            return Ok(ms);
+        }
+    }
+    let rest = record()?;
+    for _ in 1..TIMED_RUNS {
         run()?;
     }
-    let end = stream.record_event(flags).map_err(event)?;
-    let ms = start
-        .elapsed_ms(&end)
-        .map_err(crate::cuda::driver("cuEventElapsedTime"))?;
-    Ok(ms / TIMED_RUNS as f32)
+    let end = record()?;
+    Ok((elapsed(&start, &first)? + elapsed(&rest, &end)?) / TIMED_RUNS as f32)
 }
 
 /// Runs `c` (a legacy algorithm with its math type, a graph engine of `plan`, or a 3xTF32
