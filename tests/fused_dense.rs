@@ -289,7 +289,6 @@ fn wide(t: &Tensor) -> Vec<f32> {
 /// differ in about a third of them.
 fn assert_within_one_rounding(gpu: &[f32], cpu: &[f32], dtype: DType, what: &str) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
-    let digits = if dtype == DType::BF16 { 8 } else { 11 };
     let atol = 1e-5 * cpu.iter().fold(0f32, |m, c| m.max(c.abs()));
     let mut differ = 0;
     for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
@@ -297,8 +296,7 @@ fn assert_within_one_rounding(gpu: &[f32], cpu: &[f32], dtype: DType, what: &str
             continue;
         }
         differ += 1;
-        let exp = g.abs().max(c.abs()).log2().floor() as i32;
-        let ulp = 2f32.powi(exp - (digits - 1)).max(2f32.powi(-24));
+        let ulp = ulp(g.abs().max(c.abs()), dtype).max(2f32.powi(-24));
         assert!(
             (g - c).abs() <= ulp + atol,
             "{what}: element {i}: gpu {g} vs cpu {c}, more than one {dtype} rounding apart"
@@ -386,6 +384,15 @@ fn gpu_low_precision_dense_adam_matches_cpu() {
     }
 }
 
+/// One unit in the last place of `dtype` (bf16 or f16) at `v >= 0` (0 at 0).
+fn ulp(v: f32, dtype: DType) -> f32 {
+    let digits = if dtype == DType::BF16 { 8 } else { 11 };
+    match v > 0.0 {
+        true => 2f32.powi(v.log2().floor() as i32 - (digits - 1)),
+        false => 0.0,
+    }
+}
+
 /// Asserts that Adam's moments `[[mu_gpu, mu_cpu], [nu_gpu, nu_cpu]]` after one step from
 /// `[mu, nu]` before differ only where the two backends' weight gradients g (f32 sums rounded
 /// to `dtype`) round to neighbouring values, one unit u in the last place of `dtype` at g apart
@@ -400,7 +407,6 @@ fn assert_moments_within_one_rounding(
     (dtype, h): (DType, &AdamHyper),
     what: &str,
 ) {
-    let digits = if dtype == DType::BF16 { 8 } else { 11 };
     let s = h.grad_scale;
     let noise = |a: f32, b: f32, c: f32| 4.0 * f32::EPSILON * a.abs().max(b.abs()).max(c.abs());
     let grads: Vec<f32> = (0..mu_c.len())
@@ -420,11 +426,7 @@ fn assert_moments_within_one_rounding(
         differ += 1;
         // the ulp above |g|: a g read back as just below a power of two (f32 noise) may have
         // rounded to it, whose upper neighbour is a whole ulp of the next binade away
-        let up = g.abs() * (1.0 + 2f32.powi(-(digits - 1)));
-        let u = match up > 0.0 {
-            true => 2f32.powi(up.log2().floor() as i32 - (digits - 1)).max(atol),
-            false => atol,
-        };
+        let u = ulp(g.abs() * (1.0 + ulp(1.0, dtype)), dtype).max(atol);
         let m_bound = 1.01 * (1.0 - h.b1) * s * u + m_noise;
         let n_bound = 1.01 * (1.0 - h.b2) * s * s * (2.0 * g.abs() + u) * u + n_noise;
         assert!(

@@ -206,13 +206,11 @@ impl CudaBackend {
             let ops = (x + col, dy, a.g);
             self.blas.gemm(dw, (dtype, dtype), ops, blas, blas_bytes)?;
         }
+        let chunk = [w + off, a.g, mu + off, nu + off];
         if dtype == DType::F32 {
             if let Some(d) = a.dx {
                 dx_gemm(w + off, d)?;
             }
-        }
-        let chunk = [w + off, a.g, mu + off, nu + off];
-        if dtype == DType::F32 {
             let (g, mu) = ((a.g, dtype), (chunk[2], dtype));
             return self.kernels.adam(chunk[0], g, mu, chunk[3], h, r * n);
         }

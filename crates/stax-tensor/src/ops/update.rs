@@ -142,9 +142,8 @@ pub fn all_finite(x: &Tensor, nonfinite: &mut Tensor) -> Result<(), TensorError>
 /// For f32 this is exactly `matmul` then `adam` per element. The workspace (a chunk of `dw`,
 /// in D on CUDA and held as f32 on the CPU, and, for a bf16 or f16 `dx`, a chunk of the
 /// rounded old weight) is taken before anything is written, so an error leaves every operand
-/// as it was. With
-/// [`DenseDx::InPlace`], `x` holds `dx` on return (each chunk of `x`'s columns is read for
-/// its `dw` before its `dx` is written over it).
+/// as it was. With [`DenseDx::InPlace`], `x` holds `dx` on return (each chunk of `x`'s
+/// columns is read for its `dw` before its `dx` is written over it).
 ///
 /// # Errors
 /// [`TensorError::Shape`] for operands of other shapes (x `[m, k]` and w `[k, n]` matrices, dy

@@ -199,6 +199,13 @@ fn grid(r: &mut StdRng, n: usize, bits: i32) -> Vec<f32> {
         .collect()
 }
 
+/// `dw = xᵀ · dy` (`[k, n]`) summed in f32 as loops, from x `[m, k]` and dy `[m, n]`.
+fn dw_sums((m, n, k): (usize, usize, usize), x: &[f32], dy: &[f32]) -> Vec<f32> {
+    (0..k * n)
+        .map(|e| (0..m).map(|r| x[r * k + e / n] * dy[r * n + e % n]).sum())
+        .collect()
+}
+
 /// The semantics of a low-precision `dense_adam` as loops over `[x, dy, w, mu, nu]` (x and dy
 /// exact in `dtype`): `dw = xᵀ · dy` in f32 rounded to `dtype`, `ops::adam` with it,
 /// `dx = dy · round(w)ᵀ` in f32, rounded. Returns dx, w, mu, nu as bits.
@@ -209,13 +216,9 @@ fn reference(
     dtype: DType,
     h: &AdamHyper,
 ) -> [Vec<u32>; 4] {
-    let dw: Vec<f32> = (0..k * n)
-        .map(|e| {
-            round(
-                (0..m).map(|r| x[r * k + e / n] * dy[r * n + e % n]).sum(),
-                dtype,
-            )
-        })
+    let dw: Vec<f32> = dw_sums((m, n, k), x, dy)
+        .into_iter()
+        .map(|s| round(s, dtype))
         .collect();
     let dx: Vec<f32> = (0..m * k)
         .map(|e| {
@@ -264,12 +267,9 @@ fn low_precision_is_rounded_dw_then_adam_and_dx_from_the_rounded_old_weight() {
                 nu,
             ];
             assert!(v[2].iter().any(|&w| round(w, dtype) != w), "w is not exact");
-            dw_rounds |= (0..k * n).any(|e| {
-                let s: f32 = (0..m)
-                    .map(|r| v[0][r * k + e / n] * v[1][r * n + e % n])
-                    .sum();
-                round(s, dtype) != s
-            });
+            dw_rounds |= dw_sums(dims, &v[0], &v[1])
+                .into_iter()
+                .any(|s| round(s, dtype) != s);
             let want = reference(&be, dims, &v, dtype, &h);
             let mut x = low(&be, &v[0], [m, k], dtype);
             let dy = low(&be, &v[1], [m, n], dtype);

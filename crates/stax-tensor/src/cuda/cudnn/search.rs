@@ -226,9 +226,9 @@ fn time_choice(
 }
 
 /// The mean time of [`TIMED_RUNS`] runs of `run` on `stream` (its work queued there), in ms,
-/// from CUDA events around them, after the untimed run the caller made. When the first timed
-/// run alone takes longer than `cutoff` ms, its time is returned without the other runs (the
-/// host waits for that first run's event; the rest are timed between their own events, so the
+/// from CUDA events around them, after the untimed run the caller made. The host waits for
+/// the first timed run's event; when that run alone took longer than `cutoff` ms, its time is
+/// returned without the other runs, which are otherwise timed between their own events (the
 /// wait is not counted).
 ///
 /// # Errors
@@ -251,18 +251,16 @@ pub(crate) fn mean_ms(
     let start = record()?;
     run()?;
     let first = record()?;
-    if let Some(limit) = cutoff {
-        let ms = elapsed(&start, &first)?;
-        if ms > limit {
-            return Ok(ms);
-        }
+    let first_ms = elapsed(&start, &first)?;
+    if cutoff.is_some_and(|limit| first_ms > limit) {
+        return Ok(first_ms);
     }
     let rest = record()?;
     for _ in 1..TIMED_RUNS {
         run()?;
     }
     let end = record()?;
-    Ok((elapsed(&start, &first)? + elapsed(&rest, &end)?) / TIMED_RUNS as f32)
+    Ok((first_ms + elapsed(&rest, &end)?) / TIMED_RUNS as f32)
 }
 
 /// Runs `c` (a legacy algorithm with its math type, a graph engine of `plan`, or a 3xTF32
