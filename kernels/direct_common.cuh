@@ -45,13 +45,13 @@ __device__ __forceinline__ void taps_init(Taps &t, const WindowGeometry &g, int 
 }
 
 // Loads this thread's share of the patches of positions p0 .. p0 + DC_PIXELS (of `total`)
-// into v: 4 threads a position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q, q + 4, ...;
-// zeros outside the input, past K and past total. The loads of the next tile are in flight
-// while the block computes this one (stage_patches then writes them to shared memory).
+// into v, as stored: 4 threads a position (DC_THREADS = 4 DC_PIXELS), thread q taking taps q,
+// q + 4, ...; zeros outside the input, past K and past total. The loads of the next tile are in
+// flight while the block computes this one: nothing reads v until put_patches converts it.
 template <typename T, int KP>
 __device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g, const Taps &t,
                                              int K, size_t p0, size_t total,
-                                             float (&v)[KP / 4]) {
+                                             T (&v)[KP / 4]) {
     const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
     const size_t pix = p0 + p;
     bool live = pix < total;
@@ -71,11 +71,11 @@ __device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g
 #pragma unroll
     for (int i = 0; i < KP / 4; ++i) {
         int k = q + 4 * i;
-        v[i] = 0.0f;
+        v[i] = T{};
         if (live && k < K) {
             long iy = y0 + t.dy[k], ix = x0 + t.dx[k];
             if (iy >= 0 && iy < (long)g.h && ix >= 0 && ix < (long)g.w) {
-                v[i] = to_f32(img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]]);
+                v[i] = img[((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[k]];
             }
         }
     }
@@ -85,19 +85,19 @@ __device__ __forceinline__ void load_patches(const T *x, const WindowGeometry &g
 template <typename T, int KP>
 __device__ __forceinline__ void first_patches(const T *x, const WindowGeometry &g, const Taps &t,
                                               int K, size_t tiles, size_t total,
-                                              float (&v)[KP / 4]) {
+                                              T (&v)[KP / 4]) {
     __syncthreads();
     if (blockIdx.x < tiles) {
         load_patches<T, KP>(x, g, t, K, blockIdx.x * DC_PIXELS, total, v);
     }
 }
 
-// Writes v (load_patches') to the block's patch rows s (S floats apart, S >= KP).
-template <int KP, int S>
-__device__ __forceinline__ void put_patches(const float (&v)[KP / 4], float (*s)[S]) {
+// Writes v (load_patches') as f32 to the block's patch rows s (S floats apart, S >= KP).
+template <typename T, int KP, int S>
+__device__ __forceinline__ void put_patches(const T (&v)[KP / 4], float (*s)[S]) {
     const int p = threadIdx.x >> 2, q = threadIdx.x & 3;
 #pragma unroll
-    for (int i = 0; i < KP / 4; ++i) s[p][q + 4 * i] = v[i];
+    for (int i = 0; i < KP / 4; ++i) s[p][q + 4 * i] = to_f32(v[i]);
 }
 
 // Writes v to the patch rows s; the loads of `next` (a tile index, or past `tiles` for none)
@@ -105,9 +105,9 @@ __device__ __forceinline__ void put_patches(const float (&v)[KP / 4], float (*s)
 template <typename T, int KP, int S>
 __device__ __forceinline__ void stage_patches(const T *x, const WindowGeometry &g, const Taps &t,
                                               int K, size_t next, size_t tiles, size_t total,
-                                              float (&v)[KP / 4], float (*s)[S]) {
+                                              T (&v)[KP / 4], float (*s)[S]) {
     __syncthreads();
-    put_patches<KP, S>(v, s);
+    put_patches<T, KP, S>(v, s);
     __syncthreads();
     if (next < tiles) load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
 }

@@ -37,7 +37,7 @@ __device__ void direct_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mas
     taps_init(t, g, K);
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
-    float v[KP / 4];
+    T v[KP / 4];
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         stage_patches<T, KP, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
@@ -103,7 +103,7 @@ __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial
     taps_init(t, g, K);
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
-    float v[KP / 4];
+    T v[KP / 4];
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         stage_patches<T, KP, KP>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);

@@ -133,7 +133,7 @@ __device__ void mma_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mask,
     }
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
-    float v[KP / 4];
+    T v[KP / 4];
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         stage_patches<T, KP, S>(x, g, t, K, tile + gridDim.x, tiles, total, v, s);
@@ -247,63 +247,106 @@ template <typename T> __device__ __forceinline__ void unpack8(const Raw8<T> &r, 
     }
 }
 
-// dy's tile `tile` as f32 in e: chunk c = threadIdx.x + i DC_THREADS of 8 elements (position
-// c / (C / 8) of the tile, channels 8 (c % (C / 8)) ..), zeros past total; with a mask, masked
-// by it and written back masked (the ReLU backward in place, as direct_wgrad). dy 16-byte
-// aligned.
+// A thread's share of dy's tile in flight: chunk i = threadIdx.x + i DC_THREADS of 8 elements
+// (position c / (C / 8) of the tile, channels 8 (c % (C / 8)) .., the same for every i), as
+// stored (zeros past total), and with a mask the word holding the chunk's bits.
+template <typename T, int CH> struct DyChunks {
+    Raw8<T> r[CH];
+    u32 bits[CH];
+};
+
+// The chunk's position in dy and its first channel.
+template <int C>
+__device__ __forceinline__ void dy_chunk(size_t tile, int i, size_t &pix, int &col) {
+    const int c = threadIdx.x + i * DC_THREADS;
+    pix = tile * DC_PIXELS + c / (C / 8), col = 8 * (c % (C / 8));
+}
+
+// Issues the loads of dy's tile `tile` into q (16-byte accesses, dy 16-byte aligned); nothing
+// reads them until finish_dy, so they are in flight across the block's other work.
 template <typename T, int C, int CH>
-__device__ __forceinline__ void load_dy(T *dy, const u32 *mask, size_t tile, size_t total,
-                                        float (&e)[CH][8]) {
+__device__ __forceinline__ void load_dy(const T *dy, const u32 *mask, size_t tile, size_t total,
+                                        DyChunks<T, CH> &q) {
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
-        const int c = threadIdx.x + i * DC_THREADS, row = c / (C / 8), col = 8 * (c % (C / 8));
-        const size_t pix = tile * DC_PIXELS + row;
+        size_t pix;
+        int col;
+        dy_chunk<C>(tile, i, pix, col);
+        q.bits[i] = 0;
         if (pix >= total) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) e[i][j] = 0.0f;
+            q.r[i] = Raw8<T>{};
             continue;
         }
-        T *p = dy + pix * C + col;
-        Raw8<T> r = load_raw8(p);
-        if (mask) {
-            mask_raw8(r, mask[(pix * C + col) >> 5] >> (col & 31));
-            store_raw8(p, r);
+        q.r[i] = load_raw8(dy + pix * C + col);
+        if (mask) q.bits[i] = mask[(pix * C + col) >> 5];
+    }
+}
+
+// q (tile `tile`) as f32 in e, added to the thread's bias-gradient sums db (its 8 channels, exact
+// f32 adds); with a mask, masked by it first and written back masked (the ReLU backward in
+// place, as direct_wgrad).
+template <typename T, int C, int CH>
+__device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, size_t tile, size_t total,
+                                          DyChunks<T, CH> &q, float (&e)[CH][8],
+                                          float (&db)[8]) {
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        size_t pix;
+        int col;
+        dy_chunk<C>(tile, i, pix, col);
+        if (mask && pix < total) {
+            mask_raw8(q.r[i], q.bits[i] >> (col & 31));
+            store_raw8(dy + pix * C + col, q.r[i]);
         }
-        unpack8(r, e[i]);
+        unpack8(q.r[i], e[i]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) db[j] += e[i][j];
     }
 }
 
 // The filter gradient of direct_wgrad on the tensor cores (same operands, partials and
-// semantics): dw^T = patches^T · dy over the tile's positions. dy's tile is loaded (masked, and
-// written back masked, in place) a tile ahead in 16-byte chunks and staged in shared memory as
-// f32. Warp w takes channels 8 j .. 8 j + 7 for j = w, w + 8, ... < C / 8 and every tap; its
-// f32 sums over the block's positions go to the partials once, in f64. db is summed from the
-// staged dy in exact f32 adds (thread t: channel t % C of positions t / C, + 256 / C, ...), not
-// on the tensor cores (TF32 would round dy), then over the threads in f64 (a fixed order).
+// semantics): dw^T = patches^T · dy over the tile's positions. Patches and dy (masked, and
+// written back masked, in place) are staged in shared memory as f32; dy's loads are issued two
+// barriers and a tile's products ahead of their use, the patches' a tile's products ahead. Warp
+// w takes the 16 positions 16 (w % 4) .. of each tile (one bf16/f16 k-step, two TF32 ones) for
+// channels (C / 2)(w / 4) .. + C / 2 - 1 and every tap, so each A fragment is built by one warp;
+// the four position quarters' f32 sums over the block's tiles are added into the partials in
+// f64, in a fixed order. db is summed in exact f32 adds per thread (its chunks' channels), not
+// on the tensor cores (TF32 would round dy), then over lanes and warps in f64 (a fixed order).
+// Shared-memory rows are padded so that the fragment reads are conflict-free: 4 floats for the
+// pair reads of k16 (2 S = 8 mod 32), 8 for the single reads of TF32's k8 (S = 8 mod 32).
 template <typename T, int KP, int C>
 __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
                           WindowGeometry g, int K) {
-    const int KSTEP = Mma<T>::KSTEP, MT = KP / 16, NT = C / 8, NW = (NT + 7) / 8;
-    const int S = KP + 4, DS = C + 4, CH = DC_PIXELS * C / 8 / DC_THREADS;
+    const int KSTEP = Mma<T>::KSTEP, MT = KP / 16, NT = C / 16, PAD = KSTEP == 8 ? 8 : 4;
+    const int S = KP + PAD, DS = C + PAD, CH = DC_PIXELS * C / 8 / DC_THREADS;
     __shared__ __align__(16) float s[DC_PIXELS][S];
     __shared__ __align__(16) float d[DC_PIXELS][DS];
-    __shared__ double red[DC_THREADS];
     __shared__ Taps t;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-    float acc[NW][MT][4], db = 0.0f;
+    const int p0 = 16 * (warp & 3), n0 = (C / 2) * (warp >> 2);
+    float acc[NT][MT][4], db[8];
 #pragma unroll
-    for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int m = 0; m < MT; ++m) acc[i][m][0] = acc[i][m][1] = acc[i][m][2] = acc[i][m][3] = 0.0f;
+        for (int m = 0; m < MT; ++m) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) db[j] = 0.0f;
     taps_init(t, g, K);
     const size_t total = g.n * g.out_h * g.out_w;
     const size_t tiles = (total + DC_PIXELS - 1) / DC_PIXELS;
-    float v[KP / 4], e[CH][8];
+    T v[KP / 4];
+    float e[CH][8];
+    DyChunks<T, CH> q;
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
-    if (blockIdx.x < tiles) load_dy<T, C, CH>(dy, mask, blockIdx.x, total, e);
+    if (blockIdx.x < tiles) {
+        load_dy<T, C, CH>(dy, mask, blockIdx.x, total, q);
+        finish_dy<T, C, CH>(dy, mask, blockIdx.x, total, q, e, db);
+        load_dy<T, C, CH>(dy, mask, blockIdx.x + gridDim.x, total, q);
+    }
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         __syncthreads();
-        put_patches<KP, S>(v, s);
+        put_patches<T, KP, S>(v, s);
 #pragma unroll
         for (int i = 0; i < CH; ++i) {
             const int c = threadIdx.x + i * DC_THREADS;
@@ -311,54 +354,65 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
         }
         __syncthreads();
         const size_t next = tile + gridDim.x;
-        if (next < tiles) {
-            load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
-            load_dy<T, C, CH>(dy, mask, next, total, e);
-        }
-        for (int p = threadIdx.x / C; p < DC_PIXELS; p += DC_THREADS / C) {
-            db += d[p][threadIdx.x % C];
-        }
+        if (next < tiles) load_patches<T, KP>(x, g, t, K, next * DC_PIXELS, total, v);
 #pragma unroll
-        for (int ps = 0; ps < DC_PIXELS / KSTEP; ++ps) {
-            const int p = ps * KSTEP;
+        for (int ks = 0; ks < 16 / KSTEP; ++ks) {
+            const int p = p0 + ks * KSTEP;
+            u32 a[MT][4];
 #pragma unroll
-            for (int i = 0; i < NW; ++i) {
-                const int n = 8 * (warp + 8 * i);
-                if (n >= C) break;
-                u32 bf[2];
-                Mma<T>::b(bf, [&](int k, int c) { return d[p + k][n + c]; }, gq, tq);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    u32 a[4];
-                    Mma<T>::a(a, [&](int r, int c) { return s[p + c][16 * m + r]; }, gq, tq);
-                    Mma<T>::mma(acc[i][m], a, bf);
-                }
+            for (int m = 0; m < MT; ++m) {
+                Mma<T>::a(a[m], [&](int r, int c) { return s[p + c][16 * m + r]; }, gq, tq);
             }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                u32 b[2];
+                Mma<T>::b(b, [&](int k, int c) { return d[p + k][n0 + 8 * j + c]; }, gq, tq);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) Mma<T>::mma(acc[j][m], a[m], b);
+            }
+        }
+        if (next < tiles) {
+            finish_dy<T, C, CH>(dy, mask, next, total, q, e, db);
+            load_dy<T, C, CH>(dy, mask, next + gridDim.x, total, q);
         }
     }
     double *out = partial + (size_t)blockIdx.x * (K + 1) * C;
+    for (int r = 0; r < 4; ++r) {
+        if ((warp & 3) == r) {
 #pragma unroll
-    for (int i = 0; i < NW; ++i) {
-        const int n = 8 * (warp + 8 * i) + 2 * tq;
-        if (n >= C) break;
+            for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+                for (int m = 0; m < MT; ++m) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int k = 16 * m + gq + 8 * h;
-                if (k < K) {
-                    out[k * C + n] = acc[i][m][2 * h];
-                    out[k * C + n + 1] = acc[i][m][2 * h + 1];
+                    for (int h = 0; h < 2; ++h) {
+                        const int k = 16 * m + gq + 8 * h, n = n0 + 8 * j + 2 * tq;
+                        if (k >= K) continue;
+                        double *o = out + k * C + n;
+                        o[0] = (r ? o[0] : 0.0) + acc[j][m][2 * h];
+                        o[1] = (r ? o[1] : 0.0) + acc[j][m][2 * h + 1];
+                    }
                 }
             }
         }
+        __syncthreads(); // also orders the block's global writes for the next quarter
     }
-    red[threadIdx.x] = db;
+    // db: over the lanes holding the same channels (lane % (C / 8)), then over the warps, in
+    // d's space (free after the barriers above)
+    double sum[8], *ws = (double *)&d[0][0];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        sum[j] = db[j];
+        for (int o = C / 8; o < 32; o <<= 1) sum[j] += __shfl_xor_sync(FULL_MASK, sum[j], o);
+    }
+    if (lane < C / 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ws[warp * C + 8 * lane + j] = sum[j];
+    }
     __syncthreads();
     if ((int)threadIdx.x < C) {
-        double sum = 0.0;
-        for (int u = threadIdx.x; u < DC_THREADS; u += C) sum += red[u];
-        out[K * C + threadIdx.x] = sum;
+        double total_db = 0.0;
+        for (int w = 0; w < DC_THREADS / 32; ++w) total_db += ws[w * C + threadIdx.x];
+        out[K * C + threadIdx.x] = total_db;
     }
 }
 
