@@ -86,11 +86,11 @@ __device__ __forceinline__ void block_row(double (*red)[2], float a, float b, in
 
 // Stage 1 of dw = sum over positions of patch * dy and db = sum of dy: block b writes its f32
 // sums, added in f64 over its threads, to partial[(b * (K + 1) + k) * c_out + co] (row K: db).
-// When mask is not null, dy is first masked in place as the ReLU backward does (bit i of mask
-// clear: dy[i] = 0). Each thread sums its own positions in f32 (at most a grid's share of them:
+// When mask is not null, dy is first masked as the ReLU backward does (bit i of mask clear:
+// dy[i] = 0), written back in place when keep != 0. Each thread sums its own positions in f32 (at most a grid's share of them:
 // the launcher's grid covers the positions evenly). Stage 2 is direct_conv_wgrad_finish.
 template <typename T, int KP>
-__device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
+__device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *partial,
                              WindowGeometry g, int K, int c_out) {
     __shared__ __align__(16) float s[DC_PIXELS][KP];
     __shared__ Taps t;
@@ -122,7 +122,7 @@ __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, double *partial
                         u32 bits = mask[(pix * c_out + co) >> 5] >> (co & 31);
                         d0[j] = bits & 1u ? d0[j] : 0.0f;
                         d1[j] = bits & 2u ? d1[j] : 0.0f;
-                        store2(d, d0[j], d1[j]);
+                        if (keep) store2(d, d0[j], d1[j]);
                     }
                 }
             }
@@ -178,9 +178,9 @@ __device__ void direct_wgrad_finish(const double *partial, T *dw, T *db, size_t 
         direct_fwd<T, KP>(x, w, b, y, mask, g, K, c_out, relu);                                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
-        direct_conv_wgrad_k##KP##_##S(const T *x, T *dy, const u32 *mask, double *partial,    \
-                                      WindowGeometry g, int K, int c_out) {                    \
-        direct_wgrad<T, KP>(x, dy, mask, partial, g, K, c_out);                                \
+        direct_conv_wgrad_k##KP##_##S(const T *x, T *dy, const u32 *mask, int keep,           \
+                                      double *partial, WindowGeometry g, int K, int c_out) {   \
+        direct_wgrad<T, KP>(x, dy, mask, keep, partial, g, K, c_out);                          \
     }
 
 #define INSTANTIATE_DIRECT(T, S)                                                               \

@@ -283,10 +283,11 @@ __device__ __forceinline__ void load_dy(const T *dy, const u32 *mask, size_t til
 }
 
 // q (tile `tile`) as f32 in e, added to the thread's bias-gradient sums db (its 8 channels, exact
-// f32 adds); with a mask, masked by it first and written back masked (the ReLU backward in
-// place, as direct_wgrad).
+// f32 adds); with a mask, masked by it first and with keep written back masked (the ReLU
+// backward in place, as direct_wgrad).
 template <typename T, int C, int CH>
-__device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, size_t tile, size_t total,
+__device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, int keep, size_t tile,
+                                          size_t total,
                                           DyChunks<T, CH> &q, float (&e)[CH][8],
                                           float (&db)[8]) {
 #pragma unroll
@@ -296,7 +297,7 @@ __device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, size_t tile, s
         dy_chunk<C>(tile, i, pix, col);
         if (mask && pix < total) {
             mask_raw8(q.r[i], q.bits[i] >> (col & 31));
-            store_raw8(dy + pix * C + col, q.r[i]);
+            if (keep) store_raw8(dy + pix * C + col, q.r[i]);
         }
         unpack8(q.r[i], e[i]);
 #pragma unroll
@@ -305,8 +306,8 @@ __device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, size_t tile, s
 }
 
 // The filter gradient of direct_wgrad on the tensor cores (same operands, partials and
-// semantics): dw^T = patches^T · dy over the tile's positions. Patches and dy (masked, and
-// written back masked, in place) are staged in shared memory as f32; dy's loads are issued two
+// semantics): dw^T = patches^T · dy over the tile's positions. Patches and dy (masked, and with
+// keep written back masked, in place) are staged in shared memory as f32; dy's loads are issued two
 // barriers and a tile's products ahead of their use, the patches' a tile's products ahead. Warp
 // w takes the 16 positions 16 (w % 4) .. of each tile (one bf16/f16 k-step, two TF32 ones) for
 // channels (C / 2)(w / 4) .. + C / 2 - 1 and every tap, so each A fragment is built by one warp;
@@ -316,7 +317,7 @@ __device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, size_t tile, s
 // Shared-memory rows are padded so that the fragment reads are conflict-free: 4 floats for the
 // pair reads of k16 (2 S = 8 mod 32), 8 for the single reads of TF32's k8 (S = 8 mod 32).
 template <typename T, int KP, int C>
-__device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
+__device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *partial,
                           WindowGeometry g, int K) {
     const int KSTEP = Mma<T>::KSTEP, MT = KP / 16, NT = C / 16, PAD = KSTEP == 8 ? 8 : 4;
     const int S = KP + PAD, DS = C + PAD, CH = DC_PIXELS * C / 8 / DC_THREADS;
@@ -341,7 +342,7 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
     first_patches<T, KP>(x, g, t, K, tiles, total, v);
     if (blockIdx.x < tiles) {
         load_dy<T, C, CH>(dy, mask, blockIdx.x, total, q);
-        finish_dy<T, C, CH>(dy, mask, blockIdx.x, total, q, e, db);
+        finish_dy<T, C, CH>(dy, mask, keep, blockIdx.x, total, q, e, db);
         load_dy<T, C, CH>(dy, mask, blockIdx.x + gridDim.x, total, q);
     }
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -372,7 +373,7 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
             }
         }
         if (next < tiles) {
-            finish_dy<T, C, CH>(dy, mask, next, total, q, e, db);
+            finish_dy<T, C, CH>(dy, mask, keep, next, total, q, e, db);
             load_dy<T, C, CH>(dy, mask, next + gridDim.x, total, q);
         }
     }
@@ -423,9 +424,9 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, double *partial,
         mma_fwd<T, KP, C>(x, w, b, y, mask, g, K, relu);                                       \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DC_THREADS)                                   \
-        direct_mma_wgrad_k##KP##_c##C##_##S(const T *x, T *dy, const u32 *mask,               \
+        direct_mma_wgrad_k##KP##_c##C##_##S(const T *x, T *dy, const u32 *mask, int keep,     \
                                             double *partial, WindowGeometry g, int K) {        \
-        mma_wgrad<T, KP, C>(x, dy, mask, partial, g, K);                                       \
+        mma_wgrad<T, KP, C>(x, dy, mask, keep, partial, g, K);                                 \
     }
 
 #define INSTANTIATE_MMA(T, S)                                                                  \

@@ -82,6 +82,8 @@ fn tolerance(g: &Conv2dGeometry, dtype: DType, precision: Precision) -> f64 {
 /// forward output without and with the bias, the output and mask of the fused ReLU, and the
 /// filter gradient, bias gradient and masked dy of the backward pass through `mask` (the CPU's,
 /// so both backends mask the same elements), then the filter gradient without a bias or act.
+/// The same backward pass with dy consumed (`conv2d_bwd_filter_consuming`, which need not
+/// write dy back) must give the same bits.
 fn passes(
     be: &Arc<dyn Backend>,
     g: &Conv2dGeometry,
@@ -113,6 +115,17 @@ fn passes(
     );
     let act = Some((Activation::Relu, &used));
     ops::conv2d_bwd_filter(&x, &mut d, g, &mut dw, &mut db, act).unwrap();
+    let consumed = typed(be, dy, g.output_shape().dims(), dtype);
+    let (mut dw_c, mut db_c) = (
+        poisoned(be, g.filter_shape(), dtype),
+        poisoned(be, [g.c_out], dtype),
+    );
+    ops::conv2d_bwd_filter_consuming(&x, consumed, g, &mut dw_c, &mut db_c, act).unwrap();
+    for (kept, consumed) in [(&dw, &dw_c), (&db, &db_c)] {
+        let (a, b) = (kept.to_vec().unwrap(), consumed.to_vec().unwrap());
+        let same = a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{dtype} {g:?}: dy consumed changes the gradients");
+    }
     let mut plain_dy = typed(be, dy, g.output_shape().dims(), dtype);
     let mut dw_plain = poisoned(be, g.filter_shape(), dtype);
     ops::conv2d_bwd_filter(&x, &mut plain_dy, g, &mut dw_plain, None, None).unwrap();

@@ -141,29 +141,24 @@ impl GeneralConv {
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, g.filter_shape(), dtype, grad("dw"))?;
         let mut db = Tensor::empty(&be, [g.c_out], dtype, grad("db"))?;
-        let dy = match act {
-            Some((act, saved)) => {
-                let mut dy = dy.into_unique()?;
-                let act = Some((act, &saved));
-                ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act)?;
-                dy
-            }
-            None => {
-                let mut dy = dy;
-                ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, None)?;
-                dy
-            }
+        // with an activation dy is masked in place; without dx it is not needed afterwards
+        let mut dy = match act {
+            Some(_) => dy.into_unique()?,
+            None => dy,
         };
-        let dx = if need_dx {
-            let mut dx = dx_over(x)?;
-            let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
-            ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
-            Some(Tree::leaf(
-                dx.reshape(self.0.dims.from_4d(&g.input_shape()))?,
-            ))
-        } else {
-            None
-        };
+        let act = act.as_ref().map(|(a, saved)| (*a, saved));
+        if !need_dx {
+            ops::conv2d_bwd_filter_consuming(&x, dy, &g, &mut dw, &mut db, act)?;
+            hand_gradients(cx, &self.specs(&g), dw, db)?;
+            return Ok(None);
+        }
+        ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act)?;
+        let mut dx = dx_over(x)?;
+        let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
+        ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
+        let dx = Some(Tree::leaf(
+            dx.reshape(self.0.dims.from_4d(&g.input_shape()))?,
+        ));
         hand_gradients(cx, &self.specs(&g), dw, db)?;
         Ok(dx)
     }

@@ -24,8 +24,8 @@ mod rows;
 mod update;
 
 pub use conv::{
-    Epilogue, check_pool_padding, conv2d, conv2d_bwd_data, conv2d_bwd_filter, max_pool2d_argmax,
-    max_pool2d_bwd_argmax, pool2d, pool2d_bwd,
+    Epilogue, check_pool_padding, conv2d, conv2d_bwd_data, conv2d_bwd_filter,
+    conv2d_bwd_filter_consuming, max_pool2d_argmax, max_pool2d_bwd_argmax, pool2d, pool2d_bwd,
 };
 pub use elementwise::{bias_add, bias_grad, binary, binary_relu, matmul, unary, unary_bwd};
 pub use memory::{

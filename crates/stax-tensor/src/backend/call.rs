@@ -170,7 +170,8 @@ pub struct Conv2dBwdData<'a> {
 
 /// Kernel and bias gradients: dw `g.filter_shape()`, db `[c_out]` if given (overwritten). With
 /// `act`, `dy` is first turned in place into the gradient before the epilogue's activation
-/// (its backward, from what it saved).
+/// (its backward, from what it saved); unless `keep_dy`, the backend may skip writing it back
+/// (the caller drops `dy`: [`crate::ops::conv2d_bwd_filter_consuming`]).
 #[derive(Debug)]
 pub struct Conv2dBwdFilter<'a> {
     /// Shapes, strides, padding.
@@ -185,6 +186,9 @@ pub struct Conv2dBwdFilter<'a> {
     pub db: Option<&'a mut Tensor>,
     /// The epilogue's activation and what it saved.
     pub act: Option<(Activation, &'a Tensor)>,
+    /// Whether `dy` must hold the gradient before `act` afterwards (false: its contents are
+    /// unspecified, as the caller drops it).
+    pub keep_dy: bool,
 }
 
 /// A 2-D pooling: x NHWC `g.input_shape()`, y NHWC `g.output_shape()`; for max pooling

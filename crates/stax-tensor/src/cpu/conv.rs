@@ -480,6 +480,7 @@ pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result
         dw,
         db,
         act,
+        keep_dy: _,
     } = c;
     if let Some((act, saved)) = act {
         unary_bwd(UnaryBwd {

@@ -175,6 +175,7 @@ pub(super) fn conv2d_bwd_filter(
         dw,
         db,
         act,
+        keep_dy: _,
     } = c;
     if let Some((act, saved)) = act {
         unary_bwd(UnaryBwd {
@@ -193,6 +194,7 @@ pub(super) fn conv2d_bwd_filter(
         dw: &mut dw32,
         db: db32.as_mut(),
         act: None,
+        keep_dy: false,
     };
     conv::backward_filter(be, wide)?;
     narrow(&dw32, dw)?;

@@ -373,6 +373,7 @@ impl CudaBackend {
             dw,
             db,
             act,
+            keep_dy: _,
         } = c;
         let (pass, dtype) = (ConvPass::BackwardFilter, x.dtype());
         let gemm = filter_grad_is_gemm(&g);

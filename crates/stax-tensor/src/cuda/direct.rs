@@ -192,7 +192,7 @@ impl CudaBackend {
         };
         let run = || match &partial {
             Some(p) => {
-                let inputs = (ops.x, ops.y, mask.addr());
+                let inputs = (ops.x, ops.y, (mask.addr(), true));
                 let grads = (ops.w, bias.addr());
                 let kernel = self.direct_kernel(g, dtype);
                 self.kernels
@@ -340,6 +340,7 @@ impl CudaBackend {
             dw,
             db,
             act,
+            keep_dy,
         } = c;
         let dtype = x.dtype();
         let mask = match act {
@@ -355,7 +356,7 @@ impl CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, schedule);
         let partial = ws.alloc()?;
         let grads = (dw.addr(), db.map_or(0, |d| d.addr()));
-        let inputs = (x.addr(), dy.addr(), mask);
+        let inputs = (x.addr(), dy.addr(), (mask, keep_dy));
         let kernel = self.direct_kernel(&g, dtype);
         self.kernels
             .direct_filter_grad(kernel, inputs, ws.addr(partial), grads)?;

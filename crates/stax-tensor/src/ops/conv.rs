@@ -135,6 +135,35 @@ pub fn conv2d_bwd_filter<'d>(
     db: impl Into<Option<&'d mut Tensor>>,
     act: Option<(Activation, &Tensor)>,
 ) -> Result<(), TensorError> {
+    bwd_filter(x, dy, g, (dw, db.into()), act, true)
+}
+
+/// [`conv2d_bwd_filter`] for a caller that has no further use for `dy` (a network's first
+/// layer, whose input gradient is not wanted): it is consumed, so the backend need not write
+/// the gradient before `act` back (the direct kernels then read dy once, 512 MB less traffic
+/// on the seed's conv1 in bf16). dw and db are the same bits as [`conv2d_bwd_filter`]'s.
+///
+/// # Errors
+/// As [`conv2d`].
+pub fn conv2d_bwd_filter_consuming<'d>(
+    x: &Tensor,
+    mut dy: Tensor,
+    g: &Conv2dGeometry,
+    dw: &mut Tensor,
+    db: impl Into<Option<&'d mut Tensor>>,
+    act: Option<(Activation, &Tensor)>,
+) -> Result<(), TensorError> {
+    bwd_filter(x, &mut dy, g, (dw, db.into()), act, false)
+}
+
+fn bwd_filter(
+    x: &Tensor,
+    dy: &mut Tensor,
+    g: &Conv2dGeometry,
+    (dw, db): (&mut Tensor, Option<&mut Tensor>),
+    act: Option<(Activation, &Tensor)>,
+    keep_dy: bool,
+) -> Result<(), TensorError> {
     const OP: &str = "conv2d_bwd_filter";
     g.validate(OP)?;
     let be = backend_of(x);
@@ -142,7 +171,6 @@ pub fn conv2d_bwd_filter<'d>(
     input(OP, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
     input(OP, &be, dy, "dy", x.dtype(), Some(&g.output_shape()))?;
     output(OP, &be, dw, "dw", x.dtype(), Some(&g.filter_shape()))?;
-    let db = db.into();
     if let Some(db) = &db {
         output(OP, &be, db, "db", x.dtype(), Some(&Shape::new([g.c_out])))?;
     }
@@ -157,6 +185,7 @@ pub fn conv2d_bwd_filter<'d>(
         dw,
         db,
         act,
+        keep_dy,
     };
     be.conv2d_bwd_filter(Checked::new(call))
 }

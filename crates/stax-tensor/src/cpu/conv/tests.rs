@@ -227,6 +227,24 @@ fn conv_matches_naive_loops_for_all_geometries() {
                 1e-5,
                 &what("bwd_filter db"),
             );
+            let (mut dw_c, mut db_c) = (
+                poisoned(be, g.filter_shape()),
+                poisoned(be, [g.c_out].into()),
+            );
+            ops::conv2d_bwd_filter_consuming(&x, dy.clone(), g, &mut dw_c, &mut db_c, None)
+                .unwrap();
+            assert_eq!(
+                dw_c.to_vec().unwrap(),
+                dw.to_vec().unwrap(),
+                "{}",
+                what("consumed dw")
+            );
+            assert_eq!(
+                db_c.to_vec().unwrap(),
+                db.to_vec().unwrap(),
+                "{}",
+                what("consumed db")
+            );
         }
     }
 }

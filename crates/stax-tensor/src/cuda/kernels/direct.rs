@@ -173,12 +173,12 @@ impl Kernels {
     /// [`direct_applies`], every operand of `dtype`, through `partial`
     /// ([`Self::direct_wgrad_bytes`]): f32 sums per thread (or per warp on the tensor cores,
     /// [`direct_math`]), f64 over threads and blocks (a fixed order), rounded once. With
-    /// `mask != 0` dy is first masked in place by the ReLU backward (it becomes the
-    /// pre-activation gradient), in the same pass.
+    /// `mask != 0` dy is first masked by the ReLU backward (it becomes the pre-activation
+    /// gradient) in the same pass, and written back in place when `keep` (else left as it was).
     pub(crate) fn direct_filter_grad(
         &self,
         (g, dtype, tf32): (&Conv2dGeometry, DType, bool),
-        (x, dy, mask): (u64, u64, u64),
+        (x, dy, (mask, keep)): (u64, u64, (u64, bool)),
         partial: u64,
         (dw, db): (u64, u64),
     ) -> Result<(), TensorError> {
@@ -191,9 +191,10 @@ impl Kernels {
             shared_mem_bytes: 0,
         };
         let (wg, k, c_out) = (WindowGeometry::of(g), taps(g) as i32, g.c_out as i32);
+        let keep = i32::from(keep);
         let f = self.function(&symbol("wgrad", g, dtype, math))?;
-        // SAFETY: `direct_conv_wgrad_k<KP>_<dtype>(const T *x, T *dy, const u32 *mask, double
-        // *partial, WindowGeometry g, int K, int c_out)`, or `direct_mma_wgrad_k<KP>_c<c_out>_
+        // SAFETY: `direct_conv_wgrad_k<KP>_<dtype>(const T *x, T *dy, const u32 *mask, int
+        // keep, double *partial, WindowGeometry g, int K, int c_out)`, or `direct_mma_wgrad_k<KP>_c<c_out>_
         // <dtype>` (the same without c_out, KP = K rounded up to 16: direct_math); x holds
         // g's NHWC input, dy its NHWC output gradient (8-, for mma 16-byte aligned), mask null
         // or numel/32 words, partial blocks*(K+1)*c_out doubles (direct_wgrad_bytes, the grid's
@@ -201,9 +202,9 @@ impl Kernels {
         unsafe {
             match math {
                 DirectMath::Fma => {
-                    launch!(self.stream, f, cfg; &x, &dy, &mask, &partial, &wg, &k, &c_out)
+                    launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &k, &c_out)
                 }
-                _ => launch!(self.stream, f, cfg; &x, &dy, &mask, &partial, &wg, &k),
+                _ => launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &k),
             }
             .map(drop)
         }
