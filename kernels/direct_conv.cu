@@ -87,8 +87,9 @@ __device__ __forceinline__ void block_row(double (*red)[2], float a, float b, in
 // Stage 1 of dw = sum over positions of patch * dy and db = sum of dy: block b writes its f32
 // sums, added in f64 over its threads, to partial[(b * (K + 1) + k) * c_out + co] (row K: db).
 // When mask is not null, dy is first masked as the ReLU backward does (bit i of mask clear:
-// dy[i] = 0), written back in place when keep != 0. Each thread sums its own positions in f32 (at most a grid's share of them:
-// the launcher's grid covers the positions evenly). Stage 2 is direct_conv_wgrad_finish.
+// dy[i] = 0), written back in place when keep != 0. Each thread sums its own positions in f32
+// (at most a grid's share of them: the launcher's grid covers the positions evenly). Stage 2 is
+// direct_conv_wgrad_finish.
 template <typename T, int KP>
 __device__ void direct_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *partial,
                              WindowGeometry g, int K, int c_out) {

@@ -307,15 +307,17 @@ __device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, int keep, size
 
 // The filter gradient of direct_wgrad on the tensor cores (same operands, partials and
 // semantics): dw^T = patches^T · dy over the tile's positions. Patches and dy (masked, and with
-// keep written back masked, in place) are staged in shared memory as f32; dy's loads are issued two
-// barriers and a tile's products ahead of their use, the patches' a tile's products ahead. Warp
-// w takes the 16 positions 16 (w % 4) .. of each tile (one bf16/f16 k-step, two TF32 ones) for
-// channels (C / 2)(w / 4) .. + C / 2 - 1 and every tap, so each A fragment is built by one warp;
-// the four position quarters' f32 sums over the block's tiles are added into the partials in
-// f64, in a fixed order. db is summed in exact f32 adds per thread (its chunks' channels), not
-// on the tensor cores (TF32 would round dy), then over lanes and warps in f64 (a fixed order).
-// Shared-memory rows are padded so that the fragment reads are conflict-free: 4 floats for the
-// pair reads of k16 (2 S = 8 mod 32), 8 for the single reads of TF32's k8 (S = 8 mod 32).
+// keep written back masked, in place) are staged in shared memory as f32; dy's loads are issued
+// two barriers and a tile's products ahead of their use, the patches' a tile's products ahead.
+// Warp w takes the 16 positions 16 (w % 4) .. of each tile (one bf16/f16 k-step, two TF32 ones)
+// for channels (C / 2)(w / 4) .. + C / 2 - 1 and every tap, so each A fragment is built by two
+// warps (one a channel half; eight when warps split the channels); the four position quarters'
+// f32 sums over the block's tiles are added into the partials in f64, in a fixed order. db is
+// summed in exact f32 adds per thread (its chunks' channels), not on the tensor cores (TF32 would
+// round dy), then over lanes and warps in f64 (a fixed order). Shared-memory rows are padded so
+// that the fragment reads are conflict-free: 4 floats for the pair reads of k16 (2 S = 8 mod
+// 32), 8 for the single reads of TF32's k8 (S = +-8 mod 32), at the cost of 2-way conflicts in
+// put_patches' f32 stores under TF32 (once a tile, against the fragment reads' every k-step).
 template <typename T, int KP, int C>
 __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *partial,
                           WindowGeometry g, int K) {

@@ -141,18 +141,20 @@ impl GeneralConv {
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, g.filter_shape(), dtype, grad("dw"))?;
         let mut db = Tensor::empty(&be, [g.c_out], dtype, grad("db"))?;
-        // with an activation dy is masked in place; without dx it is not needed afterwards
-        let mut dy = match act {
-            Some(_) => dy.into_unique()?,
-            None => dy,
-        };
-        let act = act.as_ref().map(|(a, saved)| (*a, saved));
+        let act_ref = act.as_ref().map(|(a, saved)| (*a, saved));
         if !need_dx {
-            ops::conv2d_bwd_filter_consuming(&x, dy, &g, &mut dw, &mut db, act)?;
+            // dy is not needed afterwards: the backend need not write the masked dy back
+            ops::conv2d_bwd_filter_consuming(&x, dy, &g, &mut dw, &mut db, act_ref)?;
+            drop((x, act));
             hand_gradients(cx, &self.specs(&g), dw, db)?;
             return Ok(None);
         }
-        ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act)?;
+        // with an activation dy is masked in place
+        let mut dy = match act_ref {
+            Some(_) => dy.into_unique()?,
+            None => dy,
+        };
+        ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act_ref)?;
         let mut dx = dx_over(x)?;
         let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
         ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
@@ -227,7 +229,7 @@ impl Layer for GeneralConv {
     }
 
     /// The activation's backward fused with the kernel and bias gradients
-    /// ([`ops::conv2d_bwd_filter`]).
+    /// ([`ops::conv2d_bwd_filter`], or [`ops::conv2d_bwd_filter_consuming`] without dx).
     fn vjp_fused(
         &self,
         params: &Params,

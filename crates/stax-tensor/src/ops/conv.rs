@@ -135,25 +135,33 @@ pub fn conv2d_bwd_filter<'d>(
     db: impl Into<Option<&'d mut Tensor>>,
     act: Option<(Activation, &Tensor)>,
 ) -> Result<(), TensorError> {
-    bwd_filter(x, dy, g, (dw, db.into()), act, true)
+    let call = ("conv2d_bwd_filter", true);
+    bwd_filter(x, dy, g, (dw, db.into()), act, call)
 }
 
 /// [`conv2d_bwd_filter`] for a caller that has no further use for `dy` (a network's first
 /// layer, whose input gradient is not wanted): it is consumed, so the backend need not write
 /// the gradient before `act` back (the direct kernels then read dy once, 512 MB less traffic
-/// on the seed's conv1 in bf16). dw and db are the same bits as [`conv2d_bwd_filter`]'s.
+/// on the seed's conv1 in bf16). dw and db are the same bits as [`conv2d_bwd_filter`]'s. With
+/// `act`, a `dy` whose buffer other handles share is first copied ([`Tensor::into_unique`]), so
+/// they never see it masked.
 ///
 /// # Errors
-/// As [`conv2d`].
+/// As [`conv2d`]; out of memory for that copy.
 pub fn conv2d_bwd_filter_consuming<'d>(
     x: &Tensor,
-    mut dy: Tensor,
+    dy: Tensor,
     g: &Conv2dGeometry,
     dw: &mut Tensor,
     db: impl Into<Option<&'d mut Tensor>>,
     act: Option<(Activation, &Tensor)>,
 ) -> Result<(), TensorError> {
-    bwd_filter(x, &mut dy, g, (dw, db.into()), act, false)
+    let mut dy = match act {
+        Some(_) => dy.into_unique()?,
+        None => dy,
+    };
+    let call = ("conv2d_bwd_filter_consuming", false);
+    bwd_filter(x, &mut dy, g, (dw, db.into()), act, call)
 }
 
 fn bwd_filter(
@@ -162,21 +170,20 @@ fn bwd_filter(
     g: &Conv2dGeometry,
     (dw, db): (&mut Tensor, Option<&mut Tensor>),
     act: Option<(Activation, &Tensor)>,
-    keep_dy: bool,
+    (op, keep_dy): (&'static str, bool),
 ) -> Result<(), TensorError> {
-    const OP: &str = "conv2d_bwd_filter";
-    g.validate(OP)?;
+    g.validate(op)?;
     let be = backend_of(x);
-    supports(OP, x.dtype(), FLOATS)?;
-    input(OP, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
-    input(OP, &be, dy, "dy", x.dtype(), Some(&g.output_shape()))?;
-    output(OP, &be, dw, "dw", x.dtype(), Some(&g.filter_shape()))?;
+    supports(op, x.dtype(), FLOATS)?;
+    input(op, &be, x, "x", x.dtype(), Some(&g.input_shape()))?;
+    input(op, &be, dy, "dy", x.dtype(), Some(&g.output_shape()))?;
+    output(op, &be, dw, "dw", x.dtype(), Some(&g.filter_shape()))?;
     if let Some(db) = &db {
-        output(OP, &be, db, "db", x.dtype(), Some(&Shape::new([g.c_out])))?;
+        output(op, &be, db, "db", x.dtype(), Some(&Shape::new([g.c_out])))?;
     }
     if let Some((a, saved)) = act {
-        check_saved(OP, a, saved, dy)?;
-        dy.expect_unique(OP)?;
+        check_saved(op, a, saved, dy)?;
+        dy.expect_unique(op).map_err(|e| e.for_operand("dy"))?;
     }
     let call = Conv2dBwdFilter {
         g: *g,
