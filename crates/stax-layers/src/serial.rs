@@ -32,8 +32,8 @@ impl Serial {
     /// The input shapes of every layer plus the final output shapes (`len + 1` entries).
     ///
     /// # Errors
-    /// The first layer whose input does not fit, with its path; a span that does not fit
-    /// (see [`Serial::spans`]).
+    /// The first layer whose input does not fit, with its path; a remat span that does not fit
+    /// (past the end, of no layers, over another span: [`LayerError::Config`]).
     pub fn shapes(&self, input: &Shapes) -> Result<Vec<Shapes>, LayerError> {
         self.spans()?;
         let mut shapes = vec![input.clone()];
