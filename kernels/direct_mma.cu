@@ -287,8 +287,7 @@ __device__ __forceinline__ void load_dy(const T *dy, const u32 *mask, size_t til
 // backward in place, as direct_wgrad).
 template <typename T, int C, int CH>
 __device__ __forceinline__ void finish_dy(T *dy, const u32 *mask, int keep, size_t tile,
-                                          size_t total,
-                                          DyChunks<T, CH> &q, float (&e)[CH][8],
+                                          size_t total, DyChunks<T, CH> &q, float (&e)[CH][8],
                                           float (&db)[8]) {
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
@@ -332,7 +331,10 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int m = 0; m < MT; ++m) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.0f;
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) acc[j][m][u] = 0.0f;
+        }
 #pragma unroll
     for (int j = 0; j < 8; ++j) db[j] = 0.0f;
     taps_init(t, g, K);

@@ -194,11 +194,11 @@ impl Kernels {
         let keep = i32::from(keep);
         let f = self.function(&symbol("wgrad", g, dtype, math))?;
         // SAFETY: `direct_conv_wgrad_k<KP>_<dtype>(const T *x, T *dy, const u32 *mask, int
-        // keep, double *partial, WindowGeometry g, int K, int c_out)`, or `direct_mma_wgrad_k<KP>_c<c_out>_
-        // <dtype>` (the same without c_out, KP = K rounded up to 16: direct_math); x holds
-        // g's NHWC input, dy its NHWC output gradient (8-, for mma 16-byte aligned), mask null
-        // or numel/32 words, partial blocks*(K+1)*c_out doubles (direct_wgrad_bytes, the grid's
-        // blocks); blocks of 256 threads.
+        // keep, double *partial, WindowGeometry g, int K, int c_out)`, or
+        // `direct_mma_wgrad_k<KP>_c<c_out>_<dtype>` (the same without c_out, KP = K rounded up
+        // to 16: direct_math); x holds g's NHWC input, dy its NHWC output gradient (8-, for
+        // mma 16-byte aligned), mask null or numel/32 words, partial blocks*(K+1)*c_out doubles
+        // (direct_wgrad_bytes, the grid's blocks); blocks of 256 threads.
         unsafe {
             match math {
                 DirectMath::Fma => {
