@@ -15,6 +15,11 @@
 //! with the bias gradient 1.11 ms in TF32 (calibration times, 2026-12-04, BENCHMARKS.md).
 //! [`DirectConvs`] picks where they run (see [`DirectConvs::Winning`]). The backward-data pass
 //! stays on cuDNN (a first layer has none).
+//!
+//! One wider filter gradient is direct too: a 3x3, stride-1 conv from 64 to 64 channels in f32
+//! under TF32 on an `sm_90` device (`kernels/wgrad_wgmma.cu`, Hopper's `wgmma`; the seed's
+//! conv2), where cuDNN's TF32 algorithms reach about 93 TFLOP/s (3.16 ms at the seed's batch
+//! 100 in PyTorch, H200) and the kernel 1.45 ms with the ReLU backward (H100, 2026-12-05).
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
@@ -56,6 +61,7 @@ pub enum DirectConvs {
     /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
     /// (a first form that timed the kernels without theirs made the seed's TF32 step at batch
     /// 100 0.2-0.3 ms slower, H200, 2026-12-03).
+    /// The wgmma filter gradient (3x3, 64 to 64 channels, TF32) is timed the same way.
     /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
@@ -109,16 +115,34 @@ impl CudaBackend {
     }
 
     /// The arithmetic the direct kernels use for `g` in `dtype` under this backend's
-    /// precision ([`direct_math`]).
+    /// precision: the wgmma filter gradient where it takes `g` (its only pass), else
+    /// [`direct_math`].
     fn direct_math(&self, g: &Conv2dGeometry, dtype: DType) -> DirectMath {
-        direct_math(g, dtype, self.precision == Precision::Tf32)
+        let tf32 = self.precision == Precision::Tf32;
+        match self.kernels.wgmma_takes(g, dtype, tf32) {
+            true => DirectMath::Tf32Wgmma,
+            false => direct_math(g, dtype, tf32),
+        }
     }
 
-    /// The workspace of the direct kernel of `pass` for `g`: the filter gradient's partials,
-    /// none for the forward pass.
-    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, pass: ConvPass) -> usize {
+    /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
+    /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernel.
+    fn direct_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let tf32 = self.precision == Precision::Tf32;
         match pass {
-            ConvPass::BackwardFilter => self.direct_wgrad_bytes(g),
+            ConvPass::BackwardData => false,
+            ConvPass::Forward => direct_applies(g),
+            ConvPass::BackwardFilter => {
+                direct_applies(g) || self.kernels.wgmma_takes(g, dtype, tf32)
+            }
+        }
+    }
+
+    /// The workspace of the direct kernel of `pass` for `g` in `dtype`: the filter gradient's
+    /// partials, none for the forward pass.
+    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> usize {
+        match pass {
+            ConvPass::BackwardFilter => self.direct_wgrad_bytes(g, dtype),
             _ => 0,
         }
     }
@@ -135,19 +159,22 @@ impl CudaBackend {
             DirectConvs::Winning => {
                 self.direct_by_rule(g, dtype, pass) || self.direct_won(g, dtype, pass)
             }
-            DirectConvs::All => pass != ConvPass::BackwardData,
+            DirectConvs::All => true,
         };
-        chosen && direct_applies(g)
+        chosen && self.direct_takes(g, dtype, pass)
     }
 
     /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass under full fp32, and every
-    /// forward pass and filter gradient on the tensor cores (`kernels/direct_mma.cu`, see
-    /// [`DirectConvs::Winning`]).
+    /// forward pass and filter gradient of `kernels/direct_mma.cu` (see
+    /// [`DirectConvs::Winning`]); the wgmma filter gradient is timed.
     fn direct_by_rule(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         let full_fp32 = self.precision == Precision::Highest;
+        let mma = matches!(
+            self.direct_math(g, dtype),
+            DirectMath::Tf32Mma | DirectMath::HalfMma
+        );
         pass != ConvPass::BackwardData
-            && (self.direct_math(g, dtype).tensor_cores()
-                || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))
+            && (mma || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))
     }
 
     /// Whether the kernel was timed faster than cuDNN for `pass` of `g` in `dtype`.
@@ -161,8 +188,7 @@ impl CudaBackend {
     /// not already give them, unless cuDNN's choice is made without timing.
     pub(super) fn direct_is_timed(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         self.direct_convs() == DirectConvs::Winning
-            && pass != ConvPass::BackwardData
-            && direct_applies(g)
+            && self.direct_takes(g, dtype, pass)
             && !self.direct_by_rule(g, dtype, pass)
             && !self.dnn.is_deterministic()
     }
@@ -187,7 +213,7 @@ impl CudaBackend {
         self.kernels.zero(bias.addr(), dtype, g.c_out)?;
         self.kernels.fill_u32(mask.addr(), 0, words)?;
         let partial = match pass {
-            ConvPass::BackwardFilter => Some(scratch(self.direct_wgrad_bytes(g))?),
+            ConvPass::BackwardFilter => Some(scratch(self.direct_wgrad_bytes(g, dtype))?),
             _ => None,
         };
         let run = || match &partial {
@@ -242,7 +268,7 @@ impl CudaBackend {
                 pass,
                 algorithm: DIRECT.into(),
                 math: self.direct_math(&geometry, dtype).name().into(),
-                workspace_bytes: self.direct_workspace_bytes(&geometry, pass),
+                workspace_bytes: self.direct_workspace_bytes(&geometry, dtype, pass),
                 layout_bytes: 0,
                 time_ms: f32::NAN,
                 candidates: Vec::new(),
@@ -271,7 +297,7 @@ impl CudaBackend {
             let Some(&(ms, won)) = times.get(&(p.geometry, p.dtype, p.pass)) else {
                 continue;
             };
-            let workspace = self.direct_workspace_bytes(&p.geometry, p.pass);
+            let workspace = self.direct_workspace_bytes(&p.geometry, p.dtype, p.pass);
             let math = self.direct_math(&p.geometry, p.dtype).name().to_string();
             p.candidates.push(ConvCandidate {
                 algorithm: DIRECT.into(),
@@ -291,9 +317,10 @@ impl CudaBackend {
         plans
     }
 
-    /// Bytes of the direct filter gradient's partials for `g` (its whole workspace).
-    pub(super) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry) -> usize {
-        self.kernels.direct_wgrad_bytes(g)
+    /// Bytes of the direct filter gradient's partials for `g` in `dtype` (its whole workspace).
+    pub(super) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry, dtype: DType) -> usize {
+        let tf32 = self.precision == Precision::Tf32;
+        self.kernels.direct_wgrad_bytes(g, dtype, tf32)
     }
 
     /// The forward pass of [`Self::conv_is_direct`]: with the epilogues fused (the default) the

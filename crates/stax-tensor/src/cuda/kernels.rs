@@ -64,7 +64,7 @@ fn aligned16(addrs: &[u64]) -> bool {
 #[derive(Debug)]
 pub(crate) struct Kernels {
     stream: Arc<CudaStream>,
-    /// Loaded modules, indexed like [`KernelModule::ALL`].
+    /// Loaded modules: those of [`KernelModule::ALL`] the device takes.
     _modules: Vec<Arc<CudaModule>>,
     /// Every kernel, by symbol.
     functions: HashMap<String, CudaFunction>,
@@ -108,14 +108,19 @@ impl Kernels {
         let sms = attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let shared_optin =
             attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as usize;
+        // the modules for this device, each with its architecture (KernelModule::arch)
+        let wanted: Vec<(KernelModule, String)> = KernelModule::ALL
+            .iter()
+            .filter_map(|&m| m.arch(arch).map(|a| (m, a)))
+            .collect();
         let cubins: Vec<Result<Vec<u8>, TensorError>> = std::thread::scope(|s| {
-            let jobs: Vec<_> = KernelModule::ALL
+            let jobs: Vec<_> = wanted
                 .iter()
-                .map(|&m| s.spawn(move || compile(m, arch)))
+                .map(|(m, a)| s.spawn(move || compile(*m, a)))
                 .collect();
             jobs.into_iter()
-                .zip(KernelModule::ALL)
-                .map(|(j, m)| {
+                .zip(&wanted)
+                .map(|(j, (m, _))| {
                     j.join().unwrap_or_else(|_| {
                         Err(TensorError::Compile {
                             kernel: m.file(),
@@ -125,14 +130,15 @@ impl Kernels {
                 })
                 .collect()
         });
-        let mut modules = Vec::with_capacity(KernelModule::ALL.len());
+        let mut modules = Vec::with_capacity(wanted.len());
         let mut functions = HashMap::new();
-        for (cubin, m) in cubins.into_iter().zip(KernelModule::ALL) {
+        for (cubin, (m, a)) in cubins.into_iter().zip(&wanted) {
+            let m = *m;
             // a cached image the driver refuses (a damaged file) is compiled again, once
             let module = match ctx.load_module(Ptx::from_binary(cubin?)) {
                 Ok(module) => module,
                 Err(_) => ctx
-                    .load_module(Ptx::from_binary(source::recompile(m, arch)?))
+                    .load_module(Ptx::from_binary(source::recompile(m, a)?))
                     .map_err(driver("cuModuleLoadData"))?,
             };
             for symbol in m.symbols() {
@@ -144,6 +150,8 @@ impl Kernels {
                 } else if dense::is_mma(&symbol) {
                     // what the device allows: a shape needing more is not dispatched there
                     allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
+                } else if symbol == direct::WGMMA_WGRAD && direct::WGMMA_SHARED <= shared_optin {
+                    allow_shared(&f, direct::WGMMA_SHARED)?;
                 }
                 functions.insert(symbol, f);
             }
@@ -229,8 +237,9 @@ mod tests {
             return;
         }
         for m in KernelModule::ALL {
-            // compiled, not read from a disk cache
-            let cubin = source::build(m, "sm_90", None, source::Cached::Read)
+            // compiled for a Hopper device (sm_90, sm_90a for wgmma), not read from a disk cache
+            let arch = m.arch("sm_90").expect("every module loads on Hopper");
+            let cubin = source::build(m, &arch, None, source::Cached::Read)
                 .unwrap_or_else(|e| panic!("{e}"));
             for symbol in m.symbols() {
                 assert!(

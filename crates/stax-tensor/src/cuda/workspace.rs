@@ -185,12 +185,12 @@ impl CudaBackend {
         g.validate("workspace_schedule")?;
         if self.conv_is_direct(g, dtype, pass) {
             self.note_direct(g, dtype, pass);
-            return Ok(self.direct_schedule(g, pass));
+            return Ok(self.direct_schedule(g, dtype, pass));
         }
         let cudnn = self.cudnn_schedule(g, dtype, pass, bias)?;
         // before calibration either may be chosen: the bound is the larger
         if self.direct_is_timed(g, dtype, pass) && !self.conv_is_calibrated(g, dtype, pass) {
-            let direct = self.direct_schedule(g, pass);
+            let direct = self.direct_schedule(g, dtype, pass);
             if WorkspaceStep::peak(&direct) > WorkspaceStep::peak(&cudnn) {
                 return Ok(direct);
             }
@@ -199,10 +199,15 @@ impl CudaBackend {
     }
 
     /// The direct kernels' schedule: none forward, the partials for the filter gradient.
-    fn direct_schedule(&self, g: &Conv2dGeometry, pass: ConvPass) -> Vec<WorkspaceStep> {
+    fn direct_schedule(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> Vec<WorkspaceStep> {
         let mut s = Schedule::default();
         if pass == ConvPass::BackwardFilter {
-            s.scoped(self.direct_wgrad_bytes(g));
+            s.scoped(self.direct_wgrad_bytes(g, dtype));
         }
         s.finish()
     }

@@ -2,7 +2,11 @@
 //! the bias, a ReLU and its mask) and the filter and bias gradients (with the ReLU backward) of
 //! a convolution with at most 32 taps, where cuDNN's algorithms run far from the memory floor
 //! (see [`direct_applies`]): on the tensor cores where [`direct_math`] allows it, else in f32
-//! FMAs.
+//! FMAs. And of `kernels/wgrad_wgmma.cu`: the same filter gradient for a 3x3 conv from 64 to 64
+//! channels in TF32 on Hopper's warpgroup tensor cores (see [`wgmma_applies`]), where cuDNN's
+//! TF32 algorithms run at about a fifth of the tensor cores' rate (the seed's conv2: 3.16 ms
+//! in PyTorch's cuDNN on the H200, this kernel 1.45 ms with the ReLU backward on the H100;
+//! 2026-12-05, BENCHMARKS.md).
 
 use super::spatial::WindowGeometry;
 use super::{Kernels, driver};
@@ -15,6 +19,47 @@ const THREADS: u32 = 256;
 const PIXELS: usize = 64;
 /// The most taps `kh · kw · c_in` a direct kernel takes (its patch row in shared memory).
 pub(crate) const MAX_TAPS: usize = 32;
+
+/// The kernel of `kernels/wgrad_wgmma.cu`: the filter gradient of [`wgmma_applies`].
+pub(crate) const WGMMA_WGRAD: &str = "wgmma_wgrad_3x3_c64_f32";
+/// Its threads a block (`WG_THREADS`: three warpgroups, one a kernel row).
+const WGMMA_THREADS: u32 = 384;
+/// Its dynamic shared memory in bytes (`WG_SMEM`): 5 input-row slots of 14 column groups and
+/// 3 dy slots of 12, each group 1,152 bytes, and two raw stages of 39,936 bytes.
+pub(crate) const WGMMA_SHARED: usize = 201_984;
+/// The most 8-position k-steps of one of its tiles (`WG_KSTEPS`).
+const WGMMA_KSTEPS: usize = 6;
+
+/// Whether `kernels/wgrad_wgmma.cu` takes `g` (in f32 under TF32, on an `sm_90` device): an
+/// NHWC input with an HWIO kernel, 3x3, stride 1, undilated, 64 input and 64 output channels,
+/// any padding, a non-empty output, and sizes within `i32` (its tile arithmetic). The seed's
+/// conv2, ResNet-50's first 3x3 convs.
+pub(crate) fn wgmma_applies(g: &Conv2dGeometry) -> bool {
+    let small = |v: usize| v <= i32::MAX as usize;
+    g.layout == Layout::Nhwc
+        && g.filter == FilterLayout::Hwio
+        && (g.kh, g.kw, g.c_in, g.c_out) == (3, 3, 64, 64)
+        && (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (1, 1, 1, 1)
+        && g.output_shape().numel() > 0
+        && [g.h, g.w, g.out_h, g.out_w].into_iter().all(small)
+}
+
+/// The width of the wgmma kernel's tiles (output positions of one row) for rows of `out_w`:
+/// the strips per row that take the fewest k-steps in all (a tile of width `tw` takes
+/// `ceil(ceil(tw / 4) / 2)`, at most [`WGMMA_KSTEPS`]), the fewest strips among equals. The
+/// seed's 200 columns: 5 tiles of 40 (5 k-steps each, every k-slot a position).
+fn wgmma_tile_width(out_w: usize) -> usize {
+    let widest = 8 * WGMMA_KSTEPS;
+    let least = out_w.div_ceil(widest);
+    (least..least + 5)
+        .map(|strips| {
+            let tw = out_w.div_ceil(strips);
+            (strips * tw.div_ceil(4).div_ceil(2), tw)
+        })
+        .filter(|&(_, tw)| tw.div_ceil(4).div_ceil(2) <= WGMMA_KSTEPS)
+        .min()
+        .map_or(widest, |(_, tw)| tw)
+}
 
 /// The taps `K = kh · kw · c_in` of `g`: the length of one output position's patch.
 fn taps(g: &Conv2dGeometry) -> usize {
@@ -61,20 +106,19 @@ pub(crate) enum DirectMath {
     Tf32Mma,
     /// `kernels/direct_mma.cu`: bf16 or f16 operands, `mma.m16n8k16`.
     HalfMma,
+    /// `kernels/wgrad_wgmma.cu`: f32 operands rounded to TF32, `wgmma.mma_async` (the filter
+    /// gradient of [`wgmma_applies`] only).
+    Tf32Wgmma,
 }
 
 impl DirectMath {
-    /// Whether it runs on the tensor cores (`kernels/direct_mma.cu`).
-    pub(crate) fn tensor_cores(self) -> bool {
-        self != DirectMath::Fma
-    }
-
     /// The plan's name of the arithmetic.
     pub(crate) fn name(self) -> &'static str {
         match self {
             DirectMath::Fma => "f32 FMA",
             DirectMath::Tf32Mma => "TF32 tensor cores (mma), f32 sums",
             DirectMath::HalfMma => "16-bit tensor cores (mma), f32 sums",
+            DirectMath::Tf32Wgmma => "TF32 tensor cores (wgmma), f32 sums",
         }
     }
 }
@@ -112,15 +156,36 @@ fn aligned(op: &'static str, addr: u64, math: DirectMath) -> Result<DirectMath, 
 }
 
 impl Kernels {
-    /// Blocks of the filter gradient's grid for `g`: two per multiprocessor, at most one per
-    /// tile. A function of the geometry only, so the partials' size is known to the plan.
-    fn direct_wgrad_blocks(&self, g: &Conv2dGeometry) -> usize {
-        tiles(g).clamp(1, 2 * self.sms as usize)
+    /// Whether the filter gradient of `g` in `dtype` (f32 operands rounded to TF32 where `tf32`)
+    /// runs `kernels/wgrad_wgmma.cu`: f32 under TF32, [`wgmma_applies`], and the kernel loaded
+    /// with its shared memory (an `sm_90` device).
+    pub(crate) fn wgmma_takes(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> bool {
+        dtype == DType::F32
+            && tf32
+            && wgmma_applies(g)
+            && WGMMA_SHARED <= self.shared_optin
+            && self.functions.contains_key(WGMMA_WGRAD)
     }
 
-    /// Bytes of the filter gradient's f64 partials for `g`: `[blocks, K + 1, c_out]`.
-    pub(crate) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry) -> usize {
-        self.direct_wgrad_blocks(g) * (taps(g) + 1) * g.c_out * 8
+    /// Blocks of the filter gradient's grid for `g`: for the FMA and mma kernels two per
+    /// multiprocessor, at most one per tile; for the wgmma kernel (`wgmma`) one per
+    /// multiprocessor (its shared memory), at most one per tile. A function of the geometry
+    /// only, so the partials' size is known to the plan.
+    fn direct_wgrad_blocks(&self, g: &Conv2dGeometry, wgmma: bool) -> usize {
+        match wgmma {
+            true => {
+                let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w));
+                (g.n * g.out_h * strips).clamp(1, self.sms as usize)
+            }
+            false => tiles(g).clamp(1, 2 * self.sms as usize),
+        }
+    }
+
+    /// Bytes of the filter gradient's f64 partials for `g` in `dtype` (`tf32` as for
+    /// [`Self::wgmma_takes`]): `[blocks, K + 1, c_out]`.
+    pub(crate) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> usize {
+        let wgmma = self.wgmma_takes(g, dtype, tf32);
+        self.direct_wgrad_blocks(g, wgmma) * (taps(g) + 1) * g.c_out * 8
     }
 
     /// `y = conv(x, w) (+ b)` for `g` of [`direct_applies`], every operand of `dtype` (x NHWC,
@@ -183,8 +248,18 @@ impl Kernels {
         (dw, db): (u64, u64),
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
+        if self.wgmma_takes(g, dtype, tf32) {
+            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), partial)?;
+            return self.direct_wgrad_finish(
+                g,
+                dtype,
+                partial,
+                self.direct_wgrad_blocks(g, true),
+                (dw, db),
+            );
+        }
         let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
-        let blocks = self.direct_wgrad_blocks(g);
+        let blocks = self.direct_wgrad_blocks(g, false);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -209,7 +284,54 @@ impl Kernels {
             .map(drop)
         }
         .map_err(driver(OP))?;
-        let (splits, k, c_out) = (blocks, taps(g), g.c_out);
+        self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db))
+    }
+
+    /// `kernels/wgrad_wgmma.cu` for `g` of [`Self::wgmma_takes`]: the partials of
+    /// [`Self::direct_filter_grad`] (`blocks` of [`Self::direct_wgrad_blocks`]).
+    fn wgmma_filter_grad(
+        &self,
+        g: &Conv2dGeometry,
+        (x, dy, (mask, keep)): (u64, u64, (u64, bool)),
+        partial: u64,
+    ) -> Result<(), TensorError> {
+        const OP: &str = "wgmma_wgrad";
+        if x % 16 != 0 || dy % 16 != 0 {
+            return Err(TensorError::InvalidArgument {
+                op: OP,
+                reason: format!("x and dy must be 16-byte aligned: {x:#x}, {dy:#x}"),
+            });
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (self.direct_wgrad_blocks(g, true) as u32, 1, 1),
+            block_dim: (WGMMA_THREADS, 1, 1),
+            shared_mem_bytes: WGMMA_SHARED as u32,
+        };
+        let (wg, keep) = (WindowGeometry::of(g), i32::from(keep));
+        let tw = wgmma_tile_width(g.out_w) as i32;
+        let f = self.function(WGMMA_WGRAD)?;
+        // SAFETY: `wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int
+        // keep, double *partial, WindowGeometry g, int tw)`; x holds g's NHWC f32 input and dy
+        // its NHWC output gradient (64 channels each, 16-byte aligned: checked above), mask
+        // null or numel/32 words, partial blocks*577*64 doubles (direct_wgrad_bytes, the
+        // grid's blocks); blocks of 384 threads with WGMMA_SHARED bytes of dynamic shared
+        // memory (allowed at load: wgmma_takes), tiles tw <= 48 wide (wgmma_tile_width).
+        unsafe { launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &tw).map(drop) }
+            .map_err(driver(OP))
+    }
+
+    /// Sums the `splits` blocks' partials into `dw` (and `db` unless 0), rounded once to
+    /// `dtype`.
+    fn direct_wgrad_finish(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        partial: u64,
+        splits: usize,
+        (dw, db): (u64, u64),
+    ) -> Result<(), TensorError> {
+        const OP: &str = "direct_conv_wgrad";
+        let (k, c_out) = (taps(g), g.c_out);
         let sym = format!("direct_conv_wgrad_finish_{}", dtype.name());
         let cfg = Self::finish_grid((k + 1) * c_out);
         // SAFETY: `direct_conv_wgrad_finish_<dtype>(const double *partial, T *dw, T *db,

@@ -88,11 +88,14 @@ pub enum KernelModule {
     DirectMma,
     /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
     DenseMma,
+    /// `kernels/wgrad_wgmma.cu`: the filter gradient of a 3x3 conv from 64 to 64 channels in
+    /// TF32 on Hopper's warpgroup tensor cores (`sm_90a` only, see [`KernelModule::arch`]).
+    WgradWgmma,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 12] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -104,6 +107,7 @@ impl KernelModule {
         KernelModule::DirectConv,
         KernelModule::DirectMma,
         KernelModule::DenseMma,
+        KernelModule::WgradWgmma,
     ];
 
     /// The file name, for messages.
@@ -120,6 +124,18 @@ impl KernelModule {
             KernelModule::DirectConv => "direct_conv.cu",
             KernelModule::DirectMma => "direct_mma.cu",
             KernelModule::DenseMma => "dense_mma.cu",
+            KernelModule::WgradWgmma => "wgrad_wgmma.cu",
+        }
+    }
+
+    /// The architecture the module is compiled for on a device of `device` (`sm_XY`): the
+    /// device's own, except `wgrad_wgmma.cu`, whose `wgmma` instructions exist only in
+    /// `sm_90a` (Hopper's architecture-specific features): compiled for an `sm_90` device and
+    /// not loaded elsewhere (`None`).
+    pub(super) fn arch(self, device: &str) -> Option<String> {
+        match self {
+            KernelModule::WgradWgmma => (device == "sm_90").then(|| "sm_90a".to_string()),
+            _ => Some(device.to_string()),
         }
     }
 
@@ -157,6 +173,7 @@ impl KernelModule {
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
             KernelModule::DirectConv | KernelModule::DirectMma | KernelModule::DenseMma => &[],
+            KernelModule::WgradWgmma => &[super::direct::WGMMA_WGRAD],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -205,7 +222,7 @@ impl KernelModule {
                 "bias_add_vec",
                 "bias_grad_vec",
             ],
-            KernelModule::Gemm | KernelModule::DenseMma => &[],
+            KernelModule::Gemm | KernelModule::DenseMma | KernelModule::WgradWgmma => &[],
             KernelModule::DirectConv => &DIRECT_ROOTS,
             KernelModule::DirectMma => &DIRECT_MMA_ROOTS,
         };
@@ -232,6 +249,7 @@ impl KernelModule {
             KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
             KernelModule::DirectMma => include_str!("../../../../../kernels/direct_mma.cu"),
             KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
+            KernelModule::WgradWgmma => include_str!("../../../../../kernels/wgrad_wgmma.cu"),
         }
     }
 }

@@ -1,0 +1,400 @@
+// wgrad_wgmma.cu: the filter and bias gradients of a 3x3, stride-1, undilated convolution from
+// 64 to 64 channels (NHWC x and dy, HWIO dw) in f32 under TF32, on Hopper's warpgroup tensor
+// cores (wgmma.mma_async, sm_90a): the seed's conv2, ResNet-50's first 3x3 convs. Same
+// operands, partials and semantics as direct_mma_wgrad (direct_mma.cu): with a mask, dy is
+// first masked by the ReLU backward and, with keep, written back masked in place; the partials
+// [blocks, 577, 64] of f64 are finished by direct_conv_wgrad_finish (direct_conv.cu).
+//
+// The GEMM per kernel row r (one warpgroup each, 3 a block): D_r[co, (kx, ci)] (64 x 192) +=
+// dy^T[co, p] · X_r[p, (kx, ci)] over a tile's output positions p, one output row segment of at
+// most 4 Q (<= 48) positions. A (dy^T) and B (x), both rounded to TF32 (cvt.rna) as they are
+// staged, come from shared memory through descriptors (PTX ISA, "Asynchronous Warpgroup Level
+// Matrix Shared Memory Layout": K-major, no swizzle, core matrices of 8 rows of 16 bytes; LBO
+// the K direction's stride, SBO the M/N one's). The three kx taps are one m64n192k8
+// instruction: position p = G + e Q of the tile is k-slot 4 G + e (group G, element e), and
+// x's halo columns are staged in the same groups (group G holds columns G + e Q, e = 0..3, as
+// the 16-byte rows of its core matrices), so tap kx reads groups G + kx: a shift of kx whole
+// core matrices (LBO = 8 SBO bytes), never a misaligned start. SBO = 144 (not 128) makes the
+// staging's 16-byte stores of 8 consecutive threads conflict-free.
+//
+// A block (one a multiprocessor: 197 KB of shared memory) walks consecutive rows of one column
+// strip: a tile's new input row (ring of 5 slots) and its dy (ring of 3) are copied by
+// cp.async two tiles ahead (each thread copying what it will itself convert, so no barrier
+// orders the copy), converted into their slots while the tile before runs its products, and
+// each tile's products stay in flight across the barrier that ends it (the slots rewritten
+// were last read two tiles back). Measured on the H100 at the seed's conv2 (batch 100): 1.45 ms
+// with the ReLU backward and its write-back, the products alone 0.70 ms (412 TFLOP/s); tile
+// indices were first recomputed by 64-bit divisions each tile, which took 2.2 ms.
+
+#define WG_THREADS 384
+#define WG_KSTEPS 6                     // most 8-position k-steps a tile (Q <= 12)
+#define WG_GROUPS (2 * WG_KSTEPS + 2)   // x column groups staged a row
+#define WG_SBO 144                      // bytes between 8-channel core matrices (N)
+#define WG_LBO (8 * WG_SBO)             // bytes between column groups (K): 8 core matrices
+#define WG_XSLOT (WG_GROUPS * WG_LBO)   // bytes of one staged input row
+#define WG_DSLOT (2 * WG_KSTEPS * WG_LBO) // bytes of one staged dy tile (A)
+#define WG_RAWX (4 * WG_THREADS * 16)  // bytes of one raw stage of x: 4 columns a thread
+#define WG_RAWD (2 * WG_THREADS * 16)  // ... of dy: 2 chunks a thread
+#define WG_RAWM (2 * WG_THREADS * 4)   // ... of the mask: a word a chunk
+#define WG_RAW (WG_RAWX + WG_RAWD + WG_RAWM)
+#define WG_XSLOTS 5 // input row slots: a tile's 3, the next tile's new one, one still read
+#define WG_DSLOTS 3 // dy slots: this tile's, the next one's, one still read
+#define WG_SMEM (WG_XSLOTS * WG_XSLOT + WG_DSLOTS * WG_DSLOT + 2 * WG_RAW)
+
+// One tile: image n, output row oy of column strip `strip`, columns ox0 .. ox0 + tw - 1 (pos0
+// the position index of the first); q = ceil(tw / 4) positions a group, ks = ceil(q / 2)
+// k-steps.
+struct WgTile {
+    size_t n, pos0;
+    int oy, strip, ox0, tw, q, ks;
+};
+
+// t's columns, groups and first position from its (n, strip, oy), for tiles `tw` wide.
+__device__ __forceinline__ void wg_shape(const WindowGeometry &g, int tw, WgTile &t) {
+    t.ox0 = t.strip * tw;
+    t.tw = min(tw, (int)g.out_w - t.ox0);
+    t.q = (t.tw + 3) >> 2;
+    t.ks = (t.q + 1) >> 1;
+    t.pos0 = (t.n * g.out_h + t.oy) * g.out_w + t.ox0;
+}
+
+// Tile u of a launch: units in (n, strip, oy) order, oy fastest, so a block's consecutive
+// tiles are consecutive rows of a strip.
+__device__ __forceinline__ WgTile wg_tile(const WindowGeometry &g, int tw, int strips,
+                                          size_t u) {
+    WgTile t;
+    t.oy = (int)(u % g.out_h);
+    t.strip = (int)(u / g.out_h % strips);
+    t.n = u / g.out_h / strips;
+    wg_shape(g, tw, t);
+    return t;
+}
+
+// The tile after t (no divisions: the loop's tiles are stepped, not recomputed).
+__device__ __forceinline__ WgTile wg_step(const WindowGeometry &g, int tw, int strips,
+                                          WgTile t) {
+    if (++t.oy == (int)g.out_h) {
+        t.oy = 0;
+        if (++t.strip == strips) t.strip = 0, ++t.n;
+    }
+    wg_shape(g, tw, t);
+    return t;
+}
+
+// A thread's share of one input row's staging: item threadIdx.x = (group G, channels 4 c ..
+// 4 c + 3), the four columns G + e Q of the group.
+struct WgX {
+    float4 v[4];
+};
+
+// Issues the loads of input row oy + r - pad_top of tile t (zeros outside the image).
+__device__ __forceinline__ void wg_load_x(const float *x, const WindowGeometry &g,
+                                          const WgTile &t, int r, WgX &s) {
+    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
+    const long iy = (long)t.oy + r - (long)g.pad_top;
+    const bool row = G < 2 * t.ks + 2 && iy >= 0 && iy < (long)g.h;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const long ix = (long)t.ox0 + G + e * t.q - (long)g.pad_left;
+        s.v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (row && ix >= 0 && ix < (long)g.w) {
+            s.v[e] = *(const float4 *)(x + ((t.n * g.h + iy) * g.w + ix) * 64 + 4 * c);
+        }
+    }
+}
+
+// Writes s (wg_load_x's) to the input row slot at shared address slot, rounded to TF32: channel
+// ci of group G is the 16-byte row ci % 8 of core matrix ci / 8 (SBO apart: conflict-free for 8
+// consecutive threads), its elements the columns e = 0..3.
+__device__ __forceinline__ void wg_put_x(u32 slot, const WgTile &t, const WgX &s) {
+    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
+    if (G >= 2 * t.ks + 2) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int ci = 4 * c + j;
+        const float *f0 = &s.v[0].x, *f1 = &s.v[1].x, *f2 = &s.v[2].x, *f3 = &s.v[3].x;
+        const u32 addr = slot + G * WG_LBO + (ci >> 3) * WG_SBO + (ci & 7) * 16;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                     "r"(tf32_bits(f0[j])), "r"(tf32_bits(f1[j])), "r"(tf32_bits(f2[j])),
+                     "r"(tf32_bits(f3[j])));
+    }
+}
+
+// A thread's share of a tile's dy: items threadIdx.x + 384 i = (k-slot k, channels 4 c ..), k
+// = 4 G + e holding position G + e Q (zeros past the tile), with the mask's 4 bits.
+struct WgDy {
+    float4 v[2];
+    u32 bits[2];
+};
+
+// Whether item i of the thread is a position of tile t; its k-slot, channel chunk and position.
+__device__ __forceinline__ bool wg_dy_item(const WindowGeometry &g, const WgTile &t, int i,
+                                           int &k, int &c, size_t &pos) {
+    const int item = threadIdx.x + WG_THREADS * i;
+    k = item >> 4, c = item & 15;
+    const int G = k >> 2, j = G + (k & 3) * t.q;
+    pos = t.pos0 + j;
+    return k < 8 * t.ks && G < t.q && j < t.tw;
+}
+
+__device__ __forceinline__ void wg_load_dy(const float *dy, const u32 *mask,
+                                           const WindowGeometry &g, const WgTile &t, WgDy &s) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int k, c;
+        size_t pos;
+        s.v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        s.bits[i] = 15;
+        if (!wg_dy_item(g, t, i, k, c, pos)) continue;
+        s.v[i] = *(const float4 *)(dy + pos * 64 + 4 * c);
+        if (mask) s.bits[i] = mask[(pos * 64 + 4 * c) >> 5] >> ((4 * c) & 31);
+    }
+}
+
+// s masked (the ReLU backward; with keep written back), added to the bias-gradient sums db
+// (this thread's channels 4 (threadIdx.x % 16) ..), and written rounded to TF32 to the dy slot
+// at shared address slot as A = dy^T, K-major like x: channel co of k-slot k is element k % 4
+// of row co % 8 of core matrix (k / 4, co / 8). Every k-slot of the tile's k-steps is written
+// (zeros past it).
+__device__ __forceinline__ void wg_put_dy(float *dy, const u32 *mask, int keep,
+                                          const WindowGeometry &g, const WgTile &t, u32 slot,
+                                          WgDy &s, float (&db)[4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int k, c;
+        size_t pos;
+        const bool live = wg_dy_item(g, t, i, k, c, pos);
+        if (k >= 8 * t.ks) continue;
+        float4 v = s.v[i];
+        if (live && mask) {
+            const u32 b = s.bits[i];
+            v.x = b & 1u ? v.x : 0.0f, v.y = b & 2u ? v.y : 0.0f;
+            v.z = b & 4u ? v.z : 0.0f, v.w = b & 8u ? v.w : 0.0f;
+            if (keep) *(float4 *)(dy + pos * 64 + 4 * c) = v;
+        }
+        db[0] += v.x, db[1] += v.y, db[2] += v.z, db[3] += v.w;
+        const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int co = 4 * c + j;
+            const u32 addr = slot + (k >> 2) * WG_LBO + (co >> 3) * WG_SBO + (co & 7) * 16 +
+                             (k & 3) * 4;
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(tf32_bits(f[j])));
+        }
+    }
+}
+
+// An asynchronous 4-byte copy (zeros when !valid, src then not read).
+__device__ __forceinline__ void wg_cp_async4(u32 dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+// Issues, as cp.async copies into the raw stage at shared address raw, what wg_load_x (row
+// oy + 2 of tile t) and wg_load_dy would load: each thread copies its own items (so only its
+// own cp.async.wait_group orders them before wg_unraw), laid out [element][thread].
+__device__ __forceinline__ void wg_fetch(const float *x, const float *dy, const u32 *mask,
+                                         const WindowGeometry &g, const WgTile &t, u32 raw) {
+    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
+    const long iy = (long)t.oy + 2 - (long)g.pad_top;
+    const bool row = G < 2 * t.ks + 2 && iy >= 0 && iy < (long)g.h;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const long ix = (long)t.ox0 + G + e * t.q - (long)g.pad_left;
+        const bool ok = row && ix >= 0 && ix < (long)g.w;
+        const float *src = ok ? x + ((t.n * g.h + iy) * g.w + ix) * 64 + 4 * c : x;
+        cp_async16(raw + (e * WG_THREADS + threadIdx.x) * 16, src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int k, cc;
+        size_t pos;
+        const bool live = wg_dy_item(g, t, i, k, cc, pos);
+        const u32 d = raw + WG_RAWX + (i * WG_THREADS + threadIdx.x) * 16;
+        cp_async16(d, live ? dy + pos * 64 + 4 * cc : dy, live);
+        const u32 m = raw + WG_RAWX + WG_RAWD + (i * WG_THREADS + threadIdx.x) * 4;
+        wg_cp_async4(m, live && mask ? mask + ((pos * 64 + 4 * cc) >> 5) : (const u32 *)dy,
+                     live && mask);
+    }
+}
+
+// The thread's items of wg_fetch's raw stage at raw, as wg_load_x and wg_load_dy give them.
+__device__ __forceinline__ void wg_unraw(const u32 *mask, u32 raw, WgX &sx, WgDy &sd) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 a = raw + (e * WG_THREADS + threadIdx.x) * 16;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(sx.v[e].x), "=f"(sx.v[e].y), "=f"(sx.v[e].z), "=f"(sx.v[e].w)
+                     : "r"(a));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 a = raw + WG_RAWX + (i * WG_THREADS + threadIdx.x) * 16;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(sd.v[i].x), "=f"(sd.v[i].y), "=f"(sd.v[i].z), "=f"(sd.v[i].w)
+                     : "r"(a));
+        u32 m;
+        asm volatile("ld.shared.b32 %0, [%1];"
+                     : "=r"(m)
+                     : "r"(raw + WG_RAWX + WG_RAWD + (i * WG_THREADS + threadIdx.x) * 4));
+        sd.bits[i] = mask ? m >> ((4 * ((threadIdx.x + WG_THREADS * i) & 15)) & 31) : 15u;
+    }
+}
+
+// Makes this thread's shared-memory writes visible to the tensor cores' (async proxy) reads.
+__device__ __forceinline__ void wg_fence_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The descriptor of B at shared address addr: K-major, no swizzle, LBO and SBO as above.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3ffff) >> 4) | (u64)(WG_LBO >> 4) << 16 | (u64)(WG_SBO >> 4) << 32;
+}
+
+#define WG_F8(i)                                                                               \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d += A · B, m64n192k8, A and B at descriptors a and b (PTX ISA, "wgmma.mma_async"; f32
+// accumulators: warp w of the warpgroup holds rows 16 w + lane / 4 and + 8).
+__device__ __forceinline__ void wg_mma(float (&d)[96], u64 a, u64 b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+                 "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+                 "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
+                 "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "
+                 "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+                 "%96, %97, p, 1, 1;\n}\n"
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40), WG_F8(48),
+                   WG_F8(56), WG_F8(64), WG_F8(72), WG_F8(80), WG_F8(88)
+                 : "l"(a), "l"(b), "r"(1));
+}
+
+// The tile's products for this warpgroup (kernel row r): its k-steps issued and committed as
+// one group, A at the dy slot, B at the input row slot of r.
+__device__ __forceinline__ void wg_products(float (&d)[96], u32 dslot, u32 xslot, int ks) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < WG_KSTEPS; ++i) {
+        if (i >= ks) break;
+        wg_mma(d, wg_desc(dslot + 2 * i * WG_LBO), wg_desc(xslot + 2 * i * WG_LBO));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// Waits for all but the last committed group (the accumulators stay in flight, untouched).
+__device__ __forceinline__ void wg_wait_prev() {
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_wait_all(float (&d)[96]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 96; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Stages tile t whole (its three input rows and dy) into the slots of its rows.
+__device__ __forceinline__ void wg_stage_tile(const float *x, float *dy, const u32 *mask,
+                                              int keep, const WindowGeometry &g,
+                                              const WgTile &t, u32 xs, u32 ds, float (&db)[4]) {
+    WgX sx;
+    WgDy sd;
+    for (int r = 0; r < 3; ++r) {
+        wg_load_x(x, g, t, r, sx);
+        wg_put_x(xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT, t, sx);
+    }
+    wg_load_dy(dy, mask, g, t, sd);
+    wg_put_dy(dy, mask, keep, g, t, ds + t.oy % WG_DSLOTS * WG_DSLOT, sd, db);
+    wg_fence_async();
+}
+
+// The block's partials: D_r's (co, (kx, ci)) at k = (3 r + kx) 64 + ci of the HWIO filter, a
+// warpgroup at a time through shared memory (as f32, then widened by the whole block in
+// coalesced stores: widening in registers would need twice the accumulators' registers), then
+// db (its threads' f32 sums over the 24 threads of each channel chunk in f64, a fixed order).
+__device__ void wg_partials(const float (&d)[96], const float (&db)[4], double *out,
+                            unsigned char *smem) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, gq = lane >> 2, t = lane & 3;
+    float *f = (float *)smem + (2 * t) * 64 + 16 * w + gq;
+    for (int r = 0; r < 3; ++r) {
+        __syncthreads();
+        if (threadIdx.x >> 7 == r) {
+#pragma unroll
+            for (int i = 0; i < 96; ++i) {
+                f[((i / 32) * 64 + 8 * (i / 4 % 8) + (i & 1)) * 64 + 8 * (i >> 1 & 1)] = d[i];
+            }
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < 192 * 64; j += WG_THREADS) {
+            out[3 * r * 64 * 64 + j] = ((const float *)smem)[j];
+        }
+    }
+    double *red = (double *)smem;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) red[threadIdx.x * 4 + j] = db[j];
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        const int c = threadIdx.x >> 2, j = threadIdx.x & 3;
+        double s = 0.0;
+        for (int u = c; u < WG_THREADS; u += 16) s += red[u * 4 + j];
+        out[576 * 64 + threadIdx.x] = s;
+    }
+}
+
+// x [n, h, w, 64] and dy [n, out_h, out_w, 64] (16-byte aligned), mask null or dy's packed
+// ReLU mask, partial [gridDim.x, 577, 64] doubles; tiles tw (<= 48) positions wide; dynamic
+// shared memory WG_SMEM bytes.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int keep,
+                            double *partial, WindowGeometry g, int tw) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const u32 xs = (u32)__cvta_generic_to_shared(smem), ds = xs + WG_XSLOTS * WG_XSLOT;
+    const int r = threadIdx.x >> 7, strips = ((int)g.out_w + tw - 1) / tw;
+    const size_t units = g.n * g.out_h * strips;
+    const size_t u0 = units * blockIdx.x / gridDim.x, u1 = units * (blockIdx.x + 1) / gridDim.x;
+    float d[96], db[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 96; ++i) d[i] = 0.0f;
+    // tile u + 2 is fetched (its new input row and dy, by cp.async) into raw stage u % 2 while
+    // tile u's products run, when it continues the strip of u + 1 and u + 1 that of u (else
+    // when u + 1 is staged whole); one commit group a tile, empty or not, so that wait_group 1
+    // always means "the next tile's copies have landed"
+    const u32 raw = ds + WG_DSLOTS * WG_DSLOT;
+    WgTile t = wg_tile(g, tw, strips, u0), t1 = wg_step(g, tw, strips, t);
+    WgTile t2 = wg_step(g, tw, strips, t1);
+    for (size_t u = u0; u < u1; ++u, t = t1, t1 = t2, t2 = wg_step(g, tw, strips, t2)) {
+        const bool c1 = u + 1 < u1 && t1.oy != 0, c2 = c1 && u + 2 < u1 && t2.oy != 0;
+        if (u == u0 || t.oy == 0) {
+            wg_wait_all(d); // the last strip's products read the slots staged here
+            __syncthreads();
+            wg_stage_tile(x, dy, mask, keep, g, t, xs, ds, db);
+            __syncthreads();
+            if (c1) wg_fetch(x, dy, mask, g, t1, raw + ((u + 1) & 1) * WG_RAW);
+            asm volatile("cp.async.commit_group;");
+        }
+        if (c2) wg_fetch(x, dy, mask, g, t2, raw + (u & 1) * WG_RAW);
+        asm volatile("cp.async.commit_group;");
+        wg_products(d, ds + t.oy % WG_DSLOTS * WG_DSLOT, xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT,
+                    t.ks);
+        if (c1) {
+            // the slots written here were last read by tile u - 2, whose products every
+            // warpgroup waited for before the last barrier
+            WgX sx;
+            WgDy sd;
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            wg_unraw(mask, raw + ((u + 1) & 1) * WG_RAW, sx, sd);
+            wg_put_x(xs + (t1.oy + 2) % WG_XSLOTS * WG_XSLOT, t1, sx);
+            wg_put_dy(dy, mask, keep, g, t1, ds + t1.oy % WG_DSLOTS * WG_DSLOT, sd, db);
+            wg_fence_async();
+        }
+        wg_wait_prev(); // tile u - 1's products: tile u's stay in flight across the barrier
+        __syncthreads();
+    }
+    wg_wait_all(d);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    wg_partials(d, db, partial + (size_t)blockIdx.x * 577 * 64, smem);
+}

@@ -1,0 +1,225 @@
+//! The wgmma filter gradient (`kernels/wgrad_wgmma.cu`: a 3x3, stride-1 conv from 64 to 64
+//! channels, f32 under TF32, on Hopper's warpgroup tensor cores) against the CPU backend on
+//! fresh seeded random inputs: the filter and bias gradients with the ReLU backward fused (the
+//! masked dy bit for bit), with dy consumed (the same bits), and without bias or activation (dy
+//! untouched), on SAME, VALID and asymmetric padding, one pixel, rows of 1 to 5 strips (the
+//! seed's 200 columns, ResNet-50's 56, the widest 48-column tiles); each pass's workspace is
+//! exactly its schedule; under `DirectConvs::Winning` calibration times the kernel against
+//! cuDNN's choice and runs the faster. Without a GPU every test prints a skip notice.
+
+mod common;
+
+use common::*;
+use stax_tensor::cuda::{CudaBackend, DirectConvs};
+use stax_tensor::ops;
+use stax_tensor::{
+    Activation, Backend, Category, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding,
+    Precision, Tensor,
+};
+use std::sync::Arc;
+
+/// `[n, h, w, 64]` inputs with a 3x3 kernel to 64 channels under `padding`.
+fn geometry(x: [usize; 4], padding: Padding) -> Conv2dGeometry {
+    let spec = ConvSpec {
+        padding,
+        ..ConvSpec::default()
+    };
+    Conv2dGeometry::with_spec(&x.into(), &[3, 3, 64, 64].into(), &spec).unwrap()
+}
+
+fn cases() -> Vec<Conv2dGeometry> {
+    let (same, valid) = (Padding::Same, Padding::Valid);
+    vec![
+        geometry([2, 9, 40, 64], same),
+        geometry([1, 7, 61, 64], same),
+        geometry([3, 5, 13, 64], valid),
+        geometry([1, 1, 1, 64], same),
+        geometry([2, 12, 200, 64], same),
+        geometry([1, 20, 56, 64], same),
+        geometry([1, 4, 97, 64], valid),
+        geometry([2, 6, 5, 64], Padding::Explicit([(2, 0), (1, 2)])),
+    ]
+}
+
+/// On `be`, from host `[x, dy]` and the ReLU mask `bits`: dw and db with the ReLU backward
+/// (and dy masked in place), the same with dy consumed (asserted to give the same bits), and dw
+/// with neither bias nor activation (and its dy, untouched).
+fn grads(
+    be: &Arc<dyn Backend>,
+    g: &Conv2dGeometry,
+    inputs: &[Vec<f32>; 2],
+    bits: &[u32],
+) -> [Vec<f32>; 5] {
+    let [x, dy] = inputs;
+    let x = typed(be, x, g.input_shape().dims(), DType::F32);
+    let mask = Tensor::from_slice(be, bits, [bits.len()], Category::Other).unwrap();
+    let act = Some((Activation::Relu, &mask));
+    let new_grads = || {
+        (
+            poisoned(be, g.filter_shape(), DType::F32),
+            poisoned(be, [g.c_out], DType::F32),
+        )
+    };
+    let mut d = typed(be, dy, g.output_shape().dims(), DType::F32);
+    let (mut dw, mut db) = new_grads();
+    ops::conv2d_bwd_filter(&x, &mut d, g, &mut dw, &mut db, act).unwrap();
+    let consumed = typed(be, dy, g.output_shape().dims(), DType::F32);
+    let (mut dw_c, mut db_c) = new_grads();
+    ops::conv2d_bwd_filter_consuming(&x, consumed, g, &mut dw_c, &mut db_c, act).unwrap();
+    for (kept, consumed) in [(&dw, &dw_c), (&db, &db_c)] {
+        let (a, b) = (kept.to_vec().unwrap(), consumed.to_vec().unwrap());
+        let same = a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{g:?}: dy consumed changes the gradients");
+    }
+    let mut plain_dy = typed(be, dy, g.output_shape().dims(), DType::F32);
+    let (mut dw_plain, _) = new_grads();
+    ops::conv2d_bwd_filter(&x, &mut plain_dy, g, &mut dw_plain, None, None).unwrap();
+    [&dw, &db, &d, &dw_plain, &plain_dy].map(|t| t.to_vec().unwrap())
+}
+
+/// [`grads`] of `g` on `cuda` match the CPU's: the gradients within TF32's rounding (norm-wise
+/// 2e-3: operands with 10-bit mantissas), the masked and the untouched dy exactly.
+fn grads_match(cuda: &Arc<CudaBackend>, g: &Conv2dGeometry) {
+    let mut rng = Rng::new(seed_for("wgmma_wgrad", &[g.n, g.h, g.w, g.pad_top]));
+    let inputs = [
+        rng.vec(g.input_shape().numel(), -1.0, 1.0),
+        rng.vec(g.output_shape().numel(), -1.0, 1.0),
+    ];
+    let words = g.output_shape().numel() / 32;
+    let bits: Vec<u32> = (0..words).map(|_| rng.next_u64() as u32).collect();
+    let gpu: Arc<dyn Backend> = cuda.clone();
+    let on_gpu = grads(&gpu, g, &inputs, &bits);
+    let on_cpu = grads(&cpu(), g, &inputs, &bits);
+    let names = [
+        "dw (relu bwd)",
+        "db (relu bwd)",
+        "masked dy",
+        "dw plain",
+        "dy untouched",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let what = format!("{name} {g:?}");
+        let (a, b) = (&on_gpu[i], &on_cpu[i]);
+        assert!(a.iter().all(|v| v.is_finite()), "{what}");
+        match i {
+            2 | 4 => assert_close(a, b, 0.0, 0.0, &what),
+            _ => println!("{what}: rel {:.2e}", assert_rel_close(a, b, 2e-3, &what)),
+        }
+    }
+}
+
+/// Every case runs the wgmma kernel (its plan says so) and matches the CPU; its workspace is
+/// the schedule; the forward pass and a 32-channel conv stay on cuDNN.
+#[test]
+fn wgmma_filter_grad_matches_the_cpu() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    cuda.set_direct_convs(DirectConvs::All);
+    for g in &cases() {
+        assert!(
+            cuda.conv_is_direct(g, DType::F32, ConvPass::BackwardFilter),
+            "{g:?}"
+        );
+        assert!(
+            !cuda.conv_is_direct(g, DType::F32, ConvPass::Forward),
+            "{g:?}"
+        );
+        assert!(
+            !cuda.conv_is_direct(g, DType::BF16, ConvPass::BackwardFilter),
+            "{g:?}"
+        );
+        grads_match(&cuda, g);
+    }
+    let plans = cuda.conv_plans();
+    for g in &cases() {
+        let p = plans
+            .iter()
+            .find(|p| p.geometry == *g && p.pass == ConvPass::BackwardFilter)
+            .unwrap_or_else(|| panic!("no plan for {g:?}"));
+        assert_eq!(p.math, "TF32 tensor cores (wgmma), f32 sums", "{p}");
+        assert!(p.algorithm.starts_with("stax direct"), "{p}");
+    }
+    let gpu: Arc<dyn Backend> = cuda.clone();
+    let mut rng = Rng::new(seed_for("wgmma_workspace", &[]));
+    for g in &cases()[..2] {
+        for bias in [true, false] {
+            let op = OpDesc::Conv {
+                geometry: *g,
+                pass: ConvPass::BackwardFilter,
+                dtype: DType::F32,
+                bias,
+            };
+            let (x, _) = random_tensor(&gpu, g.input_shape(), &mut rng);
+            let (dy, _) = random_tensor(&gpu, g.output_shape(), &mut rng);
+            let mut dw = poisoned(&gpu, g.filter_shape(), DType::F32);
+            let mut db = poisoned(&gpu, [g.c_out], DType::F32);
+            let what = format!("wgmma bias {bias} {g:?}");
+            assert_workspace_is_the_schedule(&gpu, &what, op, &mut || {
+                let db = if bias { Some(&mut db) } else { None };
+                ops::conv2d_bwd_filter(&x, &mut dy.clone(), g, &mut dw, db, None).unwrap()
+            });
+        }
+    }
+    let narrow = Conv2dGeometry::with_spec(
+        &[1, 6, 6, 32].into(),
+        &[3, 3, 32, 64].into(),
+        &ConvSpec::default(),
+    )
+    .unwrap();
+    assert!(!cuda.conv_is_direct(&narrow, DType::F32, ConvPass::BackwardFilter));
+}
+
+/// Under `DirectConvs::Winning` (the default) the kernel is timed at calibration against
+/// cuDNN's choice, listed as a candidate with its time, and chosen exactly when faster; the
+/// pass then matches the CPU whichever runs. Not timed, so not run, with deterministic
+/// algorithms; not under full fp32.
+#[test]
+fn wgmma_filter_grad_is_chosen_by_timing() {
+    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    let g = geometry([4, 24, 200, 64], Padding::Same);
+    assert!(!cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    let op = OpDesc::Conv {
+        geometry: g,
+        pass: ConvPass::BackwardFilter,
+        dtype: DType::F32,
+        bias: true,
+    };
+    cuda.calibrate(&op).unwrap();
+    let plans = cuda.conv_plans();
+    let plan = plans
+        .iter()
+        .find(|p| p.geometry == g && p.pass == ConvPass::BackwardFilter)
+        .expect("a plan for the calibrated pass");
+    let direct: Vec<_> = plan
+        .candidates
+        .iter()
+        .filter(|c| c.algorithm.starts_with("stax direct"))
+        .collect();
+    assert_eq!(direct.len(), 1, "{plan:#}");
+    let ms = direct[0].time_ms.expect("the kernel was timed");
+    let chosen = plan.algorithm.starts_with("stax direct");
+    assert_eq!(
+        cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter),
+        chosen
+    );
+    match chosen {
+        true => assert_eq!(plan.time_ms, ms, "{plan:#}"),
+        false => assert!(plan.time_ms <= ms, "{plan:#}"),
+    }
+    println!("{plan:#}");
+    grads_match(&cuda, &g);
+    let Some(fixed) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    fixed.set_deterministic(true);
+    fixed.calibrate(&op).unwrap();
+    assert!(!fixed.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    let Some(full) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    full.set_direct_convs(DirectConvs::All);
+    assert!(!full.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+}
