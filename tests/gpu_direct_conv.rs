@@ -388,18 +388,7 @@ fn winning_times_the_kernel_at_calibration() {
                 !by_rule(g, DType::F32, pass, Precision::Tf32),
                 "{pass:?} {g:?}"
             );
-            let op = OpDesc::Conv {
-                geometry: *g,
-                pass,
-                dtype: DType::F32,
-                bias: true,
-            };
-            cuda.calibrate(&op).unwrap();
-            let plans = cuda.conv_plans();
-            let plan = plans
-                .iter()
-                .find(|p| p.geometry == *g && p.pass == pass)
-                .expect("a plan for the calibrated pass");
+            let plan = calibrated_plan(&cuda, g, pass);
             let is_direct = |name: &str| name.starts_with("stax direct");
             let direct: Vec<_> = plan
                 .candidates

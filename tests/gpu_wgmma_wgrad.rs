@@ -181,18 +181,7 @@ fn wgmma_filter_grad_is_chosen_by_timing() {
     };
     let g = geometry([4, 24, 200, 64], Padding::Same);
     assert!(!cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
-    let op = OpDesc::Conv {
-        geometry: g,
-        pass: ConvPass::BackwardFilter,
-        dtype: DType::F32,
-        bias: true,
-    };
-    cuda.calibrate(&op).unwrap();
-    let plans = cuda.conv_plans();
-    let plan = plans
-        .iter()
-        .find(|p| p.geometry == g && p.pass == ConvPass::BackwardFilter)
-        .expect("a plan for the calibrated pass");
+    let plan = calibrated_plan(&cuda, &g, ConvPass::BackwardFilter);
     let direct: Vec<_> = plan
         .candidates
         .iter()
@@ -215,7 +204,7 @@ fn wgmma_filter_grad_is_chosen_by_timing() {
         return;
     };
     fixed.set_deterministic(true);
-    fixed.calibrate(&op).unwrap();
+    calibrated_plan(&fixed, &g, ConvPass::BackwardFilter);
     assert!(!fixed.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
     let Some(full) = private_cuda_with(Precision::Highest) else {
         return;

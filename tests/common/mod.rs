@@ -443,6 +443,26 @@ pub fn assert_workspace_is_the_schedule(
     println!("workspace {what}: {predicted:?}");
 }
 
+/// Calibrates `pass` of `g` in f32 with a bias on `cuda` and returns its plan (the chosen
+/// algorithm and every candidate timed).
+pub fn calibrated_plan(
+    cuda: &CudaBackend,
+    g: &stax_tensor::Conv2dGeometry,
+    pass: stax_tensor::ConvPass,
+) -> stax_tensor::cuda::ConvPlanInfo {
+    let op = stax_tensor::OpDesc::Conv {
+        geometry: *g,
+        pass,
+        dtype: DType::F32,
+        bias: true,
+    };
+    cuda.calibrate(&op).unwrap();
+    cuda.conv_plans()
+        .into_iter()
+        .find(|p| p.geometry == *g && p.pass == pass)
+        .expect("a plan for the calibrated pass")
+}
+
 /// A CUDA backend of the test's own (TF32, the default workspace limit), so that its
 /// allocator's trace and counters see nothing but the test; `None` with a skip notice as
 /// [`cuda_or_skip`].

@@ -18,8 +18,9 @@
 //!
 //! One wider filter gradient is direct too: a 3x3, stride-1 conv from 64 to 64 channels in f32
 //! under TF32 on an `sm_90` device (`kernels/wgrad_wgmma.cu`, Hopper's `wgmma`; the seed's
-//! conv2), where cuDNN's TF32 algorithms reach about 93 TFLOP/s (3.16 ms at the seed's batch
-//! 100 in PyTorch, H200) and the kernel 1.45 ms with the ReLU backward (H100, 2026-12-05).
+//! conv2), where cuDNN's best TF32 algorithm reaches about 104 TFLOP/s: at the seed's batch 100
+//! calibration timed it at 2.82 ms and the kernel, with the ReLU backward, at 1.46 ms (H100,
+//! 2026-12-05, BENCHMARKS.md).
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
