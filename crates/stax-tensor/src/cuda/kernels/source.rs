@@ -89,7 +89,8 @@ pub enum KernelModule {
     /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
     DenseMma,
     /// `kernels/wgrad_wgmma.cu`: the filter gradient of a 3x3 conv from 64 to 64 channels in
-    /// TF32 on Hopper's warpgroup tensor cores (`sm_90a` only: compiled for `sm_90` devices, not loaded elsewhere).
+    /// TF32 on Hopper's warpgroup tensor cores (`sm_90a` only: compiled for `sm_90` devices,
+    /// not loaded elsewhere).
     WgradWgmma,
 }
 
