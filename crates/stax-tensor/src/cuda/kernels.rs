@@ -85,6 +85,43 @@ fn allow_shared(f: &CudaFunction, bytes: usize) -> Result<(), TensorError> {
         .map_err(driver("cuFuncSetAttribute"))
 }
 
+/// A loaded module and its kernels by symbol.
+type Loaded = (Arc<CudaModule>, Vec<(String, CudaFunction)>);
+
+/// Loads module `m` from `cubin` (compiled for `arch`), compiling it again once if the driver
+/// refuses a cached image (a damaged file), and each of its kernels with the dynamic shared
+/// memory it needs on a device allowing `shared_optin` bytes a block.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    m: KernelModule,
+    arch: &str,
+    cubin: Vec<u8>,
+    shared_optin: usize,
+) -> Result<Loaded, TensorError> {
+    let module = match ctx.load_module(Ptx::from_binary(cubin)) {
+        Ok(module) => module,
+        Err(_) => ctx
+            .load_module(Ptx::from_binary(source::recompile(m, arch)?))
+            .map_err(driver("cuModuleLoadData"))?,
+    };
+    let mut functions = Vec::new();
+    for symbol in m.symbols() {
+        let f = module
+            .load_function(&symbol)
+            .map_err(driver("cuModuleGetFunction"))?;
+        if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
+            allow_shared(&f, gemm::SHARED_BYTES)?;
+        } else if dense::is_mma(&symbol) {
+            // what the device allows: a shape needing more is not dispatched there
+            allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
+        } else if symbol == direct::WGMMA_WGRAD && direct::WGMMA_SHARED <= shared_optin {
+            allow_shared(&f, direct::WGMMA_SHARED)?;
+        }
+        functions.push((symbol, f));
+    }
+    Ok((module, functions))
+}
+
 fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {
     move |source| TensorError::Driver { op, source }
 }
@@ -133,29 +170,15 @@ impl Kernels {
         let mut modules = Vec::with_capacity(wanted.len());
         let mut functions = HashMap::new();
         for (cubin, (m, a)) in cubins.into_iter().zip(&wanted) {
-            let m = *m;
-            // a cached image the driver refuses (a damaged file) is compiled again, once
-            let module = match ctx.load_module(Ptx::from_binary(cubin?)) {
-                Ok(module) => module,
-                Err(_) => ctx
-                    .load_module(Ptx::from_binary(source::recompile(m, a)?))
-                    .map_err(driver("cuModuleLoadData"))?,
-            };
-            for symbol in m.symbols() {
-                let f = module
-                    .load_function(&symbol)
-                    .map_err(driver("cuModuleGetFunction"))?;
-                if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
-                    allow_shared(&f, gemm::SHARED_BYTES)?;
-                } else if dense::is_mma(&symbol) {
-                    // what the device allows: a shape needing more is not dispatched there
-                    allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
-                } else if symbol == direct::WGMMA_WGRAD && direct::WGMMA_SHARED <= shared_optin {
-                    allow_shared(&f, direct::WGMMA_SHARED)?;
+            match cubin.and_then(|c| load_module(ctx, *m, a, c, shared_optin)) {
+                Ok((module, loaded)) => {
+                    functions.extend(loaded);
+                    modules.push(module);
                 }
-                functions.insert(symbol, f);
+                // its passes stay on cuDNN (Kernels::wgmma_takes sees no kernel)
+                Err(_) if m.optional() => {}
+                Err(e) => return Err(e),
             }
-            modules.push(module);
         }
         Ok(Kernels {
             stream,

@@ -129,6 +129,12 @@ impl KernelModule {
         }
     }
 
+    /// Whether the backend opens without this module when it fails to compile or load (its
+    /// passes then stay on cuDNN): `wgrad_wgmma.cu`, the one module no pass depends on.
+    pub(super) fn optional(self) -> bool {
+        self == KernelModule::WgradWgmma
+    }
+
     /// The architecture the module is compiled for on a device of `device` (`sm_XY`): the
     /// device's own, except `wgrad_wgmma.cu`, whose `wgmma` instructions exist only in
     /// `sm_90a` (Hopper's architecture-specific features): compiled for an `sm_90` device and
