@@ -25,6 +25,10 @@
 // were last read two tiles back). Measured on the H100 at the seed's conv2 (batch 100): 1.45 ms
 // with the ReLU backward and its write-back, the products alone 0.70 ms (412 TFLOP/s); tile
 // indices were first recomputed by 64-bit divisions each tile, which took 2.2 ms.
+//
+// k-slots past the tile carry dy = 0 against real x columns, so an infinite x there makes NaN
+// (0 * Inf) in dw where the true sum pairs that column with no dy: non-finite activations
+// give NaN rather than Inf or a finite value at the image's right edge.
 
 #define WG_THREADS 384
 #define WG_KSTEPS 6                     // most 8-position k-steps a tile (Q <= 12)

@@ -38,6 +38,10 @@ fn cases() -> Vec<Conv2dGeometry> {
         geometry([1, 20, 56, 64], same),
         geometry([1, 4, 97, 64], valid),
         geometry([2, 6, 5, 64], Padding::Explicit([(2, 0), (1, 2)])),
+        // more tiles than blocks: the cp.async pipeline, the slot rings, strips split
+        // between blocks mid-row
+        geometry([3, 40, 56, 64], same),
+        geometry([4, 30, 97, 64], Padding::Explicit([(1, 0), (0, 2)])),
     ]
 }
 
