@@ -105,6 +105,11 @@ impl std::str::FromStr for DirectConvs {
 }
 
 impl CudaBackend {
+    /// Whether this backend's precision lets the direct kernels round f32 operands to TF32.
+    fn tf32(&self) -> bool {
+        self.precision == Precision::Tf32
+    }
+
     /// The direct kernel of `pass` for `g` in `dtype` with this backend's precision: its
     /// geometry, dtype and whether f32 operands may be rounded to TF32.
     fn direct_kernel<'g>(
@@ -112,29 +117,27 @@ impl CudaBackend {
         g: &'g Conv2dGeometry,
         dtype: DType,
     ) -> (&'g Conv2dGeometry, DType, bool) {
-        (g, dtype, self.precision == Precision::Tf32)
+        (g, dtype, self.tf32())
     }
 
     /// The arithmetic the direct kernels use for `g` in `dtype` under this backend's
     /// precision: the wgmma filter gradient where it takes `g` (its only pass), else
     /// [`direct_math`].
     fn direct_math(&self, g: &Conv2dGeometry, dtype: DType) -> DirectMath {
-        let tf32 = self.precision == Precision::Tf32;
-        match self.kernels.wgmma_takes(g, dtype, tf32) {
+        match self.kernels.wgmma_takes(g, dtype, self.tf32()) {
             true => DirectMath::Tf32Wgmma,
-            false => direct_math(g, dtype, tf32),
+            false => direct_math(g, dtype, self.tf32()),
         }
     }
 
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
     /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernel.
     fn direct_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
-        let tf32 = self.precision == Precision::Tf32;
         match pass {
             ConvPass::BackwardData => false,
             ConvPass::Forward => direct_applies(g),
             ConvPass::BackwardFilter => {
-                direct_applies(g) || self.kernels.wgmma_takes(g, dtype, tf32)
+                direct_applies(g) || self.kernels.wgmma_takes(g, dtype, self.tf32())
             }
         }
     }
@@ -320,8 +323,7 @@ impl CudaBackend {
 
     /// Bytes of the direct filter gradient's partials for `g` in `dtype` (its whole workspace).
     pub(super) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry, dtype: DType) -> usize {
-        let tf32 = self.precision == Precision::Tf32;
-        self.kernels.direct_wgrad_bytes(g, dtype, tf32)
+        self.kernels.direct_wgrad_bytes(g, dtype, self.tf32())
     }
 
     /// The forward pass of [`Self::conv_is_direct`]: with the epilogues fused (the default) the

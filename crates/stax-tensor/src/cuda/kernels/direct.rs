@@ -44,9 +44,15 @@ pub(crate) fn wgmma_applies(g: &Conv2dGeometry) -> bool {
         && [g.h, g.w, g.out_h, g.out_w].into_iter().all(small)
 }
 
+/// The 8-position k-steps of a wgmma tile `tw` positions wide: `ceil(ceil(tw / 4) / 2)` (4
+/// positions a column group, 2 groups a k-step).
+fn wgmma_ksteps(tw: usize) -> usize {
+    tw.div_ceil(4).div_ceil(2)
+}
+
 /// The width of the wgmma kernel's tiles (output positions of one row) for rows of `out_w`:
-/// the strips per row that take the fewest k-steps in all (a tile of width `tw` takes
-/// `ceil(ceil(tw / 4) / 2)`, at most [`WGMMA_KSTEPS`]), the fewest strips among equals. The
+/// the strips per row that take the fewest k-steps in all ([`wgmma_ksteps`] a tile, at most
+/// [`WGMMA_KSTEPS`]), the fewest strips among equals. The
 /// seed's 200 columns: 5 tiles of 40 (5 k-steps each, every k-slot a position).
 fn wgmma_tile_width(out_w: usize) -> usize {
     let widest = 8 * WGMMA_KSTEPS;
@@ -54,8 +60,8 @@ fn wgmma_tile_width(out_w: usize) -> usize {
     (least..least + 5)
         .map(|strips| out_w.div_ceil(strips))
         .map(|tw| (out_w.div_ceil(tw), tw))
-        .filter(|&(_, tw)| tw.div_ceil(4).div_ceil(2) <= WGMMA_KSTEPS)
-        .min_by_key(|&(strips, tw)| (strips * tw.div_ceil(4).div_ceil(2), strips))
+        .filter(|&(_, tw)| wgmma_ksteps(tw) <= WGMMA_KSTEPS)
+        .min_by_key(|&(strips, tw)| (strips * wgmma_ksteps(tw), strips))
         .map_or(widest, |(_, tw)| tw)
 }
 
@@ -156,13 +162,9 @@ fn aligned(op: &'static str, addr: u64, math: DirectMath) -> Result<DirectMath, 
 impl Kernels {
     /// Whether the filter gradient of `g` in `dtype` (f32 operands rounded to TF32 where `tf32`)
     /// runs `kernels/wgrad_wgmma.cu`: f32 under TF32, [`wgmma_applies`], and the kernel loaded
-    /// with its shared memory (an `sm_90` device).
+    /// (an `sm_90` device allowing its shared memory: `load_module`).
     pub(crate) fn wgmma_takes(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> bool {
-        dtype == DType::F32
-            && tf32
-            && wgmma_applies(g)
-            && WGMMA_SHARED <= self.shared_optin
-            && self.functions.contains_key(WGMMA_WGRAD)
+        dtype == DType::F32 && tf32 && wgmma_applies(g) && self.functions.contains_key(WGMMA_WGRAD)
     }
 
     /// Blocks of the filter gradient's grid for `g`: for the FMA and mma kernels two per
@@ -247,14 +249,9 @@ impl Kernels {
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
         if self.wgmma_takes(g, dtype, tf32) {
-            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), partial)?;
-            return self.direct_wgrad_finish(
-                g,
-                dtype,
-                partial,
-                self.direct_wgrad_blocks(g, true),
-                (dw, db),
-            );
+            let blocks = self.direct_wgrad_blocks(g, true);
+            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), (partial, blocks))?;
+            return self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db));
         }
         let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
         let blocks = self.direct_wgrad_blocks(g, false);
@@ -286,12 +283,12 @@ impl Kernels {
     }
 
     /// `kernels/wgrad_wgmma.cu` for `g` of [`Self::wgmma_takes`]: the partials of
-    /// [`Self::direct_filter_grad`] (`blocks` of [`Self::direct_wgrad_blocks`]).
+    /// [`Self::direct_filter_grad`] from a grid of `blocks` ([`Self::direct_wgrad_blocks`]).
     fn wgmma_filter_grad(
         &self,
         g: &Conv2dGeometry,
         (x, dy, (mask, keep)): (u64, u64, (u64, bool)),
-        partial: u64,
+        (partial, blocks): (u64, usize),
     ) -> Result<(), TensorError> {
         const OP: &str = "wgmma_wgrad";
         if x % 16 != 0 || dy % 16 != 0 {
@@ -301,7 +298,7 @@ impl Kernels {
             });
         }
         let cfg = LaunchConfig {
-            grid_dim: (self.direct_wgrad_blocks(g, true) as u32, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: (WGMMA_THREADS, 1, 1),
             shared_mem_bytes: WGMMA_SHARED as u32,
         };
@@ -313,7 +310,7 @@ impl Kernels {
         // its NHWC output gradient (64 channels each, 16-byte aligned: checked above), mask
         // null or numel/32 words, partial blocks*577*64 doubles (direct_wgrad_bytes, the
         // grid's blocks); blocks of 384 threads with WGMMA_SHARED bytes of dynamic shared
-        // memory (allowed at load: wgmma_takes), tiles tw <= 48 wide (wgmma_tile_width).
+        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 48 wide (wgmma_tile_width).
         unsafe { launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &tw).map(drop) }
             .map_err(driver(OP))
     }
