@@ -7,7 +7,7 @@
 //
 // The GEMM per kernel row r (one warpgroup each, 3 a block): D_r[co, (kx, ci)] (64 x 192) +=
 // dy^T[co, p] · X_r[p, (kx, ci)] over a tile's output positions p, one output row segment of at
-// most 4 Q (<= 48) positions. A (dy^T) and B (x), both rounded to TF32 (cvt.rna) as they are
+// most 4 Q (<= 40) positions. A (dy^T) and B (x), both rounded to TF32 (cvt.rna) as they are
 // staged, come from shared memory through descriptors (PTX ISA, "Asynchronous Warpgroup Level
 // Matrix Shared Memory Layout": K-major, no swizzle, core matrices of 8 rows of 16 bytes; LBO
 // the K direction's stride, SBO the M/N one's). The three kx taps are one m64n192k8
@@ -17,30 +17,31 @@
 // core matrices (LBO = 8 SBO bytes), never a misaligned start. SBO = 144 (not 128) makes the
 // staging's 16-byte stores of 8 consecutive threads conflict-free.
 //
-// A block (one a multiprocessor: 197 KB of shared memory) walks consecutive rows of one column
+// A block (one a multiprocessor: 161 KB of shared memory) walks consecutive rows of one column
 // strip: a tile's new input row (ring of 5 slots) and its dy (ring of 3) are copied by
 // cp.async two tiles ahead (each thread copying what it will itself convert, so no barrier
 // orders the copy), converted into their slots while the tile before runs its products, and
 // each tile's products stay in flight across the barrier that ends it (the slots rewritten
-// were last read two tiles back). Measured on the H100 at the seed's conv2 (batch 100): 1.45 ms
-// with the ReLU backward and its write-back, the products alone 0.70 ms (412 TFLOP/s); tile
-// indices were first recomputed by 64-bit divisions each tile, which took 2.2 ms.
+// were last read two tiles back). Threads 0 .. WG_XITEMS - 1 stage x, the next WG_DITEMS stage
+// dy. Measured on the H100 at the seed's conv2 (batch 100): 1.38 ms with the ReLU backward and
+// its write-back (1.47 ms when every thread staged some of both, in tiles up to 48 wide), the
+// products alone 0.70 ms (420 TFLOP/s); tile indices were first recomputed by 64-bit divisions
+// each tile, which took 2.2 ms.
 //
 // k-slots past the tile carry dy = 0 against real x columns, so an infinite x there makes NaN
 // (0 * Inf) in dw where the true sum pairs that column with no dy: non-finite activations
 // give NaN rather than Inf or a finite value at the image's right edge.
 
 #define WG_THREADS 384
-#define WG_KSTEPS 6                     // most 8-position k-steps a tile (Q <= 12)
-#define WG_GROUPS (2 * WG_KSTEPS + 2)   // x column groups staged a row
+#define WG_KSTEPS 5                     // most 8-position k-steps a tile (Q <= 10)
+#define WG_GROUPS (2 * WG_KSTEPS + 2)   // x column groups staged a row (dy: 2 WG_KSTEPS)
+#define WG_XITEMS (16 * WG_GROUPS)      // threads staging x, a (group, 4 channels) each
+#define WG_DITEMS (32 * WG_KSTEPS)      // the threads after them, staging dy
 #define WG_SBO 144                      // bytes between 8-channel core matrices (N)
 #define WG_LBO (8 * WG_SBO)             // bytes between column groups (K): 8 core matrices
 #define WG_XSLOT (WG_GROUPS * WG_LBO)   // bytes of one staged input row
 #define WG_DSLOT (2 * WG_KSTEPS * WG_LBO) // bytes of one staged dy tile (A)
-#define WG_RAWX (4 * WG_THREADS * 16)  // bytes of one raw stage of x: 4 columns a thread
-#define WG_RAWD (2 * WG_THREADS * 16)  // ... of dy: 2 chunks a thread
-#define WG_RAWM (2 * WG_THREADS * 4)   // ... of the mask: a word a chunk
-#define WG_RAW (WG_RAWX + WG_RAWD + WG_RAWM)
+#define WG_RAW (WG_THREADS * 4 * 20)    // a raw stage: 4 16-byte chunks, 4 mask words a thread
 #define WG_XSLOTS 5 // input row slots: a tile's 3, the next tile's new one, one still read
 #define WG_DSLOTS 3 // dy slots: this tile's, the next one's, one still read
 #define WG_SMEM (WG_XSLOTS * WG_XSLOT + WG_DSLOTS * WG_DSLOT + 2 * WG_RAW)
@@ -85,107 +86,14 @@ __device__ __forceinline__ WgTile wg_step(const WindowGeometry &g, int tw, int s
     return t;
 }
 
-// A thread's share of one input row's staging: item threadIdx.x = (group G, channels 4 c ..
-// 4 c + 3), the four columns G + e Q of the group.
-struct WgX {
-    float4 v[4];
-};
-
-// Issues the loads of input row oy + r - pad_top of tile t (zeros outside the image).
-__device__ __forceinline__ void wg_load_x(const float *x, const WindowGeometry &g,
-                                          const WgTile &t, int r, WgX &s) {
-    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
-    const long iy = (long)t.oy + r - (long)g.pad_top;
-    const bool row = G < 2 * t.ks + 2 && iy >= 0 && iy < (long)g.h;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const long ix = (long)t.ox0 + G + e * t.q - (long)g.pad_left;
-        s.v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (row && ix >= 0 && ix < (long)g.w) {
-            s.v[e] = *(const float4 *)(x + ((t.n * g.h + iy) * g.w + ix) * 64 + 4 * c);
-        }
-    }
-}
-
-// Writes s (wg_load_x's) to the input row slot at shared address slot, rounded to TF32: channel
-// ci of group G is the 16-byte row ci % 8 of core matrix ci / 8 (SBO apart: conflict-free for 8
-// consecutive threads), its elements the columns e = 0..3.
-__device__ __forceinline__ void wg_put_x(u32 slot, const WgTile &t, const WgX &s) {
-    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
-    if (G >= 2 * t.ks + 2) return;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int ci = 4 * c + j;
-        const float *f0 = &s.v[0].x, *f1 = &s.v[1].x, *f2 = &s.v[2].x, *f3 = &s.v[3].x;
-        const u32 addr = slot + G * WG_LBO + (ci >> 3) * WG_SBO + (ci & 7) * 16;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                     "r"(tf32_bits(f0[j])), "r"(tf32_bits(f1[j])), "r"(tf32_bits(f2[j])),
-                     "r"(tf32_bits(f3[j])));
-    }
-}
-
-// A thread's share of a tile's dy: items threadIdx.x + 384 i = (k-slot k, channels 4 c ..), k
-// = 4 G + e holding position G + e Q (zeros past the tile), with the mask's 4 bits.
-struct WgDy {
-    float4 v[2];
-    u32 bits[2];
-};
-
-// Whether item i of the thread is a position of tile t; its k-slot, channel chunk and position.
-__device__ __forceinline__ bool wg_dy_item(const WindowGeometry &g, const WgTile &t, int i,
-                                           int &k, int &c, size_t &pos) {
-    const int item = threadIdx.x + WG_THREADS * i;
-    k = item >> 4, c = item & 15;
-    const int G = k >> 2, j = G + (k & 3) * t.q;
-    pos = t.pos0 + j;
-    return k < 8 * t.ks && G < t.q && j < t.tw;
-}
-
-__device__ __forceinline__ void wg_load_dy(const float *dy, const u32 *mask,
-                                           const WindowGeometry &g, const WgTile &t, WgDy &s) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        int k, c;
-        size_t pos;
-        s.v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        s.bits[i] = 15;
-        if (!wg_dy_item(g, t, i, k, c, pos)) continue;
-        s.v[i] = *(const float4 *)(dy + pos * 64 + 4 * c);
-        if (mask) s.bits[i] = mask[(pos * 64 + 4 * c) >> 5] >> ((4 * c) & 31);
-    }
-}
-
-// s masked (the ReLU backward; with keep written back), added to the bias-gradient sums db
-// (this thread's channels 4 (threadIdx.x % 16) ..), and written rounded to TF32 to the dy slot
-// at shared address slot as A = dy^T, K-major like x: channel co of k-slot k is element k % 4
-// of row co % 8 of core matrix (k / 4, co / 8). Every k-slot of the tile's k-steps is written
-// (zeros past it).
-__device__ __forceinline__ void wg_put_dy(float *dy, const u32 *mask, int keep,
-                                          const WindowGeometry &g, const WgTile &t, u32 slot,
-                                          WgDy &s, float (&db)[4]) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        int k, c;
-        size_t pos;
-        const bool live = wg_dy_item(g, t, i, k, c, pos);
-        if (k >= 8 * t.ks) continue;
-        float4 v = s.v[i];
-        if (live && mask) {
-            const u32 b = s.bits[i];
-            v.x = b & 1u ? v.x : 0.0f, v.y = b & 2u ? v.y : 0.0f;
-            v.z = b & 4u ? v.z : 0.0f, v.w = b & 8u ? v.w : 0.0f;
-            if (keep) *(float4 *)(dy + pos * 64 + 4 * c) = v;
-        }
-        db[0] += v.x, db[1] += v.y, db[2] += v.z, db[3] += v.w;
-        const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int co = 4 * c + j;
-            const u32 addr = slot + (k >> 2) * WG_LBO + (co >> 3) * WG_SBO + (co & 7) * 16 +
-                             (k & 3) * 4;
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(tf32_bits(f[j])));
-        }
-    }
+// This thread's staging item: 0 for x (threads 0 .. WG_XITEMS - 1), 1 for dy (the WG_DITEMS
+// after them), -1 for none; its group G and channels 4 c .. 4 c + 3, the four positions (or
+// input columns) G + e Q, e = 0..3, of the group.
+__device__ __forceinline__ int wg_item(int &G, int &c) {
+    const int tid = threadIdx.x;
+    c = tid & 15;
+    G = (tid < WG_XITEMS ? tid : tid - WG_XITEMS) >> 4;
+    return tid < WG_XITEMS ? 0 : tid < WG_XITEMS + WG_DITEMS ? 1 : -1;
 }
 
 // An asynchronous 4-byte copy (zeros when !valid, src then not read).
@@ -194,54 +102,85 @@ __device__ __forceinline__ void wg_cp_async4(u32 dst, const void *src, bool vali
                  "r"(valid ? 4 : 0));
 }
 
-// Issues, as cp.async copies into the raw stage at shared address raw, what wg_load_x (row
-// oy + 2 of tile t) and wg_load_dy would load: each thread copies its own items (so only its
-// own cp.async.wait_group orders them before wg_unraw), laid out [element][thread].
+// Issues this thread's item of tile t as cp.async copies into the raw stage at shared address
+// raw (chunk e at (e WG_THREADS + threadIdx.x) 16, its mask word after the chunks): for x,
+// input row oy + r - pad_top; for dy (when with_dy), the tile's positions and their mask
+// words. Zeros outside the image and past the tile. Each thread converts what it copied
+// (wg_convert), so its own cp.async.wait_group orders the two, no barrier.
 __device__ __forceinline__ void wg_fetch(const float *x, const float *dy, const u32 *mask,
-                                         const WindowGeometry &g, const WgTile &t, u32 raw) {
-    const int G = threadIdx.x >> 4, c = threadIdx.x & 15;
-    const long iy = (long)t.oy + 2 - (long)g.pad_top;
-    const bool row = G < 2 * t.ks + 2 && iy >= 0 && iy < (long)g.h;
+                                         const WindowGeometry &g, const WgTile &t, int r,
+                                         bool with_dy, u32 raw) {
+    int G, c;
+    const int kind = wg_item(G, c);
+    const u32 chunk = raw + threadIdx.x * 16, word = raw + WG_THREADS * 64 + threadIdx.x * 4;
+    if (kind == 0) {
+        const long iy = (long)t.oy + r - (long)g.pad_top, ix0 = (long)t.ox0 + G - (long)g.pad_left;
+        const bool row = G < 2 * t.ks + 2 && iy >= 0 && iy < (long)g.h;
+        const float *base = x + (t.n * g.h + (row ? iy : 0)) * g.w * 64 + 4 * c;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const long ix = (long)t.ox0 + G + e * t.q - (long)g.pad_left;
-        const bool ok = row && ix >= 0 && ix < (long)g.w;
-        const float *src = ok ? x + ((t.n * g.h + iy) * g.w + ix) * 64 + 4 * c : x;
-        cp_async16(raw + (e * WG_THREADS + threadIdx.x) * 16, src, ok);
-    }
+        for (int e = 0; e < 4; ++e) {
+            const long ix = ix0 + e * t.q;
+            const bool ok = row && ix >= 0 && ix < (long)g.w;
+            cp_async16(chunk + e * WG_THREADS * 16, ok ? base + ix * 64 : x, ok);
+        }
+    } else if (kind == 1 && with_dy) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        int k, cc;
-        size_t pos;
-        const bool live = wg_dy_item(g, t, i, k, cc, pos);
-        const u32 d = raw + WG_RAWX + (i * WG_THREADS + threadIdx.x) * 16;
-        cp_async16(d, live ? dy + pos * 64 + 4 * cc : dy, live);
-        const u32 m = raw + WG_RAWX + WG_RAWD + (i * WG_THREADS + threadIdx.x) * 4;
-        wg_cp_async4(m, live && mask ? mask + ((pos * 64 + 4 * cc) >> 5) : (const u32 *)dy,
-                     live && mask);
+        for (int e = 0; e < 4; ++e) {
+            const int j = G + e * t.q;
+            const bool ok = G < t.q && j < t.tw;
+            const size_t at = (t.pos0 + j) * 64 + 4 * c;
+            cp_async16(chunk + e * WG_THREADS * 16, ok ? dy + at : dy, ok);
+            wg_cp_async4(word + e * WG_THREADS * 4, ok && mask ? mask + (at >> 5) : mask,
+                         ok && mask);
+        }
     }
 }
 
-// The thread's items of wg_fetch's raw stage at raw, as wg_load_x and wg_load_dy give them.
-__device__ __forceinline__ void wg_unraw(const u32 *mask, u32 raw, WgX &sx, WgDy &sd) {
+// Converts this thread's item of tile t from the raw stage at raw into its slot, rounded to
+// TF32: x into the input row slot xslot, dy (when with_dy) into the dy slot dslot, first masked
+// by the ReLU backward (with keep written back in place) and added to the bias-gradient sums
+// db (channels 4 (threadIdx.x % 16) ..). Channel ci of group G is the 16-byte row ci % 8 of core
+// matrix ci / 8 (SBO apart: conflict-free for 8 consecutive threads), its elements e = 0..3.
+// Every group the tile's products read is written (zeros past the tile).
+__device__ __forceinline__ void wg_convert(float *dy, const u32 *mask, int keep,
+                                           const WgTile &t, u32 raw, u32 xslot, u32 dslot,
+                                           bool with_dy, float (&db)[4]) {
+    int G, c;
+    const int kind = wg_item(G, c);
+    const bool x_item = kind == 0 && G < 2 * t.ks + 2;
+    if (!x_item && !(kind == 1 && with_dy && G < 2 * t.ks)) return;
+    const u32 chunk = raw + threadIdx.x * 16, word = raw + WG_THREADS * 64 + threadIdx.x * 4;
+    float4 v[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        const u32 a = raw + (e * WG_THREADS + threadIdx.x) * 16;
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(sx.v[e].x), "=f"(sx.v[e].y), "=f"(sx.v[e].z), "=f"(sx.v[e].w)
-                     : "r"(a));
+                     : "=f"(v[e].x), "=f"(v[e].y), "=f"(v[e].z), "=f"(v[e].w)
+                     : "r"(chunk + e * WG_THREADS * 16));
     }
+    if (!x_item) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 a = raw + WG_RAWX + (i * WG_THREADS + threadIdx.x) * 16;
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(sd.v[i].x), "=f"(sd.v[i].y), "=f"(sd.v[i].z), "=f"(sd.v[i].w)
-                     : "r"(a));
-        u32 m;
-        asm volatile("ld.shared.b32 %0, [%1];"
-                     : "=r"(m)
-                     : "r"(raw + WG_RAWX + WG_RAWD + (i * WG_THREADS + threadIdx.x) * 4));
-        sd.bits[i] = mask ? m >> ((4 * ((threadIdx.x + WG_THREADS * i) & 15)) & 31) : 15u;
+        for (int e = 0; e < 4; ++e) {
+            const int j = G + e * t.q;
+            if (mask && G < t.q && j < t.tw) {
+                u32 m;
+                asm volatile("ld.shared.b32 %0, [%1];" : "=r"(m) : "r"(word + e * WG_THREADS * 4));
+                const u32 b = m >> ((4 * c) & 31);
+                v[e].x = b & 1u ? v[e].x : 0.0f, v[e].y = b & 2u ? v[e].y : 0.0f;
+                v[e].z = b & 4u ? v[e].z : 0.0f, v[e].w = b & 8u ? v[e].w : 0.0f;
+                if (keep) *(float4 *)(dy + (t.pos0 + j) * 64 + 4 * c) = v[e];
+            }
+            db[0] += v[e].x, db[1] += v[e].y, db[2] += v[e].z, db[3] += v[e].w;
+        }
+    }
+    const u32 slot = (x_item ? xslot : dslot) + G * WG_LBO;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int ci = 4 * c + j;
+        const float *f0 = &v[0].x, *f1 = &v[1].x, *f2 = &v[2].x, *f3 = &v[3].x;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
+                         slot + (ci >> 3) * WG_SBO + (ci & 7) * 16),
+                     "r"(tf32_bits(f0[j])), "r"(tf32_bits(f1[j])), "r"(tf32_bits(f2[j])),
+                     "r"(tf32_bits(f3[j])));
     }
 }
 
@@ -300,18 +239,19 @@ __device__ __forceinline__ void wg_wait_all(float (&d)[96]) {
     for (int i = 0; i < 96; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Stages tile t whole (its three input rows and dy) into the slots of its rows.
+// Stages tile t whole (its three input rows and dy) into the slots of its rows, through the
+// raw stage at raw.
 __device__ __forceinline__ void wg_stage_tile(const float *x, float *dy, const u32 *mask,
                                               int keep, const WindowGeometry &g,
-                                              const WgTile &t, u32 xs, u32 ds, float (&db)[4]) {
-    WgX sx;
-    WgDy sd;
+                                              const WgTile &t, u32 xs, u32 ds, u32 raw,
+                                              float (&db)[4]) {
     for (int r = 0; r < 3; ++r) {
-        wg_load_x(x, g, t, r, sx);
-        wg_put_x(xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT, t, sx);
+        wg_fetch(x, dy, mask, g, t, r, r == 2, raw);
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        const u32 xslot = xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT;
+        wg_convert(dy, mask, keep, t, raw, xslot, ds + t.oy % WG_DSLOTS * WG_DSLOT, r == 2, db);
     }
-    wg_load_dy(dy, mask, g, t, sd);
-    wg_put_dy(dy, mask, keep, g, t, ds + t.oy % WG_DSLOTS * WG_DSLOT, sd, db);
     wg_fence_async();
 }
 
@@ -350,7 +290,7 @@ __device__ void wg_partials(const float (&d)[96], const float (&db)[4], double *
 }
 
 // x [n, h, w, 64] and dy [n, out_h, out_w, 64] (16-byte aligned), mask null or dy's packed
-// ReLU mask, partial [gridDim.x, 577, 64] doubles; tiles tw (<= 48) positions wide; dynamic
+// ReLU mask, partial [gridDim.x, 577, 64] doubles; tiles tw (<= 40) positions wide; dynamic
 // shared memory WG_SMEM bytes.
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int keep,
@@ -375,24 +315,22 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (u == u0 || t.oy == 0) {
             wg_wait_all(d); // the last strip's products read the slots staged here
             __syncthreads();
-            wg_stage_tile(x, dy, mask, keep, g, t, xs, ds, db);
+            wg_stage_tile(x, dy, mask, keep, g, t, xs, ds, raw + (u & 1) * WG_RAW, db);
             __syncthreads();
-            if (c1) wg_fetch(x, dy, mask, g, t1, raw + ((u + 1) & 1) * WG_RAW);
+            if (c1) wg_fetch(x, dy, mask, g, t1, 2, true, raw + ((u + 1) & 1) * WG_RAW);
             asm volatile("cp.async.commit_group;");
         }
-        if (c2) wg_fetch(x, dy, mask, g, t2, raw + (u & 1) * WG_RAW);
+        if (c2) wg_fetch(x, dy, mask, g, t2, 2, true, raw + (u & 1) * WG_RAW);
         asm volatile("cp.async.commit_group;");
         wg_products(d, ds + t.oy % WG_DSLOTS * WG_DSLOT, xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT,
                     t.ks);
         if (c1) {
             // the slots written here were last read by tile u - 2, whose products every
             // warpgroup waited for before the last barrier
-            WgX sx;
-            WgDy sd;
             asm volatile("cp.async.wait_group 1;" ::: "memory");
-            wg_unraw(mask, raw + ((u + 1) & 1) * WG_RAW, sx, sd);
-            wg_put_x(xs + (t1.oy + 2) % WG_XSLOTS * WG_XSLOT, t1, sx);
-            wg_put_dy(dy, mask, keep, g, t1, ds + t1.oy % WG_DSLOTS * WG_DSLOT, sd, db);
+            const u32 xslot = xs + (t1.oy + 2) % WG_XSLOTS * WG_XSLOT;
+            wg_convert(dy, mask, keep, t1, raw + ((u + 1) & 1) * WG_RAW, xslot,
+                       ds + t1.oy % WG_DSLOTS * WG_DSLOT, true, db);
             wg_fence_async();
         }
         wg_wait_prev(); // tile u - 1's products: tile u's stay in flight across the barrier

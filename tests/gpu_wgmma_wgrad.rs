@@ -3,7 +3,7 @@
 //! fresh seeded random inputs: the filter and bias gradients with the ReLU backward fused (the
 //! masked dy bit for bit), with dy consumed (the same bits), and without bias or activation (dy
 //! untouched), on SAME, VALID and asymmetric padding, one pixel, rows of 1 to 5 strips (the
-//! seed's 200 columns, ResNet-50's 56, the widest 48-column tiles); each pass's workspace is
+//! seed's 200 columns in the widest tiles, 40 columns; ResNet-50's 56); each pass's workspace is
 //! exactly its schedule; under `DirectConvs::Winning` calibration times the kernel against
 //! cuDNN's choice and runs the faster. Without a GPU every test prints a skip notice.
 

@@ -24,11 +24,11 @@ pub(crate) const MAX_TAPS: usize = 32;
 pub(crate) const WGMMA_WGRAD: &str = "wgmma_wgrad_3x3_c64_f32";
 /// Its threads a block (`WG_THREADS`: three warpgroups, one a kernel row).
 const WGMMA_THREADS: u32 = 384;
-/// Its dynamic shared memory in bytes (`WG_SMEM`): 5 input-row slots of 14 column groups and
-/// 3 dy slots of 12, each group 1,152 bytes, and two raw stages of 39,936 bytes.
-pub(crate) const WGMMA_SHARED: usize = 201_984;
+/// Its dynamic shared memory in bytes (`WG_SMEM`): 5 input-row slots of 12 column groups and
+/// 3 dy slots of 10, each group 1,152 bytes, and two raw stages of 30,720 bytes.
+pub(crate) const WGMMA_SHARED: usize = 165_120;
 /// The most 8-position k-steps of one of its tiles (`WG_KSTEPS`).
-const WGMMA_KSTEPS: usize = 6;
+const WGMMA_KSTEPS: usize = 5;
 
 /// Whether `kernels/wgrad_wgmma.cu` takes `g` (in f32 under TF32, on an `sm_90` device): an
 /// NHWC input with an HWIO kernel, 3x3, stride 1, undilated, 64 input and 64 output channels,
@@ -310,7 +310,7 @@ impl Kernels {
         // its NHWC output gradient (64 channels each, 16-byte aligned: checked above), mask
         // null or numel/32 words, partial blocks*577*64 doubles (direct_wgrad_bytes, the
         // grid's blocks); blocks of 384 threads with WGMMA_SHARED bytes of dynamic shared
-        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 48 wide (wgmma_tile_width).
+        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 40 wide (wgmma_tile_width).
         unsafe { launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &tw).map(drop) }
             .map_err(driver(OP))
     }
@@ -346,16 +346,16 @@ mod tests {
     use super::wgmma_tile_width;
 
     /// The fewest k-steps in all, then the fewest strips: the seed's 200 columns in 5 tiles of
-    /// 40 (every k-slot a position), ResNet-50's 56 in 2 of 28, 95 in 2 of 48, widths up to 48
-    /// in one tile.
+    /// 40 (every k-slot a position), ResNet-50's 56 in 2 of 28, 95 in 3 of 32, 48 in 2 of 24,
+    /// widths up to 40 in one tile.
     #[test]
     fn tile_widths_take_the_fewest_k_steps_then_the_fewest_strips() {
         for (out_w, tw) in [
             (200, 40),
             (56, 28),
-            (95, 48),
+            (95, 32),
             (40, 40),
-            (48, 48),
+            (48, 24),
             (1, 1),
             (7, 7),
         ] {
