@@ -310,7 +310,8 @@ impl Kernels {
         // its NHWC output gradient (64 channels each, 16-byte aligned: checked above), mask
         // null or numel/32 words, partial blocks*577*64 doubles (direct_wgrad_bytes, the
         // grid's blocks); blocks of 384 threads with WGMMA_SHARED bytes of dynamic shared
-        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 40 wide (wgmma_tile_width).
+        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 40 wide
+        // (wgmma_tile_width).
         unsafe { launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &tw).map(drop) }
             .map_err(driver(OP))
     }
