@@ -121,7 +121,8 @@ pub enum AllocError {
 ///
 /// `Display` reads as a diagnosis: what was asked, what the allocator holds and for which
 /// categories, what is cached, the largest free block, what the driver says is free, and
-/// whether the request can never fit (larger than the device or arena) or does not fit now.
+/// whether the request can never fit (larger than the device or arena), does not fit now, or
+/// (a backend of unknown capacity) may never fit.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct OomReport {
     /// Bytes requested by the caller.
@@ -202,9 +203,16 @@ impl fmt::Display for OomReport {
                     human_bytes(self.cached),
                     human_bytes(self.requested - available)
                 )?,
-                _ => writeln!(
+                Some(_) => writeln!(
                     f,
                     "  does not fit now: free live allocations (or reserve less elsewhere) and retry"
+                )?,
+                // host memory without a capacity: the system refused, and whether any state
+                // could serve the request is not known
+                None => writeln!(
+                    f,
+                    "  the backend refused it and its capacity is unknown, so it may never fit: \
+                     ask for less, or free live allocations and retry"
                 )?,
             }
         }

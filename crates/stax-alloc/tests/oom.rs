@@ -190,3 +190,20 @@ fn caching_budget_of_huge_blocks_does_not_overflow() {
     drop((huge, small));
     assert_eq!(alloc.stats().requested, 0);
 }
+
+/// Host memory has no known capacity: a request the system refuses (2^60 bytes) is not said to
+/// fit later, and the allocator stays usable.
+#[test]
+fn host_memory_of_unknown_capacity_says_it_may_never_fit() {
+    let alloc = Allocator::new(Arc::new(stax_alloc::HostMemory::new()), Strategy::Caching).unwrap();
+    let r = oom(alloc.allocate(1 << 60, Category::Activation));
+    assert!(!r.can_never_fit);
+    assert_eq!((r.capacity, r.driver_free), (None, None));
+    let msg = r.to_string();
+    assert!(
+        msg.contains("capacity is unknown, so it may never fit"),
+        "{msg}"
+    );
+    assert!(!msg.contains("does not fit now"), "{msg}");
+    drop(alloc.allocate(MIB, Category::Activation).unwrap());
+}
