@@ -7,7 +7,8 @@
 // tile is staged as above, the products run as bf16/f16 m16n8k16 (exact products, f32 sums) or
 // TF32 m16n8k8 (operands rounded by cvt.rna, as cuDNN's TF32 algorithms do), and the tile's
 // outputs (forward) or output gradients (filter gradient) cross global memory in 16-byte
-// accesses through shared memory. c_out is 32, 64 or 128 (template C); KP = 16 or 32.
+// accesses through shared memory. c_out is 32, 64 or 128 (template C; f32 only 128: fewer run
+// direct_warp.cu); KP = 16 or 32.
 // direct_mma_fwd_k<KP>_c<C>_<dtype>, direct_mma_wgrad_k<KP>_c<C>_<dtype>; the filter gradient
 // writes the same partials as direct_wgrad, finished by direct_conv_wgrad_finish.
 
@@ -441,4 +442,8 @@ __device__ void mma_wgrad(const T *x, T *dy, const u32 *mask, int keep, double *
     DIRECT_MMA(T, S, 32, 64)                                                                   \
     DIRECT_MMA(T, S, 32, 128)
 
-FOR_FLOATS(INSTANTIATE_MMA)
+INSTANTIATE_MMA(bf16_t, bf16)
+INSTANTIATE_MMA(f16_t, f16)
+// f32 with 32 or 64 outputs: direct_warp.cu
+DIRECT_MMA(float, f32, 16, 128)
+DIRECT_MMA(float, f32, 32, 128)

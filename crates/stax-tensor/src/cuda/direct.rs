@@ -24,7 +24,7 @@
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
-use super::kernels::{DirectMath, direct_applies, direct_math};
+use super::kernels::{DirectMath, direct_applies};
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use stax_alloc::Category;
@@ -121,13 +121,9 @@ impl CudaBackend {
     }
 
     /// The arithmetic the direct kernels use for `g` in `dtype` under this backend's
-    /// precision: the wgmma filter gradient where it takes `g` (its only pass), else
-    /// [`direct_math`].
+    /// precision (`Kernels::math`).
     fn direct_math(&self, g: &Conv2dGeometry, dtype: DType) -> DirectMath {
-        match self.kernels.wgmma_takes(g, dtype, self.tf32()) {
-            true => DirectMath::Tf32Wgmma,
-            false => direct_math(g, dtype, self.tf32()),
-        }
+        self.kernels.math(g, dtype, self.tf32())
     }
 
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
@@ -175,7 +171,7 @@ impl CudaBackend {
         let full_fp32 = self.precision == Precision::Highest;
         let mma = matches!(
             self.direct_math(g, dtype),
-            DirectMath::Tf32Mma | DirectMath::HalfMma
+            DirectMath::Tf32Mma | DirectMath::Tf32Warp | DirectMath::HalfMma
         );
         pass != ConvPass::BackwardData
             && (mma || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))

@@ -39,7 +39,7 @@ mod source;
 mod spatial;
 
 pub(crate) use dense::dense_rows_apply;
-pub(crate) use direct::{DirectMath, direct_applies, direct_math};
+pub(crate) use direct::{DirectMath, direct_applies};
 pub use source::KernelModule;
 use source::compile;
 pub(crate) use spatial::{OHWI, max_pool_bwd_bytes};

@@ -1,8 +1,8 @@
-//! Launchers of `kernels/direct_conv.cu` and `kernels/direct_mma.cu`: the forward pass (with
-//! the bias, a ReLU and its mask) and the filter and bias gradients (with the ReLU backward) of
-//! a convolution with at most 32 taps, where cuDNN's algorithms run far from the memory floor
-//! (see [`direct_applies`]): on the tensor cores where [`direct_math`] allows it, else in f32
-//! FMAs. And of `kernels/wgrad_wgmma.cu`: the same filter gradient for a 3x3 conv from 64 to 64
+//! Launchers of `kernels/direct_conv.cu`, `kernels/direct_mma.cu` and `kernels/direct_warp.cu`:
+//! the forward pass (with the bias, a ReLU and its mask) and the filter and bias gradients (with
+//! the ReLU backward) of a convolution with at most 32 taps, where cuDNN's algorithms run far
+//! from the memory floor (see [`direct_applies`]): on the tensor cores where [`direct_math`]
+//! allows it, else in f32 FMAs. And of `kernels/wgrad_wgmma.cu`: the same filter gradient for a 3x3 conv from 64 to 64
 //! channels in TF32 on Hopper's warpgroup tensor cores (see [`wgmma_applies`]), where cuDNN's
 //! TF32 algorithms run at about a fifth of the tensor cores' rate (the seed's conv2 at batch
 //! 100: cuDNN's `BWD_FILTER_ALGO_1` 2.82 ms, this kernel 1.46 ms with the ReLU backward, one
@@ -19,6 +19,10 @@ const THREADS: u32 = 256;
 const PIXELS: usize = 64;
 /// The most taps `kh · kw · c_in` a direct kernel takes (its patch row in shared memory).
 pub(crate) const MAX_TAPS: usize = 32;
+/// Warps a block of `kernels/direct_warp.cu` (`DW_WARPS`), each streaming its own tiles.
+const WARP_WARPS: usize = 4;
+/// Its blocks a multiprocessor (`__launch_bounds__(DW_THREADS, 3)`: at most 170 registers).
+const WARP_BLOCKS_PER_SM: usize = 3;
 
 /// The kernel of `kernels/wgrad_wgmma.cu`: the filter gradient of [`wgmma_applies`].
 pub(crate) const WGMMA_WGRAD: &str = "wgmma_wgrad_3x3_c64_f32";
@@ -91,10 +95,12 @@ pub(crate) fn direct_applies(g: &Conv2dGeometry) -> bool {
 /// The arithmetic of the direct kernels for `g` in `dtype`: the tensor cores
 /// (`kernels/direct_mma.cu`: bf16 or f16 products, exact, or f32 operands rounded to TF32 where
 /// `tf32` allows it; f32 sums either way, the bias gradient in f32 adds) for 32, 64 or 128
-/// output channels, else f32 FMAs (`kernels/direct_conv.cu`: exact f32 products).
+/// output channels, those of f32 with 32 or 64 in `kernels/direct_warp.cu`, else f32 FMAs
+/// (`kernels/direct_conv.cu`: exact f32 products).
 pub(crate) fn direct_math(g: &Conv2dGeometry, dtype: DType, tf32: bool) -> DirectMath {
     let mma = [32, 64, 128].contains(&g.c_out) && taps(g) <= MAX_TAPS;
     match dtype {
+        DType::F32 if mma && tf32 && g.c_out <= 64 => DirectMath::Tf32Warp,
         DType::F32 if mma && tf32 => DirectMath::Tf32Mma,
         DType::BF16 | DType::F16 if mma => DirectMath::HalfMma,
         _ => DirectMath::Fma,
@@ -106,8 +112,10 @@ pub(crate) fn direct_math(g: &Conv2dGeometry, dtype: DType, tf32: bool) -> Direc
 pub(crate) enum DirectMath {
     /// `kernels/direct_conv.cu`: f32 FMAs.
     Fma,
-    /// `kernels/direct_mma.cu`: f32 operands rounded to TF32, `mma.m16n8k8`.
+    /// `kernels/direct_mma.cu`: f32 operands rounded to TF32, `mma.m16n8k8` (128 outputs).
     Tf32Mma,
+    /// `kernels/direct_warp.cu`: the same a warp a tile, no barriers (32 or 64 outputs).
+    Tf32Warp,
     /// `kernels/direct_mma.cu`: bf16 or f16 operands, `mma.m16n8k16`.
     HalfMma,
     /// `kernels/wgrad_wgmma.cu`: f32 operands rounded to TF32, `wgmma.mma_async` (the filter
@@ -121,6 +129,7 @@ impl DirectMath {
         match self {
             DirectMath::Fma => "f32 FMA",
             DirectMath::Tf32Mma => "TF32 tensor cores (mma), f32 sums",
+            DirectMath::Tf32Warp => "TF32 tensor cores (mma, a warp a tile), f32 sums",
             DirectMath::HalfMma => "16-bit tensor cores (mma), f32 sums",
             DirectMath::Tf32Wgmma => "TF32 tensor cores (wgmma), f32 sums",
         }
@@ -128,17 +137,28 @@ impl DirectMath {
 }
 
 /// The kernel of `pass` (`fwd` or `wgrad`) for `g` in `dtype` with arithmetic `math`: the
-/// FMA kernel for `g`'s taps rounded up to a multiple of 4, the tensor-core kernel for them
+/// FMA kernel for `g`'s taps rounded up to a multiple of 4, the tensor-core kernels for them
 /// rounded up to 16 and `g`'s output channels.
 fn symbol(pass: &str, g: &Conv2dGeometry, dtype: DType, math: DirectMath) -> String {
-    let d = dtype.name();
+    let (d, kp, c) = (dtype.name(), taps(g).next_multiple_of(16), g.c_out);
     match math {
         DirectMath::Fma => format!("direct_conv_{pass}_k{}_{d}", taps(g).next_multiple_of(4)),
-        _ => {
-            let (kp, c) = (taps(g).next_multiple_of(16), g.c_out);
-            format!("direct_mma_{pass}_k{kp}_c{c}_{d}")
-        }
+        DirectMath::Tf32Warp => format!("direct_warp_{pass}_k{kp}_c{c}_{d}"),
+        _ => format!("direct_mma_{pass}_k{kp}_c{c}_{d}"),
     }
+}
+
+/// The kernels of `kernels/direct_warp.cu` ([`DirectMath::Tf32Warp`]): each pass for patches of
+/// 16 or 32 taps and 32 or 64 output channels.
+pub(super) fn warp_symbols() -> Vec<String> {
+    let shapes = [16, 32]
+        .into_iter()
+        .flat_map(|kp| [32, 64].map(|c| (kp, c)));
+    ["fwd", "wgrad"]
+        .into_iter()
+        .flat_map(|pass| shapes.clone().map(move |(kp, c)| (pass, kp, c)))
+        .map(|(pass, kp, c)| format!("direct_warp_{pass}_k{kp}_c{c}_f32"))
+        .collect()
 }
 
 /// Tiles of [`PIXELS`] output positions in `g`.
@@ -167,25 +187,48 @@ impl Kernels {
         dtype == DType::F32 && tf32 && wgmma_applies(g) && self.functions.contains_key(WGMMA_WGRAD)
     }
 
-    /// Blocks of the filter gradient's grid for `g`: for the FMA and mma kernels two per
-    /// multiprocessor, at most one per tile; for the wgmma kernel (`wgmma`) one per
-    /// multiprocessor (its shared memory), at most one per tile. A function of the geometry
-    /// only, so the partials' size is known to the plan.
-    fn direct_wgrad_blocks(&self, g: &Conv2dGeometry, wgmma: bool) -> usize {
-        match wgmma {
-            true => {
+    /// Blocks of the filter gradient's grid for `g` with arithmetic `math`: for the FMA and
+    /// mma kernels two per multiprocessor, at most one per tile; for the wgmma kernel one per
+    /// multiprocessor (its shared memory), at most one per tile; for the warp kernels
+    /// [`Self::warp_blocks`] of 8-position steps. A function of the geometry only, so the
+    /// partials' size is known to the plan; the FMA kernel (an unaligned dy's fallback) never
+    /// takes more blocks than the warp kernel.
+    fn direct_wgrad_blocks(&self, g: &Conv2dGeometry, math: DirectMath) -> usize {
+        match math {
+            DirectMath::Tf32Wgmma => {
                 let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w));
                 (g.n * g.out_h * strips).clamp(1, self.sms as usize)
             }
-            false => tiles(g).clamp(1, 2 * self.sms as usize),
+            DirectMath::Tf32Warp => self.warp_blocks(g, 8),
+            _ => tiles(g).clamp(1, 2 * self.sms as usize),
+        }
+    }
+
+    /// Blocks of a `kernels/direct_warp.cu` grid for `g` whose warps take `unit` positions at a
+    /// time: as many as the multiprocessors hold at once ([`WARP_BLOCKS_PER_SM`]), at most one
+    /// per [`WARP_WARPS`] units.
+    fn warp_blocks(&self, g: &Conv2dGeometry, unit: usize) -> usize {
+        let units = (g.n * g.out_h * g.out_w).div_ceil(unit);
+        units
+            .div_ceil(WARP_WARPS)
+            .clamp(1, WARP_BLOCKS_PER_SM * self.sms as usize)
+    }
+
+    /// The arithmetic of the direct kernels for `g` in `dtype` (`tf32` as for
+    /// [`Self::wgmma_takes`]) before any alignment fallback: the wgmma filter gradient where it
+    /// takes `g` (its only pass), else [`direct_math`].
+    pub(crate) fn math(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> DirectMath {
+        match self.wgmma_takes(g, dtype, tf32) {
+            true => DirectMath::Tf32Wgmma,
+            false => direct_math(g, dtype, tf32),
         }
     }
 
     /// Bytes of the filter gradient's f64 partials for `g` in `dtype` (`tf32` as for
     /// [`Self::wgmma_takes`]): `[blocks, K + 1, c_out]`.
     pub(crate) fn direct_wgrad_bytes(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> usize {
-        let wgmma = self.wgmma_takes(g, dtype, tf32);
-        self.direct_wgrad_blocks(g, wgmma) * (taps(g) + 1) * g.c_out * 8
+        let blocks = self.direct_wgrad_blocks(g, self.math(g, dtype, tf32));
+        blocks * (taps(g) + 1) * g.c_out * 8
     }
 
     /// `y = conv(x, w) (+ b)` for `g` of [`direct_applies`], every operand of `dtype` (x NHWC,
@@ -202,9 +245,13 @@ impl Kernels {
         const OP: &str = "direct_conv_fwd";
         let math = aligned(OP, y, direct_math(g, dtype, tf32))?;
         let sym = symbol("fwd", g, dtype, math);
+        let (blocks, threads) = match math {
+            DirectMath::Tf32Warp => (self.warp_blocks(g, 16), 32 * WARP_WARPS as u32),
+            _ => (tiles(g).clamp(1, 8 * self.sms as usize), THREADS),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (tiles(g).clamp(1, 8 * self.sms as usize) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let (wg, k, c_out, relu) = (
@@ -221,7 +268,9 @@ impl Kernels {
         // NHWC input, w its K*c_out HWIO taps, b null or c_out elements, y g's NHWC output (8-
         // or for mma 16-byte aligned: `aligned`) and mask null or numel/32 words (c_out % 32 ==
         // 0), all of `dtype`; blocks of 256 threads, as the staging (4 threads a position of
-        // 64), the 16-lane mask shuffles and the 8 warps of the mma tiles need.
+        // 64), the 16-lane mask shuffles and the 8 warps of the mma tiles need; or
+        // `direct_warp_fwd_k<KP>_c<c_out>_f32` (the mma kernel's arguments) with blocks of 128
+        // threads (DW_THREADS), each warp on its own tiles of 16 positions.
         unsafe {
             match math {
                 DirectMath::Fma => {
@@ -249,15 +298,23 @@ impl Kernels {
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
         if self.wgmma_takes(g, dtype, tf32) {
-            let blocks = self.direct_wgrad_blocks(g, true);
+            let blocks = self.direct_wgrad_blocks(g, DirectMath::Tf32Wgmma);
             self.wgmma_filter_grad(g, (x, dy, (mask, keep)), (partial, blocks))?;
             return self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db));
         }
-        let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
-        let blocks = self.direct_wgrad_blocks(g, false);
+        let math = match aligned(OP, dy, direct_math(g, dtype, tf32))? {
+            // the warp kernel copies the mask's words 16 bytes at a time
+            DirectMath::Tf32Warp if mask % 16 != 0 => DirectMath::Fma,
+            math => math,
+        };
+        let blocks = self.direct_wgrad_blocks(g, math);
+        let threads = match math {
+            DirectMath::Tf32Warp => 32 * WARP_WARPS as u32,
+            _ => THREADS,
+        };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let (wg, k, c_out) = (WindowGeometry::of(g), taps(g) as i32, g.c_out as i32);
@@ -268,7 +325,10 @@ impl Kernels {
         // `direct_mma_wgrad_k<KP>_c<c_out>_<dtype>` (the same without c_out, KP = K rounded up
         // to 16: direct_math); x holds g's NHWC input, dy its NHWC output gradient (8-, for
         // mma 16-byte aligned), mask null or numel/32 words, partial blocks*(K+1)*c_out doubles
-        // (direct_wgrad_bytes, the grid's blocks); blocks of 256 threads.
+        // (direct_wgrad_bytes, the grid's blocks: never more for the FMA fallback than
+        // planned); blocks of 256 threads, or for `direct_warp_wgrad_k<KP>_c<c_out>_f32` (the
+        // mma kernel's arguments, dy and mask 16-byte aligned: above) 128 (DW_THREADS), each
+        // warp on its own 8-position steps.
         unsafe {
             match math {
                 DirectMath::Fma => {

@@ -36,8 +36,8 @@ const DIRECT_ROOTS: [&str; 17] = [
     "direct_conv_wgrad_finish",
 ];
 
-/// The per-dtype roots of `kernels/direct_mma.cu`: each pass for patches of 16 or 32 taps and
-/// 32, 64 or 128 output channels.
+/// The 16-bit roots of `kernels/direct_mma.cu` (bf16 and f16): each pass for patches of 16 or
+/// 32 taps and 32, 64 or 128 output channels.
 const DIRECT_MMA_ROOTS: [&str; 12] = [
     "direct_mma_fwd_k16_c32",
     "direct_mma_fwd_k16_c64",
@@ -51,6 +51,14 @@ const DIRECT_MMA_ROOTS: [&str; 12] = [
     "direct_mma_wgrad_k32_c32",
     "direct_mma_wgrad_k32_c64",
     "direct_mma_wgrad_k32_c128",
+];
+
+/// Its f32 kernels (TF32): 128 output channels (fewer run `kernels/direct_warp.cu`).
+const DIRECT_MMA_F32: [&str; 4] = [
+    "direct_mma_fwd_k16_c128_f32",
+    "direct_mma_fwd_k32_c128_f32",
+    "direct_mma_wgrad_k16_c128_f32",
+    "direct_mma_wgrad_k32_c128_f32",
 ];
 
 /// One `.cu` file: a module loaded once per backend.
@@ -84,8 +92,11 @@ pub enum KernelModule {
     /// at most 32 taps, in f32 FMAs, every float dtype.
     DirectConv,
     /// `kernels/direct_mma.cu`: the same passes on the tensor cores (bf16 and f16 mma, TF32
-    /// for f32), 32 to 128 output channels.
+    /// for f32 with 128 output channels), 32 to 128 output channels.
     DirectMma,
+    /// `kernels/direct_warp.cu`: the same passes in TF32 with 32 or 64 output channels, a warp
+    /// a tile, no barriers (memory-bound shapes: the seed's conv1).
+    DirectWarp,
     /// `kernels/dense_mma.cu`: the dense update in one pass on the TF32 tensor cores.
     DenseMma,
     /// `kernels/wgrad_wgmma.cu`: the filter gradient of a 3x3 conv from 64 to 64 channels in
@@ -96,7 +107,7 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 12] = [
+    pub const ALL: [KernelModule; 13] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -107,6 +118,7 @@ impl KernelModule {
         KernelModule::Gemm,
         KernelModule::DirectConv,
         KernelModule::DirectMma,
+        KernelModule::DirectWarp,
         KernelModule::DenseMma,
         KernelModule::WgradWgmma,
     ];
@@ -124,6 +136,7 @@ impl KernelModule {
             KernelModule::Gemm => "gemm.cu",
             KernelModule::DirectConv => "direct_conv.cu",
             KernelModule::DirectMma => "direct_mma.cu",
+            KernelModule::DirectWarp => "direct_warp.cu",
             KernelModule::DenseMma => "dense_mma.cu",
             KernelModule::WgradWgmma => "wgrad_wgmma.cu",
         }
@@ -179,7 +192,8 @@ impl KernelModule {
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
             KernelModule::Norm => &["bn_finish_f32", "bn_bwd_finish_f32"],
-            KernelModule::DirectConv | KernelModule::DirectMma | KernelModule::DenseMma => &[],
+            KernelModule::DirectConv | KernelModule::DenseMma | KernelModule::DirectWarp => &[],
+            KernelModule::DirectMma => &DIRECT_MMA_F32,
             KernelModule::WgradWgmma => &[super::direct::WGMMA_WGRAD],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
@@ -229,17 +243,33 @@ impl KernelModule {
                 "bias_add_vec",
                 "bias_grad_vec",
             ],
-            KernelModule::Gemm | KernelModule::DenseMma | KernelModule::WgradWgmma => &[],
+            KernelModule::Gemm
+            | KernelModule::DenseMma
+            | KernelModule::WgradWgmma
+            | KernelModule::DirectWarp => &[],
             KernelModule::DirectConv => &DIRECT_ROOTS,
             KernelModule::DirectMma => &DIRECT_MMA_ROOTS,
         };
-        let floats = crate::DType::FLOATS.iter().map(|d| d.name());
+        use crate::DType::{BF16, F16};
+        let floats = match self {
+            KernelModule::DirectMma => &[BF16, F16][..],
+            _ => &crate::DType::FLOATS[..],
+        };
+        let floats = floats.iter().map(|d| d.name());
         let generic = per_dtype
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
         // the one-pass dense updates, one kernel per batch size (or 8 rows of it)
         let batches = super::dense::symbols(self);
-        let fixed = fixed.iter().map(|s| s.to_string()).chain(batches);
+        let warp = match self {
+            KernelModule::DirectWarp => super::direct::warp_symbols(),
+            _ => Vec::new(),
+        };
+        let fixed = fixed
+            .iter()
+            .map(|s| s.to_string())
+            .chain(batches)
+            .chain(warp);
         fixed.chain(generic).collect()
     }
 
@@ -255,6 +285,7 @@ impl KernelModule {
             KernelModule::Gemm => include_str!("../../../../../kernels/gemm.cu"),
             KernelModule::DirectConv => include_str!("../../../../../kernels/direct_conv.cu"),
             KernelModule::DirectMma => include_str!("../../../../../kernels/direct_mma.cu"),
+            KernelModule::DirectWarp => include_str!("../../../../../kernels/direct_warp.cu"),
             KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
             KernelModule::WgradWgmma => include_str!("../../../../../kernels/wgrad_wgmma.cu"),
         }
