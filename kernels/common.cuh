@@ -162,6 +162,13 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid)
                  "r"(valid ? 16 : 0));
 }
 
+// An asynchronous 4-byte copy from global to shared memory (shared address dst), zero when
+// !valid (src is then not read).
+__device__ __forceinline__ void cp_async4(u32 dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
 // Adam's hyper-parameters of one step (adam.cu, dense_mma.cu).
 // Must match `AdamHyper` in crates/stax-tensor/src/backend.rs (#[repr(C)], eight f32).
 struct AdamHyper {

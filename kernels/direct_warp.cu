@@ -1,14 +1,15 @@
 // direct_warp.cu: direct_mma.cu's forward pass and filter gradient for f32 under TF32 with 32
-// or 64 output channels, a warp a tile and no barrier in the loop (compiled in the DirectMma
-// module, after direct_mma.cu). Same operands, semantics and partials.
+// or 64 output channels, a warp a tile and no barrier in the loop. Same operands, semantics and
+// partials.
 //
 // The shapes these take are memory-bound (the seed's conv1, 27 taps to 64 channels, writes
 // 1 GB a forward pass at batch 100), and direct_mma.cu spent their time in its tiles' three
-// barriers and shared-memory round trips. Here every warp streams its own tiles: the patches
-// are gathered straight into mma fragments (each input element is read by up to kh * kw
-// positions, so these loads mostly hit L1 and L2), the forward kernel's weights stay in
-// registers as B fragments, and the next tile's loads are in flight while the current tile's
-// products and stores run.
+// barriers and shared-memory round trips. Here every warp streams its own tiles, each a segment
+// of consecutive positions of one output row (so one row decode a tile, and each lane's tap
+// walks along one input row): lane k < K copies tap k of the segment's positions into the
+// warp's patch rows by 4-byte cp.async (zero-filled in the padding), the products read their
+// fragments from there, and the next tile's copies are in flight while the current tile's
+// products and stores run. The forward pass holds the kernel as B fragments in registers.
 //
 // An mma's 8 columns may be any 8 channels as long as B and the accumulators agree, so each
 // kernel orders them to give every lane 4 adjacent channels (one 16-byte access): the forward
@@ -21,58 +22,66 @@
 #define DW_WARPS 4
 #define DW_THREADS (32 * DW_WARPS)
 
-// A lane's N taps k_i = first + stride * i: their input row and column offsets and channel
-// (dead, ci < 0, past K).
-template <int N> struct LaneTaps {
-    int dy[N], dx[N], ci[N];
+// A tile: up to L consecutive positions ox0 .. of output row `row` (= b * out_h + oy).
+struct Segment {
+    size_t row, b, oy;
+    int ox0;
 };
 
-template <int N>
-__device__ __forceinline__ void lane_taps(LaneTaps<N> &t, const WindowGeometry &g, int K,
-                                          int first, int stride) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int k = first + stride * i, tap = k / (int)g.c;
-        t.dy[i] = (tap / (int)g.kw) * (int)g.dh;
-        t.dx[i] = (tap % (int)g.kw) * (int)g.dw;
-        t.ci[i] = k < K ? k % (int)g.c : -1;
-    }
-}
-
-// The values of taps t at output position pix (zeros outside the input, for dead taps and
-// past total) into v.
-template <int N>
-__device__ __forceinline__ void gather_patch(const float *x, const WindowGeometry &g,
-                                             const LaneTaps<N> &t, size_t pix, size_t total,
-                                             float (&v)[N]) {
-    size_t ox = 0, oy = 0, b = 0;
-    if (total <= 0xffffffffull) {
-        const u32 pi = (u32)pix, ow = (u32)g.out_w, oh = (u32)g.out_h, r = pi / ow;
-        ox = pi - r * ow, oy = r % oh, b = r / oh;
+// Tile u of segments L wide (ceil(out_w / L) a row).
+__device__ __forceinline__ Segment segment(const WindowGeometry &g, size_t u, int L) {
+    const size_t per = (g.out_w + L - 1) / L;
+    Segment s;
+    size_t part;
+    if (u <= 0xffffffffull && g.n * g.out_h <= 0xffffffffull) {
+        // 32-bit divisions where the tiles fit
+        const u32 r = (u32)u / (u32)per, oh = (u32)g.out_h;
+        s.row = r, part = (u32)u - r * (u32)per, s.b = r / oh, s.oy = r - (r / oh) * oh;
     } else {
-        ox = pix % g.out_w;
-        const size_t r = pix / g.out_w;
-        oy = r % g.out_h, b = r / g.out_h;
+        s.row = u / per, part = u % per, s.b = s.row / g.out_h, s.oy = s.row % g.out_h;
     }
-    const int y0 = (int)(oy * g.sh) - (int)g.pad_top, x0 = (int)(ox * g.sw) - (int)g.pad_left;
-    const float *img = x + b * g.h * g.w * g.c;
+    s.ox0 = (int)(part * L);
+    return s;
+}
+
+// Lane k < K copies tap k of the segment's L positions into column k of the patch rows P
+// (`PS` floats apart, at shared address P), zeros outside the input and past the row's end;
+// columns K .. stay as they are (zero).
+template <int L, int PS>
+__device__ __forceinline__ void stage_patches(const float *x, const WindowGeometry &g, int K,
+                                              const Segment &s, u32 P) {
+    const int k = threadIdx.x & 31;
+    if (k >= K) return;
+    const int tap = k / (int)g.c, ci = k - tap * (int)g.c;
+    const int iy = (int)(s.oy * g.sh) - (int)g.pad_top + (tap / (int)g.kw) * (int)g.dh;
+    int ix = s.ox0 * (int)g.sw - (int)g.pad_left + (tap % (int)g.kw) * (int)g.dw;
+    const bool row_in = (unsigned)iy < (unsigned)g.h;
+    const float *src = x + ((s.b * g.h + (row_in ? iy : 0)) * g.w) * g.c + ci;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int iy = y0 + t.dy[i], ix = x0 + t.dx[i];
-        const bool in = pix < total && t.ci[i] >= 0 && (unsigned)iy < (unsigned)g.h &&
-                        (unsigned)ix < (unsigned)g.w;
-        v[i] = in ? __ldg(img + ((size_t)iy * g.w + (size_t)ix) * g.c + t.ci[i]) : 0.0f;
+    for (int p = 0; p < L; ++p, ix += (int)g.sw) {
+        const bool in = row_in && s.ox0 + p < (int)g.out_w && (unsigned)ix < (unsigned)g.w;
+        cp_async4(P + 4 * (p * PS + k), in ? src + (size_t)ix * g.c : x, in);
     }
 }
 
-// The forward pass: a warp's tile is 16 consecutive positions (rows g and g + 8 of the mma),
-// lane t holding taps t, t + 4, t + 8, ... of both.
+// Zeros n floats at p (the warp's lanes).
+__device__ __forceinline__ void warp_zero(float *p, int n) {
+    for (int i = threadIdx.x & 31; i < n; i += 32) p[i] = 0.0f;
+    __syncwarp();
+}
+
+// The forward pass: a tile is 16 positions (rows g and g + 8 of the mma), the patch rows 4
+// floats past KP apart (fragment reads conflict-free), two buffers a warp.
 template <int KP, int C>
 __device__ void warp_fwd(const float *x, const float *w, const float *bias, float *y, u32 *mask,
                          WindowGeometry g, int K, int relu) {
-    constexpr int KS = KP / 8, NT = C / 8, NI = KP / 4, WP = C / 32;
-    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    constexpr int KS = KP / 8, NT = C / 8, WP = C / 32, PS = KP + 4;
+    __shared__ __align__(16) float patches[DW_WARPS][2][16][PS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    float(*P)[16][PS] = patches[warp];
+    warp_zero(&P[0][0][0], 2 * 16 * PS);
     u32 b[NT][KS][2];
+    float bb[NT / 2][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const int c = 16 * (j / 2) + 4 * (gq / 2) + 2 * (j % 2) + gq % 2;
@@ -83,33 +92,41 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
             b[j][ks][1] = tf32_bits(k1 < K ? w[k1 * C + c] : 0.0f);
         }
     }
-    LaneTaps<NI> t;
-    lane_taps(t, g, K, tq, 4);
-    const size_t total = g.n * g.out_h * g.out_w, tiles = (total + 15) / 16;
+#pragma unroll
+    for (int p = 0; p < NT / 2; ++p) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bb[p][e] = bias ? bias[16 * p + 4 * tq + e] : 0.0f;
+    }
+    const size_t tiles = g.n * g.out_h * ((g.out_w + 15) / 16);
     const size_t step = (size_t)gridDim.x * DW_WARPS;
-    size_t tile = (size_t)blockIdx.x * DW_WARPS + (threadIdx.x >> 5);
-    float v[2][NI], nv[2][NI];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) gather_patch(x, g, t, tile * 16 + gq + 8 * h, total, v[h]);
-    for (; tile < tiles; tile += step) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            gather_patch(x, g, t, (tile + step) * 16 + gq + 8 * h, total, nv[h]);
-        }
+    const u32 P0 = (u32)__cvta_generic_to_shared(&P[0][0][0]), BUF = 16 * PS * 4;
+    size_t u = (size_t)blockIdx.x * DW_WARPS + warp;
+    if (u < tiles) stage_patches<16, PS>(x, g, K, segment(g, u, 16), P0);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    for (int buf = 0; u < tiles; u += step, buf ^= 1) {
+        if (u + step < tiles) stage_patches<16, PS>(x, g, K, segment(g, u + step, 16), P0 + (buf ^ 1) * BUF);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncwarp();
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-            const u32 a[4] = {tf32_bits(v[0][2 * ks]), tf32_bits(v[1][2 * ks]),
-                              tf32_bits(v[0][2 * ks + 1]), tf32_bits(v[1][2 * ks + 1])};
+            const float(*A)[PS] = P[buf];
+            const int k = 8 * ks + tq;
+            const u32 a[4] = {tf32_bits(A[gq][k]), tf32_bits(A[gq + 8][k]),
+                              tf32_bits(A[gq][k + 4]), tf32_bits(A[gq + 8][k + 4])};
 #pragma unroll
             for (int j = 0; j < NT; ++j) mma_sync<float>(acc[j], a, b[j][ks][0], b[j][ks][1]);
         }
+        __syncwarp(); // every lane has read the buffer before it is staged again
+        const Segment s = segment(g, u, 16);
         u32 bits[2][WP];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const size_t pix = tile * 16 + gq + 8 * h;
+            const int ox = s.ox0 + gq + 8 * h;
+            const size_t pix = s.row * g.out_w + ox;
 #pragma unroll
             for (int i = 0; i < WP; ++i) bits[h][i] = 0;
 #pragma unroll
@@ -119,11 +136,13 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
                               acc[2 * p + 1][2 * h + 1]};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    o[e] += bias ? __ldg(bias + c + e) : 0.0f;
+                    o[e] += bb[p][e];
                     bits[h][p / 2] |= (u32)(o[e] > 0.0f) << ((c + e) & 31);
                     if (relu) o[e] = o[e] <= 0.0f ? 0.0f : o[e];
                 }
-                if (pix < total) *(float4 *)(y + pix * C + c) = make_float4(o[0], o[1], o[2], o[3]);
+                if (ox < (int)g.out_w) {
+                    *(float4 *)(y + pix * C + c) = make_float4(o[0], o[1], o[2], o[3]);
+                }
             }
         }
         if (mask && relu) {
@@ -140,65 +159,67 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
                     if (h * WP + i == tq) word = m;
                 }
             }
-            const size_t pix = tile * 16 + gq + 8 * (tq / WP);
-            if (tq < 2 * WP && pix < total) mask[pix * WP + tq % WP] = word;
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int i = 0; i < NI; ++i) v[h][i] = nv[h][i];
+            const int ox = s.ox0 + gq + 8 * (tq / WP);
+            if (tq < 2 * WP && ox < (int)g.out_w) mask[(s.row * g.out_w + ox) * WP + tq % WP] = word;
         }
     }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// The filter gradient's ring: each warp streams dy and its mask words through DW_STAGES
-// stages of one 8-position k-step (dy's rows, then the step's mask words) by cp.async, so that
-// DW_STAGES - 1 steps are in flight without holding registers. A row's 16-byte chunk c lies at
-// c ^ 2 (p % 4) (p the position in the step): the lanes of a quarter warp reading chunks g
-// (two values of g) of positions t = 0..3 then hit 8 distinct bank groups.
-#define DW_STAGES 4
+// The filter gradient's ring: each warp streams one 8-position k-step a stage through
+// DW_STAGES stages by cp.async (dy's rows, their mask words, the patch rows 8 floats past KP
+// apart), so that DW_STAGES - 1 steps are in flight without holding registers. A dy row's
+// 16-byte chunk c lies at c ^ 2 (p % 4) (p the position in the step): the lanes of a quarter
+// warp reading chunks g (two values of g) of positions t = 0..3 then hit 8 distinct bank groups.
+#define DW_STAGES 3
 
-template <int C> struct WarpStage {
+template <int KP, int C> struct WarpStage {
     float4 d[8][C / 4];
     u32 m[8 * C / 32];
+    float P[8][KP + 8];
 };
 
-// Issues the copies of step `step` (positions 8 step ..) into stage st (zeros past total), and
-// commits them as one group (an empty group past the steps, so that every lane counts alike).
-template <int C>
-__device__ __forceinline__ void issue_step(const float *dy, const u32 *mask, size_t step,
-                                           size_t total, WarpStage<C> &st) {
+// Issues the copies of step u into stage st (zeros past the row's end) and commits them as one
+// group (an empty group past the steps, so that every lane counts alike).
+template <int KP, int C>
+__device__ __forceinline__ void issue_step(const float *x, const float *dy, const u32 *mask,
+                                           const WindowGeometry &g, int K, size_t u,
+                                           size_t steps, WarpStage<KP, C> &st) {
     const int lane = threadIdx.x & 31;
-    constexpr int CHUNKS = 8 * C / 4, MASK_CHUNKS = 8 * C / 32 / 4;
+    if (u < steps) {
+        const Segment s = segment(g, u, 8);
+        const size_t pix0 = s.row * g.out_w + s.ox0;
 #pragma unroll
-    for (int i = lane; i < CHUNKS; i += 32) {
-        const int p = i / (C / 4), c = i % (C / 4);
-        const size_t pix = step * 8 + p;
-        const u32 dst = (u32)__cvta_generic_to_shared(&st.d[p][c ^ (2 * (p & 3))]);
-        cp_async16(dst, pix < total ? dy + pix * C + 4 * c : dy, pix < total);
-    }
-    if (mask && lane < MASK_CHUNKS) {
-        // 4 words a chunk, of 4 / (C / 32) positions: those past total are zero-filled
-        const size_t word = step * 8 * (C / 32) + 4 * lane, words = total * (C / 32);
-        const u32 bytes = word < words ? 4 * (u32)min(words - word, (size_t)4) : 0;
-        const u32 dst = (u32)__cvta_generic_to_shared(&st.m[4 * lane]);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                     "l"(bytes ? mask + word : mask), "r"(bytes));
+        for (int i = lane; i < 8 * C / 4; i += 32) {
+            const int p = i / (C / 4), c = i % (C / 4);
+            const bool in = s.ox0 + p < (int)g.out_w;
+            const u32 dst = (u32)__cvta_generic_to_shared(&st.d[p][c ^ (2 * (p & 3))]);
+            cp_async16(dst, in ? dy + (pix0 + p) * C + 4 * c : dy, in);
+        }
+        if (mask && lane < 8 * C / 32) {
+            const int p = lane / (C / 32);
+            const bool in = s.ox0 + p < (int)g.out_w;
+            const u32 dst = (u32)__cvta_generic_to_shared(&st.m[lane]);
+            cp_async4(dst, in ? mask + pix0 * (C / 32) + lane : mask, in);
+        }
+        stage_patches<8, KP + 8>(x, g, K, s, (u32)__cvta_generic_to_shared(&st.P[0][0]));
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
 // The filter gradient: a warp takes 8-position k-steps (lane t: positions t and t + 4, its
-// taps g, g + 8, ...; dy's channels 32 q + 4 g .. + 3 from the ring). dy is masked by the ReLU
-// backward as it is read (and written back with keep), its f32 sums per lane are the bias
-// gradient (exact f32 adds, not on the tensor cores: TF32 would round dy); the warps' f32 sums
-// go to the block's partials in f64 (a fixed order), as direct_mma.cu's.
+// taps g, g + 8, ...; dy's channels 32 q + 4 g .. + 3). dy is masked by the ReLU backward as it
+// is read (and written back with keep), its f32 sums per lane are the bias gradient (exact f32
+// adds, not on the tensor cores: TF32 would round dy); the warps' f32 sums go to the block's
+// partials in f64 (a fixed order), as direct_mma.cu's.
 template <int KP, int C>
 __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep, double *partial,
                            WindowGeometry g, int K) {
-    constexpr int MT = KP / 16, NT = C / 8, NI = KP / 8, NQ = C / 32;
-    __shared__ __align__(16) WarpStage<C> ring[DW_WARPS][DW_STAGES];
+    constexpr int MT = KP / 16, NT = C / 8, NQ = C / 32;
+    __shared__ __align__(16) WarpStage<KP, C> ring[DW_WARPS][DW_STAGES];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    WarpStage<KP, C>(&st)[DW_STAGES] = ring[warp];
+    warp_zero((float *)&st[0], DW_STAGES * (int)sizeof(WarpStage<KP, C>) / 4);
     float acc[MT][NT][4], db[NQ][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -207,58 +228,61 @@ __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep,
     }
 #pragma unroll
     for (int q = 0; q < NQ; ++q) db[q][0] = db[q][1] = db[q][2] = db[q][3] = 0.0f;
-    LaneTaps<NI> t;
-    lane_taps(t, g, K, gq, 8);
-    const size_t total = g.n * g.out_h * g.out_w, steps = (total + 7) / 8;
+    const size_t steps = g.n * g.out_h * ((g.out_w + 7) / 8);
     const size_t stride = (size_t)gridDim.x * DW_WARPS, s0 = (size_t)blockIdx.x * DW_WARPS + warp;
-    WarpStage<C>(&st)[DW_STAGES] = ring[warp];
 #pragma unroll
-    for (int i = 0; i < DW_STAGES - 1; ++i) issue_step(dy, mask, s0 + i * stride, total, st[i]);
-    float xv[2][NI], nx[2][NI];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) gather_patch(x, g, t, s0 * 8 + tq + 4 * r, total, xv[r]);
+    for (int i = 0; i < DW_STAGES - 1; ++i) issue_step(x, dy, mask, g, K, s0 + i * stride, steps, st[i]);
     int slot = 0;
-    for (size_t s = s0; s < steps; s += stride) {
+    for (size_t u = s0; u < steps; u += stride) {
         const int ahead = (slot + DW_STAGES - 1) % DW_STAGES;
-        issue_step(dy, mask, s + (DW_STAGES - 1) * stride, total, st[ahead]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) gather_patch(x, g, t, (s + stride) * 8 + tq + 4 * r, total, nx[r]);
+        issue_step(x, dy, mask, g, K, u + (DW_STAGES - 1) * stride, steps, st[ahead]);
         asm volatile("cp.async.wait_group %0;" ::"n"(DW_STAGES - 1) : "memory");
         __syncwarp();
+        const WarpStage<KP, C> &cs = st[slot];
         float4 d[2][NQ];
+        u32 a[MT][4];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int p = tq + 4 * r;
-            const size_t pix = s * 8 + p;
 #pragma unroll
             for (int q = 0; q < NQ; ++q) {
-                d[r][q] = st[slot].d[p][(8 * q + gq) ^ (2 * tq)];
-                const u32 m = mask ? st[slot].m[p * NQ + q] >> (4 * gq) : 0xfu;
+                const int p = tq + 4 * r;
+                d[r][q] = cs.d[p][(8 * q + gq) ^ (2 * tq)];
+                const u32 m = mask ? cs.m[p * NQ + q] >> (4 * gq) : 0xfu;
                 float4 &v = d[r][q];
                 v.x = m & 1u ? v.x : 0.0f, v.y = m & 2u ? v.y : 0.0f;
                 v.z = m & 4u ? v.z : 0.0f, v.w = m & 8u ? v.w : 0.0f;
-                if (mask && keep && pix < total) *(float4 *)(dy + pix * C + 32 * q + 4 * gq) = v;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const int k = 16 * m + gq;
+            a[m][0] = tf32_bits(cs.P[tq][k]), a[m][1] = tf32_bits(cs.P[tq][k + 8]);
+            a[m][2] = tf32_bits(cs.P[tq + 4][k]), a[m][3] = tf32_bits(cs.P[tq + 4][k + 8]);
+        }
+        __syncwarp(); // every lane has read the slot before it is refilled
+        const Segment s = segment(g, u, 8);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int ox = s.ox0 + tq + 4 * r;
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) {
+                const float4 &v = d[r][q];
+                if (mask && keep && ox < (int)g.out_w) {
+                    *(float4 *)(dy + (s.row * g.out_w + ox) * C + 32 * q + 4 * gq) = v;
+                }
                 db[q][0] += v.x, db[q][1] += v.y, db[q][2] += v.z, db[q][3] += v.w;
             }
         }
-        __syncwarp(); // every lane has read the slot before it is refilled
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const u32 a[4] = {tf32_bits(xv[0][2 * m]), tf32_bits(xv[0][2 * m + 1]),
-                              tf32_bits(xv[1][2 * m]), tf32_bits(xv[1][2 * m + 1])};
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const float4 &d0 = d[0][j / 4], &d1 = d[1][j / 4];
                 const int e = j % 4;
                 const float b0 = e == 0 ? d0.x : e == 1 ? d0.y : e == 2 ? d0.z : d0.w;
                 const float b1 = e == 0 ? d1.x : e == 1 ? d1.y : e == 2 ? d1.z : d1.w;
-                mma_sync<float>(acc[m][j], a, tf32_bits(b0), tf32_bits(b1));
+                mma_sync<float>(acc[m][j], a[m], tf32_bits(b0), tf32_bits(b1));
             }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-#pragma unroll
-            for (int i = 0; i < NI; ++i) xv[r][i] = nx[r][i];
         }
         slot = (slot + 1) % DW_STAGES;
     }

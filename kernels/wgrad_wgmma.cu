@@ -96,12 +96,6 @@ __device__ __forceinline__ int wg_item(int &G, int &c) {
     return tid < WG_XITEMS ? 0 : tid < WG_XITEMS + WG_DITEMS ? 1 : -1;
 }
 
-// An asynchronous 4-byte copy (zeros when !valid, src then not read).
-__device__ __forceinline__ void wg_cp_async4(u32 dst, const void *src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
-                 "r"(valid ? 4 : 0));
-}
-
 // Issues this thread's item of tile t as cp.async copies into the raw stage at shared address
 // raw (chunk e at (e WG_THREADS + threadIdx.x) 16, its mask word after the chunks): for x,
 // input row oy + r - pad_top; for dy (when with_dy), the tile's positions and their mask
@@ -130,7 +124,7 @@ __device__ __forceinline__ void wg_fetch(const float *x, const float *dy, const 
             const bool ok = G < t.q && j < t.tw;
             const size_t at = (t.pos0 + j) * 64 + 4 * c;
             cp_async16(chunk + e * WG_THREADS * 16, ok ? dy + at : dy, ok);
-            wg_cp_async4(word + e * WG_THREADS * 4, ok && mask ? mask + (at >> 5) : mask,
+            cp_async4(word + e * WG_THREADS * 4, ok && mask ? mask + (at >> 5) : mask,
                          ok && mask);
         }
     }

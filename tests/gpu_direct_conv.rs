@@ -36,7 +36,7 @@ type Case = (
 fn cases() -> Vec<Conv2dGeometry> {
     let same = Padding::Same;
     let asym = Padding::Explicit([(2, 1), (0, 3)]);
-    let table: [Case; 10] = [
+    let table: [Case; 11] = [
         ([2, 12, 11, 3], (3, 3), 64, (1, 1), same, (1, 1)),
         ([3, 10, 10, 3], (3, 3), 32, (2, 2), same, (1, 1)),
         ([2, 9, 13, 2], (3, 3), 256, (1, 2), asym, (2, 2)),
@@ -49,6 +49,8 @@ fn cases() -> Vec<Conv2dGeometry> {
         // 32 taps into 64 (the tensor cores' largest patch), 16 taps
         ([2, 7, 9, 2], (4, 4), 64, (1, 1), same, (1, 1)),
         ([3, 6, 5, 4], (2, 2), 128, (2, 1), Padding::Valid, (1, 1)),
+        // rows of 35 outputs: segments of 16 and of 8 positions with a short last one
+        ([2, 5, 37, 3], (3, 3), 32, (1, 1), Padding::Valid, (1, 1)),
     ];
     table
         .into_iter()

@@ -204,11 +204,11 @@ impl Kernels {
         }
     }
 
-    /// Blocks of a `kernels/direct_warp.cu` grid for `g` whose warps take `unit` positions at a
-    /// time: as many as the multiprocessors hold at once ([`WARP_BLOCKS_PER_SM`]), at most one
-    /// per [`WARP_WARPS`] units.
+    /// Blocks of a `kernels/direct_warp.cu` grid for `g` whose warps take segments of `unit`
+    /// positions of one output row at a time: as many as the multiprocessors hold at once
+    /// ([`WARP_BLOCKS_PER_SM`]), at most one per [`WARP_WARPS`] segments.
     fn warp_blocks(&self, g: &Conv2dGeometry, unit: usize) -> usize {
-        let units = (g.n * g.out_h * g.out_w).div_ceil(unit);
+        let units = g.n * g.out_h * g.out_w.div_ceil(unit);
         units
             .div_ceil(WARP_WARPS)
             .clamp(1, WARP_BLOCKS_PER_SM * self.sms as usize)
@@ -270,7 +270,7 @@ impl Kernels {
         // 0), all of `dtype`; blocks of 256 threads, as the staging (4 threads a position of
         // 64), the 16-lane mask shuffles and the 8 warps of the mma tiles need; or
         // `direct_warp_fwd_k<KP>_c<c_out>_f32` (the mma kernel's arguments) with blocks of 128
-        // threads (DW_THREADS), each warp on its own tiles of 16 positions.
+        // threads (DW_THREADS), each warp on its own tiles (16 positions of an output row).
         unsafe {
             match math {
                 DirectMath::Fma => {
@@ -302,11 +302,7 @@ impl Kernels {
             self.wgmma_filter_grad(g, (x, dy, (mask, keep)), (partial, blocks))?;
             return self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db));
         }
-        let math = match aligned(OP, dy, direct_math(g, dtype, tf32))? {
-            // the warp kernel copies the mask's words 16 bytes at a time
-            DirectMath::Tf32Warp if mask % 16 != 0 => DirectMath::Fma,
-            math => math,
-        };
+        let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
         let blocks = self.direct_wgrad_blocks(g, math);
         let threads = match math {
             DirectMath::Tf32Warp => 32 * WARP_WARPS as u32,
@@ -327,8 +323,8 @@ impl Kernels {
         // mma 16-byte aligned), mask null or numel/32 words, partial blocks*(K+1)*c_out doubles
         // (direct_wgrad_bytes, the grid's blocks: never more for the FMA fallback than
         // planned); blocks of 256 threads, or for `direct_warp_wgrad_k<KP>_c<c_out>_f32` (the
-        // mma kernel's arguments, dy and mask 16-byte aligned: above) 128 (DW_THREADS), each
-        // warp on its own 8-position steps.
+        // mma kernel's arguments) 128 (DW_THREADS), each
+        // warp on its own steps (8 positions of an output row).
         unsafe {
             match math {
                 DirectMath::Fma => {
