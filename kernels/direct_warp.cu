@@ -44,23 +44,33 @@ __device__ __forceinline__ Segment segment(const WindowGeometry &g, size_t u, in
     return s;
 }
 
-// Lane k < K copies tap k of the segment's L positions into column k of the patch rows P
-// (`PS` floats apart, at shared address P), zeros outside the input and past the row's end;
-// columns K .. stay as they are (zero).
+// Lane k's tap: its input row and column offsets and channel (ci < 0: past K, no copies).
+struct LaneTap {
+    int dy, dx, ci;
+};
+
+__device__ __forceinline__ LaneTap lane_tap(const WindowGeometry &g, int K) {
+    const int k = threadIdx.x & 31, tap = k / (int)g.c;
+    return {(tap / (int)g.kw) * (int)g.dh, (tap % (int)g.kw) * (int)g.dw,
+            k < K ? k - tap * (int)g.c : -1};
+}
+
+// Lane k < K copies tap t (its own) of the segment's L positions into column k of the patch
+// rows at shared address P (`PS` floats apart), zeros outside the input and past the row's
+// end; columns K .. stay as they are (zero).
 template <int L, int PS>
-__device__ __forceinline__ void stage_patches(const float *x, const WindowGeometry &g, int K,
-                                              const Segment &s, u32 P) {
-    const int k = threadIdx.x & 31;
-    if (k >= K) return;
-    const int tap = k / (int)g.c, ci = k - tap * (int)g.c;
-    const int iy = (int)(s.oy * g.sh) - (int)g.pad_top + (tap / (int)g.kw) * (int)g.dh;
-    int ix = s.ox0 * (int)g.sw - (int)g.pad_left + (tap % (int)g.kw) * (int)g.dw;
+__device__ __forceinline__ void stage_patches(const float *x, const WindowGeometry &g,
+                                              const LaneTap &t, const Segment &s, u32 P) {
+    if (t.ci < 0) return;
+    const int iy = (int)(s.oy * g.sh) - (int)g.pad_top + t.dy;
+    int ix = s.ox0 * (int)g.sw - (int)g.pad_left + t.dx;
     const bool row_in = (unsigned)iy < (unsigned)g.h;
-    const float *src = x + ((s.b * g.h + (row_in ? iy : 0)) * g.w) * g.c + ci;
+    const float *src = x + ((s.b * g.h + (row_in ? iy : 0)) * g.w) * g.c + t.ci;
+    P += 4 * (threadIdx.x & 31);
 #pragma unroll
     for (int p = 0; p < L; ++p, ix += (int)g.sw) {
         const bool in = row_in && s.ox0 + p < (int)g.out_w && (unsigned)ix < (unsigned)g.w;
-        cp_async4(P + 4 * (p * PS + k), in ? src + (size_t)ix * g.c : x, in);
+        cp_async4(P + 4 * p * PS, in ? src + (size_t)ix * g.c : x, in);
     }
 }
 
@@ -100,11 +110,14 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
     const size_t tiles = g.n * g.out_h * ((g.out_w + 15) / 16);
     const size_t step = (size_t)gridDim.x * DW_WARPS;
     const u32 P0 = (u32)__cvta_generic_to_shared(&P[0][0][0]), BUF = 16 * PS * 4;
+    const LaneTap t = lane_tap(g, K);
     size_t u = (size_t)blockIdx.x * DW_WARPS + warp;
-    if (u < tiles) stage_patches<16, PS>(x, g, K, segment(g, u, 16), P0);
+    if (u < tiles) stage_patches<16, PS>(x, g, t, segment(g, u, 16), P0);
     asm volatile("cp.async.commit_group;" ::: "memory");
     for (int buf = 0; u < tiles; u += step, buf ^= 1) {
-        if (u + step < tiles) stage_patches<16, PS>(x, g, K, segment(g, u + step, 16), P0 + (buf ^ 1) * BUF);
+        if (u + step < tiles) {
+            stage_patches<16, PS>(x, g, t, segment(g, u + step, 16), P0 + (buf ^ 1) * BUF);
+        }
         asm volatile("cp.async.commit_group;" ::: "memory");
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         __syncwarp();
@@ -183,7 +196,7 @@ template <int KP, int C> struct WarpStage {
 // group (an empty group past the steps, so that every lane counts alike).
 template <int KP, int C>
 __device__ __forceinline__ void issue_step(const float *x, const float *dy, const u32 *mask,
-                                           const WindowGeometry &g, int K, size_t u,
+                                           const WindowGeometry &g, const LaneTap &t, size_t u,
                                            size_t steps, WarpStage<KP, C> &st) {
     const int lane = threadIdx.x & 31;
     if (u < steps) {
@@ -202,7 +215,7 @@ __device__ __forceinline__ void issue_step(const float *x, const float *dy, cons
             const u32 dst = (u32)__cvta_generic_to_shared(&st.m[lane]);
             cp_async4(dst, in ? mask + pix0 * (C / 32) + lane : mask, in);
         }
-        stage_patches<8, KP + 8>(x, g, K, s, (u32)__cvta_generic_to_shared(&st.P[0][0]));
+        stage_patches<8, KP + 8>(x, g, t, s, (u32)__cvta_generic_to_shared(&st.P[0][0]));
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -230,12 +243,13 @@ __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep,
     for (int q = 0; q < NQ; ++q) db[q][0] = db[q][1] = db[q][2] = db[q][3] = 0.0f;
     const size_t steps = g.n * g.out_h * ((g.out_w + 7) / 8);
     const size_t stride = (size_t)gridDim.x * DW_WARPS, s0 = (size_t)blockIdx.x * DW_WARPS + warp;
+    const LaneTap t = lane_tap(g, K);
 #pragma unroll
-    for (int i = 0; i < DW_STAGES - 1; ++i) issue_step(x, dy, mask, g, K, s0 + i * stride, steps, st[i]);
+    for (int i = 0; i < DW_STAGES - 1; ++i) issue_step(x, dy, mask, g, t, s0 + i * stride, steps, st[i]);
     int slot = 0;
     for (size_t u = s0; u < steps; u += stride) {
         const int ahead = (slot + DW_STAGES - 1) % DW_STAGES;
-        issue_step(x, dy, mask, g, K, u + (DW_STAGES - 1) * stride, steps, st[ahead]);
+        issue_step(x, dy, mask, g, t, u + (DW_STAGES - 1) * stride, steps, st[ahead]);
         asm volatile("cp.async.wait_group %0;" ::"n"(DW_STAGES - 1) : "memory");
         __syncwarp();
         const WarpStage<KP, C> &cs = st[slot];
@@ -260,16 +274,23 @@ __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep,
             a[m][2] = tf32_bits(cs.P[tq + 4][k]), a[m][3] = tf32_bits(cs.P[tq + 4][k + 8]);
         }
         __syncwarp(); // every lane has read the slot before it is refilled
-        const Segment s = segment(g, u, 8);
+        if (mask && keep) {
+            const Segment s = segment(g, u, 8);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int ox = s.ox0 + tq + 4 * r;
+                float *row = dy + (s.row * g.out_w + ox) * C + 4 * gq;
+#pragma unroll
+                for (int q = 0; q < NQ; ++q) {
+                    if (ox < (int)g.out_w) *(float4 *)(row + 32 * q) = d[r][q];
+                }
+            }
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int ox = s.ox0 + tq + 4 * r;
 #pragma unroll
             for (int q = 0; q < NQ; ++q) {
                 const float4 &v = d[r][q];
-                if (mask && keep && ox < (int)g.out_w) {
-                    *(float4 *)(dy + (s.row * g.out_w + ox) * C + 32 * q + 4 * gq) = v;
-                }
                 db[q][0] += v.x, db[q][1] += v.y, db[q][2] += v.z, db[q][3] += v.w;
             }
         }
