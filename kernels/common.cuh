@@ -162,6 +162,12 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid)
                  "r"(valid ? 16 : 0));
 }
 
+// v ORed over the 4 lanes of the caller's quad (lanes 4 g .. 4 g + 3: an mma fragment's row).
+__device__ __forceinline__ u32 quad_or(u32 v) {
+    v |= __shfl_xor_sync(FULL_MASK, v, 1);
+    return v | __shfl_xor_sync(FULL_MASK, v, 2);
+}
+
 // An asynchronous 4-byte copy from global to shared memory (shared address dst), zero when
 // !valid (src is then not read).
 __device__ __forceinline__ void cp_async4(u32 dst, const void *src, bool valid) {

@@ -173,9 +173,7 @@ __device__ void mma_fwd(const T *x, const T *w, const T *bias, T *y, u32 *mask,
             for (int h = 0; h < 2; ++h) {
 #pragma unroll
                 for (int i = 0; i < WL; ++i) {
-                    u32 w = bits[h][i];
-                    w |= __shfl_xor_sync(FULL_MASK, w, 1);
-                    w |= __shfl_xor_sync(FULL_MASK, w, 2);
+                    const u32 w = quad_or(bits[h][i]);
                     if (tq == 0) atomicOr(&mw[m0 + gq + 8 * h][n0 / 32 + i], w);
                 }
             }

@@ -166,9 +166,7 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
             for (int h = 0; h < 2; ++h) {
 #pragma unroll
                 for (int i = 0; i < WP; ++i) {
-                    u32 m = bits[h][i];
-                    m |= __shfl_xor_sync(FULL_MASK, m, 1);
-                    m |= __shfl_xor_sync(FULL_MASK, m, 2);
+                    const u32 m = quad_or(bits[h][i]);
                     if (h * WP + i == tq) word = m;
                 }
             }
