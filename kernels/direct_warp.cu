@@ -171,7 +171,9 @@ __device__ void warp_fwd(const float *x, const float *w, const float *bias, floa
                 }
             }
             const int ox = s.ox0 + gq + 8 * (tq / WP);
-            if (tq < 2 * WP && ox < (int)g.out_w) mask[(s.row * g.out_w + ox) * WP + tq % WP] = word;
+            if (tq < 2 * WP && ox < (int)g.out_w) {
+                mask[(s.row * g.out_w + ox) * WP + tq % WP] = word;
+            }
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -235,7 +237,9 @@ __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep,
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+        for (int j = 0; j < NT; ++j) {
+            acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+        }
     }
 #pragma unroll
     for (int q = 0; q < NQ; ++q) db[q][0] = db[q][1] = db[q][2] = db[q][3] = 0.0f;
@@ -243,7 +247,9 @@ __device__ void warp_wgrad(const float *x, float *dy, const u32 *mask, int keep,
     const size_t stride = (size_t)gridDim.x * DW_WARPS, s0 = (size_t)blockIdx.x * DW_WARPS + warp;
     const LaneTap t = lane_tap(g, K);
 #pragma unroll
-    for (int i = 0; i < DW_STAGES - 1; ++i) issue_step(x, dy, mask, g, t, s0 + i * stride, steps, st[i]);
+    for (int i = 0; i < DW_STAGES - 1; ++i) {
+        issue_step(x, dy, mask, g, t, s0 + i * stride, steps, st[i]);
+    }
     int slot = 0;
     for (size_t u = s0; u < steps; u += stride) {
         const int ahead = (slot + DW_STAGES - 1) % DW_STAGES;

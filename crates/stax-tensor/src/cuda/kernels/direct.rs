@@ -2,11 +2,11 @@
 //! the forward pass (with the bias, a ReLU and its mask) and the filter and bias gradients (with
 //! the ReLU backward) of a convolution with at most 32 taps, where cuDNN's algorithms run far
 //! from the memory floor (see [`direct_applies`]): on the tensor cores where [`direct_math`]
-//! allows it, else in f32 FMAs. And of `kernels/wgrad_wgmma.cu`: the same filter gradient for a 3x3 conv from 64 to 64
-//! channels in TF32 on Hopper's warpgroup tensor cores (see [`wgmma_applies`]), where cuDNN's
-//! TF32 algorithms run at about a fifth of the tensor cores' rate (the seed's conv2 at batch
-//! 100: cuDNN's `BWD_FILTER_ALGO_1` 2.82 ms, this kernel 1.46 ms with the ReLU backward, one
-//! calibration on the H100, 2026-12-05, BENCHMARKS.md).
+//! allows it, else in f32 FMAs. And of `kernels/wgrad_wgmma.cu`: the same filter gradient for a
+//! 3x3 conv from 64 to 64 channels in TF32 on Hopper's warpgroup tensor cores (see
+//! [`wgmma_applies`]), where cuDNN's TF32 algorithms run at about a fifth of the tensor cores'
+//! rate (the seed's conv2 at batch 100: cuDNN's `BWD_FILTER_ALGO_1` 2.82 ms, this kernel 1.46 ms
+//! with the ReLU backward, one calibration on the H100, 2026-12-05, BENCHMARKS.md).
 
 use super::spatial::WindowGeometry;
 use super::{Kernels, driver};
