@@ -1,13 +1,13 @@
 //! What the examples tell a user: flags their model or data cannot take are refused before
 //! anything is planned, naming the flag and what would work (a `--classes` below the data's
 //! class count, an `--img` the model's shapes refuse, `--img 0`, `--batch 0`, a batch larger
-//! than the data, a ResNet of empty stages, a budget no batch fits, an unknown `--conv-apis` or
-//! `--fp32-convs`, `--gpus` with `--device cpu`, `--batch -5`, `--epochs -1`, an `--lr` below
-//! 0 or beyond f32's range, two output flags naming one file, bfc on the CPU without a budget,
-//! a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no .svg), the
-//! flags that need no backend before one opens;
-//! CUDA-only flags on the CPU are named as ignored; a resumed run says what it continued; a set-up out-of-memory names the
-//! batch `--batch auto` would pick.
+//! than the data (before the set-up reserves it), a ResNet of empty stages, a budget no batch
+//! fits, an unknown `--conv-apis` or `--fp32-convs`, `--gpus` with `--device cpu`, `--batch
+//! -5`, `--epochs -1`, an `--lr` below 0 or beyond f32's range, two output flags naming one
+//! file, a `--save` path that is a pipe, bfc on the CPU without a budget, a missing `--data`
+//! file, a `--bucket` that is no size, a `--plot` file that is no .svg), the flags that need no
+//! backend before one opens; CUDA-only flags on the CPU are named as ignored; a resumed run
+//! says what it continued; a set-up out-of-memory names the batch `--batch auto` would pick.
 
 mod common;
 
@@ -19,7 +19,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 22] = [
+    let cases: [(&std::path::Path, &[&str], &str); 24] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -55,6 +55,12 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--batch", "2001"],
             "--batch 2001: loader: batch size 2001 is larger",
+        ),
+        (
+            // refused before the set-up reserves the step (which 100 MB could not hold)
+            &cnn,
+            &["--batch", "3000", "--budget", "100MB"],
+            "--batch 3000: loader: batch size 3000 is larger",
         ),
         (
             &cnn,
@@ -115,6 +121,11 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         ),
         (
             &cnn,
+            &["--plan", "--eval-only", "--init-from", "ck.npz"],
+            "the argument '--plan' cannot be used with '--eval-only'",
+        ),
+        (
+            &cnn,
             &["--plan", "--profile"],
             "the argument '--plan' cannot be used with '--profile'",
         ),
@@ -141,6 +152,45 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         let hint = "(here: lower --img, or raise --budget;";
         assert_eq!(out.contains(hint), init_oom, "{args:?}:\n{out}");
     }
+}
+
+/// A `--save` path that exists and is not a regular file (here a named pipe; `/dev/full` alike)
+/// is refused before training, and the pipe is left as it was: a checkpoint is renamed over its
+/// path, which would have replaced the pipe.
+#[test]
+fn a_save_path_that_is_no_regular_file_is_refused() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("stax-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("pipe");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    let args = [
+        "--device",
+        "cpu",
+        "--img",
+        "8",
+        "--max-steps",
+        "1",
+        "--save",
+        "pipe",
+    ];
+    let (ok, out) = run_example(&cnn, &dir, &args);
+    assert!(!ok, "{out}");
+    let want = "--save: pipe exists and is not a regular file";
+    assert!(out.contains(want), "expected {want:?} in:\n{out}");
+    assert!(
+        !out.contains("step    1"),
+        "refused before training:\n{out}"
+    );
+    let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_fifo(&kind),
+        "the pipe is kept"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// What the example says about a resumed f16 run (its loss scale restored, or dropped under

@@ -1,7 +1,7 @@
 //! The examples' checks of what a run is given before it trains: `--batch` (or the largest batch
 //! that fits), `--img` against the model, output paths, the set-up's out-of-memory hint for
-//! the run's own feed, and the value parsers of `--lr`, `--device`, `--conv-apis`,
-//! `--direct-convs` and `--fp32-convs`.
+//! the run's own feed, a CPU run's plan against the host's memory, and the value parsers of
+//! `--lr`, `--device`, `--conv-apis`, `--direct-convs` and `--fp32-convs`.
 
 use super::data::{self, smallest_img};
 use super::{Common, Error, Model, ModelFn};
@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A trainer is set up for placed batches (it rehearses their loop) before the loop says it
-/// prefetches: an out-of-memory at set-up names the largest batch and the planned peak of this
-/// run's feed.
+/// prefetches: an out-of-memory at set-up names the largest batch (at most the training set's
+/// `examples`, as `--batch auto` takes) and the planned peak of this run's feed.
 pub fn with_feed_hint(
     e: Error,
-    args: &Common,
+    (args, examples): (&Common, usize),
     (make, input): (&dyn Fn() -> Result<Model, Error>, &Shape),
     backend: &Arc<dyn stax::Backend>,
 ) -> Error {
@@ -29,7 +29,7 @@ pub fn with_feed_hint(
                 let (adam, feed) = (args.adam(), args.feed());
                 if let Ok(m) = make() {
                     let fits = max_batch_that_fits(&m, input, &adam, backend, feed, budget);
-                    oom.max_batch = fits.ok().or(oom.max_batch);
+                    oom.max_batch = fits.ok().or(oom.max_batch).map(|n| n.min(examples));
                     let plan = MemoryPlan::with_feed(&m, input, &adam, backend, feed);
                     oom.planned_peak = plan.ok().map(|p| p.peak.bytes).or(oom.planned_peak);
                 }
@@ -39,6 +39,42 @@ pub fn with_feed_hint(
         },
         Err(e) => e,
     }
+}
+
+/// On the CPU without `--budget`, the step's planned peak against the host's available memory
+/// (`MemAvailable` of `/proc/meminfo`; skipped where there is none): a run the host cannot hold
+/// is refused before the set-up touches its memory, rather than killed by the system part-way.
+pub fn check_host_memory(
+    args: &Common,
+    (model, input): (&Model, &Shape),
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(), Error> {
+    if backend.device() != Device::Cpu || args.budget()?.is_some() {
+        return Ok(());
+    }
+    let Some(available) = host_available_bytes() else {
+        return Ok(());
+    };
+    let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
+    if plan.peak.bytes <= available {
+        return Ok(());
+    }
+    let (b, i) = (input.dims()[0], input.dims()[1]);
+    Err(format!(
+        "--batch {b} --img {i}: the step's plan peaks at {} on the CPU, more than the host's \
+         available memory, {} (/proc/meminfo); lower --batch or --img (--plan shows every buffer)",
+        human_bytes(plan.peak.bytes),
+        human_bytes(available)
+    )
+    .into())
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, where the system reports it.
+fn host_available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// `--img` is checked against the model before anything is planned: an image the model's
@@ -91,13 +127,19 @@ pub fn check_flags(args: &Common) -> Result<(), Error> {
 }
 
 /// An output file's flag is checked before training, not after it: the path must not be a
-/// directory, and its directory must exist and take a new file (a probe, removed at once).
+/// directory or another file that is not a regular one (`/dev/full`, a pipe), and its directory
+/// must exist and take a new file (a probe, removed at once).
 fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     let Some(path) = p.as_deref() else {
         return Ok(());
     };
     if path.is_dir() {
         return Err(format!("{flag}: {} is a directory", path.display()).into());
+    }
+    // a checkpoint would be renamed over a device node or a pipe, another output written into it
+    if path.exists() && !path.is_file() {
+        let what = "exists and is not a regular file";
+        return Err(format!("{flag}: {} {what}", path.display()).into());
     }
     let dir = path
         .parent()

@@ -39,8 +39,8 @@ use data::{input_channels, load};
 #[path = "checks.rs"]
 mod checks;
 use checks::{
-    batch_size, check_flags, check_img, conv_apis, device_flag, direct_convs, fp32_convs,
-    learning_rate, svg_path, with_feed_hint,
+    batch_size, check_flags, check_host_memory, check_img, conv_apis, device_flag, direct_convs,
+    fp32_convs, learning_rate, svg_path, with_feed_hint,
 };
 
 #[path = "exports.rs"]
@@ -167,8 +167,9 @@ pub struct Common {
     /// Start from this checkpoint's parameters (a JAX one too) with a fresh optimizer.
     #[arg(long, conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
-    /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit.
-    #[arg(long, requires = "from")]
+    /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit
+    /// (not with --plan, which plans a training step).
+    #[arg(long, requires = "from", conflicts_with = "plan")]
     pub eval_only: bool,
     /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed;
     /// legacy-API candidates only, so --conv-apis does not apply.
@@ -358,6 +359,20 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     train_and_test(args, example, (&make, input), &backend, (&train, &test))
 }
 
+/// The loader of `examples` in global batches of `batch` examples on each of `world` ranks; a
+/// batch larger than the training set names `--batch` (and the ranks, where there are several).
+fn batch_loader(
+    examples: usize,
+    (batch, world): (usize, usize),
+    seed: u64,
+) -> Result<Loader, Error> {
+    Loader::new(examples, batch * world, seed).map_err(|e| match e {
+        TrainError::BatchTooLarge { .. } if world == 1 => format!("--batch {batch}: {e}").into(),
+        TrainError::BatchTooLarge { .. } => format!("--batch {batch} on {world} ranks: {e}").into(),
+        e => Error::from(e),
+    })
+}
+
 /// The training loop and the evaluation (see [`run`]).
 fn train_and_test(
     args: &Common,
@@ -372,8 +387,14 @@ fn train_and_test(
     if tracing {
         backend.allocator().start_trace();
     }
+    if !args.eval_only {
+        // before the trainer reserves the step's memory: a batch the training set cannot fill
+        // is refused at once, not after a set-up that may not fit the machine
+        batch_loader(train.len(), (batch, 1), args.seed)?;
+    }
+    check_host_memory(args, (&make()?, &input), backend)?;
     let built = resume::build_trainer(args, (make()?, &input, adam), backend);
-    let hint = |e| with_feed_hint(e, args, (make, &input), backend);
+    let hint = |e| with_feed_hint(e, (args, train.len()), (make, &input), backend);
     let (trainer, position) = built.map_err(hint)?;
     let (mut trainer, rank, world) = distributed::join(&args.dist, trainer, backend)?;
     if args.eval_only {
@@ -381,10 +402,7 @@ fn train_and_test(
         return Ok(());
     }
     let seed = position.map_or(args.seed, |p| p.seed);
-    let loader = Loader::new(train.len(), batch * world, seed).map_err(|e| match e {
-        TrainError::BatchTooLarge { .. } if world == 1 => format!("--batch {batch}: {e}").into(),
-        e => Error::from(e),
-    })?;
+    let loader = batch_loader(train.len(), (batch, world), seed)?;
     let start = position.unwrap_or(loader.start());
     let (first, total) = (trainer.steps(), loader.steps(args.epochs, args.max_steps)?);
     let saver = resume::Saver::new(args, &loader, start, first);

@@ -54,7 +54,8 @@ fn io_error<'p>(op: &'static str, path: &'p Path) -> impl Fn(io::Error) -> Train
 /// it was and the temporary file behind.
 ///
 /// # Errors
-/// [`TrainError::Io`] when the temporary file cannot be created or renamed; `body`'s errors;
+/// [`TrainError::Io`] when `path` exists and is not a regular file (a directory, a device node,
+/// a pipe), or when the temporary file cannot be created or renamed; `body`'s errors;
 /// [`CheckpointProblem::Write`] when flushing or syncing fails (a full disk).
 pub(super) fn write_atomic(
     path: &Path,
@@ -67,6 +68,11 @@ pub(super) fn write_atomic(
             "not a file name",
         ))
     })?;
+    // the rename would replace a device node or a pipe (`/dev/full`) with the checkpoint
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let what = "exists and is not a regular file";
+        return Err(io(io::Error::new(io::ErrorKind::InvalidInput, what)));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
