@@ -55,6 +55,32 @@ fn gpu_dense_adam_matches_cpu() {
     }
 }
 
+/// Under TF32 a batch of 1 to 16 rows runs the rows kernel too, whose dw and dx are exact f32
+/// sums and whose Adam step is `adam_one`'s (the chunks would take cuBLAS's TF32 GEMMs): it
+/// agrees with the CPU's f32 as under full fp32, at the seed's shape at batch 10, one row, 16
+/// rows over a partial group of 32 weight rows, and odd output counts, with dx in place, into
+/// its own tensor and not computed.
+#[test]
+fn gpu_tf32_rows_kernel_matches_cpu() {
+    let Some(gpu) = private_cuda_with(Precision::Tf32) else {
+        return;
+    };
+    let cpu = cpu();
+    let cases = [
+        ((10, 128, 40_000), 0),
+        ((1, 3, 100), 1),
+        ((16, 128, 3_001), 1),
+        ((7, 100, 65), 2),
+        ((3, 5, 77), 0),
+    ];
+    for ((m, n, k), mode) in cases {
+        assert!(gpu.dense_adam_is_rows(m, n, DType::F32), "m{m} n{n}");
+        let be: Arc<dyn Backend> = gpu.clone();
+        let what = format!("TF32 rows kernel m{m} n{n} k{k} mode {mode}");
+        dense_adam_agrees(&be, &cpu, (m, n, k), mode, FULL_F32, &what);
+    }
+}
+
 /// How a GPU update is checked against the CPU's f32: norm-wise relative tolerances of w, mu,
 /// nu and dx, and the least nu drawn (nu is drawn from [nu_min, 1)).
 #[derive(Clone, Copy)]

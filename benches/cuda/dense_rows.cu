@@ -1,0 +1,104 @@
+// Timing harness of kernels/adam.cu's one-pass dense update for small batches (no Rust needed,
+// run on the GPU machine by benches/cuda/dense_rows.sh): dense_adam_rows_t<M> at the seed's
+// dense shape (k = 2,560,000 weight rows, n = 128 outputs, batch M = argv[1]: 1, 10 or 16)
+// against adam_vec_f32 over a weight of the same size, on seeded random data, with the
+// launcher's grid (k / 128 blocks, at most 32 a multiprocessor). Prints the median of 15 runs,
+// the bytes moved per ms (w, mu, nu read and written, x read, dx written) and an FNV-1a hash
+// of w, mu, nu and dx after one step from the seeded state: builds of the kernel that compute
+// the same bits print the same hash.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <vector>
+#include "src.cu"
+#define KR(M)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
+        r##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
+             AdamHyper h, int n, size_t k) {                                                   \
+        dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \
+    }
+KR(1) KR(10) KR(16)
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e = (x);                                                                   \
+        if (e != cudaSuccess) {                                                                \
+            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+__global__ void fill(float *p, size_t n, unsigned seed, float lo, float hi) {
+    GRID_STRIDE(i, n) {
+        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        h ^= h >> 15;
+        // a quarter of x's entries zero, as after a ReLU half are
+        p[i] = (seed == 1 && (h & 3) == 0) ? 0.0f : lo + (hi - lo) * (h & 0xffffff) / 16777216.0f;
+    }
+}
+
+static unsigned long long fnv(const float *d, size_t n, unsigned long long h) {
+    std::vector<unsigned> v(n);
+    CK(cudaMemcpy(v.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    for (unsigned u : v) h = (h ^ u) * 1099511628211ull;
+    return h;
+}
+
+int main(int argc, char **argv) {
+    const int m = argc > 1 ? atoi(argv[1]) : 10;
+    const size_t k = 2560000;
+    const int n = 128, reps = 15;
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    float *x, *dy, *w, *mu, *nu, *g, *dx;
+    for (float **p : {&x, &dx}) CK(cudaMalloc(p, m * k * 4));
+    CK(cudaMalloc(&dy, m * n * 4));
+    for (float **p : {&w, &mu, &nu, &g}) CK(cudaMalloc(p, k * n * 4));
+    fill<<<1024, 256>>>(x, m * k, 1, 0, 1);
+    fill<<<1024, 256>>>(dy, m * n, 2, -1, 1);
+    fill<<<1024, 256>>>(w, k * n, 3, -0.1f, 0.1f);
+    fill<<<1024, 256>>>(mu, k * n, 4, -0.01f, 0.01f);
+    fill<<<1024, 256>>>(nu, k * n, 5, 0, 0.01f);
+    fill<<<1024, 256>>>(g, k * n, 6, -1, 1);
+    CK(cudaDeviceSynchronize());
+    AdamHyper h = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.19f, 0.002f, 1.0f};
+    auto f = m == 1 ? r1 : m == 16 ? r16 : r10;
+    if (m != 1 && m != 10 && m != 16) return printf("no kernel for m %d\n", m), 1;
+    const size_t groups = (k + 31) / 32, warps = DENSE_ROWS_WARPS;
+    const int blocks = (int)std::min((groups + warps - 1) / warps, (size_t)sms * 32);
+    auto run = [&] { f<<<blocks, 32 * DENSE_ROWS_WARPS>>>(x, dy, w, mu, nu, dx, h, n, k); };
+    run();
+    CK(cudaDeviceSynchronize());
+    unsigned long long hash = 1469598103934665603ull;
+    for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
+        hash = fnv(p, k * n, hash);
+    hash = fnv(dx, m * k, hash);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    auto time = [&](auto launch) {
+        std::vector<float> t;
+        for (int r = 0; r < reps; r++) {
+            cudaEventRecord(a);
+            launch();
+            cudaEventRecord(b);
+            CK(cudaEventSynchronize(b));
+            float ms;
+            cudaEventElapsedTime(&ms, a, b);
+            t.push_back(ms);
+        }
+        CK(cudaGetLastError());
+        std::sort(t.begin(), t.end());
+        return t;
+    };
+    auto tk = time(run);
+    auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(w, g, mu, nu, h, k * n); });
+    const double bytes = 6.0 * k * n * 4 + 2.0 * m * k * 4;
+    printf("m=%d grid=%d: kernel min %.3f med %.3f ms (%.2f TB/s) | adam_vec_f32 med %.3f ms"
+           " | hash %016llx\n",
+           m, blocks, tk[0], tk[reps / 2],
+           bytes / tk[reps / 2] / 1e9, ta[reps / 2], hash);
+    return 0;
+}
