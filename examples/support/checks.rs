@@ -97,8 +97,9 @@ pub fn check_img(
 
 /// The flags' checks that need no backend, run before one opens (a CUDA backend compiles the
 /// kernels on a machine's first run, about half a minute): `--img 0`, `--batch N`,
-/// `--budget`, `--precision` and its dtype policy, and the output files (each writable, no two
-/// the same).
+/// `--budget`, `--precision` and its dtype policy, and the output files: each writable, no two
+/// the same file and none the file of an input (`--data`, `--test-data`, `--init-from`,
+/// `--resume`), but `--save` over `--resume`'s checkpoint, which continues a run in place.
 pub fn check_flags(args: &Common) -> Result<(), Error> {
     if args.img == Some(0) {
         return Err("--img 0: the image size must be at least 1".into());
@@ -115,15 +116,50 @@ pub fn check_flags(args: &Common) -> Result<(), Error> {
         ("--record-trace", &args.record_trace),
         ("--save", &args.save),
     ];
-    for (i, (flag, p)) in outputs.iter().enumerate() {
+    let inputs = [
+        ("--data", &args.data),
+        ("--test-data", &args.test_data),
+        ("--init-from", &args.init_from),
+        ("--resume", &args.resume),
+    ];
+    let resolved = |paths: &[(&'static str, &Option<PathBuf>)]| -> Vec<(&str, PathBuf)> {
+        let given = paths.iter().filter_map(|(f, p)| Some((*f, p.as_deref()?)));
+        given.map(|(f, p)| (f, resolve(p))).collect()
+    };
+    let (outs, ins) = (resolved(&outputs), resolved(&inputs));
+    for (flag, p) in &outputs {
         check_path(flag, p)?;
-        let same = outputs[..i].iter().find(|(_, q)| p.is_some() && q == p);
-        if let (Some((first, _)), Some(path)) = (same, p) {
+    }
+    for (i, (flag, path)) in outs.iter().enumerate() {
+        if let Some((first, _)) = outs[..i].iter().find(|(_, q)| q == path) {
             let path = path.display();
             return Err(format!("{first} and {flag} both write {path}: one would be lost").into());
         }
+        // a checkpoint saved over the one resumed from is the documented way to continue a run
+        let clash = ins
+            .iter()
+            .find(|(f, q)| q == path && (*flag, *f) != ("--save", "--resume"));
+        if let Some((input, _)) = clash {
+            let path = path.display();
+            return Err(format!("{flag} would overwrite {path}, the file {input} reads").into());
+        }
     }
     Ok(())
+}
+
+/// `path` as the file system resolves it, so that two spellings of one file (`./a`, `/dir/a`,
+/// a symbolic link to it) compare equal: canonical if it exists, else its directory's
+/// canonical path joined with its name (as given where neither resolves).
+fn resolve(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new(".")).canonicalize();
+    match (dir, path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// An output file's flag is checked before training, not after it: the path must not be a

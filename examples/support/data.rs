@@ -5,6 +5,7 @@
 use super::{Common, Error, ModelFn};
 use stax::Shape;
 use stax::layers::Layer;
+use stax::train::data::npy::MAX_CLASSES;
 use stax::train::data::{Dataset, PixelScaling, fashion_mnist_2class};
 
 /// `--pixel-scale`, parsed (None: each data set's default).
@@ -25,6 +26,9 @@ pub fn load(args: &Common) -> Result<(Dataset, Dataset), Error> {
         None => (train, test),
     };
     Ok(match args.classes {
+        Some(k) if k > MAX_CLASSES => {
+            return Err(format!("--classes {k}: at most {MAX_CLASSES} classes").into());
+        }
         Some(k) => {
             let need = train.num_classes().max(test.num_classes());
             if k < need {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stax::alloc::parse_size;
+use stax::tensor::collective::MAX_WORLD;
 use stax::train::distributed::{DataParallel, Rendezvous, launch, rendezvous::LOCAL_RANK};
 use stax::train::{TrainError, Trainer};
 
@@ -56,6 +57,10 @@ pub fn launch_if_asked(d: &Distributed, asked: &str) -> Result<bool, Error> {
     }
     if n == 0 {
         return Err("--ranks / --gpus: at least one".into());
+    }
+    if device == "cpu" && n > MAX_WORLD {
+        let why = "the CPU ranks' TCP collective";
+        return Err(format!("--ranks {n}: at most {MAX_WORLD} ranks ({why})").into());
     }
     // the same arguments, less the launcher's own, with the device of the ranks
     if asked != "auto" && !asked.starts_with(device) {

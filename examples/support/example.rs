@@ -102,8 +102,9 @@ pub struct Common {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Print the memory plan of one step (every buffer, the peak and where it falls) and exit
-    /// without training; works without a GPU for any --img/--batch.
-    #[arg(long)]
+    /// without training; works without a GPU for any --img/--batch. It reads and writes no
+    /// checkpoint (not with --save, --resume or --init-from).
+    #[arg(long, conflicts_with_all = ["save", "resume", "init_from"])]
     pub plan: bool,
     /// Memory budget for "largest batch that fits" and `--batch auto` (bytes, or with
     /// KiB/MiB/GiB/TiB/KB/MB/GB/TB); default: the device's free memory. On the CPU it also caps the
@@ -168,8 +169,9 @@ pub struct Common {
     #[arg(long, conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
     /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit
-    /// (not with --plan, which plans a training step).
-    #[arg(long, requires = "from", conflicts_with = "plan")]
+    /// (not with --plan, which plans a training step, nor with the flags of training: --save,
+    /// --epochs, --max-steps, --lr).
+    #[arg(long, requires = "from", conflicts_with_all = ["plan", "save", "epochs", "max_steps", "lr"])]
     pub eval_only: bool,
     /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed;
     /// legacy-API candidates only, so --conv-apis does not apply.
@@ -391,6 +393,9 @@ fn train_and_test(
         // before the trainer reserves the step's memory: a batch the training set cannot fill
         // is refused at once, not after a set-up that may not fit the machine
         batch_loader(train.len(), (batch, 1), args.seed)?;
+        resume::check_position(args, batch, |seed| {
+            batch_loader(train.len(), (batch, 1), seed)
+        })?;
     }
     check_host_memory(args, (&make()?, &input), backend)?;
     let built = resume::build_trainer(args, (make()?, &input, adam), backend);
@@ -467,20 +472,9 @@ fn train_and_test(
         }
     };
     let mut compared = (0u64, None);
-    let resumed = |e: TrainError| -> Error {
-        match (&e, &args.resume) {
-            (TrainError::DataPosition { .. }, Some(path)) => format!(
-                "--resume {} with --batch {batch}: {e} (resume with the batch the checkpoint's \
-                 run used)",
-                path.display()
-            )
-            .into(),
-            _ => e.into(),
-        }
-    };
     let batches = loader
         .batches_from(start)
-        .map_err(resumed)?
+        .map_err(|e| resume::position_error(args, batch, e))?
         .take(total.saturating_sub(first) as usize)
         .map(move |ix| distributed::shard(ix, rank, batch));
     let started = Instant::now();
@@ -498,7 +492,7 @@ fn train_and_test(
         bar.set_message(format!("loss {:.4}", report.loss));
         bar.inc(1);
         if let Some(f) = json.as_mut() {
-            writeln!(f, "{}", serde_json::to_string(&report)?)?;
+            json_line(f, args, serde_json::to_string(&report)?)?;
         }
         Ok(())
     };
@@ -580,9 +574,15 @@ fn train_and_test(
         let profile = trainer.profile_step(&x, &y)?;
         if let Some(f) = json.as_mut() {
             let line = serde_json::json!({ "profile": &profile });
-            writeln!(f, "{}", serde_json::to_string(&line)?)?;
+            json_line(f, args, serde_json::to_string(&line)?)?;
         }
         println!("profile (one more step, neither saved nor evaluated): {profile}");
     }
     Ok(())
+}
+
+/// One line of `--json`'s file; a failed write (a full disk) names the flag and the file.
+fn json_line(f: &mut std::fs::File, args: &Common, line: String) -> Result<(), Error> {
+    let path = args.json.as_deref().unwrap_or(std::path::Path::new("?"));
+    writeln!(f, "{line}").map_err(|e| format!("--json {}: {e}", path.display()).into())
 }

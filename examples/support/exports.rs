@@ -6,6 +6,7 @@ use stax::alloc::human_bytes;
 use stax::train::TrainError;
 use stax::train::export::{XAxis, stacked_series, write_perfetto, write_svg};
 use stax::train::plan::{MemoryPlan, NamedTrace, Timeline, max_batch_that_fits};
+use std::path::Path;
 use std::sync::Arc;
 
 /// `--plan`: the table, the largest batch for the budget, and the plan's exports.
@@ -44,7 +45,11 @@ pub fn show_plan(
         Err(e) => return Err(e.into()),
     }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(plan)?)?;
+        written(
+            "--json",
+            path,
+            std::fs::write(path, serde_json::to_string_pretty(plan)?),
+        )?;
     }
     let title = format!(
         "memory plan: one step, batch {}, input {}",
@@ -59,8 +64,9 @@ pub fn show_plan(
 /// Writes `--record-trace`: `trace` as JSON lines.
 pub fn record(args: &Common, trace: &stax::alloc::Trace) -> Result<(), Error> {
     if let Some(path) = &args.record_trace {
-        let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        trace.write_jsonl(std::io::BufWriter::new(file))?;
+        let file = written("--record-trace", path, std::fs::File::create(path))?;
+        let wrote = trace.write_jsonl(std::io::BufWriter::new(file));
+        written("--record-trace", path, wrote)?;
         println!(
             "allocation trace: {} ({} events; replay it with alloc_bench --trace)",
             path.display(),
@@ -78,14 +84,27 @@ pub fn export(
     title: &str,
 ) -> Result<(), Error> {
     if let Some(path) = &args.trace {
-        write_perfetto(trace, steps, title, path)?;
+        written("--trace", path, write_perfetto(trace, steps, title, path))?;
         println!("trace: {} (open in ui.perfetto.dev)", path.display());
     }
     if let Some(path) = &args.plot {
-        write_svg(&stacked_series(step, axis), title, path)?;
+        written(
+            "--plot",
+            path,
+            write_svg(&stacked_series(step, axis), title, path),
+        )?;
         println!("plot: {}", path.display());
     }
     Ok(())
+}
+
+/// An output flag's write: a failure (a full disk, say) names the flag and the file, and the
+/// partly written file is removed rather than left looking like a result.
+fn written<T, E: std::fmt::Display>(flag: &str, path: &Path, r: Result<T, E>) -> Result<T, Error> {
+    r.map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        format!("{flag} {}: {e}", path.display()).into()
+    })
 }
 
 /// The last step of a named run, with the bytes live before it as baseline.

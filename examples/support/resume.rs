@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use stax::train::data::{DataPosition, Loader};
-use stax::train::{Checkpoint, Trainer};
+use stax::train::{Checkpoint, TrainError, Trainer};
 use stax::{Adam, Shape};
 
 use super::{Common, Error};
@@ -56,6 +56,37 @@ pub fn build_trainer(
     }
     // The trainer calibrates the step's ops, so its plans are exact from step 1 on.
     Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
+}
+
+/// `--resume`'s data position checked against this run's batch before the set-up (a batch
+/// that does not divide the examples the checkpoint's run used fails here, not after the
+/// trainer reserved its memory); `loader` makes this run's loader for a seed.
+pub fn check_position(
+    args: &Common,
+    batch: usize,
+    loader: impl Fn(u64) -> Result<Loader, Error>,
+) -> Result<(), Error> {
+    let Some(path) = &args.resume else {
+        return Ok(());
+    };
+    let Some(at) = Checkpoint::open(path)?.data_position()? else {
+        return Ok(());
+    };
+    let checked = loader(at.seed)?.batches_from(at).map(drop);
+    checked.map_err(|e| position_error(args, batch, e))
+}
+
+/// A data position this run's loader cannot continue from, naming `--resume` and `--batch`.
+pub fn position_error(args: &Common, batch: usize, e: TrainError) -> Error {
+    match (&e, &args.resume) {
+        (TrainError::DataPosition { .. }, Some(path)) => format!(
+            "--resume {} with --batch {batch}: {e} (resume with the batch the checkpoint's run \
+             used)",
+            path.display()
+        )
+        .into(),
+        _ => e.into(),
+    }
 }
 
 /// Notes what a resumed run changes from its checkpoint's run: the batch (the data order

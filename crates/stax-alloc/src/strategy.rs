@@ -263,8 +263,9 @@ impl FromStr for Strategy {
 }
 
 /// Parses a size in bytes: `1048576`, `512KiB`, `1.5 GiB`, `2MB` (binary units KiB/MiB/GiB/TiB
-/// are powers of 1024, decimal KB/MB/GB/TB powers of 1000; units are case-insensitive).
-/// Returns None for anything else, negative or overflowing values.
+/// are powers of 1024, decimal KB/MB/GB/TB powers of 1000; units are case-insensitive; a
+/// fraction of a unit is rounded to the nearest byte). Returns None for anything else,
+/// negative or overflowing values, and a fraction of a byte (`1.5`, `1.5B`).
 pub fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim();
     let split = t
@@ -288,7 +289,8 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
     if num.contains('.') {
         let v = num.parse::<f64>().ok()? * mult as f64;
-        (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then(|| v.round() as u64)
+        let whole = mult > 1 || v.fract() == 0.0;
+        (whole && v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then(|| v.round() as u64)
     } else {
         num.parse::<u64>().ok()?.checked_mul(mult)
     }

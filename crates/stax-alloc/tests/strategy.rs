@@ -167,7 +167,10 @@ fn sizes() {
     assert_eq!(parse_size("1MB"), Some(1_000_000));
     assert_eq!(parse_size("2GiB"), Some(2 << 30));
     assert_eq!(parse_size("12B"), Some(12));
-    assert_eq!(parse_size("1.5"), Some(2));
+    assert_eq!(parse_size("1.5"), None, "a fraction of a byte");
+    assert_eq!(parse_size("1.5B"), None, "a fraction of a byte");
+    assert_eq!(parse_size("2.0"), Some(2));
+    assert_eq!(parse_size("1.5KiB"), Some(1536));
     assert_eq!(parse_size("1..5GiB"), None);
     assert_eq!(parse_size("x"), None);
     assert_eq!(parse_size("20000000000GiB"), None);

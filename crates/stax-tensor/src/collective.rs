@@ -11,7 +11,7 @@
 
 mod tcp;
 
-pub use tcp::{TcpCollective, TcpRoot};
+pub use tcp::{MAX_WORLD, TcpCollective, TcpRoot};
 
 use std::fmt;
 use std::time::Duration;

@@ -453,7 +453,12 @@ impl Planned<'_> {
             .filter(|(_, e)| e.op == TraceOp::Free)
             .map(|(i, e)| (e.id, i))
             .collect();
-        let alloc_event = |id: u64| events.iter().find(|e| e.id == id && e.op == TraceOp::Alloc);
+        // each id's first allocation, looked up per buffer (a scan per buffer was quadratic)
+        let mut first_alloc = HashMap::new();
+        for e in events.iter().filter(|e| e.op == TraceOp::Alloc) {
+            first_alloc.entry(e.id).or_insert(e);
+        }
+        let alloc_event = |id: u64| first_alloc.get(&id).copied();
         let step_allocs = step
             .iter()
             .enumerate()

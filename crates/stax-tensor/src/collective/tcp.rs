@@ -42,6 +42,10 @@ fn op_name(op: u32) -> &'static str {
     }
 }
 
+/// The most ranks a TCP world holds: a connecting rank's hello packs its rank and the world's
+/// size in 16 bits each.
+pub const MAX_WORLD: usize = 0xffff;
+
 /// Rank 0 before its peers connect: a bound listener whose address the others need.
 #[derive(Debug)]
 pub struct TcpRoot {
@@ -74,6 +78,7 @@ impl TcpRoot {
     /// collective for tensors of `backend`.
     ///
     /// # Errors
+    /// [`TensorError::InvalidArgument`] for a world of 0 or over [`MAX_WORLD`];
     /// [`TensorError::Collective`] naming the ranks missing at the deadline, or a peer that
     /// said a wrong rank or world size.
     pub fn accept(
@@ -82,6 +87,12 @@ impl TcpRoot {
         world: usize,
         timeout: Duration,
     ) -> Result<TcpCollective, TensorError> {
+        if world == 0 || world > MAX_WORLD {
+            return Err(TensorError::InvalidArgument {
+                op: "accept",
+                reason: format!("a world of {world}: from 1 to {MAX_WORLD} ranks"),
+            });
+        }
         let deadline = Instant::now() + timeout;
         let mut peers: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
         let io = |e: std::io::Error| failed("connect", 0, e.to_string());
@@ -187,7 +198,9 @@ impl TcpCollective {
     /// `timeout`; later reads and writes time out after it too), for tensors of `backend`.
     ///
     /// # Errors
-    /// [`TensorError::Collective`] when rank 0 cannot be reached or does not answer in time.
+    /// [`TensorError::InvalidArgument`] for a rank outside `1..world` or a world over
+    /// [`MAX_WORLD`]; [`TensorError::Collective`] when rank 0 cannot be reached or does not
+    /// answer in time.
     pub fn connect(
         backend: &Arc<dyn Backend>,
         rank: usize,
@@ -195,10 +208,14 @@ impl TcpCollective {
         addr: &str,
         timeout: Duration,
     ) -> Result<TcpCollective, TensorError> {
-        if rank == 0 || rank >= world || world > 0xffff {
+        if rank == 0 || rank >= world || world > MAX_WORLD {
+            let reason = format!(
+                "rank {rank} of {world}: a connecting rank is 1..world, in a world of at most \
+                 {MAX_WORLD}"
+            );
             return Err(TensorError::InvalidArgument {
                 op: "connect",
-                reason: format!("rank {rank} of {world}: a connecting rank is 1..world"),
+                reason,
             });
         }
         let deadline = Instant::now() + timeout;
