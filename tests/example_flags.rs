@@ -482,6 +482,36 @@ fn cuda_only_flags_on_the_cpu_are_named_as_ignored() {
     assert!(ok && !out.contains("ignored on the CPU"), "{out}");
 }
 
+/// The run's first line names the classes its head has: the data's (2), or `--classes`.
+#[test]
+fn the_first_line_names_the_class_count() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let base = [
+        "--device",
+        "cpu",
+        "--img",
+        "8",
+        "--batch",
+        "50",
+        "--max-steps",
+        "1",
+    ];
+    for (extra, want) in [
+        (&[][..], ", 2 classes, batch 50"),
+        (&["--classes", "5"][..], ", 5 classes,"),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (ok, out) = run_example(&cnn, &dir, &args);
+        assert!(
+            ok && out.contains(want),
+            "{args:?}: expected {want:?} in:\n{out}"
+        );
+    }
+}
+
 /// An unknown `--device` is clap's error naming the flag and the accepted names (exit code 2,
 /// as for every other malformed flag).
 #[test]

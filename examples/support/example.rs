@@ -418,10 +418,11 @@ fn train_and_test(
         Feed::Placed | Feed::Accumulated(_) => plan.peak.bytes,
     };
     println!(
-        "{}: {} train / {} test images at {img}x{img}x{channels}, batch {batch}, {} step(s) on {} ({}, allocator {})",
+        "{}: {} train / {} test images at {img}x{img}x{channels}, {} classes, batch {batch}, {} step(s) on {} ({}, allocator {})",
         example.name,
         train.len(),
         test.len(),
+        train.num_classes(),
         total,
         backend.device(),
         match (backend.device(), args.precision.as_str()) {
