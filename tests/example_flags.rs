@@ -227,6 +227,56 @@ fn a_save_path_that_is_no_regular_file_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An output reached through a link is the file the link names: a dangling symbolic link and
+/// the file it points to are one output, a hard link to an input is that input (left as it
+/// was); a name too long for the file system is refused before training, not at the save.
+#[test]
+fn outputs_through_links_and_names_too_long_are_refused_up_front() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = common::checkpoint::scratch("example-links");
+    std::os::unix::fs::symlink("a.out", dir.join("link.out")).unwrap();
+    std::fs::write(dir.join("in.npz"), b"an input").unwrap();
+    std::fs::hard_link(dir.join("in.npz"), dir.join("hard.npz")).unwrap();
+    let long = format!("{}.npz", "a".repeat(300));
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--json", "link.out", "--trace", "a.out"],
+            "a.out: one would be lost",
+        ),
+        (
+            &["--init-from", "in.npz", "--json", "hard.npz"],
+            "the file --init-from reads",
+        ),
+        (&["--save", &long], "--save: cannot write"),
+    ];
+    for (flags, want) in cases {
+        let cpu = [
+            "--device",
+            "cpu",
+            "--img",
+            "8",
+            "--batch",
+            "50",
+            "--max-steps",
+            "1",
+        ];
+        let args: Vec<&str> = cpu.iter().chain(flags).copied().collect();
+        let (ok, out) = run_example(&cnn, &dir, &args);
+        assert!(
+            !ok && out.contains(want),
+            "{flags:?}: expected {want:?} in:\n{out}"
+        );
+        assert!(
+            !out.contains("test: loss"),
+            "{flags:?} trained first:\n{out}"
+        );
+    }
+    assert_eq!(std::fs::read(dir.join("in.npz")).unwrap(), b"an input");
+    assert!(!dir.join("a.out").exists(), "the probe left a file behind");
+}
+
 /// What the example says about a resumed f16 run (its loss scale restored, or dropped under
 /// another precision, which it notes), a resumed run with nothing left to train, the step
 /// numbers its peak summary counts from, another batch that continues the data order (noted)

@@ -122,49 +122,77 @@ pub fn check_flags(args: &Common) -> Result<(), Error> {
         ("--init-from", &args.init_from),
         ("--resume", &args.resume),
     ];
-    let resolved = |paths: &[(&'static str, &Option<PathBuf>)]| -> Vec<(&str, PathBuf)> {
+    let resolved = |paths: &[(&'static str, &Option<PathBuf>)]| -> Vec<(&str, FileKey)> {
         let given = paths.iter().filter_map(|(f, p)| Some((*f, p.as_deref()?)));
-        given.map(|(f, p)| (f, resolve(p))).collect()
+        given.map(|(f, p)| (f, FileKey::of(p))).collect()
     };
-    let (outs, ins) = (resolved(&outputs), resolved(&inputs));
     for (flag, p) in &outputs {
         check_path(flag, p)?;
     }
-    for (i, (flag, path)) in outs.iter().enumerate() {
-        if let Some((first, _)) = outs[..i].iter().find(|(_, q)| q == path) {
-            let path = path.display();
+    let (outs, ins) = (resolved(&outputs), resolved(&inputs));
+    for (i, (flag, key)) in outs.iter().enumerate() {
+        if let Some((first, _)) = outs[..i].iter().find(|(_, k)| k == key) {
+            let path = key.path.display();
             return Err(format!("{first} and {flag} both write {path}: one would be lost").into());
         }
         // a checkpoint saved over the one resumed from is the documented way to continue a run
         let clash = ins
             .iter()
-            .find(|(f, q)| q == path && (*flag, *f) != ("--save", "--resume"));
+            .find(|(f, k)| k == key && (*flag, *f) != ("--save", "--resume"));
         if let Some((input, _)) = clash {
-            let path = path.display();
+            let path = key.path.display();
             return Err(format!("{flag} would overwrite {path}, the file {input} reads").into());
         }
     }
     Ok(())
 }
 
-/// `path` as the file system resolves it, so that two spellings of one file (`./a`, `/dir/a`,
-/// a symbolic link to it) compare equal: canonical if it exists, else its directory's
-/// canonical path joined with its name (as given where neither resolves).
-fn resolve(path: &Path) -> PathBuf {
-    if let Ok(p) = path.canonicalize() {
-        return p;
+/// A file as the file system knows it, so that two names of one file compare equal: the path
+/// a write would reach (symbolic links followed, even to a file not there yet; the directory
+/// canonical) and, for a file that exists, its device and inode (a hard link is the same file).
+#[derive(Debug)]
+struct FileKey {
+    path: PathBuf,
+    inode: Option<(u64, u64)>,
+}
+
+impl FileKey {
+    fn of(path: &Path) -> FileKey {
+        let mut p = path.to_path_buf();
+        // a dangling link: the file a write through it would create (at most 40, as the kernel)
+        for _ in 0..40 {
+            let Ok(target) = std::fs::read_link(&p) else {
+                break;
+            };
+            p = p.parent().unwrap_or(Path::new("")).join(target);
+        }
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = dir.unwrap_or(Path::new(".")).canonicalize();
+        let path = match (dir, p.file_name()) {
+            (Ok(d), Some(name)) => d.join(name),
+            _ => p,
+        };
+        let inode = std::fs::metadata(&path).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        FileKey { path, inode }
     }
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let dir = dir.unwrap_or(Path::new(".")).canonicalize();
-    match (dir, path.file_name()) {
-        (Ok(d), Some(name)) => d.join(name),
-        _ => path.to_path_buf(),
+}
+
+impl PartialEq for FileKey {
+    fn eq(&self, other: &FileKey) -> bool {
+        match (self.inode, other.inode) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.path == other.path,
+        }
     }
 }
 
 /// An output file's flag is checked before training, not after it: the path must not be a
 /// directory or another file that is not a regular one (`/dev/full`, a pipe), and its directory
-/// must exist and take a new file (a probe, removed at once).
+/// must exist and take the file (made and removed at once where it is not there yet, else a
+/// probe beside it).
 fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     let Some(path) = p.as_deref() else {
         return Ok(());
@@ -184,10 +212,17 @@ fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     if !dir.is_dir() {
         return Err(format!("{flag}: {} is not a directory", dir.display()).into());
     }
-    let probe = dir.join(format!(".stax-write-probe-{}", std::process::id()));
+    // a new file is made and removed under its own name (a name too long fails here, not
+    // after training), through any symbolic link to it; beside an existing one, a short probe
+    let target = FileKey::of(path).path;
+    let probe = if target.exists() {
+        dir.join(format!(".stax-write-probe-{}", std::process::id()))
+    } else {
+        target
+    };
     std::fs::File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| format!("{flag}: cannot write in {}: {e}", dir.display()).into())
+        .map_err(|e| format!("{flag}: cannot write {}: {e}", probe.display()).into())
 }
 
 /// `--batch N`'s N, or `None` for `auto`.

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use npyz::zip::result::ZipError;
 use npyz::zip::write::FileOptions;
@@ -48,7 +49,7 @@ fn io_error<'p>(op: &'static str, path: &'p Path) -> impl Fn(io::Error) -> Train
 // ---- writing ----
 
 /// Replaces `path` atomically with what `body` writes: into a temporary file in the same
-/// directory (`.NAME.PID.tmp`), flushed and `fsync`ed, renamed over `path`, then the
+/// directory (`.stax-save.PID.N.tmp`), flushed and `fsync`ed, renamed over `path`, then the
 /// directory `fsync`ed so the rename itself is durable. Until the rename `path` is untouched;
 /// on any error the temporary file is removed. A process killed mid-write leaves `path` as
 /// it was and the temporary file behind.
@@ -62,12 +63,10 @@ pub(super) fn write_atomic(
     body: impl FnOnce(&mut BufWriter<File>) -> Result<(), TrainError>,
 ) -> Result<(), TrainError> {
     let io = io_error(SAVE, path);
-    let name = path.file_name().ok_or_else(|| {
-        io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a file name",
-        ))
-    })?;
+    if path.file_name().is_none() {
+        let what = "not a file name";
+        return Err(io(io::Error::new(io::ErrorKind::InvalidInput, what)));
+    }
     // the rename would replace a device node or a pipe (`/dev/full`) with the checkpoint
     if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
         let what = "exists and is not a regular file";
@@ -77,11 +76,10 @@ pub(super) fn write_atomic(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // a short name of its own: the checkpoint's name may be as long as a name can be
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let n = SAVES.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".stax-save.{}.{n}.tmp", std::process::id()));
     let written = (|| {
         let mut out = BufWriter::new(File::create(&tmp).map_err(&io)?);
         body(&mut out)?;
