@@ -15,6 +15,18 @@ mod common;
 
 use common::checkpoint::{example_binary, example_named, run_example};
 
+/// One training step of the seed model on the CPU at 8x8, batch 50.
+const TINY_RUN: [&str; 8] = [
+    "--device",
+    "cpu",
+    "--img",
+    "8",
+    "--batch",
+    "50",
+    "--max-steps",
+    "1",
+];
+
 #[test]
 fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
     let (Some(cnn), Some(resnet)) = (example_binary(), example_named("resnet50")) else {
@@ -252,17 +264,7 @@ fn outputs_through_links_and_names_too_long_are_refused_up_front() {
         (&["--save", &long], "--save: cannot write"),
     ];
     for (flags, want) in cases {
-        let cpu = [
-            "--device",
-            "cpu",
-            "--img",
-            "8",
-            "--batch",
-            "50",
-            "--max-steps",
-            "1",
-        ];
-        let args: Vec<&str> = cpu.iter().chain(flags).copied().collect();
+        let args: Vec<&str> = TINY_RUN.iter().chain(flags).copied().collect();
         let (ok, out) = run_example(&cnn, &dir, &args);
         assert!(
             !ok && out.contains(want),
@@ -506,16 +508,7 @@ fn cuda_only_flags_on_the_cpu_are_named_as_ignored() {
         return;
     };
     let dir = std::env::temp_dir();
-    let base = [
-        "--device",
-        "cpu",
-        "--img",
-        "8",
-        "--batch",
-        "50",
-        "--max-steps",
-        "1",
-    ];
+    let base = TINY_RUN;
     let extra = [
         "--deterministic",
         "--direct-convs",
@@ -539,16 +532,7 @@ fn the_first_line_names_the_class_count() {
         return;
     };
     let dir = std::env::temp_dir();
-    let base = [
-        "--device",
-        "cpu",
-        "--img",
-        "8",
-        "--batch",
-        "50",
-        "--max-steps",
-        "1",
-    ];
+    let base = TINY_RUN;
     for (extra, want) in [
         (&[][..], ", 2 classes, batch 50"),
         (&["--classes", "5"][..], ", 5 classes,"),
