@@ -5,9 +5,10 @@
 //! fits, an unknown `--conv-apis` or `--fp32-convs`, `--gpus` with `--device cpu`, `--batch
 //! -5`, `--epochs -1`, an `--lr` below 0 or beyond f32's range, two output flags naming one
 //! file (spelled two ways), an output over an input's file, `--plan` or `--eval-only` with a
-//! flag it would ignore, a fraction of a byte, more classes or ranks than there can be, a
-//! `--save` path that is a pipe, bfc on the CPU without a budget, a missing `--data` file, a
-//! `--bucket` that is no size, a `--plot` file that is no .svg), the flags that need no
+//! flag it would ignore, a rank's renamed output over an input, a fraction of a byte, more
+//! classes or ranks than there can be, a `--save` path that is a pipe, bfc on the CPU without a
+//! budget, a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no
+//! .svg), the flags that need no
 //! backend before one opens; CUDA-only flags on the CPU are named as ignored; a resumed run
 //! says what it continued; a set-up out-of-memory names the batch `--batch auto` would pick.
 
@@ -33,7 +34,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 30] = [
+    let cases: [(&std::path::Path, &[&str], &str); 31] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -138,6 +139,19 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--ranks", "70000"],
             "--ranks 70000: at most 65535 ranks",
+        ),
+        (
+            // rank 1 writes ck.rank1.npz: refused by the launcher, before any rank starts
+            &cnn,
+            &[
+                "--ranks",
+                "2",
+                "--init-from",
+                "ck.rank1.npz",
+                "--json",
+                "ck.npz",
+            ],
+            "ck.rank1.npz, the file --init-from reads",
         ),
         (
             &cnn,

@@ -44,9 +44,14 @@ fn bucket_bytes(s: &str) -> Result<u64, String> {
 }
 
 /// Starts the ranks when `--ranks` or `--gpus` asks and this process is not a rank itself:
-/// true once they all finished (the first failure is the error). `asked` is `--device`: `auto`
-/// lets the ranks' device stand, another one must agree with it.
-pub fn launch_if_asked(d: &Distributed, asked: &str) -> Result<bool, Error> {
+/// true once they all finished (the first failure is the error). `--device` (`args.device`):
+/// `auto` lets the ranks' device stand, another one must agree with it. Each rank's flags,
+/// its export paths renamed, pass `check` before any rank starts.
+pub fn launch_if_asked(
+    args: &Common,
+    check: impl Fn(&Common) -> Result<(), Error>,
+) -> Result<bool, Error> {
+    let (d, asked) = (&args.dist, args.device.as_str());
     let (n, device) = match (d.ranks, d.gpus) {
         (Some(n), _) => (n, "cpu"),
         (None, Some(n)) => (n, "cuda"),
@@ -61,6 +66,9 @@ pub fn launch_if_asked(d: &Distributed, asked: &str) -> Result<bool, Error> {
     if device == "cpu" && n > MAX_WORLD {
         let why = "the CPU ranks' TCP collective";
         return Err(format!("--ranks {n}: at most {MAX_WORLD} ranks ({why})").into());
+    }
+    for rank in 0..n {
+        check(&ranked(args, rank))?;
     }
     // the same arguments, less the launcher's own, with the device of the ranks
     if asked != "auto" && !asked.starts_with(device) {
@@ -103,10 +111,15 @@ pub fn ordinal(asked: usize) -> usize {
 /// `args` with this rank's export paths (`steps.jsonl` -> `steps.rank1.jsonl`) in a
 /// data-parallel run.
 pub fn for_rank(args: &Common) -> Result<Common, Error> {
+    match Rendezvous::from_env()? {
+        Some(rv) => Ok(ranked(args, rv.rank)),
+        None => Ok(args.clone()),
+    }
+}
+
+/// `args` with rank `rank`'s export paths.
+fn ranked(args: &Common, rank: usize) -> Common {
     let mut args = args.clone();
-    let Some(rv) = Rendezvous::from_env()? else {
-        return Ok(args);
-    };
     let paths = [
         &mut args.json,
         &mut args.trace,
@@ -119,12 +132,12 @@ pub fn for_rank(args: &Common) -> Result<Common, Error> {
             .file_stem()
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
         let name = match ext {
-            Some(e) => format!("{stem}.rank{}.{e}", rv.rank),
-            None => format!("{stem}.rank{}", rv.rank),
+            Some(e) => format!("{stem}.rank{rank}.{e}"),
+            None => format!("{stem}.rank{rank}"),
         };
         *path = path.with_file_name(PathBuf::from(name));
     }
-    Ok(args)
+    args
 }
 
 /// Joins the data-parallel run the environment describes, if any: `(trainer, rank, world)`.

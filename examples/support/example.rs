@@ -171,7 +171,11 @@ pub struct Common {
     /// Print the test loss and accuracy of the --resume or --init-from checkpoint and exit
     /// (not with --plan, which plans a training step, nor with the flags of training: --save,
     /// --epochs, --max-steps, --lr).
-    #[arg(long, requires = "from", conflicts_with_all = ["plan", "save", "epochs", "max_steps", "lr"])]
+    #[arg(
+        long,
+        requires = "from",
+        conflicts_with_all = ["plan", "save", "epochs", "max_steps", "lr"]
+    )]
     pub eval_only: bool,
     /// CUDA: deterministic cuDNN algorithms (the first in cuDNN's heuristic order), untimed;
     /// legacy-API candidates only, so --conv-apis does not apply.
@@ -317,7 +321,7 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
 /// and memory line (each step's peak compared with the plan), the loop's summary, the
 /// exports, and the test set's loss and accuracy.
 pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Error> {
-    if distributed::launch_if_asked(&args.dist, &args.device)? {
+    if distributed::launch_if_asked(args, check_flags)? {
         return Ok(());
     }
     let args = &distributed::for_rank(args)?;
