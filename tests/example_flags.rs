@@ -405,6 +405,42 @@ fn a_resumed_run_says_what_it_continued() {
     );
 }
 
+/// Resuming another model's checkpoint names the model mismatch, even at a batch that could
+/// not continue the checkpoint's data order either (the model is checked first).
+#[test]
+fn resuming_another_models_checkpoint_names_the_model() {
+    let (Some(cnn), Some(resnet)) = (example_binary(), example_named("resnet50")) else {
+        return;
+    };
+    let dir = common::checkpoint::scratch("example-other-model");
+    let tiny = [
+        "--blocks", "1,1,1,1", "--widths", "8,8,8,8", "--save", "rn.npz",
+    ];
+    let args: Vec<&str> = [
+        "--device",
+        "cpu",
+        "--img",
+        "8",
+        "--batch",
+        "4",
+        "--max-steps",
+        "1",
+    ]
+    .iter()
+    .chain(&tiny)
+    .copied()
+    .collect();
+    let (ok, out) = run_example(&resnet, &dir, &args);
+    assert!(ok, "{out}");
+    // 4 examples used: a batch of 7 cannot continue them, but the model is the first problem
+    let args = [
+        "--device", "cpu", "--img", "8", "--batch", "7", "--resume", "rn.npz",
+    ];
+    let (ok, out) = run_example(&cnn, &dir, &args);
+    assert!(!ok && out.contains("describes the model"), "{out}");
+    assert!(!out.contains("with --batch 7"), "{out}");
+}
+
 /// An out-of-memory at set-up names the largest batch of the run's own feed (prefetched by
 /// default): the batch `--batch auto` picks for the same budget.
 #[test]

@@ -397,7 +397,7 @@ fn train_and_test(
         // before the trainer reserves the step's memory: a batch the training set cannot fill
         // is refused at once, not after a set-up that may not fit the machine
         batch_loader(train.len(), (batch, 1), args.seed)?;
-        resume::check_position(args, batch, |seed| {
+        resume::check_position(args, (&make()?, batch), |seed| {
             batch_loader(train.len(), (batch, 1), seed)
         })?;
     }

@@ -58,18 +58,21 @@ pub fn build_trainer(
     Ok((Trainer::new(model, input, adam, backend, args.seed)?, None))
 }
 
-/// `--resume`'s data position checked against this run's batch before the set-up (a batch
-/// that does not divide the examples the checkpoint's run used fails here, not after the
-/// trainer reserved its memory); `loader` makes this run's loader for a seed.
+/// `--resume`'s checkpoint checked before the set-up: first that it is `model`'s (another
+/// model's is named as such), then its data position against this run's batch (a batch that
+/// does not divide the examples the checkpoint's run used fails here, not after the trainer
+/// reserved its memory); `loader` makes this run's loader for a seed.
 pub fn check_position(
     args: &Common,
-    batch: usize,
+    (model, batch): (&super::Model, usize),
     loader: impl Fn(u64) -> Result<Loader, Error>,
 ) -> Result<(), Error> {
     let Some(path) = &args.resume else {
         return Ok(());
     };
-    let Some(at) = Checkpoint::open(path)?.data_position()? else {
+    let mut checkpoint = Checkpoint::open(path)?;
+    checkpoint.check_model(model)?;
+    let Some(at) = checkpoint.data_position()? else {
         return Ok(());
     };
     let checked = loader(at.seed)?.batches_from(at).map(drop);
