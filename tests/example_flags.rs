@@ -441,6 +441,29 @@ fn resuming_another_models_checkpoint_names_the_model() {
     assert!(!out.contains("with --batch 7"), "{out}");
 }
 
+/// A rank whose rendezvous variables are wrong names itself and what the variable takes: a
+/// timeout of 0 seconds is a number, but not one a wait can use.
+#[test]
+fn a_bad_rendezvous_variable_names_the_rank_and_what_it_takes() {
+    let Some(cnn) = example_binary() else {
+        return;
+    };
+    let dir = common::checkpoint::scratch("example-rendezvous-env");
+    let out = std::process::Command::new(&cnn)
+        .args(TINY_RUN)
+        .current_dir(&*dir)
+        .env("STAX_WORLD_SIZE", "2")
+        .env("STAX_RANK", "1")
+        .env("STAX_RENDEZVOUS", dir.join("meet"))
+        .env("STAX_TIMEOUT_S", "0")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{text}");
+    let want = "rank 1): STAX_TIMEOUT_S=\"0\": expected seconds, a finite number > 0";
+    assert!(text.contains(want), "expected {want:?} in:\n{text}");
+}
+
 /// An out-of-memory at set-up names the largest batch of the run's own feed (prefetched by
 /// default): the batch `--batch auto` picks for the same budget.
 #[test]

@@ -55,27 +55,34 @@ impl Rendezvous {
     /// plain single-process run).
     ///
     /// # Errors
-    /// [`TrainError::Rendezvous`] for a variable that is not a number, a rank outside the
-    /// world, or a missing `STAX_RENDEZVOUS`.
+    /// [`TrainError::Rendezvous`] for a variable that is not a whole number (a timeout not a
+    /// finite number of seconds > 0), a rank outside the world, or a missing
+    /// `STAX_RENDEZVOUS`; it names this process's rank once `STAX_RANK` is read.
     pub fn from_env() -> Result<Option<Rendezvous>, TrainError> {
         let Some(world) = var(WORLD_SIZE) else {
             return Ok(None);
         };
-        let bad = |what: &str, v: &str| TrainError::Rendezvous {
-            rank: 0,
-            reason: format!("{what}={v:?} is not a number"),
+        // the rank the error names: this process's, once it is known
+        let bad = |rank: usize, what: &str, v: &str, want: &str| TrainError::Rendezvous {
+            rank,
+            reason: format!("{what}={v:?}: expected {want}"),
         };
-        let world: usize = world.parse().map_err(|_| bad(WORLD_SIZE, &world))?;
+        let whole = "a whole number";
+        let world: usize = world
+            .parse()
+            .map_err(|_| bad(0, WORLD_SIZE, &world, whole))?;
         let rank = var(RANK).unwrap_or_else(|| "0".into());
-        let rank: usize = rank.parse().map_err(|_| bad(RANK, &rank))?;
+        let rank: usize = rank.parse().map_err(|_| bad(0, RANK, &rank, whole))?;
         let local = var(LOCAL_RANK).unwrap_or_else(|| rank.to_string());
-        let local_rank: usize = local.parse().map_err(|_| bad(LOCAL_RANK, &local))?;
+        let local_rank: usize = local
+            .parse()
+            .map_err(|_| bad(rank, LOCAL_RANK, &local, whole))?;
         let timeout = match var(TIMEOUT) {
             Some(t) => Duration::from_secs_f64(
                 t.parse::<f64>()
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
-                    .ok_or_else(|| bad(TIMEOUT, &t))?,
+                    .ok_or_else(|| bad(rank, TIMEOUT, &t, "seconds, a finite number > 0"))?,
             ),
             None => DEFAULT_TIMEOUT,
         };
