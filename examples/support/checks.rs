@@ -126,10 +126,12 @@ pub fn check_flags(args: &Common) -> Result<(), Error> {
         let given = paths.iter().filter_map(|(f, p)| Some((*f, p.as_deref()?)));
         given.map(|(f, p)| (f, FileKey::of(p))).collect()
     };
-    for (flag, p) in &outputs {
-        check_path(flag, p)?;
-    }
     let (outs, ins) = (resolved(&outputs), resolved(&inputs));
+    // outs holds the given outputs in order, as the filter below
+    let given = outputs.iter().filter_map(|(_, p)| p.as_deref());
+    for ((flag, key), path) in outs.iter().zip(given) {
+        check_path(flag, path, key)?;
+    }
     for (i, (flag, key)) in outs.iter().enumerate() {
         if let Some((first, _)) = outs[..i].iter().find(|(_, k)| k == key) {
             let path = key.path.display();
@@ -189,14 +191,11 @@ impl PartialEq for FileKey {
     }
 }
 
-/// An output file's flag is checked before training, not after it: the path must not be a
-/// directory or another file that is not a regular one (`/dev/full`, a pipe), and its directory
-/// must exist and take the file (made and removed at once where it is not there yet, else a
-/// probe beside it).
-fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
-    let Some(path) = p.as_deref() else {
-        return Ok(());
-    };
+/// An output file's flag (`path`, known to the file system as `key`) is checked before
+/// training, not after it: the path must not be a directory or another file that is not a
+/// regular one (`/dev/full`, a pipe), and its directory must exist and take the file (made and
+/// removed at once where it is not there yet, else a probe beside it).
+fn check_path(flag: &str, path: &Path, key: &FileKey) -> Result<(), Error> {
     if path.is_dir() {
         return Err(format!("{flag}: {} is a directory", path.display()).into());
     }
@@ -214,11 +213,10 @@ fn check_path(flag: &str, p: &Option<PathBuf>) -> Result<(), Error> {
     }
     // a new file is made and removed under its own name (a name too long fails here, not
     // after training), through any symbolic link to it; beside an existing one, a short probe
-    let target = FileKey::of(path).path;
-    let probe = if target.exists() {
+    let probe = if key.path.exists() {
         dir.join(format!(".stax-write-probe-{}", std::process::id()))
     } else {
-        target
+        key.path.clone()
     };
     std::fs::File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))

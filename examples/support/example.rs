@@ -393,16 +393,17 @@ fn train_and_test(
     if tracing {
         backend.allocator().start_trace();
     }
+    let model = make()?;
     if !args.eval_only {
         // before the trainer reserves the step's memory: a batch the training set cannot fill
         // is refused at once, not after a set-up that may not fit the machine
         batch_loader(train.len(), (batch, 1), args.seed)?;
-        resume::check_position(args, (&make()?, batch), |seed| {
+        resume::check_position(args, (&model, batch), |seed| {
             batch_loader(train.len(), (batch, 1), seed)
         })?;
     }
-    check_host_memory(args, (&make()?, &input), backend)?;
-    let built = resume::build_trainer(args, (make()?, &input, adam), backend);
+    check_host_memory(args, (&model, &input), backend)?;
+    let built = resume::build_trainer(args, (model, &input, adam), backend);
     let hint = |e| with_feed_hint(e, (args, train.len()), (make, &input), backend);
     let (trainer, position) = built.map_err(hint)?;
     let (mut trainer, rank, world) = distributed::join(&args.dist, trainer, backend)?;
