@@ -207,11 +207,25 @@ pub fn example_binary() -> Option<PathBuf> {
     example_named("stax_cnn")
 }
 
-/// The example binary `name` next to this test binary, or None after printing a skip notice
-/// (`cargo test --test <name>` alone builds no example).
+/// The example binary `name` next to this test binary, or None after printing a skip notice.
+/// Under cargo (`CARGO` set, as `cargo test` sets it) the example is built first in this test
+/// binary's profile and target folder, a no-op when it is current: `cargo test --test <name>`
+/// alone builds no example, and would otherwise run a missing or stale one. A failed build
+/// fails the test. In the GPU bundle (no cargo) the bundled example is taken as it is.
 pub fn example_named(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("examples").join(name);
+    let profile_dir = exe.parent()?.parent()?;
+    let bin = profile_dir.join("examples").join(name);
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let mut built = BUILT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !built.iter().any(|b| b == name) {
+            build_example(&cargo, name, profile_dir);
+            built.push(name.to_string());
+        }
+    }
     if bin.is_file() {
         return Some(bin);
     }
@@ -222,6 +236,27 @@ pub fn example_named(name: &str) -> Option<PathBuf> {
     );
     let _ = std::io::Write::write_all(&mut std::io::stderr(), (notice + "\n").as_bytes());
     None
+}
+
+/// `cargo build --example name` into the target folder above `profile_dir` (`target/debug` or
+/// `target/release`, whose name gives the profile); panics with cargo's output if it fails.
+fn build_example(cargo: &std::ffi::OsStr, name: &str, profile_dir: &Path) {
+    let (Some(target), Some(profile)) = (profile_dir.parent(), profile_dir.file_name()) else {
+        return;
+    };
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "--example", name, "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile == "release" {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build --example {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs the example in `dir` with `common` arguments: `steps` steps straight, then
