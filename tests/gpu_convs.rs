@@ -476,8 +476,13 @@ fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
 /// Batch normalization views: NHWC, NCHW, dense, a channel count not a multiple of 32, one
 /// with many splits; NHWC views the vectorized kernels take (8 channels a thread: 16, 64, 512,
 /// 2048 channels, and 8 with a mask word of fewer than 4 groups) and 24 channels, whose
-/// elementwise passes vectorize but whose reduction does not (24 does not divide 2048).
-const NORM_CASES: [[usize; 3]; 10] = [
+/// elementwise passes vectorize but whose reduction does not (24 does not divide 2048). The
+/// last two are larger than one grid of the elementwise kernels (32 blocks of 256 threads a
+/// multiprocessor, 8 channels a thread: over 8.7 M elements on 132 multiprocessors), so that
+/// the apply passes take their two-groups-a-step loops and the statistics their four-ahead
+/// loop: ResNet-50's stage-1 shape at batch 16, and 520 channels (65 groups: the grid's
+/// stride is no multiple of them, so a thread's channels change from step to step).
+const NORM_CASES: [[usize; 3]; 12] = [
     [4 * 9 * 7, 16, 1],
     [3, 5, 42],
     [37, 10, 1],
@@ -488,6 +493,8 @@ const NORM_CASES: [[usize; 3]; 10] = [
     [7 * 3, 24, 1],
     [1000, 512, 1],
     [5, 2048, 1],
+    [16 * 56 * 56, 256, 1],
+    [17_000, 520, 1],
 ];
 
 /// Batch normalization's forward and backward passes on `be`: `(y, mean, rstd, dx, dgamma,
