@@ -6,7 +6,8 @@
 //! -5`, `--epochs -1`, an `--lr` below 0 or beyond f32's range, two output flags naming one
 //! file (spelled two ways), an output over an input's file, `--plan` or `--eval-only` with a
 //! flag it would ignore, a rank's renamed output over an input, a fraction of a byte, more
-//! classes or ranks than there can be, a `--save` path that is a pipe, bfc on the CPU without a
+//! classes or ranks than there can be, more ranks than the data or the host's memory holds
+//! (refused before any starts), a `--save` path that is a pipe, bfc on the CPU without a
 //! budget, a missing `--data` file, a `--bucket` that is no size, a `--plot` file that is no
 //! .svg), the flags that need no
 //! backend before one opens; CUDA-only flags on the CPU are named as ignored; a resumed run
@@ -34,7 +35,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 31] = [
+    let cases: [(&std::path::Path, &[&str], &str); 33] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -154,6 +155,19 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             "ck.rank1.npz, the file --init-from reads",
         ),
         (
+            // refused by the launcher: 3 ranks of 1000 are more than the 2000 examples
+            &cnn,
+            &["--ranks", "3", "--batch", "1000"],
+            "--batch 1000 on 3 ranks: ",
+        ),
+        (
+            // refused by the launcher: 500 CPU ranks of this host, each with the seed's 3.9 GB
+            // of parameters and Adam moments, are more than any host has
+            &cnn,
+            &["--ranks", "500", "--batch", "4", "--img", "200"],
+            "on each of 500 ranks, ",
+        ),
+        (
             &cnn,
             &["--data", "missing.npz", "--test-data", "missing.npz"],
             "--data missing.npz: ",
@@ -207,6 +221,8 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         assert!(!ok, "{args:?} should fail:\n{out}");
         assert!(out.contains(want), "{args:?}: expected {want:?} in:\n{out}");
         assert!(!out.contains("panicked"), "{args:?} panicked:\n{out}");
+        // every refusal comes before a launcher starts any rank
+        assert!(!out.contains("launching"), "{args:?} started ranks:\n{out}");
         // the parameters alone not fitting is not the batch's fault
         let init_oom = want.contains("before any step");
         let hint = "(here: lower --img, or raise --budget;";

@@ -41,13 +41,15 @@ pub fn with_feed_hint(
     }
 }
 
-/// On the CPU without `--budget`, the step's planned peak against the host's available memory
-/// (`MemAvailable` of `/proc/meminfo`; skipped where there is none): a run the host cannot hold
-/// is refused before the set-up touches its memory, rather than killed by the system part-way.
+/// On the CPU without `--budget`, the step's planned peak, times the `ranks` that share this
+/// host, against the host's available memory (`MemAvailable` of `/proc/meminfo`; skipped where
+/// there is none): a run the host cannot hold is refused before the set-up touches its memory
+/// (or before a launcher starts its ranks), rather than killed by the system part-way.
 pub fn check_host_memory(
     args: &Common,
     (model, input): (&Model, &Shape),
     backend: &Arc<dyn stax::Backend>,
+    ranks: usize,
 ) -> Result<(), Error> {
     if backend.device() != Device::Cpu || args.budget()?.is_some() {
         return Ok(());
@@ -56,14 +58,25 @@ pub fn check_host_memory(
         return Ok(());
     };
     let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
-    if plan.peak.bytes <= available {
+    let need = plan.peak.bytes.saturating_mul(ranks as u64);
+    if need <= available {
         return Ok(());
     }
     let (b, i) = (input.dims()[0], input.dims()[1]);
+    let peak = human_bytes(plan.peak.bytes);
+    let (whose, lower) = match ranks {
+        1 => (format!("peaks at {peak}"), "lower --batch or --img"),
+        n => (
+            format!(
+                "peaks at {peak} on each of {n} ranks, {} together",
+                human_bytes(need)
+            ),
+            "lower --ranks, --batch or --img",
+        ),
+    };
     Err(format!(
-        "--batch {b} --img {i}: the step's plan peaks at {} on the CPU, more than the host's \
-         available memory, {} (/proc/meminfo); lower --batch or --img (--plan shows every buffer)",
-        human_bytes(plan.peak.bytes),
+        "--batch {b} --img {i}: the step's plan {whose} on the CPU, more than the host's \
+         available memory, {} (/proc/meminfo); {lower} (--plan shows every buffer)",
         human_bytes(available)
     )
     .into())
@@ -224,7 +237,7 @@ fn check_path(flag: &str, path: &Path, key: &FileKey) -> Result<(), Error> {
 }
 
 /// `--batch N`'s N, or `None` for `auto`.
-fn fixed_batch(args: &Common) -> Result<Option<usize>, Error> {
+pub fn fixed_batch(args: &Common) -> Result<Option<usize>, Error> {
     if args.batch == "auto" {
         return Ok(None);
     }

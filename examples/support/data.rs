@@ -5,8 +5,9 @@
 use super::{Common, Error, ModelFn};
 use stax::Shape;
 use stax::layers::Layer;
+use stax::train::TrainError;
 use stax::train::data::npy::MAX_CLASSES;
-use stax::train::data::{Dataset, PixelScaling, fashion_mnist_2class};
+use stax::train::data::{Dataset, Loader, PixelScaling, fashion_mnist_2class};
 
 /// `--pixel-scale`, parsed (None: each data set's default).
 fn pixel_scale(args: &Common) -> Result<Option<PixelScaling>, Error> {
@@ -97,4 +98,18 @@ pub fn takes(
     let input = stax::Tree::leaf(Shape::new([1, img, img, channels]));
     m.output_shape(&input)?;
     Ok(())
+}
+
+/// The loader of `examples` in global batches of `batch` examples on each of `world` ranks; a
+/// batch larger than the training set names `--batch` (and the ranks, where there are several).
+pub fn batch_loader(
+    examples: usize,
+    (batch, world): (usize, usize),
+    seed: u64,
+) -> Result<Loader, Error> {
+    Loader::new(examples, batch * world, seed).map_err(|e| match e {
+        TrainError::BatchTooLarge { .. } if world == 1 => format!("--batch {batch}: {e}").into(),
+        TrainError::BatchTooLarge { .. } => format!("--batch {batch} on {world} ranks: {e}").into(),
+        e => Error::from(e),
+    })
 }

@@ -45,11 +45,13 @@ fn bucket_bytes(s: &str) -> Result<u64, String> {
 
 /// Starts the ranks when `--ranks` or `--gpus` asks and this process is not a rank itself:
 /// true once they all finished (the first failure is the error). `--device` (`args.device`):
-/// `auto` lets the ranks' device stand, another one must agree with it. Each rank's flags,
-/// its export paths renamed, pass `check` before any rank starts.
+/// `auto` lets the ranks' device stand, another one must agree with it. Before any rank
+/// starts, each rank's flags, its export paths renamed, pass `check`, and `world` checks what
+/// the ranks share, given rank 0's flags with their device and the number of ranks.
 pub fn launch_if_asked(
     args: &Common,
     check: impl Fn(&Common) -> Result<(), Error>,
+    world: impl Fn(&Common, usize) -> Result<(), Error>,
 ) -> Result<bool, Error> {
     let (d, asked) = (&args.dist, args.device.as_str());
     let (n, device) = match (d.ranks, d.gpus) {
@@ -79,6 +81,9 @@ pub fn launch_if_asked(
         )
         .into());
     }
+    let mut rank0 = ranked(args, 0);
+    rank0.device = device.into();
+    world(&rank0, n)?;
     let mut args: Vec<OsString> = Vec::new();
     let mut given = std::env::args_os().skip(1);
     while let Some(a) = given.next() {

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stax::alloc::{human_bytes, parse_size};
 use stax::layers::{Mixed, Policy};
 use stax::tensor::cuda::{ConvApis, DirectConvs, Fp32Convs};
-use stax::train::data::{Dataset, Loader};
+use stax::train::data::Dataset;
 use stax::train::export::XAxis;
 use stax::train::plan::{Feed, MemoryPlan, NamedTrace};
 use stax::train::{StepReport, TrainError};
@@ -34,13 +34,13 @@ mod distributed;
 
 #[path = "data.rs"]
 mod data;
-use data::{input_channels, load};
+use data::batch_loader;
 
 #[path = "checks.rs"]
 mod checks;
 use checks::{
-    batch_size, check_flags, check_host_memory, check_img, conv_apis, device_flag, direct_convs,
-    fp32_convs, learning_rate, svg_path, with_feed_hint,
+    check_flags, check_host_memory, conv_apis, device_flag, direct_convs, fp32_convs,
+    learning_rate, svg_path, with_feed_hint,
 };
 
 #[path = "exports.rs"]
@@ -48,8 +48,11 @@ mod exports;
 
 #[path = "backend.rs"]
 mod backend;
-use backend::open_backend;
+
+#[path = "setup.rs"]
+mod setup;
 use exports::{export, last_step, record, show_plan};
+use setup::{check_world, set_up};
 
 /// The flags every training example takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -321,62 +324,31 @@ pub fn exit_code(result: Result<(), Error>) -> std::process::ExitCode {
 /// and memory line (each step's peak compared with the plan), the loop's summary, the
 /// exports, and the test set's loss and accuracy.
 pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Error> {
-    if distributed::launch_if_asked(args, check_flags)? {
+    let world = |rank0: &Common, n| check_world(rank0, (example, model), n);
+    if distributed::launch_if_asked(args, check_flags, world)? {
         return Ok(());
     }
     let args = &distributed::for_rank(args)?;
-    // what needs no backend first: opening one may compile the kernels
-    check_flags(args)?;
-    let (train, test) = load(args)?;
-    let channels = input_channels(&train, &test)?;
-    let classes = train.num_classes();
-    if let Some(img) = args.img {
-        check_img(model, (classes, channels), img)?;
-    }
-    let backend = open_backend(args)?;
-    let img = args.img.unwrap_or(if backend.device() == Device::Cpu {
-        28
-    } else {
-        example.gpu_img
-    });
-    if args.img.is_none() {
-        check_img(model, (classes, channels), img)?;
-    }
-    let image = (img, img, channels);
-    let policy = args.precision()?.1;
-    let make = || model(train.num_classes(), image).map(|m| Mixed::new(m, policy));
-    let batch = batch_size(args, &make()?, image, &backend, train.len())?;
-    let input = Shape::new([batch, img, img, channels]);
+    let s = set_up(args, example, model)?;
+    let (backend, (img, _, channels)) = (&s.backend, s.image);
+    let make = || model(s.train.num_classes(), s.image).map(|m| Mixed::new(m, s.policy));
+    let input = Shape::new([s.batch, img, img, channels]);
     let adam = args.adam();
     if args.plan {
         let model = make()?;
-        let at = |feed| MemoryPlan::with_feed(&model, &input, &adam, &backend, feed);
+        let at = |feed| MemoryPlan::with_feed(&model, &input, &adam, backend, feed);
         let plan = at(args.feed())?;
         if !plan.exact {
             // the explicit step that allocates: cuDNN's algorithm search for each conv pass
             println!("calibrating the step's ops (cuDNN's algorithm search; scratch released)");
-            plan.calibrate(&backend)?;
+            plan.calibrate(backend)?;
         }
         // as the trainer does: each conv the workspace the step has free below its peak
-        let widened = stax::train::plan::headroom_rule(&backend, args.feed(), at)?;
+        let widened = stax::train::plan::headroom_rule(backend, args.feed(), at)?;
         println!("workspace headroom: {widened} op(s) given more workspace below the peak");
-        return show_plan(args, &at(args.feed())?, &model, &backend);
+        return show_plan(args, &at(args.feed())?, &model, backend);
     }
-    train_and_test(args, example, (&make, input), &backend, (&train, &test))
-}
-
-/// The loader of `examples` in global batches of `batch` examples on each of `world` ranks; a
-/// batch larger than the training set names `--batch` (and the ranks, where there are several).
-fn batch_loader(
-    examples: usize,
-    (batch, world): (usize, usize),
-    seed: u64,
-) -> Result<Loader, Error> {
-    Loader::new(examples, batch * world, seed).map_err(|e| match e {
-        TrainError::BatchTooLarge { .. } if world == 1 => format!("--batch {batch}: {e}").into(),
-        TrainError::BatchTooLarge { .. } => format!("--batch {batch} on {world} ranks: {e}").into(),
-        e => Error::from(e),
-    })
+    train_and_test(args, example, (&make, input), backend, (&s.train, &s.test))
 }
 
 /// The training loop and the evaluation (see [`run`]).
@@ -402,7 +374,7 @@ fn train_and_test(
             batch_loader(train.len(), (batch, 1), seed)
         })?;
     }
-    check_host_memory(args, (&model, &input), backend)?;
+    check_host_memory(args, (&model, &input), backend, 1)?;
     let built = resume::build_trainer(args, (model, &input, adam), backend);
     let hint = |e| with_feed_hint(e, (args, train.len()), (make, &input), backend);
     let (trainer, position) = built.map_err(hint)?;

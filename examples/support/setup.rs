@@ -1,0 +1,79 @@
+//! A run's set-up, shared by a training run and a launcher's check of the ranks it would start:
+//! the flags, the data, the backend, the image and the batch.
+
+use super::backend::open_backend;
+use super::checks::{batch_size, check_flags, check_host_memory, check_img, fixed_batch};
+use super::data::{batch_loader, input_channels, load};
+use super::{Common, Error, Example, ModelFn};
+use stax::layers::{Mixed, Policy};
+use stax::train::data::Dataset;
+use stax::{Device, Shape};
+use std::sync::Arc;
+
+/// What a run is set up with: the data, the backend, the image `(height, width, channels)`,
+/// the model's dtype policy and the batch.
+pub struct SetUp {
+    pub train: Dataset,
+    pub test: Dataset,
+    pub backend: Arc<dyn stax::Backend>,
+    pub image: (usize, usize, usize),
+    pub policy: Policy,
+    pub batch: usize,
+}
+
+/// The flags checked, the data loaded, the backend opened, the image (`--img`, else 28 on the
+/// CPU and `example.gpu_img` on a GPU) checked against the model, and the batch (`--batch`, or
+/// the largest that fits for `auto`).
+pub fn set_up(args: &Common, example: Example, model: ModelFn<'_>) -> Result<SetUp, Error> {
+    // what needs no backend first: opening one may compile the kernels
+    check_flags(args)?;
+    let (train, test) = load(args)?;
+    let channels = input_channels(&train, &test)?;
+    let classes = train.num_classes();
+    if let Some(img) = args.img {
+        check_img(model, (classes, channels), img)?;
+    }
+    let backend = open_backend(args)?;
+    let cpu = backend.device() == Device::Cpu;
+    let img = args.img.unwrap_or(if cpu { 28 } else { example.gpu_img });
+    if args.img.is_none() {
+        check_img(model, (classes, channels), img)?;
+    }
+    let image = (img, img, channels);
+    let policy = args.precision()?.1;
+    let m = Mixed::new(model(classes, image)?, policy);
+    let batch = batch_size(args, &m, image, &backend, train.len())?;
+    Ok(SetUp {
+        train,
+        test,
+        backend,
+        image,
+        policy,
+        batch,
+    })
+}
+
+/// What a launcher checks once before it starts `world` ranks, from rank 0's flags (`args`,
+/// its `device` the ranks'): the global batch (`--batch` on each rank) against the training
+/// set, and for CPU ranks, which share this host, their planned peaks together against its
+/// available memory. GPU ranks are not set up here (that would take device 0's memory): each
+/// checks its own plan against its own device.
+pub fn check_world(
+    args: &Common,
+    (example, model): (Example, ModelFn<'_>),
+    world: usize,
+) -> Result<(), Error> {
+    if args.device != "cpu" {
+        let Some(batch) = fixed_batch(args)? else {
+            return Ok(());
+        };
+        let (train, _) = load(args)?;
+        return batch_loader(train.len(), (batch, world), args.seed).map(drop);
+    }
+    let s = set_up(args, example, model)?;
+    batch_loader(s.train.len(), (s.batch, world), args.seed)?;
+    let (img, channels) = (s.image.0, s.image.2);
+    let m = Mixed::new(model(s.train.num_classes(), s.image)?, s.policy);
+    let input = Shape::new([s.batch, img, img, channels]);
+    check_host_memory(args, (&m, &input), &s.backend, world)
+}
