@@ -1,10 +1,11 @@
 #!/bin/bash
 # One device call for ResNet-50's memory/time trade-offs (issue 10; `bash
 # benches/cuda/resnet_remat_ab.sh` from the repo root): TF32, batch 128, 224x224x3, 1000 classes,
-# plain, `--remat 1` and `--remat 2`, each step's peak against its plan, then JAX's stax ResNet50
-# anchor in the same call. Build first: `cargo xtask gpu-bundle`, then copy
-# ../shared/anchors/*.py into bundle/. (On 2026-12-05 it also ran `--remat-saving-convs`, a flag
-# of commit 9afcb17 since removed: BENCHMARKS.md.)
+# plain, `--remat 1`, `--remat 2`, `--remat-bn` and `--remat 1 --remat-bn`, each step's peak
+# against its plan, then JAX's stax ResNet50 anchor in the same call. Build first: `cargo xtask
+# gpu-bundle && cargo xtask bench-gpu` (the latter copies ../shared/anchors/*.py into
+# bundle/anchors/). (On 2026-12-05 it also ran `--remat-saving-convs`, a flag of commit 9afcb17
+# since removed: BENCHMARKS.md.)
 cd "$(dirname "$0")/../.."
 B=bundle
 python3 -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' $B/bins.tar.xz $B
@@ -20,6 +21,8 @@ run warm --max-steps 3
 run plain --max-steps 20
 run remat1 --remat 1 --max-steps 20
 run remat2 --remat 2 --max-steps 20
-timeout 150 python3 $B/jax_resnet50_anchor.py default 128 20 2>&1 | tail -1
+run bn --remat-bn --max-steps 20
+run remat1_bn --remat 1 --remat-bn --max-steps 20
+timeout 150 python3 $B/anchors/jax_resnet50_anchor.py default 128 20 2>&1 | tail -1
 run plain_b --max-steps 20
 run remat2_b --remat 2 --max-steps 20
