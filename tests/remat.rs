@@ -29,12 +29,18 @@ fn shallow(remat: bool) -> Serial {
 
 /// [`shallow`] for `img`x`img` images.
 fn shallow_for(remat: bool, img: usize) -> Serial {
+    shallow_with(if remat { 4 } else { 0 }, false, img)
+}
+
+/// The shallow ResNet for `img`x`img` images, the blocks of its first `remat_stages` stages
+/// rematerialized, with or without [`ResNet::bn_spans`].
+fn shallow_with(remat_stages: usize, bn_spans: bool, img: usize) -> Serial {
     let net = ResNet {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
         classes: 2,
-        remat_stages: if remat { 4 } else { 0 },
-        bn_spans: false,
+        remat_stages,
+        bn_spans,
     };
     net.build((img, img, 1)).unwrap()
 }
@@ -658,14 +664,7 @@ fn param_specs(model: &Serial) -> (Vec<String>, Vec<bool>) {
 /// [`shallow`] with [`ResNet::bn_spans`], its first `remat_stages` stages' blocks
 /// rematerialized too.
 fn bn_spanned(remat_stages: usize) -> Serial {
-    let net = ResNet {
-        blocks: [1, 1, 1, 1],
-        widths: [8, 16, 16, 16],
-        classes: 2,
-        remat_stages,
-        bn_spans: true,
-    };
-    net.build((28, 28, 1)).unwrap()
+    shallow_with(remat_stages, true, 28)
 }
 
 #[test]

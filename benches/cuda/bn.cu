@@ -13,52 +13,14 @@
 #include <cuda_runtime.h>
 #include <vector>
 #include "src.cu"
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-__global__ void fill(float *p, size_t n, unsigned seed, float lo, float hi) {
-    GRID_STRIDE(i, n) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
-        h ^= h >> 13;
-        h *= 0x5bd1e995u;
-        h ^= h >> 15;
-        p[i] = lo + (hi - lo) * (h & 0xffffff) / 16777216.0f;
-    }
-}
-
-static unsigned long long fnv(const void *d, size_t bytes, unsigned long long h) {
-    std::vector<unsigned> v(bytes / 4);
-    CK(cudaMemcpy(v.data(), d, bytes, cudaMemcpyDeviceToHost));
-    for (unsigned u : v) h = (h ^ u) * 1099511628211ull;
-    return h;
-}
-
+#include "harness.cuh"
 static void *flush_buf;
 static const size_t FLUSH = 256u << 20;
 
+// The median ms of 15 runs of `run` after 3, L2 flushed before each.
 template <typename F> static float median_ms(F run) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    std::vector<float> ms;
-    for (int r = 0; r < 18; ++r) {
-        CK(cudaMemsetAsync(flush_buf, r, FLUSH));
-        cudaEventRecord(a);
-        run();
-        cudaEventRecord(b);
-        CK(cudaEventSynchronize(b));
-        float t;
-        cudaEventElapsedTime(&t, a, b);
-        if (r >= 3) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    auto t = timed_ms(run, 15, 3, [] { CK(cudaMemsetAsync(flush_buf, 1, FLUSH)); });
+    return t[t.size() / 2];
 }
 
 int main() {

@@ -11,7 +11,7 @@ for src in "$@"; do
     k=$((k + 1))
     mkdir -p "$out/$k"
     (echo '#include "../common.cuh"'; cat "$src") > "$out/$k/src.cu"
-    cp benches/cuda/bn.cu "$out/$k/"
+    cp benches/cuda/bn.cu benches/cuda/harness.cuh "$out/$k/"
     nvcc -O3 -gencode=arch=compute_90,code=sm_90 -std=c++17 -Xptxas -v -o "$out/$k/bn" \
         "$out/$k/bn.cu" 2> "$out/$k/ptxas.txt" || { cat "$out/$k/ptxas.txt"; exit 1; }
     echo "$src: registers of the f32 kernels:"

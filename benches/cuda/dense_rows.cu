@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 #include "src.cu"
+#include "harness.cuh"
 #define KR(M)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
         r##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
@@ -19,33 +20,6 @@
         dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \
     }
 KR(1) KR(10) KR(16)
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-__global__ void fill(float *p, size_t n, unsigned seed, float lo, float hi) {
-    GRID_STRIDE(i, n) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
-        h ^= h >> 13;
-        h *= 0x5bd1e995u;
-        h ^= h >> 15;
-        // a quarter of x's entries zero, as after a ReLU half are
-        p[i] = (seed == 1 && (h & 3) == 0) ? 0.0f : lo + (hi - lo) * (h & 0xffffff) / 16777216.0f;
-    }
-}
-
-static unsigned long long fnv(const float *d, size_t n, unsigned long long h) {
-    std::vector<unsigned> v(n);
-    CK(cudaMemcpy(v.data(), d, n * 4, cudaMemcpyDeviceToHost));
-    for (unsigned u : v) h = (h ^ u) * 1099511628211ull;
-    return h;
-}
-
 int main(int argc, char **argv) {
     const int m = argc > 1 ? atoi(argv[1]) : 10;
     const size_t k = 2560000;
@@ -73,26 +47,9 @@ int main(int argc, char **argv) {
     CK(cudaDeviceSynchronize());
     unsigned long long hash = 1469598103934665603ull;
     for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
-        hash = fnv(p, k * n, hash);
-    hash = fnv(dx, m * k, hash);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    auto time = [&](auto launch) {
-        std::vector<float> t;
-        for (int r = 0; r < reps; r++) {
-            cudaEventRecord(a);
-            launch();
-            cudaEventRecord(b);
-            CK(cudaEventSynchronize(b));
-            float ms;
-            cudaEventElapsedTime(&ms, a, b);
-            t.push_back(ms);
-        }
-        CK(cudaGetLastError());
-        std::sort(t.begin(), t.end());
-        return t;
-    };
+        hash = fnv(p, (k * n) * 4, hash);
+    hash = fnv(dx, (m * k) * 4, hash);
+    auto time = [&](auto launch) { return timed_ms(launch, reps, 0, [] {}); };
     auto tk = time(run);
     auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(w, g, mu, nu, h, k * n); });
     const double bytes = 6.0 * k * n * 4 + 2.0 * m * k * 4;

@@ -4,7 +4,7 @@
 # from the repo root: bash benches/cuda/dense_rows.sh
 set -eu
 out=$(mktemp -d)
-cp kernels/common.cuh benches/cuda/dense_rows.cu "$out/"
+cp kernels/common.cuh benches/cuda/dense_rows.cu benches/cuda/harness.cuh "$out/"
 (echo '#include "common.cuh"'; grep -v '^DENSE_ADAM_ROWS(' kernels/adam.cu) > "$out/src.cu"
 nvcc -O3 -gencode=arch=compute_90,code=sm_90 -std=c++17 -Xptxas -v \
     -o "$out/dense_rows" "$out/dense_rows.cu" 2> "$out/ptxas.txt" ||

@@ -1,0 +1,62 @@
+// What the CUDA timing harnesses share (benches/cuda/dense_rows.cu, bn.cu): a checked CUDA
+// call, a seeded fill and an FNV-1a hash of device bytes. Included after kernels/common.cuh
+// (GRID_STRIDE).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <vector>
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e = (x);                                                                   \
+        if (e != cudaSuccess) {                                                                \
+            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+// p[i] uniform in [lo, hi) from a hash of (i, seed); with seed 1 a quarter of the entries are
+// zero, as after a ReLU half are.
+__global__ void fill(float *p, size_t n, unsigned seed, float lo, float hi) {
+    GRID_STRIDE(i, n) {
+        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        h ^= h >> 15;
+        p[i] = (seed == 1 && (h & 3) == 0) ? 0.0f : lo + (hi - lo) * (h & 0xffffff) / 16777216.0f;
+    }
+}
+
+// h folded with the FNV-1a hash of `bytes` bytes (a multiple of 4) at device address d.
+static unsigned long long fnv(const void *d, size_t bytes, unsigned long long h) {
+    std::vector<unsigned> v(bytes / 4);
+    CK(cudaMemcpy(v.data(), d, bytes, cudaMemcpyDeviceToHost));
+    for (unsigned u : v) h = (h ^ u) * 1099511628211ull;
+    return h;
+}
+
+// The times in ms, sorted, of `reps` runs of `run` after `warm` untimed ones, each alone
+// between two CUDA events; `before` runs ahead of each, outside the timing (an L2 flush, or
+// nothing).
+template <typename F, typename G>
+static std::vector<float> timed_ms(F run, int reps, int warm, G before) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> t;
+    for (int r = 0; r < warm + reps; ++r) {
+        before();
+        CK(cudaEventRecord(a));
+        run();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (r >= warm) t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t;
+}
