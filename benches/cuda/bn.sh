@@ -15,7 +15,9 @@ for src in "$@"; do
     nvcc -O3 -gencode=arch=compute_90,code=sm_90 -std=c++17 -Xptxas -v -o "$out/$k/bn" \
         "$out/$k/bn.cu" 2> "$out/$k/ptxas.txt" || { cat "$out/$k/ptxas.txt"; exit 1; }
     echo "$src: registers of the f32 kernels:"
-    grep -A2 "_vec_f32' for" "$out/$k/ptxas.txt" | grep -oE "entry function '[a-z_0-9]+'|Used [0-9]+ registers|[0-9]+ bytes spill stores" | paste -sd' ' || true
+    grep -A2 "_vec_f32' for" "$out/$k/ptxas.txt" |
+        grep -oE "function '[a-z_0-9]+'|Used [0-9]+ registers|[0-9]+ bytes spill stores" |
+        paste -sd' ' || true
 done
 for run in 1 2; do
     k=0
