@@ -49,7 +49,8 @@ struct Args {
     /// In every block, recompute the first two BatchNorm + ReLU outputs in the backward pass
     /// (each BatchNorm, its ReLU and the next conv a span saving the conv's output): they leave
     /// the peak (ResNet-50, batch 128: 10.37 -> 8.95 GB; with --remat 1, 6.73 GB) for one more
-    /// forward pass of those BatchNorms; the same results.
+    /// forward pass of those BatchNorms; the same results where each conv gets the same
+    /// workspace (as for --remat: a --workspace-limit both plans meet).
     #[arg(long)]
     remat_bn: bool,
 }

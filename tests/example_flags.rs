@@ -35,7 +35,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 33] = [
+    let cases: [(&std::path::Path, &[&str], &str); 35] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -166,6 +166,19 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
             &cnn,
             &["--ranks", "500", "--batch", "4", "--img", "200"],
             "on each of 500 ranks, ",
+        ),
+        (
+            // a budget caps one process, not the ranks' sum
+            &cnn,
+            &[
+                "--ranks", "500", "--batch", "4", "--img", "200", "--budget", "5GB",
+            ],
+            "on each of 500 ranks, ",
+        ),
+        (
+            &cnn,
+            &["--plan", "--ranks", "2"],
+            "the argument '--plan' cannot be used with '--ranks <RANKS>'",
         ),
         (
             &cnn,

@@ -41,34 +41,39 @@ pub fn with_feed_hint(
     }
 }
 
-/// On the CPU without `--budget`, the step's planned peak, times the `ranks` that share this
-/// host, against the host's available memory (`MemAvailable` of `/proc/meminfo`; skipped where
-/// there is none): a run the host cannot hold is refused before the set-up touches its memory
-/// (or before a launcher starts its ranks), rather than killed by the system part-way.
+/// On the CPU, the step's planned peak against the host's available memory (`MemAvailable` of
+/// `/proc/meminfo`; skipped where there is none): a run the host cannot hold is refused before
+/// the set-up touches its memory, rather than killed by the system part-way. One process
+/// (`ranks` `(1, _)`) is checked only without `--budget`, which caps it; `(n, bucket)` ranks
+/// that share this host are checked together, each plan with its gradient bucket, before a
+/// launcher starts them.
 pub fn check_host_memory(
     args: &Common,
     (model, input): (&Model, &Shape),
     backend: &Arc<dyn stax::Backend>,
-    ranks: usize,
+    (ranks, bucket): (usize, u64),
 ) -> Result<(), Error> {
-    if backend.device() != Device::Cpu || args.budget()?.is_some() {
+    let alone = ranks <= 1;
+    if backend.device() != Device::Cpu || (alone && args.budget()?.is_some()) {
         return Ok(());
     }
     let Some(available) = host_available_bytes() else {
         return Ok(());
     };
     let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
-    let need = plan.peak.bytes.saturating_mul(ranks as u64);
+    let each = plan.peak.bytes + if alone { 0 } else { bucket };
+    let need = each.saturating_mul(ranks as u64);
     if need <= available {
         return Ok(());
     }
     let (b, i) = (input.dims()[0], input.dims()[1]);
     let peak = human_bytes(plan.peak.bytes);
     let (whose, lower) = match ranks {
-        1 => (format!("peaks at {peak}"), "lower --batch or --img"),
+        0 | 1 => (format!("peaks at {peak}"), "lower --batch or --img"),
         n => (
             format!(
-                "peaks at {peak} on each of {n} ranks, {} together",
+                "peaks at {peak} and a {} gradient bucket on each of {n} ranks, {} together",
+                human_bytes(bucket),
                 human_bytes(need)
             ),
             "lower --ranks, --batch or --img",
@@ -258,8 +263,9 @@ pub fn batch_size(
     model: &Model,
     image: (usize, usize, usize),
     backend: &Arc<dyn stax::Backend>,
-    examples: usize,
+    (set, world): (usize, usize),
 ) -> Result<usize, Error> {
+    let examples = set / world.max(1);
     if let Some(n) = fixed_batch(args)? {
         return Ok(n);
     }
@@ -290,7 +296,9 @@ pub fn batch_size(
         "--batch auto: {n} fits {} (allocator {}){}",
         budget.map_or("the free device memory".into(), human_bytes),
         backend.allocator().strategy(),
-        if n > examples {
+        if n > examples && world > 1 {
+            format!("; using {examples}, the training set's {set} over {world} ranks")
+        } else if n > examples {
             format!("; using the training set's {examples}")
         } else {
             String::new()

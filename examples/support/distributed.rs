@@ -105,6 +105,11 @@ pub fn launch_if_asked(
     Ok(true)
 }
 
+/// The number of ranks of the data-parallel run this process is a rank of (1 when it is none).
+pub fn world() -> Result<usize, Error> {
+    Ok(Rendezvous::from_env()?.map_or(1, |rv| rv.world))
+}
+
 /// The CUDA ordinal of this process: its local rank in a data-parallel run, else `asked`.
 pub fn ordinal(asked: usize) -> usize {
     std::env::var(LOCAL_RANK)

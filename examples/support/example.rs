@@ -106,8 +106,10 @@ pub struct Common {
     pub json: Option<PathBuf>,
     /// Print the memory plan of one step (every buffer, the peak and where it falls) and exit
     /// without training; works without a GPU for any --img/--batch. It reads and writes no
-    /// checkpoint (not with --save, --resume or --init-from).
-    #[arg(long, conflicts_with_all = ["save", "resume", "init_from"])]
+    /// checkpoint (not with --save, --resume or --init-from). Not with --ranks or --gpus: a
+    /// rank's plan adds its gradient bucket, which only a connected rank has (drop the flag to
+    /// plan one rank without it).
+    #[arg(long, conflicts_with_all = ["save", "resume", "init_from", "ranks", "gpus"])]
     pub plan: bool,
     /// Memory budget for "largest batch that fits" and `--batch auto` (bytes, or with
     /// KiB/MiB/GiB/TiB/KB/MB/GB/TB); default: the device's free memory. On the CPU it also caps the
@@ -329,7 +331,7 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         return Ok(());
     }
     let args = &distributed::for_rank(args)?;
-    let s = set_up(args, example, model)?;
+    let s = set_up(args, (example, model), distributed::world()?)?;
     let (backend, (img, _, channels)) = (&s.backend, s.image);
     let make = || model(s.train.num_classes(), s.image).map(|m| Mixed::new(m, s.policy));
     let input = Shape::new([s.batch, img, img, channels]);
@@ -374,7 +376,7 @@ fn train_and_test(
             batch_loader(train.len(), (batch, 1), seed)
         })?;
     }
-    check_host_memory(args, (&model, &input), backend, 1)?;
+    check_host_memory(args, (&model, &input), backend, (1, 0))?;
     let built = resume::build_trainer(args, (model, &input, adam), backend);
     let hint = |e| with_feed_hint(e, (args, train.len()), (make, &input), backend);
     let (trainer, position) = built.map_err(hint)?;

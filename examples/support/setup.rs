@@ -4,6 +4,7 @@
 use super::backend::open_backend;
 use super::checks::{batch_size, check_flags, check_host_memory, check_img, fixed_batch};
 use super::data::{batch_loader, input_channels, load};
+use super::resume::check_position;
 use super::{Common, Error, Example, ModelFn};
 use stax::layers::{Mixed, Policy};
 use stax::train::data::Dataset;
@@ -23,8 +24,13 @@ pub struct SetUp {
 
 /// The flags checked, the data loaded, the backend opened, the image (`--img`, else 28 on the
 /// CPU and `example.gpu_img` on a GPU) checked against the model, and the batch (`--batch`, or
-/// the largest that fits for `auto`).
-pub fn set_up(args: &Common, example: Example, model: ModelFn<'_>) -> Result<SetUp, Error> {
+/// for `auto` the largest that fits, at most this rank's share of the training set among
+/// `world` ranks).
+pub fn set_up(
+    args: &Common,
+    (example, model): (Example, ModelFn<'_>),
+    world: usize,
+) -> Result<SetUp, Error> {
     // what needs no backend first: opening one may compile the kernels
     check_flags(args)?;
     let (train, test) = load(args)?;
@@ -42,7 +48,7 @@ pub fn set_up(args: &Common, example: Example, model: ModelFn<'_>) -> Result<Set
     let image = (img, img, channels);
     let policy = args.precision()?.1;
     let m = Mixed::new(model(classes, image)?, policy);
-    let batch = batch_size(args, &m, image, &backend, train.len())?;
+    let batch = batch_size(args, &m, image, &backend, (train.len(), world))?;
     Ok(SetUp {
         train,
         test,
@@ -55,8 +61,9 @@ pub fn set_up(args: &Common, example: Example, model: ModelFn<'_>) -> Result<Set
 
 /// What a launcher checks once before it starts `world` ranks, from rank 0's flags (`args`,
 /// its `device` the ranks'): the global batch (`--batch` on each rank) against the training
-/// set, and for CPU ranks, which share this host, their planned peaks together against its
-/// available memory. GPU ranks are not set up here (that would take device 0's memory): each
+/// set, and for CPU ranks, which share this host, a `--resume` position their global batch can
+/// continue and their planned peaks (each with its gradient bucket) together against the
+/// host's available memory. GPU ranks are not set up here (that would take device 0's memory): each
 /// checks its own plan against its own device.
 pub fn check_world(
     args: &Common,
@@ -70,10 +77,12 @@ pub fn check_world(
         let (train, _) = load(args)?;
         return batch_loader(train.len(), (batch, world), args.seed).map(drop);
     }
-    let s = set_up(args, example, model)?;
-    batch_loader(s.train.len(), (s.batch, world), args.seed)?;
+    let s = set_up(args, (example, model), world)?;
+    let loader = |seed| batch_loader(s.train.len(), (s.batch, world), seed);
+    loader(args.seed)?;
     let (img, channels) = (s.image.0, s.image.2);
     let m = Mixed::new(model(s.train.num_classes(), s.image)?, s.policy);
+    check_position(args, (&m, s.batch), loader)?;
     let input = Shape::new([s.batch, img, img, channels]);
-    check_host_memory(args, (&m, &input), &s.backend, world)
+    check_host_memory(args, (&m, &input), &s.backend, (world, args.dist.bucket))
 }
