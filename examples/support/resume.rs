@@ -24,7 +24,7 @@ pub fn build_trainer(
         let (trainer, at) = Trainer::load(model, input.clone(), adam, backend, path)?;
         let checkpoint = Checkpoint::open(path)?;
         let meta = checkpoint.meta();
-        if let Some(m) = meta {
+        if let Some(m) = meta.filter(|_| !args.eval_only) {
             changed(m, input.dims(), policy);
         }
         let saved = meta.and_then(|m| m.loss_scale);

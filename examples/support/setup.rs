@@ -60,29 +60,32 @@ pub fn set_up(
 }
 
 /// What a launcher checks once before it starts `world` ranks, from rank 0's flags (`args`,
-/// its `device` the ranks'): the global batch (`--batch` on each rank) against the training
-/// set, and for CPU ranks, which share this host, a `--resume` position their global batch can
-/// continue and their planned peaks (each with its gradient bucket) together against the
-/// host's available memory. GPU ranks are not set up here (that would take device 0's memory): each
-/// checks its own plan against its own device.
+/// its `device` the ranks'): when they train (not `--eval-only`), the global batch (`--batch`
+/// on each rank) against the training set, and for CPU ranks a `--resume` position their
+/// global batch can continue; for CPU ranks, which share this host, their planned peaks (each
+/// with its gradient bucket) together against its available memory. GPU ranks are not set up
+/// here (that would take device 0's memory): each checks its own plan against its device.
 pub fn check_world(
     args: &Common,
     (example, model): (Example, ModelFn<'_>),
     world: usize,
 ) -> Result<(), Error> {
+    let trains = !args.eval_only;
     if args.device != "cpu" {
-        let Some(batch) = fixed_batch(args)? else {
+        let Some(batch) = fixed_batch(args)?.filter(|_| trains) else {
             return Ok(());
         };
         let (train, _) = load(args)?;
         return batch_loader(train.len(), (batch, world), args.seed).map(drop);
     }
     let s = set_up(args, (example, model), world)?;
-    let loader = |seed| batch_loader(s.train.len(), (s.batch, world), seed);
-    loader(args.seed)?;
     let (img, channels) = (s.image.0, s.image.2);
     let m = Mixed::new(model(s.train.num_classes(), s.image)?, s.policy);
-    check_position(args, (&m, s.batch), loader)?;
+    if trains {
+        let loader = |seed| batch_loader(s.train.len(), (s.batch, world), seed);
+        loader(args.seed)?;
+        check_position(args, (&m, s.batch), loader)?;
+    }
     let input = Shape::new([s.batch, img, img, channels]);
     check_host_memory(args, (&m, &input), &s.backend, (world, args.dist.bucket))
 }
