@@ -35,7 +35,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         return;
     };
     let cpu = ["--device", "cpu", "--max-steps", "1"];
-    let cases: [(&std::path::Path, &[&str], &str); 35] = [
+    let cases: [(&std::path::Path, &[&str], &str); 36] = [
         (
             &cnn,
             &["--classes", "1"],
@@ -174,6 +174,12 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
                 "--ranks", "500", "--batch", "4", "--img", "200", "--budget", "5GB",
             ],
             "on each of 500 ranks, ",
+        ),
+        (
+            // refused by the launcher: a rank's plan cannot fit the budget
+            &cnn,
+            &["--ranks", "2", "--batch", "10", "--budget", "10MB"],
+            "--budget 10.00 MB (10,000,000 bytes): a rank's step needs at least ",
         ),
         (
             &cnn,

@@ -6,8 +6,10 @@ use super::checks::{batch_size, check_flags, check_host_memory, check_img, fixed
 use super::data::{batch_loader, input_channels, load};
 use super::resume::check_position;
 use super::{Common, Error, Example, ModelFn};
+use stax::alloc::human_bytes;
 use stax::layers::{Mixed, Policy};
 use stax::train::data::Dataset;
+use stax::train::plan::MemoryPlan;
 use stax::{Device, Shape};
 use std::sync::Arc;
 
@@ -87,5 +89,33 @@ pub fn check_world(
         check_position(args, (&m, s.batch), loader)?;
     }
     let input = Shape::new([s.batch, img, img, channels]);
+    check_rank_budget(args, (&m, &input), &s.backend)?;
     check_host_memory(args, (&m, &input), &s.backend, (world, args.dist.bucket))
+}
+
+/// With `--budget`, a rank's plan against it: a step that cannot fit even without the rank's
+/// gradient bucket (the least budget its plan needs under the allocator, `min_budget`) is
+/// refused before any rank starts.
+fn check_rank_budget(
+    args: &Common,
+    (model, input): (&super::Model, &Shape),
+    backend: &Arc<dyn stax::Backend>,
+) -> Result<(), Error> {
+    let Some(budget) = args.budget()? else {
+        return Ok(());
+    };
+    let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
+    let need = plan.min_budget()?;
+    if need <= budget {
+        return Ok(());
+    }
+    Err(format!(
+        "--budget {}: a rank's step needs at least {} under the {} allocator, before its \
+         gradient bucket (raise --budget, or lower --batch or --img; --plan without --ranks \
+         shows every buffer)",
+        human_bytes(budget),
+        human_bytes(need),
+        backend.allocator().strategy()
+    )
+    .into())
 }
