@@ -57,11 +57,21 @@ pub fn check_host_memory(
     if backend.device() != Device::Cpu || (alone && args.budget()?.is_some()) {
         return Ok(());
     }
+    let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
+    host_holds(&plan, input, (ranks, bucket))
+}
+
+/// `ranks` steps of `plan` (each with a gradient `bucket` when there are several) against the
+/// host's available memory (see [`check_host_memory`]; `input` names the batch and image).
+pub fn host_holds(
+    plan: &MemoryPlan,
+    input: &Shape,
+    (ranks, bucket): (usize, u64),
+) -> Result<(), Error> {
     let Some(available) = host_available_bytes() else {
         return Ok(());
     };
-    let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
-    let each = plan.peak.bytes + if alone { 0 } else { bucket };
+    let each = plan.peak.bytes + if ranks <= 1 { 0 } else { bucket };
     let need = each.saturating_mul(ranks as u64);
     if need <= available {
         return Ok(());

@@ -2,10 +2,10 @@
 //! the flags, the data, the backend, the image and the batch.
 
 use super::backend::open_backend;
-use super::checks::{batch_size, check_flags, check_host_memory, check_img, fixed_batch};
+use super::checks::{batch_size, check_flags, check_img, fixed_batch, host_holds};
 use super::data::{batch_loader, input_channels, load};
 use super::resume::check_position;
-use super::{Common, Error, Example, ModelFn};
+use super::{Common, Error, Example, Model, ModelFn};
 use stax::alloc::human_bytes;
 use stax::layers::{Mixed, Policy};
 use stax::train::data::Dataset;
@@ -14,13 +14,14 @@ use stax::{Device, Shape};
 use std::sync::Arc;
 
 /// What a run is set up with: the data, the backend, the image `(height, width, channels)`,
-/// the model's dtype policy and the batch.
+/// the model's dtype policy, the model built for that image and the batch.
 pub struct SetUp {
     pub train: Dataset,
     pub test: Dataset,
     pub backend: Arc<dyn stax::Backend>,
     pub image: (usize, usize, usize),
     pub policy: Policy,
+    pub model: Model,
     pub batch: usize,
 }
 
@@ -57,6 +58,7 @@ pub fn set_up(
         backend,
         image,
         policy,
+        model: m,
         batch,
     })
 }
@@ -82,15 +84,15 @@ pub fn check_world(
     }
     let s = set_up(args, (example, model), world)?;
     let (img, channels) = (s.image.0, s.image.2);
-    let m = Mixed::new(model(s.train.num_classes(), s.image)?, s.policy);
     if trains {
         let loader = |seed| batch_loader(s.train.len(), (s.batch, world), seed);
         loader(args.seed)?;
-        check_position(args, (&m, s.batch), loader)?;
+        check_position(args, (&s.model, s.batch), loader)?;
     }
     let input = Shape::new([s.batch, img, img, channels]);
-    check_rank_budget(args, (&m, &input), &s.backend)?;
-    check_host_memory(args, (&m, &input), &s.backend, (world, args.dist.bucket))
+    let plan = MemoryPlan::with_feed(&s.model, &input, &args.adam(), &s.backend, args.feed())?;
+    check_rank_budget(args, &plan, &s.backend)?;
+    host_holds(&plan, &input, (world, args.dist.bucket))
 }
 
 /// With `--budget`, a rank's plan against it: a step that cannot fit even without the rank's
@@ -98,13 +100,12 @@ pub fn check_world(
 /// refused before any rank starts.
 fn check_rank_budget(
     args: &Common,
-    (model, input): (&super::Model, &Shape),
+    plan: &MemoryPlan,
     backend: &Arc<dyn stax::Backend>,
 ) -> Result<(), Error> {
     let Some(budget) = args.budget()? else {
         return Ok(());
     };
-    let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
     let need = plan.min_budget()?;
     if need <= budget {
         return Ok(());
