@@ -282,65 +282,40 @@ __device__ __forceinline__ void channel_values(const float *p, size_t col, float
     }
 }
 
-// Group f normalized in place, (f - mu) * sc + bt, then with `relu` a ReLU (relu_<dtype>'s:
-// NaN stays, its bit clear); returns its 8 bits v > 0.
-__device__ __forceinline__ u32 apply_group(float (&f)[8], const float (&mu)[1][8],
-                                           const float (&sc)[1][8], const float (&bt)[1][8],
-                                           bool relu) {
-    u32 byte = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        float v = (f[k] - mu[0][k]) * sc[0][k] + bt[0][k];
-        byte |= (u32)(v > 0.0f) << k;
-        f[k] = relu && v <= 0.0f ? 0.0f : v;
-    }
-    return byte;
-}
-
-// Mask word i / 4 from the bytes of the 4 lanes of the caller's quad (groups i & ~3 ..), byte
-// i % 4 from the lane of group i; written by the quad's first lane when `valid`. Every lane
-// of the warp must call it.
-__device__ __forceinline__ void store_mask_bytes(u32 *mask, size_t i, u32 byte, bool valid) {
-    u32 word = quad_or(byte << (8 * (threadIdx.x & 3)));
-    if ((threadIdx.x & 3) == 0 && valid) mask[i >> 2] = word;
-}
-
 // bn_apply_<dtype> (mask null) or bn_apply_relu_<dtype> on n8 groups, mask byte i % 4 of word
-// i / 4 receiving group i's 8 bits. A thread loads its channels' values again only when its
-// channel group changes: never when the grid's stride is a multiple of c8 (the launcher's
-// grid); then it takes two groups a step, both loaded before either is used, while whole
-// warps have both. The loop bounds are warp-uniform, so blocks must be whole warps.
+// i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their bytes). A thread loads its
+// channels' values again only when its channel group changes: never when the grid's stride
+// is a multiple of c8 (the launcher's grid). The loop bound is warp-uniform, so blocks must
+// be whole warps.
 template <typename T>
 __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const float *scale,
                                   const float *beta, u32 *mask, size_t n8, size_t c8) {
     const size_t stride = (size_t)blockDim.x * gridDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t base = i - (threadIdx.x & 31), col = i % c8, step = stride % c8;
+    size_t lane = threadIdx.x & 31, col = i % c8, step = stride % c8;
     float mu[1][8], sc[1][8], bt[1][8];
     channel_values<1>(mean, col, mu);
     channel_values<1>(scale, col, sc);
     channel_values<1>(beta, col, bt);
-    for (; step == 0 && base + stride + 32 <= n8; base += 2 * stride, i += 2 * stride) {
-        float f[8], g[8];
-        load8(x + 8 * i, f);
-        load8(x + 8 * (i + stride), g);
-        u32 bf = apply_group(f, mu, sc, bt, mask), bg = apply_group(g, mu, sc, bt, mask);
-        store8(y + 8 * i, f);
-        store8(y + 8 * (i + stride), g);
-        if (mask) {
-            store_mask_bytes(mask, i, bf, true);
-            store_mask_bytes(mask, i + stride, bg, true);
-        }
-    }
-    for (; base < n8; base += stride, i += stride) {
+    for (size_t base = i - lane; base < n8; base += stride, i += stride) {
         u32 byte = 0;
         if (i < n8) {
             float f[8];
             load8(x + 8 * i, f);
-            byte = apply_group(f, mu, sc, bt, mask);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float v = (f[k] - mu[0][k]) * sc[0][k] + bt[0][k];
+                byte |= (u32)(v > 0.0f) << k;
+                f[k] = mask && v <= 0.0f ? 0.0f : v;
+            }
             store8(y + 8 * i, f);
         }
-        if (mask) store_mask_bytes(mask, i, byte, i < n8);
+        if (mask) {
+            u32 word = byte << (8 * (lane & 3));
+            word |= __shfl_xor_sync(FULL_MASK, word, 1);
+            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            if ((lane & 3) == 0 && i < n8) mask[i >> 2] = word;
+        }
         if (step) {
             col += step;
             if (col >= c8) col -= c8;
@@ -351,21 +326,8 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
     }
 }
 
-// Group d of dy (its mask bits `bits`) replaced in place by bn_bwd_apply's input gradient, f
-// being x's group.
-__device__ __forceinline__ void bwd_apply_group(const float (&f)[8], float (&d)[8], u32 bits,
-                                                const float (&mu)[1][8],
-                                                const float (&k3)[3][8]) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        float dk = (bits >> k) & 1u ? d[k] : 0.0f;
-        float z = (f[k] - mu[0][k]) * k3[2][k];
-        d[k] = k3[0][k] * (dk - k3[1][k] - z);
-    }
-}
-
 // bn_bwd_apply_<dtype> on n8 groups (dy of a group with no mask bit set is not read), the
-// channels' values loaded as in bn_apply_vec_impl, two groups a step where it takes them.
+// channels' values loaded as in bn_apply_vec_impl.
 template <typename T>
 __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, const float *coef,
                                       const u32 *mask, size_t n8, size_t c8) {
@@ -375,26 +337,17 @@ __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, cons
     float mu[1][8], k3[3][8];
     channel_values<1>(mean, col, mu);
     channel_values<3>(coef, col, k3);
-    for (; step == 0 && i + stride < n8; i += 2 * stride) {
-        const size_t i2 = i + stride;
-        u32 bf = group_bits(mask, i), bg = group_bits(mask, i2);
-        float f[8], g[8], d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
-                          e[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        load8(x + 8 * i, f);
-        load8(x + 8 * i2, g);
-        if (bf) load8(dy + 8 * i, d);
-        if (bg) load8(dy + 8 * i2, e);
-        bwd_apply_group(f, d, bf, mu, k3);
-        bwd_apply_group(g, e, bg, mu, k3);
-        store8(dy + 8 * i, d);
-        store8(dy + 8 * i2, e);
-    }
     for (; i < n8; i += stride) {
         u32 bits = group_bits(mask, i);
         float f[8], d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         load8(x + 8 * i, f);
         if (bits) load8(dy + 8 * i, d);
-        bwd_apply_group(f, d, bits, mu, k3);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            float dk = (bits >> k) & 1u ? d[k] : 0.0f;
+            float z = (f[k] - mu[0][k]) * k3[2][k];
+            d[k] = k3[0][k] * (dk - k3[1][k] - z);
+        }
         store8(dy + 8 * i, d);
         if (step) {
             col += step;
@@ -440,9 +393,9 @@ __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, cons
                                 double *partial, size_t n8, size_t c) {                        \
         channel_moments_vec_impl<T>(a, b, shift, mask, partial, n8, c);                        \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256, 4)                                       \
-        bn_apply_vec_##S(const T *x, T *y, const float *mean, const float *scale,              \
-                         const float *beta, u32 *mask, size_t n8, size_t c8) {                 \
+    extern "C" __global__ void bn_apply_vec_##S(const T *x, T *y, const float *mean,           \
+                                                const float *scale, const float *beta,         \
+                                                u32 *mask, size_t n8, size_t c8) {             \
         bn_apply_vec_impl<T>(x, y, mean, scale, beta, mask, n8, c8);                           \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_apply_vec_##S(const T *x, T *dy, const float *mean,      \

@@ -31,8 +31,12 @@ fn gpu_dense_adam_matches_cpu() {
     // two, the second partial), one chunk, a batch of one row, the seed's shape at batch 10
     // (once only read, once in place) and 64; the one-pass kernel's edges (16 rows, one
     // output, 100 outputs in k = 65 rows: two groups of 32 and a partial one) and just past
-    // them (17 rows, 129 outputs: chunks)
+    // them (17 rows, 129 outputs: chunks); more groups of 32 weight rows than the rows
+    // kernel's grid has warps (700,001 rows: a warp takes several, the last partial), and 124
+    // outputs.
     let cases = [
+        ((3, 4, 700_001), 1),
+        ((12, 124, 333), 2),
         ((100, 300, 70_000), 0),
         ((1, 3, 100), 1),
         ((3, 5, 77), 1),
@@ -56,8 +60,9 @@ fn gpu_dense_adam_matches_cpu() {
 }
 
 /// Under TF32 a batch of 1 to 16 rows runs the rows kernel too, whose dw and dx are exact f32
-/// sums and whose Adam step is `adam_one`'s (the chunks would take cuBLAS's TF32 GEMMs): it
-/// agrees with the CPU's f32 as under full fp32, at the seed's shape at batch 10, one row, 16
+/// sums and whose Adam step is `adam_tf32`'s (the tensor-core pass's: within a few ulp of
+/// `adam_one`; the chunks would take cuBLAS's TF32 GEMMs): it agrees with the CPU's f32 within
+/// full fp32's tolerance, at the seed's shape at batch 10, one row, 16
 /// rows over a partial group of 32 weight rows, and odd output counts, with dx in place, into
 /// its own tensor and not computed.
 #[test]
