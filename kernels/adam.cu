@@ -261,12 +261,14 @@ __device__ __forceinline__ void prefetch_row(const float *w, const float *mu, co
 #define DENSE_ROWS_PREFETCH 2
 
 // Row r of the group at i0: dx's M sums into ds (the old row), then its gradient from xs and
-// adam_one on w, mu, nu (the row's values in wv, mv, vv).
-template <int M>
+// Adam's step on w, mu, nu (the row's values in wv, mv, vv): adam_one's, or with FAST (under
+// TF32) adam_tf32's, inv the bias corrections' reciprocals.
+template <int M, bool FAST>
 __device__ __forceinline__ void dense_row(const float (&d)[M][4], float (&wv)[4], float (&mv)[4],
                                           float (&vv)[4], const float (*xs)[32],
                                           float (*ds)[33], int r, int lane, int n, float *w,
-                                          float *mu, float *nu, size_t row, const AdamHyper &h) {
+                                          float *mu, float *nu, size_t row, const AdamHyper &h,
+                                          const float (&inv)[2]) {
     const int P = Pow2<M>::value;
     float s[P];
 #pragma unroll
@@ -292,7 +294,10 @@ __device__ __forceinline__ void dense_row(const float (&d)[M][4], float (&wv)[4]
     for (int c = 0; c < 4; ++c) {
         int j = lane + 32 * c;
         if (j < n) {
-            adam_one(wv[c], g[c], mv[c], vv[c], h);
+            if (FAST)
+                adam_tf32(wv[c], g[c], mv[c], vv[c], h, inv[0], inv[1]);
+            else
+                adam_one(wv[c], g[c], mv[c], vv[c], h);
             w[row + j] = wv[c];
             mu[row + j] = mv[c];
             nu[row + j] = vv[c];
@@ -300,7 +305,7 @@ __device__ __forceinline__ void dense_row(const float (&d)[M][4], float (&wv)[4]
     }
 }
 
-template <int M>
+template <int M, bool FAST>
 __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *__restrict__ dy,
                                                   float *__restrict__ w, float *__restrict__ mu,
                                                   float *__restrict__ nu, float *dx, AdamHyper h,
@@ -310,6 +315,7 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
     // conflict-free
     __shared__ float ds[DENSE_ROWS_WARPS][M][33];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float inv[2] = {1.0f / h.bias_correction1, 1.0f / h.bias_correction2};
     float d[M][4];
 #pragma unroll
     for (int b = 0; b < M; ++b)
@@ -335,7 +341,8 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
                 prefetch_row(w, mu, nu, row + DENSE_ROWS_PREFETCH * (size_t)n, lane, n);
             float wv[4], mv[4], vv[4];
             load_row(w, mu, nu, row, lane, n, wv, mv, vv);
-            dense_row<M>(d, wv, mv, vv, xs[wid], ds[wid], r, lane, n, w, mu, nu, row, h);
+            dense_row<M, FAST>(d, wv, mv, vv, xs[wid], ds[wid], r, lane, n, w, mu, nu, row, h,
+                               inv);
         }
         __syncwarp();
         if (dx && lane < rows) {
@@ -346,14 +353,20 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
     }
 }
 
-// dense_adam_rows_m<M> for M = 1 .. 16: blocks of DENSE_ROWS_WARPS warps, any grid; at least 5
-// blocks a multiprocessor (96 registers at M = 10: 3.12 ms against 3.41 with 123 registers and
-// 4 blocks at the seed's batch-10 shape, H200, 2026-12-03; 6 and 8 blocks were slower).
+// dense_adam_rows_m<M> (adam_one) and dense_adam_rows_tf32_m<M> (adam_tf32) for M = 1 .. 16:
+// blocks of DENSE_ROWS_WARPS warps, any grid; at least 5 blocks a multiprocessor (96 registers
+// at M = 10: 3.12 ms against 3.41 with 123 registers and 4 blocks at the seed's batch-10 shape,
+// H200, 2026-12-03; 6 and 8 blocks were slower).
 #define DENSE_ADAM_ROWS(M)                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
         dense_adam_rows_m##M(const float *x, const float *dy, float *w, float *mu, float *nu, \
                              float *dx, AdamHyper h, int n, size_t k) {                        \
-        dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \
+        dense_adam_rows_t<M, false>(x, dy, w, mu, nu, dx, h, n, k);                            \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
+        dense_adam_rows_tf32_m##M(const float *x, const float *dy, float *w, float *mu,       \
+                                  float *nu, float *dx, AdamHyper h, int n, size_t k) {        \
+        dense_adam_rows_t<M, true>(x, dy, w, mu, nu, dx, h, n, k);                             \
     }
 DENSE_ADAM_ROWS(1)
 DENSE_ADAM_ROWS(2)

@@ -27,20 +27,6 @@
 #define DM_PITCH 40            // words a staged row: 32 columns + 8 (conflict-free float2 reads)
 #define DM_STAGE (3 * 16 * DM_PITCH) // words of a stage: w, mu, nu's 16 rows of 32 columns
 
-// adam_one's step with the bias corrections' reciprocals (inv_bc1, inv_bc2) as factors, f32
-// contractions allowed and a fast division (__fdividef, 2 ulp): within a few ulp of adam_one's
-// IEEE-rounded step, at a fifth of its instructions. For the TF32 pass only, whose gradient is
-// itself a TF32 product; the exact divisions there made the pass 1.4x slower (5.15 ms against
-// 3.78 at the seed's batch 100, H200, 2026-12-03).
-__device__ __forceinline__ void adam_tf32(float &p, float g, float &m, float &v,
-                                          const AdamHyper &h, float inv_bc1, float inv_bc2) {
-    g *= h.grad_scale;
-    m = (1.0f - h.b1) * g + h.b1 * m;
-    v = (1.0f - h.b2) * (g * g) + h.b2 * v;
-    const float denom = sqrtf(v * inv_bc2 + h.eps_root) + h.eps;
-    p -= h.lr * __fdividef(m * inv_bc1, denom);
-}
-
 // Copies quarter q (columns 32 q .. 32 q + 31) of strip s's rows of w, mu, nu into the stage at
 // shared address `dst` (384 chunks of 16 bytes, 12 a lane; zeros past k and n) as one group.
 __device__ __forceinline__ void stage_quarter(const float *w, const float *mu, const float *nu,

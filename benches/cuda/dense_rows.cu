@@ -1,11 +1,12 @@
 // Timing harness of kernels/adam.cu's one-pass dense update for small batches (no Rust needed,
 // run on the GPU machine by benches/cuda/dense_rows.sh): dense_adam_rows_t<M> at the seed's
-// dense shape (k = 2,560,000 weight rows, n = 128 outputs, batch M = argv[1]: 1, 10 or 16)
-// against adam_vec_f32 over a weight of the same size, on seeded random data, with the
-// launcher's grid (k / 128 blocks, at most 32 a multiprocessor). Prints the median of 15 runs,
-// the bytes moved per ms (w, mu, nu read and written, x read, dx written) and an FNV-1a hash
-// of w, mu, nu and dx after one step from the seeded state: builds of the kernel that compute
-// the same bits print the same hash.
+// dense shape (k = 2,560,000 weight rows, n = 128 outputs, batch M = argv[1]: 1, 10 or 16),
+// with adam_one's exact step and with adam_tf32's (the TF32 kernels), against adam_vec_f32
+// over a weight of the same size, on seeded random data, with the launcher's grid (k / 128
+// blocks, at most 32 a multiprocessor). Prints the median of 15 runs, the bytes moved per ms
+// (w, mu, nu read and written, x read, dx written) and an FNV-1a hash of w, mu, nu and dx
+// after one step from the seeded state: builds of the kernel that compute the same bits print
+// the same hash.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +18,16 @@
     extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
         r##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
              AdamHyper h, int n, size_t k) {                                                   \
-        dense_adam_rows_t<M>(x, dy, w, mu, nu, dx, h, n, k);                                   \
+        dense_adam_rows_t<M, false>(x, dy, w, mu, nu, dx, h, n, k);                            \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
+        f##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
+             AdamHyper h, int n, size_t k) {                                                   \
+        dense_adam_rows_t<M, true>(x, dy, w, mu, nu, dx, h, n, k);                             \
     }
 KR(1) KR(10) KR(16)
+typedef void (*Kernel)(const float *, const float *, float *, float *, float *, float *,
+                       AdamHyper, int, size_t);
 int main(int argc, char **argv) {
     const int m = argc > 1 ? atoi(argv[1]) : 10;
     const size_t k = 2560000;
@@ -30,32 +38,36 @@ int main(int argc, char **argv) {
     for (float **p : {&x, &dx}) CK(cudaMalloc(p, m * k * 4));
     CK(cudaMalloc(&dy, m * n * 4));
     for (float **p : {&w, &mu, &nu, &g}) CK(cudaMalloc(p, k * n * 4));
-    fill<<<1024, 256>>>(x, m * k, 1, 0, 1);
-    fill<<<1024, 256>>>(dy, m * n, 2, -1, 1);
-    fill<<<1024, 256>>>(w, k * n, 3, -0.1f, 0.1f);
-    fill<<<1024, 256>>>(mu, k * n, 4, -0.01f, 0.01f);
-    fill<<<1024, 256>>>(nu, k * n, 5, 0, 0.01f);
-    fill<<<1024, 256>>>(g, k * n, 6, -1, 1);
-    CK(cudaDeviceSynchronize());
     AdamHyper h = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.19f, 0.002f, 1.0f};
-    auto f = m == 1 ? r1 : m == 16 ? r16 : r10;
     if (m != 1 && m != 10 && m != 16) return printf("no kernel for m %d\n", m), 1;
+    const std::pair<const char *, Kernel> ks[] = {
+        {"adam_one", m == 1 ? r1 : m == 16 ? r16 : r10},
+        {"adam_tf32", m == 1 ? f1 : m == 16 ? f16 : f10},
+    };
     const size_t groups = (k + 31) / 32, warps = DENSE_ROWS_WARPS;
     const int blocks = (int)std::min((groups + warps - 1) / warps, (size_t)sms * 32);
-    auto run = [&] { f<<<blocks, 32 * DENSE_ROWS_WARPS>>>(x, dy, w, mu, nu, dx, h, n, k); };
-    run();
-    CK(cudaDeviceSynchronize());
-    unsigned long long hash = 1469598103934665603ull;
-    for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
-        hash = fnv(p, (k * n) * 4, hash);
-    hash = fnv(dx, (m * k) * 4, hash);
     auto time = [&](auto launch) { return timed_ms(launch, reps, 0, [] {}); };
-    auto tk = time(run);
-    auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(w, g, mu, nu, h, k * n); });
     const double bytes = 6.0 * k * n * 4 + 2.0 * m * k * 4;
-    printf("m=%d grid=%d: kernel min %.3f med %.3f ms (%.2f TB/s) | adam_vec_f32 med %.3f ms"
-           " | hash %016llx\n",
-           m, blocks, tk[0], tk[reps / 2],
-           bytes / tk[reps / 2] / 1e9, ta[reps / 2], hash);
+    for (auto [name, f] : ks) {
+        fill<<<1024, 256>>>(x, m * k, 1, 0, 1);
+        fill<<<1024, 256>>>(dy, m * n, 2, -1, 1);
+        fill<<<1024, 256>>>(w, k * n, 3, -0.1f, 0.1f);
+        fill<<<1024, 256>>>(mu, k * n, 4, -0.01f, 0.01f);
+        fill<<<1024, 256>>>(nu, k * n, 5, 0, 0.01f);
+        fill<<<1024, 256>>>(g, k * n, 6, -1, 1);
+        CK(cudaDeviceSynchronize());
+        auto run = [&] { f<<<blocks, 32 * DENSE_ROWS_WARPS>>>(x, dy, w, mu, nu, dx, h, n, k); };
+        run();
+        CK(cudaDeviceSynchronize());
+        unsigned long long hash = 1469598103934665603ull;
+        for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
+            hash = fnv(p, (k * n) * 4, hash);
+        hash = fnv(dx, (m * k) * 4, hash);
+        auto tk = time(run);
+        printf("m=%d %-9s grid=%d: min %.3f med %.3f ms (%.2f TB/s) | hash %016llx\n", m, name,
+               blocks, tk[0], tk[reps / 2], bytes / tk[reps / 2] / 1e9, hash);
+    }
+    auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(w, g, mu, nu, h, k * n); });
+    printf("m=%d adam_vec_f32 med %.3f ms\n", m, ta[reps / 2]);
     return 0;
 }

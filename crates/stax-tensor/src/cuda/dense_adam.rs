@@ -28,7 +28,8 @@ const OP: &str = "dense_adam";
 /// The one-pass kernel of a dense update ([`CudaBackend::dense_adam_is_rows`]).
 #[derive(Debug, Clone, Copy)]
 enum OnePass {
-    /// `dense_adam_rows_m<m>`: f32 FMAs, a batch of 1 to 16 rows.
+    /// `dense_adam_rows_m<m>`: f32 FMAs, a batch of 1 to 16 rows (under TF32
+    /// `dense_adam_rows_tf32_m<m>`: the same sums, Adam's step as the tensor-core pass takes it).
     Rows,
     /// `dense_adam_mma_mb<mb>`: the TF32 tensor cores, 17 to 128 rows.
     Mma,
@@ -143,7 +144,11 @@ impl CudaBackend {
             let state = [c.w, c.mu, c.nu].map(|t| t.addr());
             match pass {
                 OnePass::Mma => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
-                OnePass::Rows => self.kernels.dense_adam_rows(ops, state, (m, n, k), &c.h)?,
+                OnePass::Rows => {
+                    let fast = self.precision == Precision::Tf32;
+                    self.kernels
+                        .dense_adam_rows(ops, state, (m, n, k), &c.h, fast)?
+                }
             }
             return ws.finish();
         }

@@ -47,12 +47,15 @@ const fn mma_shared_bytes(m: usize, n: usize) -> usize {
 /// bytes), allowed once at load.
 pub(super) const MMA_SHARED_MAX: usize = mma_shared_bytes(DENSE_MMA_MAX_BATCH, DENSE_MAX_OUT);
 
-/// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16`, `dense_mma.cu`'s
-/// `dense_adam_mma_mb3..16`.
+/// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16` and
+/// `dense_adam_rows_tf32_m1..16`, `dense_mma.cu`'s `dense_adam_mma_mb3..16`.
 pub(super) fn symbols(module: KernelModule) -> Vec<String> {
     match module {
-        KernelModule::Adam => (1..=DENSE_ROWS_MAX_BATCH)
-            .map(|m| format!("dense_adam_rows_m{m}"))
+        KernelModule::Adam => ["rows", "rows_tf32"]
+            .iter()
+            .flat_map(|kind| {
+                (1..=DENSE_ROWS_MAX_BATCH).map(move |m| format!("dense_adam_{kind}_m{m}"))
+            })
             .collect(),
         KernelModule::DenseMma => (DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1..=DENSE_MMA_MAX_BATCH / 8)
             .map(|mb| format!("dense_adam_mma_mb{mb}"))
@@ -86,7 +89,10 @@ impl Kernels {
 
     /// A dense layer's backward pass with Adam on its f32 weight in one pass over the weight
     /// (`kernels/adam.cu`'s `dense_adam_rows_m<m>`): x `[m, k]`, dy `[m, n]`, `[w, mu, nu]`
-    /// `[k, n]` updated in place, dx `[m, k]` (0: not computed; may be x). Any alignment.
+    /// `[k, n]` updated in place, dx `[m, k]` (0: not computed; may be x). Any alignment. dw and
+    /// dx are exact f32 sums; with `fast` (under TF32) Adam's step is `adam_tf32`'s
+    /// (`dense_adam_rows_tf32_m<m>`: contractions and a fast division, within a few ulp of the
+    /// IEEE-rounded `adam_one`, as the tensor-core pass takes it).
     /// For `1 <= m <=` [`DENSE_ROWS_MAX_BATCH`] and `n <=` [`DENSE_MAX_OUT`] only (else an
     /// invalid-argument error); nothing to do for `k == 0`.
     pub(crate) fn dense_adam_rows(
@@ -95,6 +101,7 @@ impl Kernels {
         [w, mu, nu]: [u64; 3],
         (m, n, k): (usize, usize, usize),
         h: &AdamHyper,
+        fast: bool,
     ) -> Result<(), TensorError> {
         if !dense_rows_apply(m, n) {
             return Err(not_taken(
@@ -107,7 +114,7 @@ impl Kernels {
         if k == 0 {
             return Ok(());
         }
-        let symbol = format!("dense_adam_rows_m{m}");
+        let symbol = format!("dense_adam_rows{}_m{m}", if fast { "_tf32" } else { "" });
         let f = self.function(&symbol)?;
         const WARPS: usize = 4;
         let blocks = k.div_ceil(32 * WARPS).clamp(1, self.max_blocks as usize) as u32;
@@ -198,7 +205,12 @@ mod tests {
         // alone (122,880 bytes) are over the 101,376 of sm_86 and sm_89
         assert!(mma_shared_bytes(80, 128) <= 166_912 && mma_shared_bytes(81, 128) > 166_912);
         assert!(mma_shared_bytes(17, 8) > 101_376);
-        assert_eq!(symbols(KernelModule::Adam).len(), 16);
+        let rows = symbols(KernelModule::Adam);
+        assert_eq!(rows.len(), 32);
+        assert_eq!(
+            (rows[0].as_str(), rows[16].as_str()),
+            ("dense_adam_rows_m1", "dense_adam_rows_tf32_m1")
+        );
         let mma = symbols(KernelModule::DenseMma);
         assert_eq!(mma.len(), 14);
         assert_eq!(mma[0], "dense_adam_mma_mb3");
