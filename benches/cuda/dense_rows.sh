@@ -1,5 +1,6 @@
-# Times kernels/adam.cu's one-pass dense update for small batches (dense_adam_rows_t) alone at
-# batches 10, 1 and 16 (10 again, for the spread), and prints each run's hash of the results
+# Times kernels/adam.cu's one-pass dense update for small batches (dense_adam_rows_t, with
+# adam_one's exact step and with adam_tf32's) alone at batches 10, 1 and 16 (10 again, for the
+# spread), and prints each run's hash of the results
 # (BENCHMARKS.md: "The batch-10 dense update is at its floor on the H100"). On the GPU machine,
 # from the repo root: bash benches/cuda/dense_rows.sh
 set -eu
