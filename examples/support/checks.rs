@@ -41,24 +41,21 @@ pub fn with_feed_hint(
     }
 }
 
-/// On the CPU, the step's planned peak against the host's available memory (`MemAvailable` of
-/// `/proc/meminfo`; skipped where there is none): a run the host cannot hold is refused before
-/// the set-up touches its memory, rather than killed by the system part-way. One process
-/// (`ranks` `(1, _)`) is checked only without `--budget`, which caps it; `(n, bucket)` ranks
-/// that share this host are checked together, each plan with its gradient bucket, before a
-/// launcher starts them.
+/// On the CPU without `--budget` (which caps the run), the step's planned peak against the
+/// host's available memory (`MemAvailable` of `/proc/meminfo`; skipped where there is none): a
+/// run the host cannot hold is refused before the set-up touches its memory, rather than killed
+/// by the system part-way. A launcher checks the ranks that share this host together
+/// ([`host_holds`], from `check_world`) before it starts them.
 pub fn check_host_memory(
     args: &Common,
     (model, input): (&Model, &Shape),
     backend: &Arc<dyn stax::Backend>,
-    (ranks, bucket): (usize, u64),
 ) -> Result<(), Error> {
-    let alone = ranks <= 1;
-    if backend.device() != Device::Cpu || (alone && args.budget()?.is_some()) {
+    if backend.device() != Device::Cpu || args.budget()?.is_some() {
         return Ok(());
     }
     let plan = MemoryPlan::with_feed(model, input, &args.adam(), backend, args.feed())?;
-    host_holds(&plan, input, (ranks, bucket))
+    host_holds(&plan, input, (1, 0))
 }
 
 /// `ranks` steps of `plan` (each with a gradient `bucket` when there are several) against the

@@ -337,8 +337,8 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
     let input = Shape::new([s.batch, img, img, channels]);
     let adam = args.adam();
     if args.plan {
-        let model = make()?;
-        let at = |feed| MemoryPlan::with_feed(&model, &input, &adam, backend, feed);
+        let model = &s.model;
+        let at = |feed| MemoryPlan::with_feed(model, &input, &adam, backend, feed);
         let plan = at(args.feed())?;
         if !plan.exact {
             // the explicit step that allocates: cuDNN's algorithm search for each conv pass
@@ -348,16 +348,18 @@ pub fn run(args: &Common, example: Example, model: ModelFn<'_>) -> Result<(), Er
         // as the trainer does: each conv the workspace the step has free below its peak
         let widened = stax::train::plan::headroom_rule(backend, args.feed(), at)?;
         println!("workspace headroom: {widened} op(s) given more workspace below the peak");
-        return show_plan(args, &at(args.feed())?, &model, backend);
+        return show_plan(args, &at(args.feed())?, model, backend);
     }
-    train_and_test(args, example, (&make, input), backend, (&s.train, &s.test))
+    let data = (&s.train, &s.test);
+    train_and_test(args, example, (s.model, &make, input), backend, data)
 }
 
-/// The training loop and the evaluation (see [`run`]).
+/// The training loop and the evaluation (see [`run`]) of `model` (`make` builds it again for
+/// error hints).
 fn train_and_test(
     args: &Common,
     example: Example,
-    (make, input): (&dyn Fn() -> Result<Model, Error>, Shape),
+    (model, make, input): (Model, &dyn Fn() -> Result<Model, Error>, Shape),
     backend: &Arc<dyn stax::Backend>,
     (train, test): (&Dataset, &Dataset),
 ) -> Result<(), Error> {
@@ -367,7 +369,6 @@ fn train_and_test(
     if tracing {
         backend.allocator().start_trace();
     }
-    let model = make()?;
     if !args.eval_only {
         // before the trainer reserves the step's memory: a batch the training set cannot fill
         // is refused at once, not after a set-up that may not fit the machine
@@ -376,7 +377,7 @@ fn train_and_test(
             batch_loader(train.len(), (batch, 1), seed)
         })?;
     }
-    check_host_memory(args, (&model, &input), backend, (1, 0))?;
+    check_host_memory(args, (&model, &input), backend)?;
     let built = resume::build_trainer(args, (model, &input, adam), backend);
     let hint = |e| with_feed_hint(e, (args, train.len()), (make, &input), backend);
     let (trainer, position) = built.map_err(hint)?;

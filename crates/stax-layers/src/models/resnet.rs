@@ -55,9 +55,10 @@ fn conv_block_with(
 /// next conv, saving that conv's output (the same layers and parameter tree).
 fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: bool) -> Serial {
     let bn = || -> Box<dyn Layer> {
-        match bn_spans {
-            true => Box::new(Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"])),
-            false => Box::new(BatchNorm::new()),
+        if bn_spans {
+            Box::new(Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"]))
+        } else {
+            Box::new(BatchNorm::new())
         }
     };
     Serial(vec![
