@@ -154,6 +154,30 @@ __device__ void binary_vec_t(T *a, const T *b, u32 *mask, size_t n8, int op) {
     }
 }
 
+// In place a = a op b, then a[i] = 0 where bit i%32 of mask[i/32] is clear (a ReLU's backward
+// pass of the result: FanOut's gradients summed into the gradient of a ReLU before it), on n8
+// groups of 8 elements, n8 a multiple of 4 (whole mask words); a and b 16-byte aligned. As
+// binary_vec then relu_bwd_vec, bit for bit; a group whose 8 bits are clear is written as zeros
+// without reading a or b.
+template <typename T>
+__device__ void binary_masked_vec_t(T *a, const T *b, const u32 *mask, size_t n8, int op) {
+    GRID_STRIDE(i, n8) {
+        u32 bits = group_bits(mask, i);
+        float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (bits) {
+            float z[8];
+            load8(a + 8 * i, x);
+            load8(b + 8 * i, z);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float v = to_f32(from_f32<T>(op == 1 ? x[k] * z[k] : x[k] + z[k]));
+                x[k] = (bits >> k) & 1u ? v : 0.0f;
+            }
+        }
+        store8(a + 8 * i, x);
+    }
+}
+
 // y[r, j] += b[j] on n8 groups of 8 of rows of c = 8 c8 elements; y and b 16-byte aligned.
 template <typename T> __device__ void bias_add_vec_t(T *y, const T *b, size_t n8, size_t c8) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -248,6 +272,10 @@ __device__ void bias_grad_vec_t(T *dy, const u32 *mask, double *partial, size_t 
     extern "C" __global__ void binary_vec_##S(T *a, const T *b, u32 *mask, size_t n8,         \
                                               int op) {                                        \
         binary_vec_t<T>(a, b, mask, n8, op);                                                   \
+    }                                                                                          \
+    extern "C" __global__ void binary_masked_vec_##S(T *a, const T *b, const u32 *mask,       \
+                                                     size_t n8, int op) {                      \
+        binary_masked_vec_t<T>(a, b, mask, n8, op);                                            \
     }                                                                                          \
     extern "C" __global__ void bias_add_vec_##S(T *y, const T *b, size_t n8, size_t c8) {     \
         bias_add_vec_t<T>(y, b, n8, c8);                                                       \

@@ -126,8 +126,9 @@ fn relu_and_bias_kernels_match_the_cpu_in_low_precision() {
 }
 
 /// The binary ops (the residual add and its like) in every float dtype equal the CPU's bit
-/// for bit, alone and with the ReLU fused (output and mask), on sizes with whole vector
-/// groups (8 elements, 256 with a mask) and with tails.
+/// for bit, alone, with the ReLU fused (output and mask), and masked by a ReLU's saved mask
+/// (`binary_masked`, which also equals `binary` then `unary_bwd` on each backend), on sizes
+/// with whole vector groups (8 elements, 32 and 256 with a mask) and with tails.
 #[test]
 fn binary_ops_match_the_cpu_bit_for_bit() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
@@ -135,9 +136,10 @@ fn binary_ops_match_the_cpu_bit_for_bit() {
     };
     let cpu = cpu();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        for n in [1, 7, 8, 9, 255, 256, 257, 1000, 100_003] {
+        for n in [1, 7, 8, 9, 32, 33, 255, 256, 257, 1000, 100_003] {
             let mut rng = Rng::new(seed_for("binary", &[n]));
             let (a, b) = (rng.vec(n, -2.0, 2.0), rng.vec(n, -2.0, 2.0));
+            let s = rng.vec(n, -1.0, 1.0);
             for op in [BinaryOp::Add, BinaryOp::Mul] {
                 let run = |be: &Arc<dyn Backend>| {
                     let bt = typed(be, &b, &[n], dtype);
@@ -147,13 +149,41 @@ fn binary_ops_match_the_cpu_bit_for_bit() {
                     let mut mask = poisoned(be, [n.div_ceil(32)], DType::U32);
                     ops::binary_relu(op, &mut fused, &bt, &mut mask).unwrap();
                     let m = mask.to_vec_u32().unwrap();
-                    (plain.to_vec().unwrap(), fused.to_vec().unwrap(), m)
+                    // a ReLU's mask of fresh values, then the sum masked by it, fused and not
+                    let mut saved = poisoned(be, [n.div_ceil(32)], DType::U32);
+                    let mut st = typed(be, &s, &[n], dtype);
+                    ops::unary(Activation::Relu, &mut st, Some(&mut saved)).unwrap();
+                    let mut masked = typed(be, &a, &[n], dtype);
+                    ops::binary_masked(op, &mut masked, &bt, &saved).unwrap();
+                    let mut apart = typed(be, &a, &[n], dtype);
+                    ops::binary(op, &mut apart, &bt).unwrap();
+                    ops::unary_bwd(Activation::Relu, &saved, &mut apart).unwrap();
+                    let (masked, apart) = (masked.to_vec().unwrap(), apart.to_vec().unwrap());
+                    (
+                        plain.to_vec().unwrap(),
+                        fused.to_vec().unwrap(),
+                        m,
+                        masked,
+                        apart,
+                    )
                 };
                 let (g, c) = (run(&gpu), run(&cpu));
                 let what = format!("{dtype} {op:?} [{n}]");
                 assert_close(&g.0, &c.0, 0.0, 0.0, &what);
                 assert_close(&g.1, &c.1, 0.0, 0.0, &format!("{what} + relu"));
                 assert_eq!(g.2, c.2, "{what} + relu: mask");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&g.3), bits(&c.3), "{what} masked: gpu against cpu");
+                assert_eq!(
+                    bits(&g.3),
+                    bits(&g.4),
+                    "{what} masked: gpu fused against apart"
+                );
+                assert_eq!(
+                    bits(&c.3),
+                    bits(&c.4),
+                    "{what} masked: cpu fused against apart"
+                );
             }
         }
     }

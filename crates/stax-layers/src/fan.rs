@@ -39,7 +39,8 @@ fn branches<T: Clone>(
 
 /// stax's `FanOut(num)`: `num` copies of its input (handles: nothing is copied), as a node
 /// keyed by position. The backward pass sums the branches' gradients (in place, in the first
-/// branch's buffer when nothing else holds it).
+/// branch's buffer when nothing else holds it); the ReLU mask of a `FanInSum` before it
+/// ([`Layer::masks_dx`]: ResNet's blocks one after another) is applied in the last add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FanOut(pub usize);
 
@@ -83,6 +84,35 @@ impl Layer for FanOut {
         _cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
+        self.sum_grads(params, dy, need_dx, None)
+    }
+
+    fn masks_dx(&self) -> bool {
+        true
+    }
+
+    fn vjp_masking_dx(
+        &self,
+        params: &Params,
+        _residuals: Residuals,
+        dy: Value,
+        _cx: &mut Cx<'_>,
+        mask: &Tensor,
+    ) -> Result<Option<Value>, LayerError> {
+        self.sum_grads(params, dy, true, Some(mask))
+    }
+}
+
+impl FanOut {
+    /// The branches' gradients `dy` summed when `need_dx`, then masked by a ReLU's `mask` when
+    /// given (in the last add's pass; one tensor a branch, so each is a leaf).
+    fn sum_grads(
+        &self,
+        params: &Params,
+        dy: Value,
+        need_dx: bool,
+        mask: Option<&Tensor>,
+    ) -> Result<Option<Value>, LayerError> {
         expect_params(params, self, &Tree::empty())?;
         let shapes = shapes_of(&dy);
         let mut parts = dy.into_children().into_iter().map(|(_, t)| t);
@@ -96,12 +126,25 @@ impl Layer for FanOut {
             return Ok(None);
         }
         let mut acc = first.try_map_into(|_, t| t.into_unique_as("dx"))?;
-        for part in parts {
+        let last = parts.len();
+        for (i, part) in parts.enumerate() {
             if let Some(e) = part.structure_differs(&acc) {
                 return Err(self.mismatch("output gradients", e.to_string()));
             }
             for (a, b) in acc.leaves_mut().into_iter().zip(part.leaves()) {
-                ops::binary(BinaryOp::Add, a, b)?;
+                match mask.filter(|_| i + 1 == last) {
+                    Some(m) => ops::binary_masked(BinaryOp::Add, a, b, m)?,
+                    None => ops::binary(BinaryOp::Add, a, b)?,
+                }
+            }
+        }
+        if let (Some(m), 0) = (mask, last) {
+            let mut leaves = acc.leaves_mut().into_iter();
+            match (leaves.next(), leaves.next()) {
+                (Some(a), None) => ops::unary_bwd(Activation::Relu, m, a)?,
+                _ => {
+                    return Err(self.mismatch("output gradients", "a mask needs one tensor".into()));
+                }
             }
         }
         Ok(Some(acc))
@@ -238,11 +281,34 @@ impl Layer for FanInSum {
         if act != Activation::Relu {
             return Err(self.config(format!("fuses a ReLU, not {act:?}")));
         }
-        let mask = saved_tensor(self, &mut residuals, activation::saved_key(act))?;
+        let mask = relu_mask(self, &mut residuals)?;
         let mut dy = one_tensor(self, dy)?.into_unique_as("dx")?;
-        ops::unary_bwd(act, &mask, &mut dy)?;
-        drop(mask);
+        if let Some(mask) = mask {
+            ops::unary_bwd(act, &mask, &mut dy)?;
+        }
         self.vjp(params, residuals, Tree::leaf(dy), cx, need_dx)
+    }
+
+    /// The fused ReLU's mask, when this sum was fused with one and it is still there.
+    fn take_dy_mask(&self, residuals: &mut Residuals) -> Option<Tensor> {
+        relu_mask(self, residuals).ok().flatten()
+    }
+}
+
+/// A `FanInSum`'s fused ReLU mask taken out of its residuals: `None` when its slot is empty
+/// (the layer after the sum in a serial applied it, [`Layer::take_dy_mask`]).
+///
+/// # Errors
+/// [`LayerError::Mismatch`] when there is no slot (the sum was not fused with a ReLU).
+fn relu_mask(layer: &FanInSum, residuals: &mut Residuals) -> Result<Option<Tensor>, LayerError> {
+    let key = activation::saved_key(Activation::Relu);
+    let taken = residuals
+        .children()
+        .iter()
+        .any(|(k, t)| *k == Key::Field(key) && matches!(t, Tree::Node(c) if c.is_empty()));
+    match taken {
+        true => Ok(None),
+        false => saved_tensor(layer, residuals, key).map(Some),
     }
 }
 

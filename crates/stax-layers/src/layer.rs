@@ -228,6 +228,41 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Err(self.config(format!("cannot fuse {act:?}")))
     }
 
+    /// The ReLU bit mask this layer's backward pass applies first to its output gradient (a
+    /// [`crate::FanInSum`] fused with the ReLU after it, or a [`crate::Serial`] ending in
+    /// one), taken out of `residuals` (this layer's, from `apply`): its slot is left empty and
+    /// the backward pass then takes `dy` as masked already. A serial takes it when the layer
+    /// after this one applies it while writing its input gradient ([`Layer::masks_dx`]: the
+    /// `FanOut` that starts the next ResNet block), one pass over that gradient fewer. `None`
+    /// (the default) for every other layer.
+    fn take_dy_mask(&self, _residuals: &mut Residuals) -> Option<Tensor> {
+        None
+    }
+
+    /// Whether [`Layer::vjp_masking_dx`] applies a ReLU mask in the pass that writes the input
+    /// gradient ([`crate::FanOut`], a serial starting with one); `false` (the default) for
+    /// every other layer. Such a layer fuses no activation ([`Layer::fuses`]).
+    fn masks_dx(&self) -> bool {
+        false
+    }
+
+    /// `vjp` with `need_dx`, the input gradient then masked by a ReLU's saved bit `mask` (the
+    /// ReLU's backward pass, see [`Layer::take_dy_mask`]) in the same pass. Only called when
+    /// [`Layer::masks_dx`] says so.
+    ///
+    /// # Errors
+    /// As `vjp`; [`LayerError::Config`] from layers that mask nothing.
+    fn vjp_masking_dx(
+        &self,
+        _params: &Params,
+        _residuals: Residuals,
+        _dy: Value,
+        _cx: &mut Cx<'_>,
+        _mask: &Tensor,
+    ) -> Result<Option<Value>, LayerError> {
+        Err(self.config("masks no input gradient".into()))
+    }
+
     /// A [`LayerError::Shape`] of this layer for `input`.
     fn shape_error(&self, reason: String, input: &Shapes) -> LayerError {
         LayerError::Shape {

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use stax_tensor::{Key, Params, Tree};
+use stax_tensor::{Key, Params, Tensor, Tree};
 
 use crate::fuse::{apply_pair, fused_at, vjp_pair};
 use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
@@ -181,7 +181,45 @@ impl Layer for Serial {
         children_of(self, &residuals, &keys, "residuals")?;
         let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
         let range = 0..self.0.len();
-        self.back(&children, range, saved, dy, cx, (need_dx, true))
+        self.back(&children, range, saved, dy, cx, (need_dx, true, None))
+    }
+
+    /// The mask of its last layer, or of the layer before an activation that layer fused.
+    fn take_dy_mask(&self, residuals: &mut Residuals) -> Option<Tensor> {
+        let n = self.0.len();
+        let Tree::Node(saved) = residuals else {
+            return None;
+        };
+        if saved.len() != n || n == 0 {
+            return None;
+        }
+        let empty = |r: &Residuals| matches!(r, Tree::Node(c) if c.is_empty());
+        let fused = n >= 2 && self.0[n - 1].as_activation().is_some() && empty(&saved[n - 1].1);
+        let i = if fused { n - 2 } else { n - 1 };
+        self.0[i].take_dy_mask(&mut saved[i].1)
+    }
+
+    /// Its first layer's (never a span's: a span runs its own backward pass).
+    fn masks_dx(&self) -> bool {
+        self.0
+            .first()
+            .is_some_and(|l| l.masks_dx() && l.remat_span().is_none())
+    }
+
+    fn vjp_masking_dx(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        mask: &Tensor,
+    ) -> Result<Option<Value>, LayerError> {
+        let children = self.children(params)?;
+        let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
+        children_of(self, &residuals, &keys, "residuals")?;
+        let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
+        let range = 0..self.0.len();
+        self.back(&children, range, saved, dy, cx, (true, true, Some(mask)))
     }
 }
 
@@ -251,6 +289,10 @@ impl Serial {
     /// The backward pass of layers `range` in reverse from their residuals (`saved`, one a
     /// layer of the range); `need_dx` is the serial's caller's (for layer 0), `top` as in
     /// [`Serial::run`]: a span's residuals run its forward pass again, then its backward pass.
+    /// `mask`: the caller's ReLU mask for the input gradient ([`Layer::vjp_masking_dx`]),
+    /// applied by the first layer. A layer that masks its input gradient
+    /// ([`Layer::masks_dx`]) applies the mask the layer before it would apply first
+    /// ([`Layer::take_dy_mask`]).
     fn back(
         &self,
         children: &[&Params],
@@ -258,8 +300,12 @@ impl Serial {
         mut saved: Vec<Residuals>,
         dy: Value,
         cx: &mut Cx<'_>,
-        (need_dx, top): (bool, bool),
+        (need_dx, top, mask): (bool, bool, Option<&Tensor>),
     ) -> Result<Option<Value>, LayerError> {
+        let unmasked = |layer: &dyn Layer| {
+            let reason = "the first layer must mask the input gradient but fuses or spans".into();
+            Err(layer.config(reason))
+        };
         let spans = if top { self.spans()? } else { Vec::new() };
         let start = range.start;
         let (mut dy, mut end) = (Some(dy), range.end);
@@ -269,11 +315,14 @@ impl Serial {
                 self.mismatch("output gradients", format!("layer {i} got no gradient"))
             })?;
             if let Some(&(s, span)) = spans.iter().find(|(s, span)| s + span.len == end) {
+                if s == start && mask.is_some() {
+                    return unmasked(&*self.0[s]);
+                }
                 let r = std::mem::take(&mut saved[s - start]);
                 let run = |cx: &mut Cx<'_>, x, keys| self.run(children, s..end, x, cx, keys, false);
                 dy = remat_backward((&*self.0[s], span.saving), r, cx, run, |cx, inner| {
                     let inner = inner.into_iter().map(|c| c.1).collect();
-                    self.back(children, s..end, inner, d, cx, (need_dx, false))
+                    self.back(children, s..end, inner, d, cx, (need_dx, false, None))
                 })?;
                 end = s;
                 continue;
@@ -292,6 +341,9 @@ impl Serial {
             match act {
                 Some(act) => {
                     let (j, layer) = (i - 1, self.layer_in(i - 1, &range, top));
+                    if j == start && mask.is_some() {
+                        return unmasked(layer);
+                    }
                     let r = std::mem::take(&mut saved[j - start]);
                     let want_dx = j > 0 || need_dx;
                     let pair = ((layer, self.key(j), j), (act, self.key(i)));
@@ -301,8 +353,17 @@ impl Serial {
                 None => {
                     let layer = self.layer_in(i, &range, top);
                     let want_dx = i > 0 || need_dx;
-                    dy = cx.child(self.key(i), i, None, |cx| {
-                        layer.vjp(children[i], r, d, cx, want_dx)
+                    let before = (i > start && want_dx && layer.masks_dx()).then(|| {
+                        let prev = self.layer_in(i - 1, &range, top);
+                        prev.take_dy_mask(&mut saved[i - 1 - start])
+                    });
+                    let m = match i == start {
+                        true => mask.cloned(),
+                        false => before.flatten(),
+                    };
+                    dy = cx.child(self.key(i), i, None, |cx| match &m {
+                        Some(m) => layer.vjp_masking_dx(children[i], r, d, cx, m),
+                        None => layer.vjp(children[i], r, d, cx, want_dx),
                     })?;
                     end -= 1;
                 }

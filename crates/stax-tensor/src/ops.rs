@@ -27,7 +27,9 @@ pub use conv::{
     Epilogue, check_pool_padding, conv2d, conv2d_bwd_data, conv2d_bwd_filter,
     conv2d_bwd_filter_consuming, max_pool2d_argmax, max_pool2d_bwd_argmax, pool2d, pool2d_bwd,
 };
-pub use elementwise::{bias_add, bias_grad, binary, binary_relu, matmul, unary, unary_bwd};
+pub use elementwise::{
+    bias_add, bias_grad, binary, binary_masked, binary_relu, matmul, unary, unary_bwd,
+};
 pub use memory::{
     axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };

@@ -279,7 +279,8 @@ pub struct UnaryBwd<'a> {
 }
 
 /// In place `a = a op b` (same shape and dtype); with `relu`, then `a = relu(a)` writing the
-/// ReLU's mask ([`crate::ops::binary_relu`]).
+/// ReLU's mask ([`crate::ops::binary_relu`]); with `masked_by`, then `a = 0` where that saved
+/// mask's bit is clear ([`crate::ops::binary_masked`]). Never both.
 #[derive(Debug)]
 pub struct Binary<'a> {
     /// The op.
@@ -290,6 +291,8 @@ pub struct Binary<'a> {
     pub b: &'a Tensor,
     /// A fused ReLU's bit mask (U32, `ceil(numel / 32)` words), if any.
     pub relu: Option<&'a mut Tensor>,
+    /// A ReLU's saved bit mask the result is masked by (the ReLU's backward pass), if any.
+    pub masked_by: Option<&'a Tensor>,
 }
 
 /// `y[.., j] += b[j]`, b `[cols]`, y seen as `[rows, cols]`.

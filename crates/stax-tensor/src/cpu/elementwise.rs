@@ -118,18 +118,29 @@ pub(super) fn binary(c: Binary<'_>) -> Result<(), TensorError> {
 
 fn binary_t<T: Float>(c: Binary<'_>) -> Result<(), TensorError> {
     const OP: &str = "binary";
-    let Binary { op, a, b, relu } = c;
+    let Binary {
+        op,
+        a,
+        b,
+        relu,
+        masked_by,
+    } = c;
     let b = view::<T>(OP, b)?;
     for (x, &z) in view_mut::<T>(OP, a)?.iter_mut().zip(b) {
         *x = T::from_f32(op.apply(x.to_f32(), z.to_f32()));
     }
-    match relu {
-        Some(mask) => unary(Unary {
+    match (relu, masked_by) {
+        (Some(mask), _) => unary(Unary {
             act: Activation::Relu,
             y: a,
             aux: Some(mask),
         }),
-        None => Ok(()),
+        (None, Some(saved)) => unary_bwd(UnaryBwd {
+            act: Activation::Relu,
+            saved,
+            dy: a,
+        }),
+        (None, None) => Ok(()),
     }
 }
 
@@ -291,6 +302,33 @@ mod tests {
         assert!(matches!(e, Err(TensorError::DType { .. })), "{e:?}");
         let mut short = tensor(&be, &[1.0; 2], [2]);
         let e = ops::binary_relu(BinaryOp::Mul, &mut short, &tensor(&be, &b, [5]), &mut mask);
+        assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn binary_masked_is_the_sum_then_the_relu_backward() {
+        let be = backend();
+        let (a, b) = ([1.0, -2.0, 0.5, 4.0, 3.0], [-1.5, 1.0, 0.25, 2.0, -4.0]);
+        // a ReLU's mask with bits 1, 2 and 4 set
+        let mut source = tensor(&be, &[-1.0, 2.0, 0.5, 0.0, 7.0], [5]);
+        let mut mask = Tensor::empty(&be, [1], DType::U32, Category::Activation).unwrap();
+        ops::unary(Activation::Relu, &mut source, Some(&mut mask)).unwrap();
+        assert_eq!(mask.to_vec_u32().unwrap(), [0b10110]);
+        let mut x = tensor(&be, &a, [5]);
+        ops::binary_masked(BinaryOp::Add, &mut x, &tensor(&be, &b, [5]), &mask).unwrap();
+        assert_eq!(x.to_vec().unwrap(), [0.0, -1.0, 0.75, 0.0, -1.0]);
+        let mut x = tensor(&be, &a, [5]);
+        ops::binary_masked(BinaryOp::Mul, &mut x, &tensor(&be, &b, [5]), &mask).unwrap();
+        assert_eq!(x.to_vec().unwrap(), [0.0, -2.0, 0.125, 0.0, -12.0]);
+        let e = ops::binary_masked(BinaryOp::Add, &mut x, &tensor(&be, &b, [5]), &source);
+        assert!(matches!(e, Err(TensorError::DType { .. })), "{e:?}");
+        let mut long = tensor(&be, &[1.0; 40], [40]);
+        let e = ops::binary_masked(
+            BinaryOp::Add,
+            &mut long,
+            &tensor(&be, &[1.0; 40], [40]),
+            &mask,
+        );
         assert!(matches!(e, Err(TensorError::Shape { .. })), "{e:?}");
     }
 

@@ -123,11 +123,22 @@ impl ElementwiseOps for CudaBackend {
     }
 
     fn binary(&self, c: Checked<Binary<'_>>) -> Result<(), TensorError> {
-        let Binary { op, a, b, relu } = c.into_inner();
+        let Binary {
+            op,
+            a,
+            b,
+            relu,
+            masked_by,
+        } = c.into_inner();
         self.bind()?;
-        let (n, mask) = (a.numel(), relu.map_or(0, |m| m.addr()));
-        self.kernels
-            .binary(a.dtype(), (a.addr(), b.addr(), mask), n, op.code())
+        let (n, ab) = (a.numel(), (a.addr(), b.addr()));
+        match masked_by {
+            Some(m) => (self.kernels).binary_masked(a.dtype(), (ab, m.addr()), n, op.code()),
+            None => {
+                let mask = relu.map_or(0, |m| m.addr());
+                (self.kernels).binary(a.dtype(), (ab.0, ab.1, mask), n, op.code())
+            }
+        }
     }
 
     fn bias_add(&self, c: Checked<BiasAdd<'_>>) -> Result<(), TensorError> {

@@ -55,6 +55,7 @@ pub fn binary(op: BinaryOp, a: &mut Tensor, b: &Tensor) -> Result<(), TensorErro
         a,
         b,
         relu: None,
+        masked_by: None,
     }))
 }
 
@@ -82,6 +83,35 @@ pub fn binary_relu(
         a,
         b,
         relu: Some(mask),
+        masked_by: None,
+    }))
+}
+
+/// In place `a = (a op b) · relu'`, same shape and float dtype, from a ReLU's saved bit mask
+/// (see [`unary`]): [`binary`] then [`unary_bwd`] with [`Activation::Relu`], bit for bit, in
+/// one pass where the backend fuses them (`FanOut`'s gradients summed into the gradient of the
+/// ReLU before it, as between ResNet's blocks).
+///
+/// # Errors
+/// As [`binary`]; mask shape, dtype and device errors as [`unary_bwd`].
+pub fn binary_masked(
+    op: BinaryOp,
+    a: &mut Tensor,
+    b: &Tensor,
+    mask: &Tensor,
+) -> Result<(), TensorError> {
+    const OP: &str = "binary_masked";
+    let be = backend_of(a);
+    supports(OP, a.dtype(), FLOATS)?;
+    output(OP, &be, a, "a", a.dtype(), None)?;
+    input(OP, &be, b, "b", a.dtype(), Some(a.shape()))?;
+    check_saved(OP, Activation::Relu, mask, a)?;
+    be.binary(Checked::new(Binary {
+        op,
+        a,
+        b,
+        relu: None,
+        masked_by: Some(mask),
     }))
 }
 

@@ -360,4 +360,34 @@ impl Kernels {
         // the tail's ReLU: `done` is a multiple of 256, so its mask starts at word done / 32
         self.relu(dtype, at, (mask + 4 * (done / 32) as u64, nt), true)
     }
+
+    /// In place `a = a op b` on `n` elements of `dtype`, `op` the binary op's code, then
+    /// `a[i] = 0` where bit `i` of the saved ReLU `mask` (`ceil(n/32)` words) is clear: one pass
+    /// over whole mask words' groups (32 elements), [`Self::binary`] and [`Self::relu_bwd`] on
+    /// the tail.
+    pub(crate) fn binary_masked(
+        &self,
+        dtype: DType,
+        ((a, b), mask): ((u64, u64), u64),
+        n: usize,
+        op: i32,
+    ) -> Result<(), TensorError> {
+        let n8 = if aligned16(&[a, b]) { n / 32 * 4 } else { 0 };
+        if n8 > 0 {
+            let (f, sym) = (self.typed("binary_masked_vec", dtype)?, "binary_masked_vec");
+            // SAFETY: `binary_masked_vec_<dtype>(T *a, const T *b, const u32 *mask, size_t n8,
+            // int op)`; a and b hold at least 8 n8 elements of `dtype` each, 16-byte aligned;
+            // mask holds at least n8 / 4 words.
+            unsafe { launch!(self.stream, f, self.grid(n8); &a, &b, &mask, &n8, &op) }
+                .map_err(driver(sym))?;
+        }
+        let (done, size) = (n8 * 8, dtype.size_bytes() as u64);
+        if done == n {
+            return Ok(());
+        }
+        let (at, bt) = (a + done as u64 * size, b + done as u64 * size);
+        self.binary(dtype, (at, bt, 0), n - done, op)?;
+        // `done` is a multiple of 32, so the tail's mask starts at word done / 32
+        self.relu_bwd(dtype, at, mask + 4 * (done / 32) as u64, n - done)
+    }
 }

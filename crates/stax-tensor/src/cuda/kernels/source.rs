@@ -240,6 +240,7 @@ impl KernelModule {
                 "relu_vec",
                 "relu_bwd_vec",
                 "binary_vec",
+                "binary_masked_vec",
                 "bias_add_vec",
                 "bias_grad_vec",
             ],
