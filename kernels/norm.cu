@@ -229,25 +229,13 @@ __device__ void moments_run(const T *a, const T *b, const u32 *mask, size_t i, s
     }
 }
 
-// channel_moments_<dtype> on n8 groups: block `split` writes the same partial[(split * c + j)
-// * 2 + {0, 1}]. Needs blockDim.x == 256 and c8 dividing 256, so that thread t of every block
-// always sees channel group t % c8.
-template <typename T>
-__device__ void channel_moments_vec_impl(const T *a, const T *b, const float *shift,
-                                         const u32 *mask, double *partial, size_t n8,
-                                         size_t c) {
+// The block's per-channel sums (s, q) of thread t's channel group t % c8 (blockDim.x == 256, c8
+// = c / 8 dividing 256) added over its threads in thread order: partial[(blockIdx.x * c + j) * 2
+// + {0, 1}] for the finishing kernels (column_sums).
+__device__ __forceinline__ void block_pairs(double (&s)[8], double (&q)[8], double *partial,
+                                            size_t c) {
     __shared__ double acc[16][256];
-    const size_t stride = (size_t)gridDim.x * 256;
-    unsigned t = threadIdx.x, c8 = (unsigned)(c / 8), col = t % c8;
-    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    double q[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    float sh[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sh[k] = shift ? shift[8 * col + k] : 0.0f;
-    size_t i = (size_t)blockIdx.x * 256 + t;
-    if (!b) moments_run<SUM>(a, b, mask, i, stride, n8, sh, s, q);
-    else if (b == a) moments_run<SQUARE>(a, b, mask, i, stride, n8, sh, s, q);
-    else moments_run<CROSS>(a, b, mask, i, stride, n8, sh, s, q);
+    unsigned t = threadIdx.x, c8 = (unsigned)(c / 8);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         acc[k][t] = s[k];
@@ -269,6 +257,27 @@ __device__ void channel_moments_vec_impl(const T *a, const T *b, const float *sh
             partial[j * 2 + 1] = q[k];
         }
     }
+}
+
+// channel_moments_<dtype> on n8 groups: block `split` writes the same partial[(split * c + j)
+// * 2 + {0, 1}]. Needs blockDim.x == 256 and c8 dividing 256, so that thread t of every block
+// always sees channel group t % c8.
+template <typename T>
+__device__ void channel_moments_vec_impl(const T *a, const T *b, const float *shift,
+                                         const u32 *mask, double *partial, size_t n8,
+                                         size_t c) {
+    const size_t stride = (size_t)gridDim.x * 256;
+    unsigned t = threadIdx.x, c8 = (unsigned)(c / 8), col = t % c8;
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    double q[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    float sh[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sh[k] = shift ? shift[8 * col + k] : 0.0f;
+    size_t i = (size_t)blockIdx.x * 256 + t;
+    if (!b) moments_run<SUM>(a, b, mask, i, stride, n8, sh, s, q);
+    else if (b == a) moments_run<SQUARE>(a, b, mask, i, stride, n8, sh, s, q);
+    else moments_run<CROSS>(a, b, mask, i, stride, n8, sh, s, q);
+    block_pairs(s, q, partial, c);
 }
 
 // The W f32 values per channel of channels 8 col .. 8 col + 7 of p (p[W j + w] for channel j),
@@ -326,29 +335,39 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
     }
 }
 
-// bn_bwd_apply_<dtype> on n8 groups (dy of a group with no mask bit set is not read), the
-// channels' values loaded as in bn_apply_vec_impl.
+// Group i of bn_bwd_apply (dy not read when no mask bit of the group is set): dx written over
+// dy and left in d.
+template <typename T>
+__device__ __forceinline__ void bn_bwd_group(const T *x, T *dy, const u32 *mask, size_t i,
+                                             const float (&mu)[1][8], const float (&k3)[3][8],
+                                             float (&d)[8]) {
+    u32 bits = group_bits(mask, i);
+    float f[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[k] = 0.0f;
+    load8(x + 8 * i, f);
+    if (bits) load8(dy + 8 * i, d);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        float dk = (bits >> k) & 1u ? d[k] : 0.0f;
+        float z = (f[k] - mu[0][k]) * k3[2][k];
+        d[k] = k3[0][k] * (dk - k3[1][k] - z);
+    }
+    store8(dy + 8 * i, d);
+}
+
+// bn_bwd_apply_<dtype> on n8 groups, the channels' values loaded as in bn_apply_vec_impl.
 template <typename T>
 __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, const float *coef,
                                       const u32 *mask, size_t n8, size_t c8) {
     const size_t stride = (size_t)blockDim.x * gridDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t col = i % c8, step = stride % c8;
-    float mu[1][8], k3[3][8];
+    float mu[1][8], k3[3][8], d[8];
     channel_values<1>(mean, col, mu);
     channel_values<3>(coef, col, k3);
     for (; i < n8; i += stride) {
-        u32 bits = group_bits(mask, i);
-        float f[8], d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        load8(x + 8 * i, f);
-        if (bits) load8(dy + 8 * i, d);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            float dk = (bits >> k) & 1u ? d[k] : 0.0f;
-            float z = (f[k] - mu[0][k]) * k3[2][k];
-            d[k] = k3[0][k] * (dk - k3[1][k] - z);
-        }
-        store8(dy + 8 * i, d);
+        bn_bwd_group<T>(x, dy, mask, i, mu, k3, d);
         if (step) {
             col += step;
             if (col >= c8) col -= c8;
@@ -356,6 +375,29 @@ __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, cons
             channel_values<3>(coef, col, k3);
         }
     }
+}
+
+// bn_bwd_apply_vec that also sums per channel, in f64, the dx it writes (rounded to T): the
+// gradient of a bias the norm's input had (a conv's), block `split` writing partial[(split * c
+// + j) * 2] (0 at + 1) for channel_sum_finish. Needs blockDim.x == 256 and c8 dividing 256, so
+// that thread t of every block always sees channel group t % c8.
+template <typename T>
+__device__ void bn_bwd_apply_sum_vec_impl(const T *x, T *dy, const float *mean, const float *coef,
+                                          const u32 *mask, double *partial, size_t n8,
+                                          size_t c8) {
+    const size_t stride = (size_t)gridDim.x * 256;
+    unsigned t = threadIdx.x, col = t % (unsigned)c8;
+    float mu[1][8], k3[3][8], d[8];
+    channel_values<1>(mean, col, mu);
+    channel_values<3>(coef, col, k3);
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    double q[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (size_t i = (size_t)blockIdx.x * 256 + t; i < n8; i += stride) {
+        bn_bwd_group<T>(x, dy, mask, i, mu, k3, d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[k] += (double)to_f32(from_f32<T>(d[k]));
+    }
+    block_pairs(s, q, partial, 8 * c8);
 }
 
 #define CHANNEL_KERNELS(T, S)                                                                  \
@@ -402,5 +444,10 @@ __device__ void bn_bwd_apply_vec_impl(const T *x, T *dy, const float *mean, cons
                                                     const float *coef, const u32 *mask,        \
                                                     size_t n8, size_t c8) {                    \
         bn_bwd_apply_vec_impl<T>(x, dy, mean, coef, mask, n8, c8);                             \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        bn_bwd_apply_sum_vec_##S(const T *x, T *dy, const float *mean, const float *coef,      \
+                                 const u32 *mask, double *partial, size_t n8, size_t c8) {     \
+        bn_bwd_apply_sum_vec_impl<T>(x, dy, mean, coef, mask, partial, n8, c8);                \
     }
 FOR_FLOATS(CHANNEL_KERNELS)

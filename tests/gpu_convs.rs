@@ -499,7 +499,8 @@ const NORM_CASES: [[usize; 3]; 12] = [
 
 /// Batch normalization's forward and backward passes on `be`: `(y, mean, rstd, dx, dgamma,
 /// dbeta, relu mask)`, the ReLU after it `fused` into its kernels, or run as its own ops
-/// (`Some(false)`), or not at all (`None`).
+/// (`Some(false)`), or not at all (`None`). The backward pass's per-channel sums of dx
+/// (`dx_sum`) are checked here against the f64 sums of the dx it wrote.
 fn batch_norm_run(
     be: &Arc<dyn Backend>,
     g: &ChannelGeometry,
@@ -528,9 +529,11 @@ fn batch_norm_run(
         ops::unary_bwd(Activation::Relu, m, &mut d).unwrap();
     }
     let (mut dgm, mut dbt) = (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+    let mut dx_sum = poisoned(be, [c], DType::F32);
     let grads = AffineGrads {
         dgamma: affine.map(|_| &mut dgm),
         dbeta: affine.map(|_| &mut dbt),
+        dx_sum: Some(&mut dx_sum),
     };
     let saved = NormSaved {
         mean: &mean,
@@ -538,7 +541,23 @@ fn batch_norm_run(
         relu: mask.as_ref().filter(|_| fused),
     };
     ops::batch_norm_bwd(x, g, a.gamma, saved, &mut d, true, grads).unwrap();
-    let mut out = vec![vec(&y), vec(&mean), vec(&rstd), vec(&d)];
+    let dx = vec(&d);
+    let (mut sums, mut scale) = (vec![0f64; c], vec![0f64; c]);
+    for (i, &v) in dx.iter().enumerate() {
+        let j = i / g.inner % c;
+        sums[j] += f64::from(v);
+        scale[j] += f64::from(v.abs());
+    }
+    for (j, &got) in vec(&dx_sum).iter().enumerate() {
+        let err = (f64::from(got) - sums[j]).abs();
+        let what = format!("{} dx_sum {g:?} channel {j}", be.device());
+        assert!(
+            err <= 1e-6 * scale[j] + 1e-30,
+            "{what}: {got} against {}",
+            sums[j]
+        );
+    }
+    let mut out = vec![vec(&y), vec(&mean), vec(&rstd), dx];
     if affine.is_some() {
         out.extend([vec(&dgm), vec(&dbt)]);
     }

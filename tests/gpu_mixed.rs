@@ -192,7 +192,8 @@ fn binary_ops_match_the_cpu_bit_for_bit() {
 /// Batch normalization on bf16 and f16 activations (f32 parameters and statistics), forward
 /// with a fused ReLU and backward with the input gradient, equals the CPU's: the output and the
 /// input gradient within two roundings of the dtype, the statistics and parameter gradients
-/// (f64 sums of the same rounded values) to 1e-5.
+/// (f64 sums of the same rounded values) to 1e-5; on each backend the input gradient's
+/// per-channel sums (`dx_sum`, in the dtype) are the f64 sums of the dx it wrote, rounded once.
 #[test]
 fn low_precision_batch_norm_matches_the_cpu() {
     use stax::tensor::ops::{Affine, AffineGrads, NormSaved};
@@ -230,11 +231,25 @@ fn low_precision_batch_norm_matches_the_cpu() {
                     rstd: &rstd,
                     relu: Some(&mask),
                 };
+                let mut dx_sum = poisoned(be, [c], dtype);
                 let grads = AffineGrads {
                     dgamma: Some(&mut dgm),
                     dbeta: Some(&mut dbt),
+                    dx_sum: Some(&mut dx_sum),
                 };
                 ops::batch_norm_bwd(&xt, &g, Some(&gm), saved, &mut d, true, grads).unwrap();
+                let mut sums = vec![0f64; c];
+                for (i, &v) in d.to_vec().unwrap().iter().enumerate() {
+                    sums[i / inner % c] += f64::from(v);
+                }
+                for (got, want) in dx_sum.to_vec().unwrap().into_iter().zip(sums) {
+                    let err = (f64::from(got) - want).abs();
+                    let what = format!("{} {dtype} dx_sum {g:?}", be.device());
+                    assert!(
+                        err <= eps(dtype) * want.abs() + 1e-12,
+                        "{what}: {got} {want}"
+                    );
+                }
                 [&y, &mean, &rstd, &d, &dgm, &dbt].map(|t| t.to_vec().unwrap())
             };
             let (on_gpu, on_cpu) = (run(&gpu), run(&cpu));

@@ -8,16 +8,13 @@ mod common;
 use common::{
     cpu, cuda_or_skip, host_values, private_cuda_with, train, two_steps_match_cpu, with_precision,
 };
-use stax::layers::{Cx, LayerError, ParamSpec, Residuals, Shapes, Value};
 use stax::models::mlp;
 use stax::tensor::Backend;
-use stax::tensor::{Params, Tree};
 use stax::{
-    Conv, Dense, FanInSum, FanOut, Flatten, Identity, Precision, Relu, Serial, Shape, Tensor,
-    parallel, serial,
+    Conv, Dense, FanInSum, FanOut, Flatten, Identity, Precision, Relu, Serial, Shape, parallel,
+    serial,
 };
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `Conv Relu FanOut(2) parallel(serial(Conv, Relu, Conv), Identity) FanInSum Relu` and a
 /// dense head.
@@ -93,135 +90,6 @@ fn the_relu_fused_into_fan_in_sum_trains_as_the_unfused_pair() {
             p.layers.iter().filter(|l| l.kind == "relu").count()
         };
         assert_eq!(relus(&mut apart) - relus(&mut fused), 2, "{}", bf.device());
-        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        let values = |t: &Trainer<Serial>| bits(host_values(t.params().leaves()));
-        assert_eq!(values(&fused), values(&apart), "{} parameters", bf.device());
-        for field in ["mu", "nu"] {
-            let (f, a) = (fused.state().field(field), apart.state().field(field));
-            assert_eq!(bits(host_values(f)), bits(host_values(a)), "{field}");
-        }
-    }
-}
-
-/// A `FanOut(2)` that counts its masked backward passes ([`stax::Layer::vjp_masking_dx`]), or
-/// (`false`) masks no gradient: the ReLU before it then runs its own backward pass.
-#[derive(Debug)]
-struct CountingFanOut(Arc<AtomicUsize>, bool);
-
-impl stax::Layer for CountingFanOut {
-    fn kind(&self) -> &'static str {
-        "fan_out"
-    }
-    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
-        FanOut(2).output_shape(input)
-    }
-    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
-        FanOut(2).param_specs(input)
-    }
-    fn apply(
-        &self,
-        p: &Params,
-        x: Value,
-        cx: &mut Cx<'_>,
-    ) -> Result<(Value, Residuals), LayerError> {
-        FanOut(2).apply(p, x, cx)
-    }
-    fn vjp(
-        &self,
-        p: &Params,
-        r: Residuals,
-        dy: Value,
-        cx: &mut Cx<'_>,
-        need_dx: bool,
-    ) -> Result<Option<Value>, LayerError> {
-        FanOut(2).vjp(p, r, dy, cx, need_dx)
-    }
-    fn masks_dx(&self) -> bool {
-        self.1
-    }
-    fn vjp_masking_dx(
-        &self,
-        p: &Params,
-        r: Residuals,
-        dy: Value,
-        cx: &mut Cx<'_>,
-        mask: &Tensor,
-    ) -> Result<Option<Value>, LayerError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        FanOut(2).vjp_masking_dx(p, r, dy, cx, mask)
-    }
-}
-
-/// A block as ResNet's: `fan_out parallel(serial(Conv, Relu, Conv), Identity) FanInSum Relu`.
-fn block(fan_out: Box<dyn stax::Layer>) -> Serial {
-    let main = serial![Conv::same(8, (3, 3)), Relu, Conv::same(8, (3, 3))];
-    Serial(vec![
-        fan_out,
-        Box::new(parallel![main, Identity]),
-        Box::new(FanInSum),
-        Box::new(Relu),
-    ])
-}
-
-/// `Conv Relu`, two [`block`]s (the second one's `FanOut` [`CountingFanOut`]), a dense head.
-fn two_blocks(second: CountingFanOut) -> Serial {
-    serial![
-        Conv::same(8, (3, 3)),
-        Relu,
-        block(Box::new(FanOut(2))),
-        block(Box::new(second)),
-        Flatten,
-        Dense(2)
-    ]
-}
-
-/// Between two blocks the second one's `FanOut` sums its gradients and applies the first
-/// one's ReLU mask in one pass (`ops::binary_masked`): three training steps give the losses,
-/// parameters and Adam moments of the same blocks unfused (the ReLU masks on its own) bit for bit,
-/// with the plan's peak on every step, on the CPU and on the GPU.
-#[test]
-fn fan_out_masks_the_gradient_of_the_block_before_as_the_blocks_apart() {
-    use stax::train::Trainer;
-    use stax::train::data::{Loader, fashion_mnist_2class};
-    let (train_set, _) = fashion_mnist_2class().unwrap();
-    let input = Shape::new([20, 28, 28, 1]);
-    let gpu = || {
-        let be = private_cuda_with(Precision::Highest)?;
-        be.set_deterministic(true);
-        Some(be as Arc<dyn Backend>)
-    };
-    for (bf, ba) in [Some((cpu(), cpu())), gpu().zip(gpu())]
-        .into_iter()
-        .flatten()
-    {
-        let masked = Arc::new(AtomicUsize::new(0));
-        let fused_model = two_blocks(CountingFanOut(masked.clone(), true));
-        let adam = stax::Adam::new(1e-3);
-        let mut fused = Trainer::new(fused_model, input.clone(), adam, &bf, 5).unwrap();
-        let apart_model = two_blocks(CountingFanOut(masked.clone(), false));
-        let mut apart = Trainer::new(apart_model, input.clone(), adam, &ba, 5).unwrap();
-        let plan = fused.plan(20).unwrap().peak.bytes;
-        assert_eq!(plan, apart.plan(20).unwrap().peak.bytes, "{}", bf.device());
-        let loader = Loader::new(train_set.len(), 20, 5).unwrap();
-        let before = masked.load(Ordering::Relaxed);
-        for indices in loader.batches(0).take(3) {
-            let (xf, yf) = fused.place_batch(&train_set, &indices).unwrap();
-            let (xa, ya) = apart.place_batch(&train_set, &indices).unwrap();
-            let (rf, ra) = (fused.step(&xf, &yf).unwrap(), apart.step(&xa, &ya).unwrap());
-            assert_eq!(rf.loss.to_bits(), ra.loss.to_bits(), "{} loss", bf.device());
-            assert_eq!(
-                (rf.memory.peak, ra.memory.peak),
-                (plan, plan),
-                "{}",
-                bf.device()
-            );
-        }
-        assert_eq!(
-            masked.load(Ordering::Relaxed) - before,
-            3,
-            "{}",
-            bf.device()
-        );
         let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         let values = |t: &Trainer<Serial>| bits(host_values(t.params().leaves()));
         assert_eq!(values(&fused), values(&apart), "{} parameters", bf.device());

@@ -6,7 +6,8 @@ use stax_tensor::{Category, ChannelGeometry, DType, Key, Params, Shape, Tensor, 
 
 use crate::layer::{one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
-    Activation, Cx, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value, activation,
+    Activation, Cx, DySums, Init, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
+    activation,
 };
 
 /// stax's `BatchNorm(axis=(0, 1, 2), epsilon=1e-5, center=True, scale=True)`:
@@ -182,15 +183,16 @@ impl BatchNorm {
     }
 
     /// The backward pass; with `relu`, `dy` is the gradient after the fused ReLU, masked by
-    /// the ReLU's saved mask in the same kernels.
+    /// the ReLU's saved mask in the same kernels; with `sum` (and `need_dx`), the input
+    /// gradient's per-channel sums too ([`Layer::vjp_summing_dx`]).
     fn backward(
         &self,
         params: &Params,
         mut residuals: Residuals,
-        (dy, relu): (Value, bool),
+        (dy, relu, sum): (Value, bool, bool),
         cx: &mut Cx<'_>,
         need_dx: bool,
-    ) -> Result<Option<Value>, LayerError> {
+    ) -> Result<(Option<Value>, Option<DySums>), LayerError> {
         let x = saved_tensor(self, &mut residuals, "x")?;
         let mean = saved_tensor(self, &mut residuals, "mean")?;
         let rstd = saved_tensor(self, &mut residuals, "rstd")?;
@@ -215,9 +217,19 @@ impl BatchNorm {
             grad(beta.is_some(), "dbeta")?,
             grad(gamma.is_some(), "dgamma")?,
         );
+        let mut dx_sum = match sum && need_dx {
+            true => Some(Tensor::empty(
+                &be,
+                [g.c],
+                dy.dtype(),
+                Tag::new(Category::Gradient, "dx_sum"),
+            )?),
+            false => None,
+        };
         let grads = AffineGrads {
             dgamma: dgamma.as_mut(),
             dbeta: dbeta.as_mut(),
+            dx_sum: dx_sum.as_mut(),
         };
         let saved = NormSaved {
             mean: &mean,
@@ -235,7 +247,7 @@ impl BatchNorm {
             (Key::Field("beta"), slot(dbeta)?),
             (Key::Field("gamma"), slot(dgamma)?),
         ]))?;
-        Ok(need_dx.then(|| Tree::leaf(dy)))
+        Ok((need_dx.then(|| Tree::leaf(dy)), dx_sum.map(|s| (s, g))))
     }
 }
 
@@ -278,7 +290,26 @@ impl Layer for BatchNorm {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        self.backward(params, residuals, (dy, false), cx, need_dx)
+        Ok(self
+            .backward(params, residuals, (dy, false, false), cx, need_dx)?
+            .0)
+    }
+
+    /// The sums in the kernel that writes the input gradient ([`ops::batch_norm_bwd`]'s
+    /// `dx_sum`), the view they are over this norm's `[outer, c, inner]`.
+    fn vjp_summing_dx(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        act: Option<Activation>,
+    ) -> Result<(Option<Value>, Option<DySums>), LayerError> {
+        match act {
+            None => self.backward(params, residuals, (dy, false, true), cx, true),
+            Some(Activation::Relu) => self.backward(params, residuals, (dy, true, true), cx, true),
+            Some(a) => Err(self.config(format!("fuses a ReLU, not {a:?}"))),
+        }
     }
 
     /// A ReLU, in the normalization's kernels (its mask written by the forward one, `dy`
@@ -313,6 +344,8 @@ impl Layer for BatchNorm {
         if act != Activation::Relu {
             return Err(self.config(format!("fuses a ReLU, not {act:?}")));
         }
-        self.backward(params, residuals, (dy, true), cx, need_dx)
+        Ok(self
+            .backward(params, residuals, (dy, true, false), cx, need_dx)?
+            .0)
     }
 }

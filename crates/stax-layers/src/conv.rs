@@ -7,8 +7,8 @@ use stax_tensor::{Category, Conv2dGeometry, Padding, Params, Shape, Tensor, Tree
 use crate::conv_dims::{ConvConfig, dx_over, hand_gradients, reason};
 use crate::layer::{expect_params, one_shape, one_tensor, residuals, saved_tensor};
 use crate::{
-    Activation, ConvDims, Cx, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes, Value,
-    activation, compute_copy,
+    Activation, ConvDims, Cx, DySums, Layer, LayerError, ParamSpec, Residuals, Saved, Shapes,
+    Value, activation, compute_copy,
 };
 
 /// stax's `GeneralConv(dimension_numbers, out_chan, filter_shape, strides, padding)`:
@@ -118,7 +118,8 @@ impl GeneralConv {
     /// activation that followed, turned here into the convolution's output gradient from what
     /// the activation saved (fused with the bias gradient where the backend can). Kernel and
     /// bias gradients first, then `dx` over `x`'s buffer when nothing else holds it (the
-    /// activation is no longer needed).
+    /// activation is no longer needed). A bias gradient `given` (the per-channel sums of `dy`
+    /// the layer after computed, [`Layer::vjp_with_dy_sums`]) is taken as it is.
     fn backward(
         &self,
         params: &Params,
@@ -126,7 +127,7 @@ impl GeneralConv {
         act: Option<(Activation, Tensor)>,
         dy: Value,
         cx: &mut Cx<'_>,
-        need_dx: bool,
+        (need_dx, given): (bool, Option<Tensor>),
     ) -> Result<Option<Value>, LayerError> {
         let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
         let wb = expect_params(params, self, &self.specs(&g))?;
@@ -140,11 +141,15 @@ impl GeneralConv {
         let be = dy.backend().clone();
         let grad = |role| Tag::new(Category::Gradient, role);
         let mut dw = Tensor::empty(&be, g.filter_shape(), dtype, grad("dw"))?;
-        let mut db = Tensor::empty(&be, [g.c_out], dtype, grad("db"))?;
+        let (mut db, computed) = match given {
+            Some(db) => (db, false),
+            None => (Tensor::empty(&be, [g.c_out], dtype, grad("db"))?, true),
+        };
         let act_ref = act.as_ref().map(|(a, saved)| (*a, saved));
         if !need_dx {
             // dy is not needed afterwards: the backend need not write the masked dy back
-            ops::conv2d_bwd_filter_consuming(&x, dy, &g, &mut dw, &mut db, act_ref)?;
+            let db_out = computed.then_some(&mut db);
+            ops::conv2d_bwd_filter_consuming(&x, dy, &g, &mut dw, db_out, act_ref)?;
             drop((x, act));
             hand_gradients(cx, &self.specs(&g), dw, db)?;
             return Ok(None);
@@ -154,7 +159,14 @@ impl GeneralConv {
             Some(_) => dy.into_unique()?,
             None => dy,
         };
-        ops::conv2d_bwd_filter(&x, &mut dy, &g, &mut dw, &mut db, act_ref)?;
+        ops::conv2d_bwd_filter(
+            &x,
+            &mut dy,
+            &g,
+            &mut dw,
+            computed.then_some(&mut db),
+            act_ref,
+        )?;
         let mut dx = dx_over(x)?;
         let w = compute_copy(wb[0], dtype, "cast_w")?.reshape(g.filter_shape())?;
         ops::conv2d_bwd_data(&dy, &w, &g, &mut dx)?;
@@ -209,7 +221,31 @@ impl Layer for GeneralConv {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         let x = saved_tensor(self, &mut residuals, "x")?;
-        self.backward(params, x, None, dy, cx, need_dx)
+        self.backward(params, x, None, dy, cx, (need_dx, None))
+    }
+
+    /// Its bias is added along its output's channels, so its gradient is `dy`'s sums there.
+    fn takes_dy_sums(&self) -> bool {
+        true
+    }
+
+    /// The sums as the bias gradient when they are over this conv's output channels in its
+    /// output's dtype (else computed here as `vjp` does).
+    fn vjp_with_dy_sums(
+        &self,
+        params: &Params,
+        mut residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        (need_dx, (sums, view)): (bool, DySums),
+    ) -> Result<Option<Value>, LayerError> {
+        let x = saved_tensor(self, &mut residuals, "x")?;
+        let g = self.geometry(&self.0.dims.from_4d(x.shape()))?;
+        let fits = view == g.output_channels()
+            && sums.shape() == &Shape::new([g.c_out])
+            && dy.leaves().iter().all(|t| t.dtype() == sums.dtype());
+        let given = fits.then_some(sums);
+        self.backward(params, x, None, dy, cx, (need_dx, given))
     }
 
     /// Any activation, in the convolution's epilogue ([`ops::conv2d`]'s `Epilogue`).
@@ -241,6 +277,6 @@ impl Layer for GeneralConv {
     ) -> Result<Option<Value>, LayerError> {
         let x = saved_tensor(self, &mut residuals, "x")?;
         let saved = saved_tensor(self, &mut residuals, activation::saved_key(act))?;
-        self.backward(params, x, Some((act, saved)), dy, cx, need_dx)
+        self.backward(params, x, Some((act, saved)), dy, cx, (need_dx, None))
     }
 }

@@ -9,7 +9,7 @@
 use stax_tensor::{Key, Params, Tree};
 
 use crate::layer::shapes_of;
-use crate::{Activation, Cx, Layer, LayerError, Residuals, Saves, Value};
+use crate::{Activation, Cx, DySums, Layer, LayerError, Residuals, Saves, Value};
 
 /// The activation layer `i + 1` hands to layer `i`, if the pair fuses.
 pub(crate) fn fused_at(
@@ -51,7 +51,8 @@ pub(crate) fn apply_pair(
 }
 
 /// The backward pass of a fused pair: `dy` is the gradient with respect to the activation's
-/// output; it becomes the activation's input gradient in place.
+/// output; it becomes the activation's input gradient in place. With `sum` (and `need_dx`),
+/// the layer's input gradient's sums too, where it computes them ([`Layer::vjp_summing_dx`]).
 pub(crate) fn vjp_pair(
     (layer, key, i): (&dyn Layer, Key, usize),
     (act, act_key): (Activation, Key),
@@ -59,13 +60,17 @@ pub(crate) fn vjp_pair(
     residuals: Residuals,
     dy: Value,
     cx: &mut Cx<'_>,
-    need_dx: bool,
-) -> Result<Option<Value>, LayerError> {
+    (need_dx, sum): (bool, bool),
+) -> Result<(Option<Value>, Option<DySums>), LayerError> {
     cx.name_scope((act_key, i + 1), |_| {
         dy.leaves().iter().for_each(|t| t.note_role("dx"));
         Ok(())
     })?;
-    cx.child(key, i, None, |cx| {
-        layer.vjp_fused(params, residuals, dy, cx, act, need_dx)
+    cx.child(key, i, None, |cx| match need_dx && sum {
+        true => layer.vjp_summing_dx(params, residuals, dy, cx, Some(act)),
+        false => Ok((
+            layer.vjp_fused(params, residuals, dy, cx, act, need_dx)?,
+            None,
+        )),
     })
 }

@@ -21,6 +21,11 @@ pub type Shapes = Tree<Shape>;
 /// shapes, as a tree keyed by what they are (`x`, `mask`) or by child layer.
 pub type Residuals = Tree<Saved>;
 
+/// The per-channel sums of a gradient (f64 sums rounded once, in the gradient's dtype, `[c]`)
+/// and the `[outer, c, inner]` view of the gradient they sum over: what
+/// [`Layer::vjp_summing_dx`] hands the layer before it.
+pub type DySums = (Tensor, stax_tensor::ChannelGeometry);
+
 /// One thing a forward pass keeps.
 #[derive(Debug, Clone)]
 pub enum Saved {
@@ -261,6 +266,53 @@ pub trait Layer: fmt::Debug + Send + Sync {
         _mask: &Tensor,
     ) -> Result<Option<Value>, LayerError> {
         Err(self.config("masks no input gradient".into()))
+    }
+
+    /// Whether this layer's backward pass takes the per-channel sums of its output gradient
+    /// (its bias gradient: a conv's) from the layer after it in a [`crate::Serial`], which
+    /// computes them in the pass that writes that gradient ([`Layer::vjp_summing_dx`]: a
+    /// `BatchNorm`'s), one pass over it fewer ([`Layer::vjp_with_dy_sums`]); `false` (the
+    /// default) for every other layer.
+    fn takes_dy_sums(&self) -> bool {
+        false
+    }
+
+    /// `vjp` with `need_dx` (`vjp_fused` with `act` when the layer runs fused with it), and
+    /// the per-channel sums of the input gradient with the view they are over ([`DySums`])
+    /// where this layer computes them in the pass that writes it; the default computes none.
+    ///
+    /// # Errors
+    /// As `vjp` and `vjp_fused`.
+    fn vjp_summing_dx(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        act: Option<Activation>,
+    ) -> Result<(Option<Value>, Option<DySums>), LayerError> {
+        let dx = match act {
+            Some(a) => self.vjp_fused(params, residuals, dy, cx, a, true)?,
+            None => self.vjp(params, residuals, dy, cx, true)?,
+        };
+        Ok((dx, None))
+    }
+
+    /// `vjp` given the per-channel sums of `dy` ([`Layer::vjp_summing_dx`]), which the layer
+    /// takes as its bias gradient where their view is its output's channels; the default
+    /// drops them and runs `vjp`.
+    ///
+    /// # Errors
+    /// As `vjp`.
+    fn vjp_with_dy_sums(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        (need_dx, _sums): (bool, DySums),
+    ) -> Result<Option<Value>, LayerError> {
+        self.vjp(params, residuals, dy, cx, need_dx)
     }
 
     /// A [`LayerError::Shape`] of this layer for `input`.

@@ -56,7 +56,7 @@ pub use error::LayerError;
 pub use fan::{FanInConcat, FanInSum, FanOut};
 pub use flatten::Flatten;
 pub use init::Rng;
-pub use layer::{Init, Layer, ParamSpec, Residuals, Saved, Shapes, Value};
+pub use layer::{DySums, Init, Layer, ParamSpec, Residuals, Saved, Shapes, Value};
 pub use loss::{Loss, SoftmaxCrossEntropy};
 pub use parallel::{Identity, Parallel};
 pub use params::{ParamSource, init_params};

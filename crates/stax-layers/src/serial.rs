@@ -6,7 +6,7 @@ use stax_tensor::{Key, Params, Tensor, Tree};
 
 use crate::fuse::{apply_pair, fused_at, vjp_pair};
 use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
-use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value};
+use crate::{Cx, DySums, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value};
 
 /// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
 /// with one child per layer, keyed `{index}.{kind}` (`2.conv`; parameter-free layers keep
@@ -290,9 +290,11 @@ impl Serial {
     /// layer of the range); `need_dx` is the serial's caller's (for layer 0), `top` as in
     /// [`Serial::run`]: a span's residuals run its forward pass again, then its backward pass.
     /// `mask`: the caller's ReLU mask for the input gradient ([`Layer::vjp_masking_dx`]),
-    /// applied by the first layer. A layer that masks its input gradient
-    /// ([`Layer::masks_dx`]) applies the mask the layer before it would apply first
-    /// ([`Layer::take_dy_mask`]).
+    /// applied by the first layer. Between two layers of their own (neither fused nor in a
+    /// span): a layer that masks its input gradient ([`Layer::masks_dx`]) applies the mask
+    /// the layer before it would apply first ([`Layer::take_dy_mask`]), and a layer before
+    /// one that takes its gradient's sums ([`Layer::takes_dy_sums`]) computes them
+    /// ([`Layer::vjp_summing_dx`]).
     fn back(
         &self,
         children: &[&Params],
@@ -308,12 +310,13 @@ impl Serial {
         };
         let spans = if top { self.spans()? } else { Vec::new() };
         let start = range.start;
-        let (mut dy, mut end) = (Some(dy), range.end);
+        let (mut dy, mut end, mut sums) = (Some(dy), range.end, None);
         while end > start {
             let i = end - 1;
             let d = dy.take().ok_or_else(|| {
                 self.mismatch("output gradients", format!("layer {i} got no gradient"))
             })?;
+            let pending: Option<DySums> = sums.take();
             if let Some(&(s, span)) = spans.iter().find(|(s, span)| s + span.len == end) {
                 if s == start && mask.is_some() {
                     return unmasked(&*self.0[s]);
@@ -346,24 +349,35 @@ impl Serial {
                     }
                     let r = std::mem::take(&mut saved[j - start]);
                     let want_dx = j > 0 || need_dx;
+                    let span_before = spans.iter().any(|(s, span)| s + span.len == j);
+                    let sum = j > start && want_dx && !span_before;
+                    let sum = sum && self.layer_in(j - 1, &range, top).takes_dy_sums();
                     let pair = ((layer, self.key(j), j), (act, self.key(i)));
-                    dy = vjp_pair(pair.0, pair.1, children[j], r, d, cx, want_dx)?;
+                    let p = children[j];
+                    (dy, sums) = vjp_pair(pair.0, pair.1, p, r, d, cx, (want_dx, sum))?;
                     end -= 2;
                 }
                 None => {
                     let layer = self.layer_in(i, &range, top);
                     let want_dx = i > 0 || need_dx;
-                    let before = (i > start && want_dx && layer.masks_dx()).then(|| {
-                        let prev = self.layer_in(i - 1, &range, top);
-                        prev.take_dy_mask(&mut saved[i - 1 - start])
-                    });
                     let m = match i == start {
                         true => mask.cloned(),
-                        false => before.flatten(),
+                        false if want_dx && layer.masks_dx() => {
+                            let prev = self.layer_in(i - 1, &range, top);
+                            prev.take_dy_mask(&mut saved[i - 1 - start])
+                        }
+                        false => None,
                     };
-                    dy = cx.child(self.key(i), i, None, |cx| match &m {
-                        Some(m) => layer.vjp_masking_dx(children[i], r, d, cx, m),
-                        None => layer.vjp(children[i], r, d, cx, want_dx),
+                    let sum = i > start && want_dx && !after_span;
+                    let sum = sum && self.layer_in(i - 1, &range, top).takes_dy_sums();
+                    let p = children[i];
+                    (dy, sums) = cx.child(self.key(i), i, None, |cx| match (m, pending) {
+                        (Some(m), _) => Ok((layer.vjp_masking_dx(p, r, d, cx, &m)?, None)),
+                        (None, Some(s)) => {
+                            Ok((layer.vjp_with_dy_sums(p, r, d, cx, (want_dx, s))?, None))
+                        }
+                        (None, None) if sum => layer.vjp_summing_dx(p, r, d, cx, None),
+                        (None, None) => Ok((layer.vjp(p, r, d, cx, want_dx)?, None)),
                     })?;
                     end -= 1;
                 }

@@ -352,10 +352,22 @@ impl NormOps for CpuBackend {
         }
     }
 
+    /// The body (f32, or on f32 copies), then the sums of the dx it wrote, when asked for.
     fn batch_norm_bwd(&self, c: Checked<BatchNormBwd<'_>>) -> Result<(), TensorError> {
-        match c.get().x.dtype() {
-            DType::F32 => norm::batch_norm_bwd(c.into_inner()),
-            _ => promote::batch_norm_bwd(c.into_inner()),
+        let mut c = c.into_inner();
+        let (g, dx_sum, dy) = (c.g, c.dx_sum.take(), c.dy);
+        let c = BatchNormBwd {
+            dy: &mut *dy,
+            dx_sum: None,
+            ..c
+        };
+        match c.x.dtype() {
+            DType::F32 => norm::batch_norm_bwd(c)?,
+            _ => promote::batch_norm_bwd(c)?,
+        }
+        match dx_sum {
+            Some(db) => norm::channel_sums(&g, dy, db),
+            None => Ok(()),
         }
     }
 

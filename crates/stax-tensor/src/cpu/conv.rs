@@ -502,8 +502,8 @@ pub(crate) fn backward_filter(be: &CpuBackend, c: Conv2dBwdFilter<'_>) -> Result
         None => filter_gradient(g, (xs, dys), cbuf, dws)?,
     }
     work.finish()?;
-    if let Some(db) = db {
-        channel_sums(&g.output_channels(), dys, data_mut(BWD_FILTER, db)?);
+    match db {
+        Some(db) => channel_sums(&g.output_channels(), dy, db),
+        None => Ok(()),
     }
-    Ok(())
 }

@@ -8,27 +8,33 @@
 //! m)` (the gradient of the one-pass variance is that of the two-pass one: the same function).
 //! A fused ReLU runs after the forward pass and masks `dy` before the backward one.
 
-use super::elementwise::{unary, unary_bwd};
+use super::elementwise::{not_float, unary, unary_bwd};
+use super::host::{view, view_mut};
 use super::{data, data_mut};
 use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, Unary, UnaryBwd};
-use crate::{Activation, ChannelGeometry, TensorError};
+use crate::{Activation, ChannelGeometry, Float, Tensor, TensorError, with_float};
 
-/// Calls `f(j, run)` for every run of `inner` consecutive elements of channel `j` of `a`.
-fn runs<'a>(g: &ChannelGeometry, a: &'a [f32], mut f: impl FnMut(usize, &'a [f32])) {
-    for (r, run) in a.chunks_exact(g.inner.max(1)).enumerate() {
-        f(r % g.c, run);
-    }
+/// `out[j] = Σ a[.., j, ..]` over the view, in any float dtype: f64 sums of `a`'s values,
+/// rounded once to `out`'s dtype (`a`'s).
+pub(super) fn channel_sums(
+    g: &ChannelGeometry,
+    a: &Tensor,
+    out: &mut Tensor,
+) -> Result<(), TensorError> {
+    let dtype = a.dtype();
+    with_float!(dtype, T => sums_t::<T>(g, a, out), Err(not_float("channel_sums", dtype)))
 }
 
-/// `out[j] = Σ a[.., j, ..]` over the view, accumulated in f64.
-pub(super) fn channel_sums(g: &ChannelGeometry, a: &[f32], out: &mut [f32]) {
+fn sums_t<T: Float>(g: &ChannelGeometry, a: &Tensor, out: &mut Tensor) -> Result<(), TensorError> {
+    const OP: &str = "channel_sums";
     let mut acc = vec![0f64; g.c];
-    runs(g, a, |j, run| {
-        acc[j] += run.iter().map(|&v| f64::from(v)).sum::<f64>()
-    });
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = a as f32;
+    for (r, run) in view::<T>(OP, a)?.chunks_exact(g.inner.max(1)).enumerate() {
+        acc[r % g.c] += run.iter().map(|v| f64::from(v.to_f32())).sum::<f64>();
     }
+    for (o, s) in view_mut::<T>(OP, out)?.iter_mut().zip(acc) {
+        *o = T::from_f32(s as f32);
+    }
+    Ok(())
 }
 
 /// `(Σ a, Σ a · (b - shift))` per channel over the view, in f64 (`shift` 0 when `None`).
@@ -123,6 +129,7 @@ pub(super) fn batch_norm_bwd(c: BatchNormBwd<'_>) -> Result<(), TensorError> {
         need_dx,
         dgamma,
         dbeta,
+        dx_sum: _,
     } = c;
     if let Some(mask) = relu {
         let act = Activation::Relu;
@@ -194,8 +201,77 @@ pub(super) fn channel_bias_add(c: ChannelBiasAdd<'_>) -> Result<(), TensorError>
 
 /// `db[j] = Σ dy[.., j, ..]` in f64.
 pub(super) fn channel_bias_grad(c: ChannelBiasGrad<'_>) -> Result<(), TensorError> {
-    const OP: &str = "channel_bias_grad";
     let ChannelBiasGrad { g, dy, db } = c;
-    channel_sums(&g, data(OP, dy)?, data_mut(OP, db)?);
-    Ok(())
+    channel_sums(&g, dy, db)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{backend, tensor};
+    use crate::ops::{self, AffineGrads, NormSaved};
+    use crate::{Category, ChannelGeometry, DType, Tensor, TensorError};
+
+    /// The input gradient's per-channel sums are the f64 sums of the dx written (NCHW-like
+    /// view, 2 channels of 2 x 3 elements), in f32 and bf16; without dx they are refused.
+    #[test]
+    fn dx_sums_are_the_sums_of_the_input_gradient() {
+        let be = backend();
+        let g = ChannelGeometry {
+            outer: 2,
+            c: 2,
+            inner: 3,
+        };
+        let xs = [
+            0.5, -1.0, 2.0, 3.0, 1.5, -2.0, 1.0, 0.25, -0.5, 4.0, 2.5, 0.0,
+        ];
+        let dys = [
+            0.1, -0.2, 0.3, 0.7, -0.4, 0.05, -0.6, 0.9, 0.2, -0.3, 0.8, -0.1,
+        ];
+        for dtype in [DType::F32, DType::BF16] {
+            let cast = |t: Tensor| {
+                let mut out =
+                    Tensor::empty(&be, t.shape().clone(), dtype, Category::Other).unwrap();
+                ops::cast(&t, &mut out).unwrap();
+                out
+            };
+            let x = cast(tensor(&be, &xs, [12]));
+            let mut dy = cast(tensor(&be, &dys, [12]));
+            let (mut mean, mut rstd) = (tensor(&be, &[0.0; 2], [2]), tensor(&be, &[0.0; 2], [2]));
+            let mut y = Tensor::empty(&be, [12], dtype, Category::Other).unwrap();
+            let stats = (&mut mean, &mut rstd);
+            ops::batch_norm(&x, &g, 1e-5, Default::default(), &mut y, stats, None).unwrap();
+            let saved = NormSaved {
+                mean: &mean,
+                rstd: &rstd,
+                relu: None,
+            };
+            let mut sums = Tensor::empty(&be, [2], dtype, Category::Other).unwrap();
+            let grads = AffineGrads {
+                dx_sum: Some(&mut sums),
+                ..Default::default()
+            };
+            ops::batch_norm_bwd(&x, &g, None, saved, &mut dy, true, grads).unwrap();
+            let dx = dy.to_vec().unwrap();
+            let want: Vec<f32> = (0..2)
+                .map(|j| {
+                    let channel = dx.chunks(3).skip(j).step_by(2).flatten();
+                    channel.map(|&v| f64::from(v)).sum::<f64>() as f32
+                })
+                .collect();
+            let got = sums.to_vec().unwrap();
+            let tol = if dtype == DType::F32 { 0.0 } else { 2e-3 };
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() <= tol, "{dtype}: {got:?} against {want:?}");
+            }
+            let grads = AffineGrads {
+                dx_sum: Some(&mut sums),
+                ..Default::default()
+            };
+            let e = ops::batch_norm_bwd(&x, &g, None, saved, &mut dy, false, grads);
+            assert!(
+                matches!(e, Err(TensorError::InvalidArgument { .. })),
+                "{e:?}"
+            );
+        }
+    }
 }

@@ -60,6 +60,7 @@ impl NormOps for CudaBackend {
             need_dx,
             dgamma,
             dbeta,
+            dx_sum,
         } = c.into_inner();
         self.bind()?;
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
@@ -75,10 +76,26 @@ impl NormOps for CudaBackend {
         let (p, k) = (ws.addr(partial), ws.addr(coef));
         self.kernels
             .bn_bwd_finish((p, splits), g.c, m, (addr(gamma), rstd.addr()), grads, k)?;
-        ws.free(partial)?;
-        if need_dx {
-            self.kernels
-                .bn_bwd_apply((&g, dtype), (xa, dya, mask), (mean.addr(), k))?;
+        let view = (&g, dtype);
+        match (need_dx, dx_sum) {
+            (true, Some(db)) => {
+                // the partials again: the sums in the apply pass where it vectorizes, else after
+                let (sums, per_channel) = ((xa, dya, mask), (mean.addr(), k));
+                let splits = match self.kernels.bn_bwd_apply_sum(view, sums, per_channel, p)? {
+                    Some(splits) => splits,
+                    None => {
+                        self.kernels.bn_bwd_apply(view, sums, per_channel)?;
+                        (self.kernels).channel_moments(dtype, &g, (dya, 0, 0, 0), p)?
+                    }
+                };
+                (self.kernels).channel_sum_finish(dtype, p, splits, g.c, db.addr())?;
+                ws.free(partial)?;
+            }
+            (true, None) => {
+                ws.free(partial)?;
+                (self.kernels).bn_bwd_apply(view, (xa, dya, mask), (mean.addr(), k))?;
+            }
+            (false, _) => ws.free(partial)?,
         }
         ws.free(coef)?;
         ws.finish()

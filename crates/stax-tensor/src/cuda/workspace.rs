@@ -278,7 +278,8 @@ impl CudaBackend {
 
     /// Batch normalization's workspace: the partial sums, then the per-channel coefficients
     /// (forward: `scale`, `c` floats; backward: the input gradient's three, `3 c`); the
-    /// partials are freed first.
+    /// partials are freed first (the input gradient's sums, when asked for, reuse them
+    /// before: nothing is allocated in between).
     pub(super) fn batch_norm_schedule(
         &self,
         g: &crate::ChannelGeometry,

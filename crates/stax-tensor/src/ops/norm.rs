@@ -31,10 +31,15 @@ pub struct NormSaved<'a> {
 /// The gradients [`batch_norm_bwd`] writes, each if wanted (`[c]`).
 #[derive(Debug, Default)]
 pub struct AffineGrads<'a> {
-    /// The scale's gradient.
+    /// The scale's gradient (f32).
     pub dgamma: Option<&'a mut Tensor>,
-    /// The shift's gradient.
+    /// The shift's gradient (f32).
     pub dbeta: Option<&'a mut Tensor>,
+    /// The per-channel sums of the input gradient, in its dtype (summed in f64 over the values
+    /// written, rounded once): the gradient of a bias added to the norm's input along its
+    /// channels (a conv's before the norm), computed where the backend can in the pass that
+    /// writes the input gradient, one pass over it fewer. Needs `need_dx`.
+    pub dx_sum: Option<&'a mut Tensor>,
 }
 
 fn check_view(op: &'static str, g: &ChannelGeometry, x: &Tensor) -> Result<(), TensorError> {
@@ -109,8 +114,9 @@ pub fn batch_norm(
 /// [`batch_norm`] saved: `grads` receives `dgamma = sum dy · z` and `dbeta = sum dy` (`z = (x -
 /// mean) · rstd`), and with `need_dx` the input gradient `gamma · rstd · (dy - mean(dy) - z ·
 /// mean(dy · z))` overwrites `dy`; with a fused ReLU's mask, `dy` (the gradient after the
-/// ReLU) is masked first (so it may be written even without `need_dx`). x and dy of one float
-/// dtype, the rest f32 (as [`batch_norm`]); sums in f64.
+/// ReLU) is masked first (so it may be written even without `need_dx`), and `grads.dx_sum`
+/// receives the input gradient's per-channel sums. x and dy of one float dtype, the rest f32
+/// (as [`batch_norm`]); sums in f64.
 ///
 /// # Errors
 /// As [`batch_norm`].
@@ -141,9 +147,20 @@ pub fn batch_norm_bwd(
         true => output(OP, &be, dy, "dy", x.dtype(), Some(x.shape()))?,
         false => input(OP, &be, dy, "dy", x.dtype(), Some(x.shape()))?,
     }
-    let AffineGrads { dgamma, dbeta } = grads;
+    let AffineGrads {
+        dgamma,
+        dbeta,
+        dx_sum,
+    } = grads;
     for d in [&dgamma, &dbeta].into_iter().flatten() {
         output(OP, &be, d, "dgamma or dbeta", DType::F32, Some(&c))?;
+    }
+    if let Some(d) = &dx_sum {
+        if !need_dx {
+            let reason = "the sums of dx need dx (need_dx)".into();
+            return Err(TensorError::InvalidArgument { op: OP, reason });
+        }
+        output(OP, &be, d, "dx_sum", x.dtype(), Some(&c))?;
     }
     let call = BatchNormBwd {
         g: *g,
@@ -156,6 +173,7 @@ pub fn batch_norm_bwd(
         need_dx,
         dgamma,
         dbeta,
+        dx_sum,
     };
     be.batch_norm_bwd(Checked::new(call))
 }

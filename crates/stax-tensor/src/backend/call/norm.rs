@@ -59,6 +59,8 @@ pub struct BatchNormBwd<'a> {
     pub dgamma: Option<&'a mut Tensor>,
     /// Shift gradient `[c]`, if wanted.
     pub dbeta: Option<&'a mut Tensor>,
+    /// Per-channel sums of the input gradient `[c]` (its dtype), if wanted (with `need_dx`).
+    pub dx_sum: Option<&'a mut Tensor>,
 }
 
 /// `y[o, j, i] += b[j]` (a convolution's bias in NCHW).

@@ -267,6 +267,41 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
+    /// [`Kernels::bn_bwd_apply`] that also sums, per channel, the dx it writes into
+    /// `partial` (`splits · c` pairs of doubles, [`Kernels::moments_bytes`]), for
+    /// [`Kernels::channel_sum_finish`]: the splits, or `None` (nothing launched) where the view
+    /// or the tensors do not take the vectorized kernel (an NHWC view of `c` dividing 2048, a
+    /// multiple of 8; 16-byte aligned tensors).
+    pub(crate) fn bn_bwd_apply_sum(
+        &self,
+        (g, dtype): (&ChannelGeometry, DType),
+        (x, dy, mask): (u64, u64, u64),
+        (mean, coef): (u64, u64),
+        partial: u64,
+    ) -> Result<Option<usize>, TensorError> {
+        if !moments_vectorize(g) || !aligned16(&[x, dy]) {
+            return Ok(None);
+        }
+        let (f, sym) = (
+            self.typed("bn_bwd_apply_sum_vec", dtype)?,
+            "bn_bwd_apply_sum_vec",
+        );
+        let (n8, c8, splits) = (g.numel() / 8, g.c / 8, self.moment_splits(g));
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `bn_bwd_apply_sum_vec_<dtype>(const T *x, T *dy, const float *mean, const
+        // float *coef, const u32 *mask, double *partial, size_t n8, size_t c8)`; x and dy hold 8
+        // n8 = outer*c elements of `dtype` (distinct buffers, 16-byte aligned), mean c = 8 c8
+        // floats, coef 3c floats, mask null or ceil(8 n8 / 32) words, partial 2 splits c
+        // doubles; blocks of 256 threads and c8 dividing 256, as the kernel needs.
+        unsafe { launch!(self.stream, f, cfg; &x, &dy, &mean, &coef, &mask, &partial, &n8, &c8) }
+            .map_err(driver(sym))?;
+        Ok(Some(splits))
+    }
+
     /// `y[o, j, i] += b[j]` over the view, `y` and `b` of `dtype` (added in f32, rounded once).
     pub(crate) fn channel_bias_add(
         &self,

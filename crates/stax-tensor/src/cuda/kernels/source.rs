@@ -234,6 +234,7 @@ impl KernelModule {
                 "channel_moments_vec",
                 "bn_apply_vec",
                 "bn_bwd_apply_vec",
+                "bn_bwd_apply_sum_vec",
             ],
             KernelModule::Elementwise => &[
                 "relu",

@@ -1,0 +1,213 @@
+//! What neighbours in a `serial` hand each other in the backward pass, each saving a pass over
+//! a gradient: the ReLU mask of a `FanInSum` that the next block's `FanOut` applies while it
+//! sums its branches' gradients (ResNet's blocks), and the per-channel sums of a `BatchNorm`'s
+//! input gradient that the conv before it takes as its bias gradient. Each model trains as
+//! the same model with the hand-off refused, on the CPU and on the GPU where there is one:
+//! the same losses, parameters and Adam moments, and every step's peak the plan's.
+
+mod common;
+
+use common::{cpu, host_values, private_cuda_with};
+use stax::layers::{Cx, DySums, LayerError, ParamSpec, Residuals, Shapes, Value};
+use stax::tensor::{Backend, Params, Tree};
+use stax::train::Trainer;
+use stax::train::data::{Loader, fashion_mnist_2class};
+use stax::{
+    BatchNorm, Conv, Dense, FanInSum, FanOut, Flatten, Identity, Layer, Precision, Relu, Serial,
+    Shape, Tensor, parallel, serial,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `layer` with the hand-offs it takes counted (`on`), or refused (the layer before or after
+/// it then does that work itself).
+#[derive(Debug)]
+struct Counted<L> {
+    layer: L,
+    count: Arc<AtomicUsize>,
+    on: bool,
+}
+
+impl<L: Layer> Layer for Counted<L> {
+    fn kind(&self) -> &'static str {
+        self.layer.kind()
+    }
+    fn output_shape(&self, input: &Shapes) -> Result<Shapes, LayerError> {
+        self.layer.output_shape(input)
+    }
+    fn param_specs(&self, input: &Shapes) -> Result<Tree<ParamSpec>, LayerError> {
+        self.layer.param_specs(input)
+    }
+    fn apply(
+        &self,
+        p: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.layer.apply(p, x, cx)
+    }
+    fn vjp(
+        &self,
+        p: &Params,
+        r: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        need_dx: bool,
+    ) -> Result<Option<Value>, LayerError> {
+        self.layer.vjp(p, r, dy, cx, need_dx)
+    }
+    fn masks_dx(&self) -> bool {
+        self.on && self.layer.masks_dx()
+    }
+    fn vjp_masking_dx(
+        &self,
+        p: &Params,
+        r: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        mask: &Tensor,
+    ) -> Result<Option<Value>, LayerError> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.layer.vjp_masking_dx(p, r, dy, cx, mask)
+    }
+    fn takes_dy_sums(&self) -> bool {
+        self.on && self.layer.takes_dy_sums()
+    }
+    fn vjp_with_dy_sums(
+        &self,
+        p: &Params,
+        r: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        sums: (bool, DySums),
+    ) -> Result<Option<Value>, LayerError> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.layer.vjp_with_dy_sums(p, r, dy, cx, sums)
+    }
+}
+
+/// The hand-offs of `layer`, counted into `count` when `on`.
+fn counted<L: Layer + 'static>(layer: L, count: &Arc<AtomicUsize>, on: bool) -> Box<dyn Layer> {
+    let count = count.clone();
+    Box::new(Counted { layer, count, on })
+}
+
+/// Three training steps of `make(true)` (hand-offs on) and `make(false)` on the CPU and on the
+/// GPU: `per_step` hand-offs a step, and losses, parameters and Adam moments equal, bit for bit
+/// or (`gpu_tol`, on the GPU) to that relative tolerance; every step's peak the plan's.
+fn trains_as_without(
+    make: impl Fn(bool, &Arc<AtomicUsize>) -> Serial,
+    per_step: usize,
+    gpu_tol: f32,
+) {
+    let (train_set, _) = fashion_mnist_2class().unwrap();
+    let input = Shape::new([20, 28, 28, 1]);
+    let gpu = || {
+        let be = private_cuda_with(Precision::Highest)?;
+        be.set_deterministic(true);
+        Some(be as Arc<dyn Backend>)
+    };
+    let pairs = [
+        Some((cpu(), cpu(), 0.0)),
+        gpu().zip(gpu()).map(|(a, b)| (a, b, gpu_tol)),
+    ];
+    for (bf, ba, tol) in pairs.into_iter().flatten() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let adam = stax::Adam::new(1e-3);
+        let mut on = Trainer::new(make(true, &count), input.clone(), adam, &bf, 5).unwrap();
+        let mut off = Trainer::new(make(false, &count), input.clone(), adam, &ba, 5).unwrap();
+        let plan = on.plan(20).unwrap().peak.bytes;
+        let plan_off = off.plan(20).unwrap().peak.bytes;
+        let loader = Loader::new(train_set.len(), 20, 5).unwrap();
+        let before = count.load(Ordering::Relaxed);
+        let close = |a: f32, b: f32| (a - b).abs() <= tol * a.abs().max(b.abs());
+        for indices in loader.batches(0).take(3) {
+            let (xf, yf) = on.place_batch(&train_set, &indices).unwrap();
+            let (xa, ya) = off.place_batch(&train_set, &indices).unwrap();
+            let (rf, ra) = (on.step(&xf, &yf).unwrap(), off.step(&xa, &ya).unwrap());
+            assert!(
+                close(rf.loss, ra.loss),
+                "{} loss {} {}",
+                bf.device(),
+                rf.loss,
+                ra.loss
+            );
+            assert_eq!(
+                (rf.memory.peak, ra.memory.peak),
+                (plan, plan_off),
+                "{}",
+                bf.device()
+            );
+        }
+        assert_eq!(
+            count.load(Ordering::Relaxed) - before,
+            3 * per_step,
+            "{}",
+            bf.device()
+        );
+        let pairs = |f: Vec<f32>, a: Vec<f32>, what: &str| {
+            assert_eq!(f.len(), a.len());
+            for (i, (x, y)) in f.iter().zip(&a).enumerate() {
+                assert!(close(*x, *y), "{} {what} {i}: {x} against {y}", bf.device());
+            }
+        };
+        pairs(
+            host_values(on.params().leaves()),
+            host_values(off.params().leaves()),
+            "parameter",
+        );
+        for field in ["mu", "nu"] {
+            let (f, a) = (on.state().field(field), off.state().field(field));
+            pairs(host_values(f), host_values(a), field);
+        }
+    }
+}
+
+/// A block as ResNet's: `fan_out parallel(serial(Conv, Relu, Conv), Identity) FanInSum Relu`.
+fn block(fan_out: Box<dyn Layer>) -> Serial {
+    let main = serial![Conv::same(8, (3, 3)), Relu, Conv::same(8, (3, 3))];
+    Serial(vec![
+        fan_out,
+        Box::new(parallel![main, Identity]),
+        Box::new(FanInSum),
+        Box::new(Relu),
+    ])
+}
+
+/// Between two blocks the second one's `FanOut` sums its gradients and applies the first
+/// one's ReLU mask in one pass (`ops::binary_masked`): bit for bit the unfused blocks, where
+/// the ReLU masks its gradient on its own.
+#[test]
+fn fan_out_masks_the_gradient_of_the_block_before_as_the_blocks_apart() {
+    let make = |on: bool, count: &Arc<AtomicUsize>| {
+        Serial(vec![
+            Box::new(Conv::same(8, (3, 3))),
+            Box::new(Relu),
+            Box::new(block(Box::new(FanOut(2)))),
+            Box::new(block(counted(FanOut(2), count, on))),
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ])
+    };
+    trains_as_without(make, 1, 0.0);
+}
+
+/// A conv before a `BatchNorm` (fused with its ReLU, and alone) takes its bias gradient from
+/// the norm's backward pass, which sums the input gradient it writes (8 channels: in the
+/// vectorized kernel on the GPU; 12: after it): as the conv's own bias gradient, to the bit on
+/// the CPU (the same sums) and within 1e-5 on the GPU (f64 sums in another order).
+#[test]
+fn conv_takes_its_bias_gradient_from_the_batch_norm_after_it() {
+    let make = |on: bool, count: &Arc<AtomicUsize>| {
+        Serial(vec![
+            counted(Conv::same(8, (3, 3)), count, on),
+            Box::new(BatchNorm::new()),
+            Box::new(Relu),
+            counted(Conv::same(12, (3, 3)), count, on),
+            Box::new(BatchNorm::new()),
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ])
+    };
+    trains_as_without(make, 2, 1e-5);
+}
