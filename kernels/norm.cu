@@ -94,12 +94,20 @@ extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, s
                     j = (inner) == 1 ? (j + step_##j >= (c) ? j + step_##j - (c) : j + step_##j) \
                                      : (i / (inner)) % (c))
 
-// y = (x - mean) * scale + beta over the view (beta null: 0).
+// v, the normalized value, plus a (a residual's element) when there is one: v rounded to T,
+// then the sum (binary_<dtype>'s add after bn_apply_<dtype>, bit for bit), rounded to T.
+template <typename T> __device__ __forceinline__ float plus_add(float v, bool add, float a) {
+    return add ? to_f32(from_f32<T>(to_f32(from_f32<T>(v)) + a)) : v;
+}
+
+// y = (x - mean) * scale + beta over the view (beta null: 0), plus add (null: none).
 template <typename T>
 __device__ void bn_apply_impl(const T *x, T *y, const float *mean, const float *scale,
-                              const float *beta, size_t n, size_t c, size_t inner) {
+                              const float *beta, const T *add, size_t n, size_t c,
+                              size_t inner) {
     CHANNEL_STRIDE(i, j, n, c, inner) {
-        y[i] = from_f32<T>((to_f32(x[i]) - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f));
+        float v = (to_f32(x[i]) - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+        y[i] = from_f32<T>(plus_add<T>(v, add != 0, add ? to_f32(add[i]) : 0.0f));
     }
 }
 
@@ -111,12 +119,13 @@ __device__ __forceinline__ size_t lane_channel(size_t jb, size_t lane, size_t c)
 }
 
 // bn_apply followed by a ReLU (relu_<dtype>'s: NaN stays, its bit clear), mask[w] receiving
-// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31 (v the f32 value before rounding): one
-// warp ballot per 32 elements; the loop bound is warp-uniform, so blocks must be whole warps.
+// bit i % 32 = (v > 0) of elements 32 w .. 32 w + 31 (v the f32 value before rounding, or with
+// add the rounded sum): one warp ballot per 32 elements; the loop bound is warp-uniform, so
+// blocks must be whole warps.
 template <typename T>
 __device__ void bn_apply_relu_impl(const T *x, T *y, const float *mean, const float *scale,
-                                   const float *beta, u32 *mask, size_t n, size_t c,
-                                   size_t inner) {
+                                   const float *beta, const T *add, u32 *mask, size_t n,
+                                   size_t c, size_t inner) {
     size_t lane = threadIdx.x & 31;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     size_t warps = ((size_t)blockDim.x * gridDim.x) >> 5;
@@ -129,6 +138,7 @@ __device__ void bn_apply_relu_impl(const T *x, T *y, const float *mean, const fl
         if (i < n) {
             size_t j = inner == 1 ? lane_channel(jb, lane, c) : (i / inner) % c;
             v = (to_f32(x[i]) - mean[j]) * scale[j] + (beta ? beta[j] : 0.0f);
+            v = plus_add<T>(v, add != 0, add ? to_f32(add[i]) : 0.0f);
         }
         u32 bits = __ballot_sync(FULL_MASK, v > 0.0f);
         if (i < n) y[i] = from_f32<T>(v <= 0.0f ? 0.0f : v);
@@ -291,14 +301,15 @@ __device__ __forceinline__ void channel_values(const float *p, size_t col, float
     }
 }
 
-// bn_apply_<dtype> (mask null) or bn_apply_relu_<dtype> on n8 groups, mask byte i % 4 of word
-// i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their bytes). A thread loads its
-// channels' values again only when its channel group changes: never when the grid's stride
-// is a multiple of c8 (the launcher's grid). The loop bound is warp-uniform, so blocks must
-// be whole warps.
+// bn_apply_<dtype> (mask null) or bn_apply_relu_<dtype> on n8 groups (add as they take it),
+// mask byte i % 4 of word i / 4 receiving group i's 8 bits (the 4 lanes of a word OR their
+// bytes). A thread loads its channels' values again only when its channel group changes: never
+// when the grid's stride is a multiple of c8 (the launcher's grid). The loop bound is
+// warp-uniform, so blocks must be whole warps.
 template <typename T>
 __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const float *scale,
-                                  const float *beta, u32 *mask, size_t n8, size_t c8) {
+                                  const float *beta, const T *add, u32 *mask, size_t n8,
+                                  size_t c8) {
     const size_t stride = (size_t)blockDim.x * gridDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t lane = threadIdx.x & 31, col = i % c8, step = stride % c8;
@@ -309,11 +320,12 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
     for (size_t base = i - lane; base < n8; base += stride, i += stride) {
         u32 byte = 0;
         if (i < n8) {
-            float f[8];
+            float f[8], a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             load8(x + 8 * i, f);
+            if (add) load8(add + 8 * i, a);
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
-                float v = (f[k] - mu[0][k]) * sc[0][k] + bt[0][k];
+                float v = plus_add<T>((f[k] - mu[0][k]) * sc[0][k] + bt[0][k], add != 0, a[k]);
                 byte |= (u32)(v > 0.0f) << k;
                 f[k] = mask && v <= 0.0f ? 0.0f : v;
             }
@@ -416,14 +428,15 @@ __device__ void bn_bwd_apply_sum_vec_impl(const T *x, T *dy, const float *mean, 
         channel_bias_add_impl<T>(y, b, n, c, inner);                                           \
     }                                                                                          \
     extern "C" __global__ void bn_apply_##S(const T *x, T *y, const float *mean,               \
-                                            const float *scale, const float *beta, size_t n,   \
-                                            size_t c, size_t inner) {                          \
-        bn_apply_impl<T>(x, y, mean, scale, beta, n, c, inner);                                \
+                                            const float *scale, const float *beta,             \
+                                            const T *add, size_t n, size_t c, size_t inner) {  \
+        bn_apply_impl<T>(x, y, mean, scale, beta, add, n, c, inner);                           \
     }                                                                                          \
     extern "C" __global__ void bn_apply_relu_##S(const T *x, T *y, const float *mean,          \
                                                  const float *scale, const float *beta,        \
-                                                 u32 *mask, size_t n, size_t c, size_t inner) { \
-        bn_apply_relu_impl<T>(x, y, mean, scale, beta, mask, n, c, inner);                     \
+                                                 const T *add, u32 *mask, size_t n, size_t c,  \
+                                                 size_t inner) {                               \
+        bn_apply_relu_impl<T>(x, y, mean, scale, beta, add, mask, n, c, inner);                \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_apply_##S(const T *x, T *dy, const float *mean,          \
                                                 const float *coef, const u32 *mask, size_t n,  \
@@ -437,8 +450,9 @@ __device__ void bn_bwd_apply_sum_vec_impl(const T *x, T *dy, const float *mean, 
     }                                                                                          \
     extern "C" __global__ void bn_apply_vec_##S(const T *x, T *y, const float *mean,           \
                                                 const float *scale, const float *beta,         \
-                                                u32 *mask, size_t n8, size_t c8) {             \
-        bn_apply_vec_impl<T>(x, y, mean, scale, beta, mask, n8, c8);                           \
+                                                const T *add, u32 *mask, size_t n8,            \
+                                                size_t c8) {                                   \
+        bn_apply_vec_impl<T>(x, y, mean, scale, beta, add, mask, n8, c8);                      \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_apply_vec_##S(const T *x, T *dy, const float *mean,      \
                                                     const float *coef, const u32 *mask,        \

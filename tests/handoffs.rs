@@ -1,15 +1,18 @@
-//! What neighbours in a `serial` hand each other in the backward pass, each saving a pass over
-//! a gradient: the ReLU mask of a `FanInSum` that the next block's `FanOut` applies while it
-//! sums its branches' gradients (ResNet's blocks), and the per-channel sums of a `BatchNorm`'s
-//! input gradient that the conv before it takes as its bias gradient. Each model trains as
-//! the same model with the hand-off refused, on the CPU and on the GPU where there is one:
-//! the same losses, parameters and Adam moments, and every step's peak the plan's.
+//! What neighbours in a `serial` hand each other, each saving a pass over an activation or a
+//! gradient: a `parallel` whose outputs a `FanInSum` and a ReLU sum runs its last branch first
+//! and its first branch's `BatchNorm` adds that output in its own pass (ResNet's block ends);
+//! the ReLU mask of a `FanInSum` that the next block's `FanOut` applies while it sums its
+//! branches' gradients; the per-channel sums of a `BatchNorm`'s input gradient that the conv
+//! before it takes as its bias gradient. Each model trains as the same model with the
+//! hand-off refused, on the CPU and on the GPU where there is one: the same losses, parameters
+//! and Adam moments, and every step's peak the plan's.
 
 mod common;
 
-use common::{cpu, host_values, private_cuda_with};
+use common::{cuda_or_skip, host_values, with_precision};
 use stax::layers::{Cx, DySums, LayerError, ParamSpec, Residuals, Shapes, Value};
-use stax::tensor::{Backend, Params, Tree};
+use stax::tensor::cuda::CudaBackend;
+use stax::tensor::{Backend, BackendOptions, Device, Params, Tree};
 use stax::train::Trainer;
 use stax::train::data::{Loader, fashion_mnist_2class};
 use stax::{
@@ -73,6 +76,19 @@ impl<L: Layer> Layer for Counted<L> {
     fn takes_dy_sums(&self) -> bool {
         self.on && self.layer.takes_dy_sums()
     }
+    fn runs_summed(&self) -> bool {
+        self.on && self.layer.runs_summed()
+    }
+    fn apply_summed(
+        &self,
+        p: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        mask: &mut Tensor,
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.layer.apply_summed(p, x, cx, mask)
+    }
     fn vjp_with_dy_sums(
         &self,
         p: &Params,
@@ -92,6 +108,32 @@ fn counted<L: Layer + 'static>(layer: L, count: &Arc<AtomicUsize>, on: bool) -> 
     Box::new(Counted { layer, count, on })
 }
 
+/// A workspace limit below every conv's headroom in these small models: a model and its twin
+/// with the hand-off refused (whose memory timelines differ) give their convs the same
+/// workspace, and so the same chunks (CPU) and algorithms (GPU).
+const WORKSPACE: usize = 1 << 16;
+
+/// The CPU backend and (where there is one) the CUDA one with cuDNN's deterministic choices,
+/// each opened twice, all under [`WORKSPACE`], with the relative tolerance of their results.
+fn backend_pairs(gpu_tol: f32) -> Vec<(Arc<dyn Backend>, Arc<dyn Backend>, f32)> {
+    let options = |precision| BackendOptions {
+        workspace_limit: Some(WORKSPACE),
+        ..with_precision(precision)
+    };
+    let cpu = || Device::Cpu.open(&options(Precision::Highest)).unwrap();
+    let gpu = || {
+        cuda_or_skip(&with_precision(Precision::Highest))?;
+        let be = CudaBackend::new(0, &options(Precision::Highest)).unwrap();
+        be.set_deterministic(true);
+        Some(be as Arc<dyn Backend>)
+    };
+    let gpus = gpu().zip(gpu()).map(|(a, b)| (a, b, gpu_tol));
+    [Some((cpu(), cpu(), 0.0)), gpus]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Three training steps of `make(true)` (hand-offs on) and `make(false)` on the CPU and on the
 /// GPU: `per_step` hand-offs a step, and losses, parameters and Adam moments equal, bit for bit
 /// or (`gpu_tol`, on the GPU) to that relative tolerance; every step's peak the plan's.
@@ -102,16 +144,7 @@ fn trains_as_without(
 ) {
     let (train_set, _) = fashion_mnist_2class().unwrap();
     let input = Shape::new([20, 28, 28, 1]);
-    let gpu = || {
-        let be = private_cuda_with(Precision::Highest)?;
-        be.set_deterministic(true);
-        Some(be as Arc<dyn Backend>)
-    };
-    let pairs = [
-        Some((cpu(), cpu(), 0.0)),
-        gpu().zip(gpu()).map(|(a, b)| (a, b, gpu_tol)),
-    ];
-    for (bf, ba, tol) in pairs.into_iter().flatten() {
+    for (bf, ba, tol) in backend_pairs(gpu_tol) {
         let count = Arc::new(AtomicUsize::new(0));
         let adam = stax::Adam::new(1e-3);
         let mut on = Trainer::new(make(true, &count), input.clone(), adam, &bf, 5).unwrap();
@@ -125,6 +158,7 @@ fn trains_as_without(
             let (xf, yf) = on.place_batch(&train_set, &indices).unwrap();
             let (xa, ya) = off.place_batch(&train_set, &indices).unwrap();
             let (rf, ra) = (on.step(&xf, &yf).unwrap(), off.step(&xa, &ya).unwrap());
+            eprintln!("DBG {} {}", rf.loss, ra.loss);
             assert!(
                 close(rf.loss, ra.loss),
                 "{} loss {} {}",
@@ -210,4 +244,41 @@ fn conv_takes_its_bias_gradient_from_the_batch_norm_after_it() {
         ])
     };
     trains_as_without(make, 2, 1e-5);
+}
+
+/// ResNet's blocks with `BatchNorm`s (an identity block, then a conv block of 12 channels):
+/// each block's `parallel` runs its shortcut first and the main path's last `BatchNorm` adds
+/// it, with the ReLU, in its own kernel (`ops::batch_norm_add_relu`): bit for bit the blocks
+/// that sum and mask in their `FanInSum`.
+#[test]
+fn block_ends_add_in_the_batch_norm_as_in_the_sum() {
+    let main = |c: usize| {
+        serial![
+            Conv::same(8, (1, 1)),
+            BatchNorm::new(),
+            Relu,
+            Conv::same(c, (3, 3)),
+            BatchNorm::new()
+        ]
+    };
+    let make = |on: bool, count: &Arc<AtomicUsize>| {
+        let end = |branches: Box<dyn Layer>| {
+            Serial(vec![
+                Box::new(FanOut(2)),
+                branches,
+                Box::new(FanInSum),
+                Box::new(Relu),
+            ])
+        };
+        let shortcut = serial![Conv::same(12, (1, 1)), BatchNorm::new()];
+        Serial(vec![
+            Box::new(Conv::same(8, (3, 3))),
+            Box::new(Relu),
+            Box::new(end(counted(parallel![main(8), Identity], count, on))),
+            Box::new(end(counted(parallel![main(12), shortcut], count, on))),
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ])
+    };
+    trains_as_without(make, 2, 0.0);
 }

@@ -147,13 +147,14 @@ impl BatchNorm {
     }
 
     /// The forward pass; with `relu`, the ReLU that follows runs in the same kernel and
-    /// writes its mask there (kept under the activation's key).
+    /// writes its mask there, after `add` is added ([`ops::batch_norm_add_relu`]). The residuals
+    /// are the norm's own (the mask's keeper keeps it).
     fn forward(
         &self,
         params: &Params,
         x: Value,
         cx: &Cx<'_>,
-        mut relu: Option<Tensor>,
+        (relu, add): (Option<&mut Tensor>, Option<&Tensor>),
     ) -> Result<(Value, Residuals), LayerError> {
         let x = one_tensor(self, x)?;
         let (g, param) = self.geometry(x.shape())?;
@@ -168,17 +169,22 @@ impl BatchNorm {
             beta: beta.as_ref(),
         };
         let stats = (&mut mean, &mut rstd);
-        ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu.as_mut())?;
+        match (add, relu) {
+            (Some(add), Some(mask)) => {
+                let out = (&mut y, add);
+                ops::batch_norm_add_relu(&x, &g, self.epsilon, affine, out, stats, mask)?;
+            }
+            (None, relu) => ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu)?,
+            (Some(_), None) => return Err(self.config("adds only before a ReLU".into())),
+        }
         if !cx.is_training() {
             return Ok((Tree::leaf(y), Tree::empty()));
         }
-        let mut kept = vec![
+        let kept = [
             ("x", Saved::Tensor(x)),
             ("mean", Saved::Tensor(mean)),
             ("rstd", Saved::Tensor(rstd)),
         ];
-        let key = activation::saved_key(Activation::Relu);
-        kept.extend(relu.map(|m| (key, Saved::Tensor(m))));
         Ok((Tree::leaf(y), residuals(kept)))
     }
 
@@ -279,7 +285,23 @@ impl Layer for BatchNorm {
         x: Value,
         cx: &mut Cx<'_>,
     ) -> Result<(Value, Residuals), LayerError> {
-        self.forward(params, x, cx, None)
+        self.forward(params, x, cx, (None, None))
+    }
+
+    fn adds(&self) -> bool {
+        true
+    }
+
+    /// `add` and the ReLU in the kernel that applies the normalization
+    /// ([`ops::batch_norm_add_relu`]).
+    fn apply_adding(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        (add, mask): (&Tensor, &mut Tensor),
+    ) -> Result<(Value, Residuals), LayerError> {
+        self.forward(params, x, cx, (Some(mask), Some(add)))
     }
 
     fn vjp(
@@ -326,10 +348,15 @@ impl Layer for BatchNorm {
         act: Activation,
         aux: Option<Tensor>,
     ) -> Result<(Value, Residuals), LayerError> {
-        if act != Activation::Relu || aux.is_none() {
+        let (Activation::Relu, Some(mut mask)) = (act, aux) else {
             return Err(self.config(format!("fuses a ReLU with its mask, not {act:?}")));
+        };
+        let (y, mut r) = self.forward(params, x, cx, (Some(&mut mask), None))?;
+        if let (Tree::Node(kept), true) = (&mut r, cx.is_training()) {
+            let key = activation::saved_key(Activation::Relu);
+            kept.push((Key::Field(key), Tree::leaf(Saved::Tensor(mask))));
         }
-        self.forward(params, x, cx, aux)
+        Ok((y, r))
     }
 
     fn vjp_fused(

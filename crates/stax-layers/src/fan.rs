@@ -189,13 +189,18 @@ impl FanInSum {
         if let (Some(mask), 0) = (relu.as_mut(), last) {
             ops::unary(Activation::Relu, &mut acc, Some(mask))?;
         }
-        let mut residuals = indexed((0..n).map(|_| Tree::empty()));
-        if let (Tree::Node(children), Some(mask)) = (&mut residuals, relu) {
-            let key = activation::saved_key(Activation::Relu);
-            children.push((Key::Field(key), Tree::leaf(Saved::Tensor(mask))));
-        }
-        Ok((Tree::leaf(acc), residuals))
+        Ok((Tree::leaf(acc), sum_residuals(n, relu)))
     }
+}
+
+/// A `FanInSum`'s residuals: one empty child per branch, and a fused ReLU's mask.
+fn sum_residuals(branches: usize, relu: Option<Tensor>) -> Residuals {
+    let mut residuals = indexed((0..branches).map(|_| Tree::empty()));
+    if let (Tree::Node(children), Some(mask)) = (&mut residuals, relu) {
+        let key = activation::saved_key(Activation::Relu);
+        children.push((Key::Field(key), Tree::leaf(Saved::Tensor(mask))));
+    }
+    residuals
 }
 
 /// The branches a `FanInSum`'s residuals count (the children keyed by position).
@@ -287,6 +292,14 @@ impl Layer for FanInSum {
             ops::unary_bwd(act, &mask, &mut dy)?;
         }
         self.vjp(params, residuals, Tree::leaf(dy), cx, need_dx)
+    }
+
+    fn sums_branches(&self) -> bool {
+        true
+    }
+
+    fn summed_residuals(&self, branches: usize, mask: Tensor) -> Residuals {
+        sum_residuals(branches, Some(mask))
     }
 
     /// The fused ReLU's mask, when this sum was fused with one and it is still there.

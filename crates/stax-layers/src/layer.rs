@@ -233,6 +233,68 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Err(self.config(format!("cannot fuse {act:?}")))
     }
 
+    /// Whether [`Layer::apply_adding`] runs this layer with a tensor added to its output before
+    /// a ReLU, in its own last pass (a `BatchNorm`, a serial ending in one); `false` (the
+    /// default) for every other layer.
+    fn adds(&self) -> bool {
+        false
+    }
+
+    /// In training, `relu(apply(x) + add)` as one pass of this layer (`add` of the output's
+    /// shape and dtype), `mask` receiving the ReLU's bit mask (a buffer the ReLU's layer made);
+    /// the residuals `apply`'s. Only called when [`Layer::adds`] says so.
+    ///
+    /// # Errors
+    /// As `apply`; [`LayerError::Config`] from layers that add nothing.
+    fn apply_adding(
+        &self,
+        _params: &Params,
+        _x: Value,
+        _cx: &mut Cx<'_>,
+        (_add, _mask): (&Tensor, &mut Tensor),
+    ) -> Result<(Value, Residuals), LayerError> {
+        Err(self.config("adds nothing to its output".into()))
+    }
+
+    /// Whether [`Layer::apply_summed`] runs this layer with its outputs summed and a ReLU after
+    /// (a `parallel` of two branches whose first one adds, [`Layer::adds`]); `false` (the
+    /// default) for every other layer.
+    fn runs_summed(&self) -> bool {
+        false
+    }
+
+    /// In training, `apply` followed by the sum of its branches and a ReLU (the `FanInSum` and
+    /// `Relu` after it in a serial: a ResNet block's end), the last branch first and its output
+    /// added in the first one's last pass ([`Layer::apply_adding`]): one pass over the sum
+    /// fewer each way. `mask` receives the ReLU's bit mask; returns the sum and `apply`'s
+    /// residuals. Only called when [`Layer::runs_summed`] says so.
+    ///
+    /// # Errors
+    /// As `apply`; [`LayerError::Config`] from layers that do not run summed.
+    fn apply_summed(
+        &self,
+        _params: &Params,
+        _x: Value,
+        _cx: &mut Cx<'_>,
+        _mask: &mut Tensor,
+    ) -> Result<(Value, Residuals), LayerError> {
+        Err(self.config("does not run summed".into()))
+    }
+
+    /// Whether this layer sums its input's branches (`FanInSum`): a serial runs it and the
+    /// ReLU fused with it in the layer before's [`Layer::apply_summed`], and gives it
+    /// [`Layer::summed_residuals`]; `false` (the default) for every other layer.
+    fn sums_branches(&self) -> bool {
+        false
+    }
+
+    /// The residuals of a sum of `branches` branches fused with a ReLU whose bit mask is
+    /// `mask`, as its `apply_fused` keeps them (see [`Layer::sums_branches`]); an empty node
+    /// from every other layer.
+    fn summed_residuals(&self, _branches: usize, _mask: Tensor) -> Residuals {
+        Tree::empty()
+    }
+
     /// The ReLU bit mask this layer's backward pass applies first to its output gradient (a
     /// [`crate::FanInSum`] fused with the ReLU after it, or a [`crate::Serial`] ending in
     /// one), taken out of `residuals` (this layer's, from `apply`): its slot is left empty and

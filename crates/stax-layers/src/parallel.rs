@@ -1,7 +1,7 @@
 //! `Parallel`: layers applied to the branches of a tree input (stax's `parallel`), and
 //! `Identity`.
 
-use stax_tensor::{Key, Params, Tree};
+use stax_tensor::{Key, Params, Tensor, Tree};
 
 use crate::serial::children_of;
 use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Shapes, Value};
@@ -112,6 +112,50 @@ impl Layer for Parallel {
             saved.push((keys[i], cx.kept(r)));
         }
         Ok((indexed(outs), Tree::Node(saved)))
+    }
+
+    fn runs_summed(&self) -> bool {
+        self.0.len() == 2 && self.0[0].adds()
+    }
+
+    /// Branch 1 first, then branch 0 adding its output in its last pass.
+    fn apply_summed(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        mask: &mut Tensor,
+    ) -> Result<(Value, Residuals), LayerError> {
+        let keys = self.keys();
+        let children = children_of(self, params, &keys, "parameters")?;
+        let shapes = x.map(|t| t.shape().clone());
+        self.branches(&x, &shapes)?;
+        if !self.runs_summed() {
+            return Err(self.config("runs summed with two branches, the first adding".into()));
+        }
+        let mut rngs = match cx.take_rng() {
+            Some(mut r) => r.split(2).into_iter().map(Some).collect(),
+            None => vec![None, None],
+        };
+        let mut inputs = x.into_children().into_iter().map(|c| c.1);
+        let (x0, x1) = (inputs.next(), inputs.next());
+        let (x0, x1) = x0
+            .zip(x1)
+            .ok_or_else(|| self.shape_error("two branches".into(), &shapes))?;
+        let (b0, b1) = (&*self.0[0], &*self.0[1]);
+        let (s, r1) = cx.apply_child((keys[1], 1), rngs[1].take(), b1, children[1], x1)?;
+        let add = match s {
+            Tree::Leaf(t) => t,
+            other => {
+                let reason = "branch 1 gives no single tensor to add".into();
+                return Err(self.shape_error(reason, &other.map(|t| t.shape().clone())));
+            }
+        };
+        let (y, r0) = cx.child(keys[0], 0, rngs[0].take(), |cx| {
+            b0.apply_adding(children[0], x0, cx, (&add, mask))
+        })?;
+        let saved = vec![(keys[0], cx.kept(r0)), (keys[1], cx.kept(r1))];
+        Ok((y, Tree::Node(saved)))
     }
 
     fn vjp(

@@ -5,8 +5,11 @@ use std::ops::Range;
 use stax_tensor::{Key, Params, Tensor, Tree};
 
 use crate::fuse::{apply_pair, fused_at, vjp_pair};
+use crate::layer::shapes_of;
 use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
-use crate::{Cx, DySums, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value};
+use crate::{
+    Activation, Cx, DySums, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value, activation,
+};
 
 /// stax's `serial(*layers)`: composes layers; itself a [`Layer`], whose parameters are a node
 /// with one child per layer, keyed `{index}.{kind}` (`2.conv`; parameter-free layers keep
@@ -184,6 +187,41 @@ impl Layer for Serial {
         self.back(&children, range, saved, dy, cx, (need_dx, true, None))
     }
 
+    /// Its last layer's, when no span covers that layer.
+    fn adds(&self) -> bool {
+        let n = self.0.len();
+        let spans = self.spans();
+        let covered = |s: &[(usize, RematSpan<'_>)]| s.iter().any(|(i, sp)| i + sp.len == n);
+        n > 0 && self.0[n - 1].adds() && spans.is_ok_and(|s| !covered(&s))
+    }
+
+    /// The layers before the last as `apply` runs them, then the last one adding.
+    fn apply_adding(
+        &self,
+        params: &Params,
+        x: Value,
+        cx: &mut Cx<'_>,
+        add: (&Tensor, &mut Tensor),
+    ) -> Result<(Value, Residuals), LayerError> {
+        let children = self.children(params)?;
+        let n = self.0.len();
+        if !self.adds() {
+            return Err(self.config("its last layer adds nothing to its output".into()));
+        }
+        let mut rngs = match cx.take_rng() {
+            Some(mut rng) => rng.split(n).into_iter().map(Some).collect(),
+            None => vec![None; n],
+        };
+        let rng = rngs.pop().flatten();
+        let (h, mut saved) = self.run(&children, 0..n - 1, x, cx, rngs, true)?;
+        let (key, last) = (self.key(n - 1), &*self.0[n - 1]);
+        let (y, r) = cx.child(key, n - 1, rng, |cx| {
+            last.apply_adding(children[n - 1], h, cx, add)
+        })?;
+        saved.push((key, cx.kept(r)));
+        Ok((y, Tree::Node(saved)))
+    }
+
     /// The mask of its last layer, or of the layer before an activation that layer fused.
     fn take_dy_mask(&self, residuals: &mut Residuals) -> Option<Tensor> {
         let n = self.0.len();
@@ -263,6 +301,14 @@ impl Serial {
             }
             let layer = self.layer_in(i, &range, top);
             let rng = rngs.next().flatten();
+            if self.summed_at(children, i, &range, cx) {
+                let (y, r) = self.run_summed(children, i, layer, x, cx, rng)?;
+                rngs.nth(1);
+                saved.extend(r);
+                x = y;
+                i += 3;
+                continue;
+            }
             let fused = fused_at(&self.0, children, i).filter(|_| i + 1 < range.end);
             match fused.filter(|_| cx.is_training()) {
                 Some(act) => {
@@ -284,6 +330,60 @@ impl Serial {
             }
         }
         Ok((x, saved))
+    }
+
+    /// Whether layers `i`, `i + 1` and `i + 2` of `range` run as one in training: a layer that
+    /// runs summed ([`Layer::runs_summed`]), a sum of its branches and the ReLU fused with it.
+    fn summed_at(&self, children: &[&Params], i: usize, range: &Range<usize>, cx: &Cx<'_>) -> bool {
+        cx.is_training()
+            && i + 2 < range.end
+            && self.0[i].remat_span().is_none()
+            && self.0[i].runs_summed()
+            && self.0[i + 1].sums_branches()
+            && fused_at(&self.0, children, i + 1) == Some(Activation::Relu)
+    }
+
+    /// Layers `i` (`layer`), `i + 1` and `i + 2` run as one ([`Serial::summed_at`]): the ReLU's
+    /// mask made in its scope, the sum and its residuals as `FanInSum`'s fused with it keeps
+    /// them ([`Layer::summed_residuals`]); the output, and the three layers' residuals.
+    fn run_summed(
+        &self,
+        children: &[&Params],
+        i: usize,
+        layer: &dyn Layer,
+        x: Value,
+        cx: &mut Cx<'_>,
+        rng: Option<Rng>,
+    ) -> Result<(Value, [(Key, Residuals); 3]), LayerError> {
+        let (key, sum_key, act_key) = (self.key(i), self.key(i + 1), self.key(i + 2));
+        let out = layer.output_shape(&shapes_of(&x)).map_err(|e| e.at(key))?;
+        let out = self.0[i + 1]
+            .output_shape(&out)
+            .map_err(|e| e.at(sum_key))?;
+        let branches = shapes_of(&x).children().len();
+        let relu = Activation::Relu;
+        let mask = cx.name_scope((act_key, i + 2), |cx| match out.as_leaf() {
+            Some(shape) => activation::aux_for(relu, shape, cx.backend()),
+            None => Ok(None),
+        })?;
+        let Some(mut mask) = mask else {
+            let reason = "the sum gives no single tensor".into();
+            return Err(self.0[i + 1].shape_error(reason, &out).at(sum_key));
+        };
+        let (y, r) = cx.child(key, i, rng, |cx| {
+            layer.apply_summed(children[i], x, cx, &mut mask)
+        })?;
+        cx.name_scope((act_key, i + 2), |_| {
+            y.leaves().iter().for_each(|t| t.note_role("output"));
+            Ok(())
+        })?;
+        let summed = self.0[i + 1].summed_residuals(branches, mask);
+        let kept = [
+            (key, cx.kept(r)),
+            (sum_key, cx.kept(summed)),
+            (act_key, Tree::empty()),
+        ];
+        Ok((y, kept))
     }
 
     /// The backward pass of layers `range` in reverse from their residuals (`saved`, one a

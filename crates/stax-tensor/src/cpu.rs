@@ -345,11 +345,24 @@ impl LossOps for CpuBackend {
 }
 
 impl NormOps for CpuBackend {
+    /// The body (f32, or on f32 copies); with `add`, then the sum and its ReLU as
+    /// `ops::binary_relu` computes them.
     fn batch_norm(&self, c: Checked<BatchNorm<'_>>) -> Result<(), TensorError> {
-        match c.get().x.dtype() {
-            DType::F32 => norm::batch_norm(c.into_inner()),
-            _ => promote::batch_norm(c.into_inner()),
-        }
+        let mut c = c.into_inner();
+        let Some(b) = c.add.take() else {
+            return batch_norm_body(c);
+        };
+        let (y, relu) = (c.y, c.relu.take());
+        batch_norm_body(BatchNorm { y: &mut *y, ..c })?;
+        let op = crate::BinaryOp::Add;
+        let masked_by = None;
+        elementwise::binary(Binary {
+            op,
+            a: y,
+            b,
+            relu,
+            masked_by,
+        })
     }
 
     /// The body (f32, or on f32 copies), then the sums of the dx it wrote, when asked for.
@@ -391,6 +404,14 @@ impl OptimOps for CpuBackend {
 
     fn all_finite(&self, c: Checked<AllFinite<'_>>) -> Result<(), TensorError> {
         adam::all_finite(c.into_inner())
+    }
+}
+
+/// Batch normalization forward on the host: in f32, or on f32 copies.
+fn batch_norm_body(c: BatchNorm<'_>) -> Result<(), TensorError> {
+    match c.x.dtype() {
+        DType::F32 => norm::batch_norm(c),
+        _ => promote::batch_norm(c),
     }
 }
 

@@ -34,8 +34,8 @@ pub use memory::{
     axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };
 pub use norm::{
-    Affine, AffineGrads, NormSaved, batch_norm, batch_norm_bwd, bias_add_channels,
-    bias_grad_channels,
+    Affine, AffineGrads, NormSaved, batch_norm, batch_norm_add_relu, batch_norm_bwd,
+    bias_add_channels, bias_grad_channels,
 };
 pub use rows::{
     check_keep_rate, dropout, dropout_bits, dropout_bwd, index_loss, keep_threshold,

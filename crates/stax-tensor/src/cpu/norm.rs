@@ -78,6 +78,7 @@ pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
         mean,
         rstd,
         relu,
+        add: _,
     } = c;
     let xs = data(OP, x)?;
     let [s1, s2] = moments(&g, xs, xs, None);

@@ -25,6 +25,7 @@ impl NormOps for CudaBackend {
             mean,
             rstd,
             relu,
+            add,
         } = c.into_inner();
         self.bind()?;
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
@@ -39,9 +40,9 @@ impl NormOps for CudaBackend {
             .bn_finish((ws.addr(partial), splits), g.c, m, eps, addr(gamma), stats)?;
         ws.free(partial)?;
         let per_channel = (mean.addr(), ws.addr(scale), addr(beta));
-        let mask = addr(relu.as_deref());
+        let (mask, add) = (addr(relu.as_deref()), addr(add));
         self.kernels
-            .bn_apply((&g, dtype), (xa, y.addr(), mask), per_channel)?;
+            .bn_apply((&g, dtype), (xa, y.addr(), add, mask), per_channel)?;
         ws.free(scale)?;
         ws.finish()
     }

@@ -71,30 +71,64 @@ pub fn batch_norm(
     eps: f32,
     affine: Affine<'_>,
     y: &mut Tensor,
+    stats: (&mut Tensor, &mut Tensor),
+    relu: Option<&mut Tensor>,
+) -> Result<(), TensorError> {
+    forward(("batch_norm", x, g, eps), affine, (y, None), stats, relu)
+}
+
+/// [`batch_norm`] whose output is added to `add` (`x`'s shape and dtype) before a ReLU: `y =
+/// relu(batch_norm(x) + add)`, `relu` receiving its mask; bit for bit [`batch_norm`] then
+/// [`super::binary_relu`] (the norm's output rounded to the dtype, then the sum rounded), in
+/// one pass where the backend fuses them (a ResNet block's last `BatchNorm`, its `FanInSum`
+/// and the ReLU after it).
+///
+/// # Errors
+/// As [`batch_norm`]; shape, dtype and device errors of `add`.
+pub fn batch_norm_add_relu(
+    x: &Tensor,
+    g: &ChannelGeometry,
+    eps: f32,
+    affine: Affine<'_>,
+    (y, add): (&mut Tensor, &Tensor),
+    stats: (&mut Tensor, &mut Tensor),
+    relu: &mut Tensor,
+) -> Result<(), TensorError> {
+    let op = "batch_norm_add_relu";
+    forward((op, x, g, eps), affine, (y, Some(add)), stats, Some(relu))
+}
+
+/// The checks and call of [`batch_norm`] and [`batch_norm_add_relu`].
+fn forward(
+    (op, x, g, eps): (&'static str, &Tensor, &ChannelGeometry, f32),
+    affine: Affine<'_>,
+    (y, add): (&mut Tensor, Option<&Tensor>),
     (mean, rstd): (&mut Tensor, &mut Tensor),
     relu: Option<&mut Tensor>,
 ) -> Result<(), TensorError> {
-    const OP: &str = "batch_norm";
     let be = backend_of(x);
-    supports(OP, x.dtype(), FLOATS)?;
-    check_view(OP, g, x)?;
+    supports(op, x.dtype(), FLOATS)?;
+    check_view(op, g, x)?;
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(TensorError::InvalidArgument {
-            op: OP,
+            op,
             reason: format!("epsilon must be finite and non-negative, got {eps}"),
         });
     }
-    input(OP, &be, x, "x", x.dtype(), None)?;
+    input(op, &be, x, "x", x.dtype(), None)?;
     let c = Shape::new([g.c]);
     for p in [affine.gamma, affine.beta].into_iter().flatten() {
-        input(OP, &be, p, "gamma or beta", DType::F32, Some(&c))?;
+        input(op, &be, p, "gamma or beta", DType::F32, Some(&c))?;
     }
-    output(OP, &be, y, "y", x.dtype(), Some(x.shape()))?;
-    output(OP, &be, mean, "mean", DType::F32, Some(&c))?;
-    output(OP, &be, rstd, "rstd", DType::F32, Some(&c))?;
+    output(op, &be, y, "y", x.dtype(), Some(x.shape()))?;
+    if let Some(a) = add {
+        input(op, &be, a, "add", x.dtype(), Some(x.shape()))?;
+    }
+    output(op, &be, mean, "mean", DType::F32, Some(&c))?;
+    output(op, &be, rstd, "rstd", DType::F32, Some(&c))?;
     if let Some(m) = &relu {
-        super::mask(OP, &be, m, x.numel())?;
-        m.expect_unique(OP)?;
+        super::mask(op, &be, m, x.numel())?;
+        m.expect_unique(op)?;
     }
     let call = BatchNorm {
         g: *g,
@@ -106,6 +140,7 @@ pub fn batch_norm(
         mean,
         rstd,
         relu,
+        add,
     };
     be.batch_norm(Checked::new(call))
 }

@@ -31,6 +31,9 @@ pub struct BatchNorm<'a> {
     pub rstd: &'a mut Tensor,
     /// A following ReLU's mask (U32, `ceil(numel / 32)` words), when the ReLU is fused.
     pub relu: Option<&'a mut Tensor>,
+    /// A tensor of `x`'s shape and dtype added to the output (rounded to the dtype first)
+    /// before the ReLU, if any ([`crate::ops::batch_norm_add_relu`]).
+    pub add: Option<&'a Tensor>,
 }
 
 /// Batch normalization backward, from the forward input and its statistics: with `z = (x -

@@ -159,25 +159,28 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
-    /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), then, with `mask` (0 for
-    /// none), a ReLU writing its bit mask; x and y of `dtype`, the per-channel values f32.
+    /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), plus `add` (0 for none:
+    /// `y` rounded to `dtype`, then the sum), then, with `mask` (0 for none), a ReLU writing its
+    /// bit mask; x, y and add of `dtype`, the per-channel values f32.
     pub(crate) fn bn_apply(
         &self,
         (g, dtype): (&ChannelGeometry, DType),
-        (x, y, mask): (u64, u64, u64),
+        (x, y, add, mask): (u64, u64, u64, u64),
         (mean, scale, beta): (u64, u64, u64),
     ) -> Result<(), TensorError> {
         let (n, c, inner) = (g.numel(), g.c, g.inner);
-        if apply_vectorizes(g) && aligned16(&[x, y]) {
+        let add_aligned = add == 0 || aligned16(&[add]);
+        if apply_vectorizes(g) && aligned16(&[x, y]) && add_aligned {
             let (f, sym) = (self.typed("bn_apply_vec", dtype)?, "bn_apply_vec");
             let (n8, c8) = (n / 8, c / 8);
             // SAFETY: `bn_apply_vec_<dtype>(const T *x, T *y, const float *mean, const float
-            // *scale, const float *beta, u32 *mask, size_t n8, size_t c8)`; x and y hold 8 n8 =
-            // outer*c elements of `dtype` (16-byte aligned; the same buffer or distinct), mean
-            // and scale c = 8 c8 floats, beta null or c, mask null or ceil(8 n8 / 32) words;
-            // blocks are whole warps (256 threads), as its shuffles need.
+            // *scale, const float *beta, const T *add, u32 *mask, size_t n8, size_t c8)`; x, y and
+            // add (or null) hold 8 n8 = outer*c elements of `dtype` (16-byte aligned; x and y the
+            // same buffer or distinct), mean and scale c = 8 c8 floats, beta null or c, mask null
+            // or ceil(8 n8 / 32) words; blocks are whole warps (256 threads), as its shuffles
+            // need.
             return unsafe {
-                launch!(self.stream, f, self.channel_grid(n8, c8); &x, &y, &mean, &scale, &beta, &mask, &n8, &c8)
+                launch!(self.stream, f, self.channel_grid(n8, c8); &x, &y, &mean, &scale, &beta, &add, &mask, &n8, &c8)
                     .map(drop)
             }
             .map_err(driver(sym));
@@ -185,23 +188,23 @@ impl Kernels {
         if mask != 0 {
             let (f, sym) = (self.typed("bn_apply_relu", dtype)?, "bn_apply_relu");
             // SAFETY: `bn_apply_relu_<dtype>(const T *x, T *y, const float *mean, const float
-            // *scale, const float *beta, u32 *mask, size_t n, size_t c, size_t inner)`; x and y
-            // hold n = outer*c*inner elements of `dtype` (distinct buffers), mean and scale c
-            // floats, beta null or c, mask ceil(n/32) words; blocks are whole warps (256
-            // threads), as the ballot needs.
+            // *scale, const float *beta, const T *add, u32 *mask, size_t n, size_t c, size_t
+            // inner)`; x, y and add (or null) hold n = outer*c*inner elements of `dtype` (x and y
+            // distinct buffers), mean and scale c floats, beta null or c, mask ceil(n/32) words;
+            // blocks are whole warps (256 threads), as the ballot needs.
             return unsafe {
-                launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &mask, &n, &c, &inner)
+                launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &add, &mask, &n, &c, &inner)
                     .map(drop)
             }
             .map_err(driver(sym));
         }
         let (f, sym) = (self.typed("bn_apply", dtype)?, "bn_apply");
         // SAFETY: `bn_apply_<dtype>(const T *x, T *y, const float *mean, const float *scale,
-        // const float *beta, size_t n, size_t c, size_t inner)`; x and y hold n =
-        // outer*c*inner elements of `dtype` (possibly the same buffer: elementwise), mean and
-        // scale c floats, beta null or c.
+        // const float *beta, const T *add, size_t n, size_t c, size_t inner)`; x, y and add (or
+        // null) hold n = outer*c*inner elements of `dtype` (possibly the same buffer:
+        // elementwise), mean and scale c floats, beta null or c.
         unsafe {
-            launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &n, &c, &inner)
+            launch!(self.stream, f, self.grid(n); &x, &y, &mean, &scale, &beta, &add, &n, &c, &inner)
                 .map(drop)
         }
         .map_err(driver(sym))
