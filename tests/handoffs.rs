@@ -113,9 +113,12 @@ fn counted<L: Layer + 'static>(layer: L, count: &Arc<AtomicUsize>, on: bool) -> 
 /// workspace, and so the same chunks (CPU) and algorithms (GPU).
 const WORKSPACE: usize = 1 << 16;
 
+/// Two backends of one device, and the relative tolerance of their results.
+type Pair = (Arc<dyn Backend>, Arc<dyn Backend>, f32);
+
 /// The CPU backend and (where there is one) the CUDA one with cuDNN's deterministic choices,
 /// each opened twice, all under [`WORKSPACE`], with the relative tolerance of their results.
-fn backend_pairs(gpu_tol: f32) -> Vec<(Arc<dyn Backend>, Arc<dyn Backend>, f32)> {
+fn backend_pairs(gpu_tol: f32) -> Vec<Pair> {
     let options = |precision| BackendOptions {
         workspace_limit: Some(WORKSPACE),
         ..with_precision(precision)
