@@ -10,8 +10,9 @@ use common::*;
 use stax_tensor::cuda::{ConvApis, DEFAULT_WORKSPACE_LIMIT, Fp32Convs};
 use stax_tensor::ops::{self, Affine, AffineGrads, Epilogue, NormSaved};
 use stax_tensor::{
-    Activation, Backend, BackendOptions, ChannelGeometry, Conv2dGeometry, ConvPass, ConvSpec,
-    DType, FilterLayout, Layout, OpDesc, Padding, PoolKind, Precision, Shape, Tensor,
+    Activation, Backend, BackendOptions, BinaryOp, Category, ChannelGeometry, Conv2dGeometry,
+    ConvPass, ConvSpec, DType, FilterLayout, Layout, OpDesc, Padding, PoolKind, Precision, Shape,
+    Tensor,
 };
 use std::sync::Arc;
 
@@ -619,6 +620,61 @@ fn batch_norm_matches_cpu() {
             assert_rel_close(a, b, 1e-6, &format!("fused relu, output {i} {g:?}"));
         }
         assert_eq!(fused.last(), apart.last(), "fused relu mask {g:?}");
+    }
+}
+
+/// `batch_norm_add_relu` equals `batch_norm` then `binary_relu` bit for bit (output and mask)
+/// on each backend over the norm views (the vectorized kernel and the scalar one), its
+/// addend of fresh values; the GPU's output equals the CPU's within 1e-5.
+#[test]
+fn batch_norm_add_relu_is_the_norm_then_the_sum() {
+    let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
+        return;
+    };
+    let cpu = cpu();
+    for [outer, c, inner] in NORM_CASES {
+        let g = ChannelGeometry { outer, c, inner };
+        let shape = Shape::new([outer, c, inner]);
+        let mut rng = Rng::new(seed_for("batch_norm_add", &[outer, c, inner]));
+        let (x, add) = (
+            rng.vec(shape.numel(), -2.0, 3.0),
+            rng.vec(shape.numel(), -2.0, 2.0),
+        );
+        let (gamma, beta) = (rng.vec(c, 0.5, 1.5), rng.vec(c, -1.0, 1.0));
+        let run = |be: &Arc<dyn Backend>| {
+            let t = |v: &[f32], s: Shape| Tensor::from_slice(be, v, s, Category::Other).unwrap();
+            let (xt, at) = (t(&x, shape.clone()), t(&add, shape.clone()));
+            let (gm, bt) = (t(&gamma, Shape::new([c])), t(&beta, Shape::new([c])));
+            let affine = Affine {
+                gamma: Some(&gm),
+                beta: Some(&bt),
+            };
+            let words = shape.numel().div_ceil(32);
+            let mut outs = Vec::new();
+            for fused in [true, false] {
+                let mut y = poisoned(be, shape.clone(), DType::F32);
+                let mut mask = poisoned(be, [words], DType::U32);
+                let (mut mean, mut rstd) =
+                    (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+                let stats = (&mut mean, &mut rstd);
+                if fused {
+                    let out = (&mut y, &at);
+                    ops::batch_norm_add_relu(&xt, &g, 1e-5, affine, out, stats, &mut mask).unwrap();
+                } else {
+                    ops::batch_norm(&xt, &g, 1e-5, affine, &mut y, stats, None).unwrap();
+                    ops::binary_relu(BinaryOp::Add, &mut y, &at, &mut mask).unwrap();
+                }
+                outs.push((vec(&y), mask.to_vec_u32().unwrap()));
+            }
+            outs
+        };
+        let (og, oc) = (run(&gpu), run(&cpu));
+        for (o, device) in [(&og, "gpu"), (&oc, "cpu")] {
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o[0].0), bits(&o[1].0), "{device} output {g:?}");
+            assert_eq!(o[0].1, o[1].1, "{device} mask {g:?}");
+        }
+        assert_rel_close(&og[0].0, &oc[0].0, 1e-5, &format!("gpu against cpu {g:?}"));
     }
 }
 
