@@ -40,6 +40,29 @@ __device__ void filter_permute_impl(const T *src, T *dst, size_t kh, size_t kw, 
     }
 }
 
+// dst [cols, rows] = src [rows, cols] transposed: a kernel between HWIO ([kh kw ci, co]) and
+// OHWI ([co, kh kw ci]) without padded channels, through 32 x 32 tiles of shared memory, so
+// that each warp reads and writes 32 consecutive elements (filter_permute writes with a stride
+// and divides per element). Blocks of 32 x 8 threads, a grid-stride loop over the tiles.
+template <typename T>
+__device__ void filter_transpose_impl(const T *src, T *dst, size_t rows, size_t cols) {
+    __shared__ T tile[32][33];
+    size_t tc = (cols + 31) / 32, tiles = tc * ((rows + 31) / 32);
+    for (size_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        size_t r0 = t / tc * 32, c0 = t % tc * 32;
+        for (unsigned k = threadIdx.y; k < 32; k += 8) {
+            size_t r = r0 + k, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[k][threadIdx.x] = src[r * cols + c];
+        }
+        __syncthreads();
+        for (unsigned k = threadIdx.y; k < 32; k += 8) {
+            size_t c = c0 + k, r = r0 + threadIdx.x;
+            if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][k];
+        }
+        __syncthreads();
+    }
+}
+
 // dst NHWC [nb, hd, wd, cd] = src NHWC [nb, hs, ws, cs] placed at row top, column left and
 // channel 0; zeros elsewhere (hd >= top + hs, wd >= left + ws, cd >= cs: spatial padding and
 // channels padded for cuDNN's tensor cores).
@@ -141,6 +164,10 @@ __device__ void im2col_nhwc_impl(const T *x, T *col, WindowGeometry g, size_t p0
                                                   size_t ci, size_t co, int from, int to,      \
                                                   size_t ci_from, size_t ci_to) {              \
         filter_permute_impl<T>(src, dst, kh, kw, ci, co, from, to, ci_from, ci_to);            \
+    }                                                                                          \
+    extern "C" __global__ void filter_transpose_##S(const T *src, T *dst, size_t rows,         \
+                                                    size_t cols) {                             \
+        filter_transpose_impl<T>(src, dst, rows, cols);                                        \
     }                                                                                          \
     extern "C" __global__ void pad_nhwc_##S(const T *src, T *dst, size_t nb, size_t hs,        \
                                             size_t ws, size_t cs, size_t hd, size_t wd,        \

@@ -215,7 +215,13 @@ impl KernelModule {
             ],
             KernelModule::SoftmaxXent => &["softmax", "softmax_bwd"],
             KernelModule::Adam => &["adam", "adam_mu_bf16", "adam_mu_f16", "all_finite"],
-            KernelModule::Layout => &["filter_permute", "pad_nhwc", "crop_nhwc", "im2col_nhwc"],
+            KernelModule::Layout => &[
+                "filter_permute",
+                "filter_transpose",
+                "pad_nhwc",
+                "crop_nhwc",
+                "im2col_nhwc",
+            ],
             KernelModule::Pool => &[
                 "max_pool",
                 "max_pool_vec",

@@ -198,6 +198,28 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
+        // HWIO and OHWI without padded channels: a transpose of [kh kw ci, co]
+        let (hwio, taps) = (crate::FilterLayout::Hwio.code(), kh * kw * ci);
+        let transpose = match (from, to) {
+            _ if (ci_from, ci_to) != (ci, ci) => None,
+            _ if (from, to) == (hwio, OHWI) => Some((taps, co)),
+            _ if (from, to) == (OHWI, hwio) => Some((co, taps)),
+            _ => None,
+        };
+        if let Some((rows, cols)) = transpose {
+            let (f, k) = (self.typed("filter_transpose", dtype)?, "filter_transpose");
+            let tiles = rows.div_ceil(32) * cols.div_ceil(32);
+            let cfg = LaunchConfig {
+                grid_dim: (tiles.min(self.max_blocks as usize) as u32, 1, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `filter_transpose_<dtype>(const T *src, T *dst, size_t rows, size_t
+            // cols)`; src and dst hold rows*cols = n elements of `dtype` each (no padded
+            // channels), distinct buffers; blocks of 32 x 8 threads, as the kernel's tiles need.
+            return unsafe { launch!(self.stream, f, cfg; &src, &dst, &rows, &cols).map(drop) }
+                .map_err(driver(k));
+        }
         let (f, k) = (self.typed("filter_permute", dtype)?, "filter_permute");
         // SAFETY: `filter_permute_<dtype>(const T *src, T *dst, size_t kh, size_t kw, size_t
         // ci, size_t co, int from, int to, size_t ci_from, size_t ci_to)`; src holds
