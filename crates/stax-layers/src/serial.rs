@@ -179,12 +179,7 @@ impl Layer for Serial {
         cx: &mut Cx<'_>,
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
-        let children = self.children(params)?;
-        let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
-        children_of(self, &residuals, &keys, "residuals")?;
-        let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
-        let range = 0..self.0.len();
-        self.back(&children, range, saved, dy, cx, (need_dx, true, None))
+        self.back_all(params, residuals, dy, cx, (need_dx, None))
     }
 
     /// Its last layer's, when no span covers that layer.
@@ -252,16 +247,29 @@ impl Layer for Serial {
         cx: &mut Cx<'_>,
         mask: &Tensor,
     ) -> Result<Option<Value>, LayerError> {
+        self.back_all(params, residuals, dy, cx, (true, Some(mask)))
+    }
+}
+
+impl Serial {
+    /// The backward pass of every layer from the serial's residuals ([`Serial::back`] of the
+    /// whole range, at the top).
+    fn back_all(
+        &self,
+        params: &Params,
+        residuals: Residuals,
+        dy: Value,
+        cx: &mut Cx<'_>,
+        (need_dx, mask): (bool, Option<&Tensor>),
+    ) -> Result<Option<Value>, LayerError> {
         let children = self.children(params)?;
         let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
         children_of(self, &residuals, &keys, "residuals")?;
         let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
         let range = 0..self.0.len();
-        self.back(&children, range, saved, dy, cx, (true, true, Some(mask)))
+        self.back(&children, range, saved, dy, cx, (need_dx, true, mask))
     }
-}
 
-impl Serial {
     /// The layer at `i` as a run of `range` applies it: inside a span (`top` false) its first
     /// layer unwrapped from the spanning [`crate::Remat`].
     fn layer_in(&self, i: usize, range: &Range<usize>, top: bool) -> &dyn Layer {
