@@ -15,8 +15,8 @@ use stax::tensor::{Backend, BackendOptions, Device, Params, Tree};
 use stax::train::Trainer;
 use stax::train::data::{Loader, fashion_mnist_2class};
 use stax::{
-    BatchNorm, Conv, Dense, FanInSum, FanOut, Flatten, Identity, Layer, Precision, Relu, Serial,
-    Shape, Tensor, parallel, serial,
+    BatchNorm, Conv, Dense, FanInSum, FanOut, Flatten, Identity, Layer, Precision, Relu, Remat,
+    Serial, Shape, Tensor, parallel, serial,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,6 +57,9 @@ impl<L: Layer> Layer for Counted<L> {
         need_dx: bool,
     ) -> Result<Option<Value>, LayerError> {
         self.layer.vjp(p, r, dy, cx, need_dx)
+    }
+    fn residuals_from_input(&self, x: &Value) -> Result<Option<Residuals>, LayerError> {
+        self.layer.residuals_from_input(x)
     }
     fn masks_dx(&self) -> bool {
         self.on && self.layer.masks_dx()
@@ -262,6 +265,26 @@ fn block_ends_add_in_the_batch_norm_as_in_the_sum() {
             Box::new(Relu),
             Box::new(end(counted(parallel![main(8), Identity], count, on))),
             Box::new(end(counted(parallel![main(12), shortcut], count, on))),
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ])
+    };
+    trains_as_without(make, 2);
+}
+
+/// The same across the ends of a rematerialized span (`Remat::new(BatchNorm).spanning(3)`, as
+/// ResNet's `--remat-bn`): the span's first `BatchNorm` sums for the conv before the span, and
+/// the conv the span ends with takes its sums from the `BatchNorm` after it.
+#[test]
+fn conv_takes_its_bias_gradient_across_a_span() {
+    let make = |on: bool, count: &Arc<AtomicUsize>| {
+        let span = Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"]);
+        Serial(vec![
+            counted(Conv::same(8, (3, 3)), count, on),
+            Box::new(span),
+            Box::new(Relu),
+            counted(Conv::same(8, (3, 3)), count, on),
+            Box::new(BatchNorm::new()),
             Box::new(Flatten),
             Box::new(Dense(2)),
         ])

@@ -107,13 +107,13 @@ pub(crate) fn remat_forward<R>(
 /// The backward pass of a rematerialized run from the residuals of [`remat_forward`]: `run`
 /// again from the kept input with the same keys, handed the saved outputs (what it allocates
 /// is named `{path}/remat/...` in plans and traces), then `back` on the residuals it made.
-pub(crate) fn remat_backward<R>(
+pub(crate) fn remat_backward<R, T>(
     (who, saving): (&dyn Layer, &[&'static str]),
     residuals: Residuals,
     cx: &mut Cx<'_>,
     run: impl FnOnce(&mut Cx<'_>, Value, Vec<Option<Rng>>) -> Result<(Value, R), LayerError>,
-    back: impl FnOnce(&mut Cx<'_>, R) -> Result<Option<Value>, LayerError>,
-) -> Result<Option<Value>, LayerError> {
+    back: impl FnOnce(&mut Cx<'_>, R) -> Result<T, LayerError>,
+) -> Result<T, LayerError> {
     let (x, Replay { rngs, outputs }) = unpack(who, residuals)?;
     let outer = cx.replace_saving(recording(saving, true, outputs));
     let again = {

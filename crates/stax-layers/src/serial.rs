@@ -251,6 +251,23 @@ impl Layer for Serial {
     }
 }
 
+/// How [`Serial::back`] runs a range of layers.
+struct Back<'m> {
+    /// The serial's caller's `need_dx` (for layer 0).
+    need_dx: bool,
+    /// As in [`Serial::run`]: the serial's own run, in which a span's residuals run its
+    /// forward pass again, then its backward pass; else the run of a span.
+    top: bool,
+    /// The caller's ReLU mask for the input gradient ([`Layer::vjp_masking_dx`]), applied by
+    /// the first layer.
+    mask: Option<&'m Tensor>,
+    /// The sums of the last layer's output gradient, computed by the layer after the range.
+    sums: Option<DySums>,
+    /// Whether the first layer computes the sums of its input gradient for the layer before
+    /// the range.
+    sum_first: bool,
+}
+
 impl Serial {
     /// The backward pass of every layer from the serial's residuals ([`Serial::back`] of the
     /// whole range, at the top).
@@ -267,7 +284,14 @@ impl Serial {
         children_of(self, &residuals, &keys, "residuals")?;
         let saved: Vec<Residuals> = residuals.into_children().into_iter().map(|c| c.1).collect();
         let range = 0..self.0.len();
-        self.back(&children, range, saved, dy, cx, (need_dx, true, mask))
+        let how = Back {
+            need_dx,
+            top: true,
+            mask,
+            sums: None,
+            sum_first: false,
+        };
+        Ok(self.back(&children, range, saved, dy, cx, how)?.0)
     }
 
     /// The layer at `i` as a run of `range` applies it: inside a span (`top` false) its first
@@ -395,14 +419,14 @@ impl Serial {
     }
 
     /// The backward pass of layers `range` in reverse from their residuals (`saved`, one a
-    /// layer of the range); `need_dx` is the serial's caller's (for layer 0), `top` as in
-    /// [`Serial::run`]: a span's residuals run its forward pass again, then its backward pass.
-    /// `mask`: the caller's ReLU mask for the input gradient ([`Layer::vjp_masking_dx`]),
-    /// applied by the first layer. Between two layers of their own (neither fused nor in a
-    /// span): a layer that masks its input gradient ([`Layer::masks_dx`]) applies the mask
-    /// the layer before it would apply first ([`Layer::take_dy_mask`]), and a layer before
-    /// one that takes its gradient's sums ([`Layer::takes_dy_sums`]) computes them
-    /// ([`Layer::vjp_summing_dx`]).
+    /// layer of the range), run as `how` says: the input gradient, and the sums of it the
+    /// range's first layer computed when `how.sum_first`. Between two layers of their own
+    /// (neither fused nor in a span): a layer that masks its input gradient
+    /// ([`Layer::masks_dx`]) applies the mask the layer before it would apply first
+    /// ([`Layer::take_dy_mask`]). A layer before one that takes its gradient's sums
+    /// ([`Layer::takes_dy_sums`]) computes them ([`Layer::vjp_summing_dx`]), across a span's
+    /// ends too (a span's first layer for the layer before the span, its last one's from the
+    /// layer after).
     fn back(
         &self,
         children: &[&Params],
@@ -410,15 +434,27 @@ impl Serial {
         mut saved: Vec<Residuals>,
         dy: Value,
         cx: &mut Cx<'_>,
-        (need_dx, top, mask): (bool, bool, Option<&Tensor>),
-    ) -> Result<Option<Value>, LayerError> {
+        how: Back<'_>,
+    ) -> Result<(Option<Value>, Option<DySums>), LayerError> {
+        let Back {
+            need_dx,
+            top,
+            mask,
+            sums,
+            sum_first,
+        } = how;
         let unmasked = |layer: &dyn Layer| {
             let reason = "the first layer must mask the input gradient but fuses or spans".into();
             Err(layer.config(reason))
         };
         let spans = if top { self.spans()? } else { Vec::new() };
         let start = range.start;
-        let (mut dy, mut end, mut sums) = (Some(dy), range.end, None);
+        // whether the layer before layer `j` takes the sums of layer `j`'s input gradient
+        let sums_for = |j: usize| match j == start {
+            true => sum_first,
+            false => self.layer_in(j - 1, &range, top).takes_dy_sums(),
+        };
+        let (mut dy, mut end, mut sums) = (Some(dy), range.end, sums);
         while end > start {
             let i = end - 1;
             let d = dy.take().ok_or_else(|| {
@@ -431,10 +467,18 @@ impl Serial {
                 }
                 let r = std::mem::take(&mut saved[s - start]);
                 let run = |cx: &mut Cx<'_>, x, keys| self.run(children, s..end, x, cx, keys, false);
-                dy = remat_backward((&*self.0[s], span.saving), r, cx, run, |cx, inner| {
-                    let inner = inner.into_iter().map(|c| c.1).collect();
-                    self.back(children, s..end, inner, d, cx, (need_dx, false, None))
-                })?;
+                let how = Back {
+                    need_dx,
+                    top: false,
+                    mask: None,
+                    sums: pending,
+                    sum_first: (s > 0 || need_dx) && sums_for(s),
+                };
+                (dy, sums) =
+                    remat_backward((&*self.0[s], span.saving), r, cx, run, |cx, inner| {
+                        let inner = inner.into_iter().map(|c| c.1).collect();
+                        self.back(children, s..end, inner, d, cx, how)
+                    })?;
                 end = s;
                 continue;
             }
@@ -457,9 +501,7 @@ impl Serial {
                     }
                     let r = std::mem::take(&mut saved[j - start]);
                     let want_dx = j > 0 || need_dx;
-                    let span_before = spans.iter().any(|(s, span)| s + span.len == j);
-                    let sum = j > start && want_dx && !span_before;
-                    let sum = sum && self.layer_in(j - 1, &range, top).takes_dy_sums();
+                    let sum = want_dx && sums_for(j);
                     let pair = ((layer, self.key(j), j), (act, self.key(i)));
                     let p = children[j];
                     (dy, sums) = vjp_pair(pair.0, pair.1, p, r, d, cx, (want_dx, sum))?;
@@ -476,8 +518,7 @@ impl Serial {
                         }
                         false => None,
                     };
-                    let sum = i > start && want_dx && !after_span;
-                    let sum = sum && self.layer_in(i - 1, &range, top).takes_dy_sums();
+                    let sum = want_dx && sums_for(i);
                     let p = children[i];
                     (dy, sums) = cx.child(self.key(i), i, None, |cx| match (m, pending) {
                         (Some(m), _) => Ok((layer.vjp_masking_dx(p, r, d, cx, &m)?, None)),
@@ -491,6 +532,6 @@ impl Serial {
                 }
             }
         }
-        Ok(dy)
+        Ok((dy, sums))
     }
 }
