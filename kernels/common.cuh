@@ -162,7 +162,8 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, bool valid)
                  "r"(valid ? 16 : 0));
 }
 
-// v ORed over the 4 lanes of the caller's quad (lanes 4 g .. 4 g + 3: an mma fragment's row).
+// v ORed over the 4 lanes of the caller's quad (lanes 4 g .. 4 g + 3: an mma fragment's row,
+// or the 4 lanes whose mask bytes make one mask word).
 __device__ __forceinline__ u32 quad_or(u32 v) {
     v |= __shfl_xor_sync(FULL_MASK, v, 1);
     return v | __shfl_xor_sync(FULL_MASK, v, 2);

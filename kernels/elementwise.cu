@@ -99,9 +99,7 @@ template <typename T> __device__ void relu_vec_t(T *x, u32 *mask, size_t chunks,
         }
         if (apply) store8(p, f);
         if (mask != 0) {
-            u32 word = byte << (8 * (lane & 3));
-            word |= __shfl_xor_sync(FULL_MASK, word, 1);
-            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            u32 word = quad_or(byte << (8 * (lane & 3)));
             if ((lane & 3) == 0) mask[ch * 8 + (lane >> 2)] = word;
         }
     }
@@ -146,9 +144,7 @@ __device__ void binary_vec_t(T *a, const T *b, u32 *mask, size_t n8, int op) {
         }
         store8(a + 8 * i, x);
         if (mask) {
-            u32 word = byte << (8 * (lane & 3));
-            word |= __shfl_xor_sync(FULL_MASK, word, 1);
-            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            u32 word = quad_or(byte << (8 * (lane & 3)));
             if ((lane & 3) == 0) mask[i >> 2] = word;
         }
     }

@@ -340,9 +340,7 @@ __device__ void bn_apply_vec_impl(const T *x, T *y, const float *mean, const flo
             store8(y + 8 * i, f);
         }
         if (mask) {
-            u32 word = byte << (8 * (lane & 3));
-            word |= __shfl_xor_sync(FULL_MASK, word, 1);
-            word |= __shfl_xor_sync(FULL_MASK, word, 2);
+            u32 word = quad_or(byte << (8 * (lane & 3)));
             if ((lane & 3) == 0 && i < n8) mask[i >> 2] = word;
         }
         if (step) {

@@ -198,6 +198,16 @@ impl<'a> Cx<'a> {
         self.rng.take()
     }
 
+    /// The RNG key of the layer running now, taken and split into one key per child of a
+    /// combinator of `n` children, as stax's `serial` and `parallel` split it (`None` each when
+    /// the caller gave none).
+    pub(crate) fn split_rng(&mut self, n: usize) -> Vec<Option<Rng>> {
+        match self.rng.take() {
+            Some(mut rng) => rng.split(n).into_iter().map(Some).collect(),
+            None => vec![None; n],
+        }
+    }
+
     /// Sets the RNG key of what runs next in this layer's place ([`crate::Remat`] hands its
     /// layer the key it was given, twice) and returns the one it replaces.
     pub(crate) fn replace_rng(&mut self, rng: Option<Rng>) -> Option<Rng> {

@@ -102,10 +102,10 @@ impl Layer for Parallel {
         let children = children_of(self, params, &keys, "parameters")?;
         let shapes = x.map(|t| t.shape().clone());
         self.branches(&x, &shapes)?;
-        let mut rngs = cx.take_rng().map(|mut r| r.split(self.0.len()).into_iter());
+        let rngs = cx.split_rng(self.0.len());
         let (mut outs, mut saved) = (Vec::new(), Vec::new());
-        for (i, (_, branch)) in x.into_children().into_iter().enumerate() {
-            let rng = rngs.as_mut().and_then(Iterator::next);
+        let branches = x.into_children().into_iter().zip(rngs);
+        for (i, ((_, branch), rng)) in branches.enumerate() {
             let layer = &*self.0[i];
             let (y, r) = cx.apply_child((keys[i], i), rng, layer, children[i], branch)?;
             outs.push(y);
@@ -133,10 +133,7 @@ impl Layer for Parallel {
         if !self.runs_summed() {
             return Err(self.config("runs summed with two branches, the first adding".into()));
         }
-        let mut rngs = match cx.take_rng() {
-            Some(mut r) => r.split(2).into_iter().map(Some).collect(),
-            None => vec![None, None],
-        };
+        let mut rngs = cx.split_rng(2);
         let mut inputs = x.into_children().into_iter().map(|c| c.1);
         let (x0, x1) = (inputs.next(), inputs.next());
         let (x0, x1) = x0

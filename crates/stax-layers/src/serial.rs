@@ -161,10 +161,7 @@ impl Layer for Serial {
     ) -> Result<(Value, Residuals), LayerError> {
         let children = self.children(params)?;
         let n = self.0.len();
-        let rngs = match cx.take_rng() {
-            Some(mut rng) => rng.split(n).into_iter().map(Some).collect(),
-            None => vec![None; n],
-        };
+        let rngs = cx.split_rng(n);
         let (y, saved) = self.run(&children, 0..n, x, cx, rngs, true)?;
         Ok((y, Tree::Node(saved)))
     }
@@ -203,10 +200,7 @@ impl Layer for Serial {
         if !self.adds() {
             return Err(self.config("its last layer adds nothing to its output".into()));
         }
-        let mut rngs = match cx.take_rng() {
-            Some(mut rng) => rng.split(n).into_iter().map(Some).collect(),
-            None => vec![None; n],
-        };
+        let mut rngs = cx.split_rng(n);
         let rng = rngs.pop().flatten();
         let (h, mut saved) = self.run(&children, 0..n - 1, x, cx, rngs, true)?;
         let (key, last) = (self.key(n - 1), &*self.0[n - 1]);

@@ -354,14 +354,12 @@ impl NormOps for CpuBackend {
         };
         let (y, relu) = (c.y, c.relu.take());
         batch_norm_body(BatchNorm { y: &mut *y, ..c })?;
-        let op = crate::BinaryOp::Add;
-        let masked_by = None;
         elementwise::binary(Binary {
-            op,
+            op: crate::BinaryOp::Add,
             a: y,
             b,
             relu,
-            masked_by,
+            masked_by: None,
         })
     }
 
