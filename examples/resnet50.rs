@@ -10,6 +10,7 @@
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat   # the same, blocks recomputed
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat 2 # only the first two stages'
 //! cargo run --example resnet50 --release -- --plan --batch 128 --remat 1 --remat-bn # and the BatchNorms'
+//! cargo run --example resnet50 --release -- --plan --batch 128 --remat-bn to-end # the last convs too
 //! cargo run --example resnet50 --release -- --device cpu --blocks 1,1,1,1 --widths 8,16,16,16 --epochs 4
 //! ```
 //!
@@ -27,7 +28,7 @@ mod example;
 
 use clap::Parser;
 use example::{Common, Error, Example, exit_code, run};
-use stax::models::ResNet;
+use stax::models::{BnSpans, ResNet};
 
 /// Train stax's ResNet-50 (or a shallower variant) and report exact memory every step.
 #[derive(Parser, Debug)]
@@ -47,12 +48,24 @@ struct Args {
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4", default_value_t = 0)]
     remat: usize,
     /// In every block, recompute the first two BatchNorm + ReLU outputs in the backward pass
-    /// (each BatchNorm, its ReLU and the next conv a span saving the conv's output): they leave
-    /// the peak (ResNet-50, batch 128: 10.37 -> 8.95 GB; with --remat 1, 6.73 GB) for one more
-    /// forward pass of those BatchNorms; the same results where each conv gets the same
-    /// workspace (as for --remat: a --workspace-limit both plans meet).
-    #[arg(long)]
-    remat_bn: bool,
+    /// (`norms`, the default: each BatchNorm, its ReLU and the next conv a span saving the
+    /// conv's output), or those and the block's last conv output (`to-end`: the second span
+    /// reaches the block's end). They leave the peak (ResNet-50, batch 128: 10.37 -> 8.95 GB
+    /// with `norms`; with --remat 1, 6.73 GB) for one more normalizing pass of those
+    /// BatchNorms (`to-end`: and one more pass of each block's last conv); the same results
+    /// where each conv gets the same workspace (as for --remat: a --workspace-limit both plans
+    /// meet).
+    #[arg(long, value_enum, value_name = "SPANS", num_args = 0..=1, default_missing_value = "norms")]
+    remat_bn: Option<RematBn>,
+}
+
+/// `--remat-bn`'s spans ([`BnSpans`]).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RematBn {
+    /// The first two BatchNorms of each block with their ReLU and next conv.
+    Norms,
+    /// Those, the second reaching the block's end.
+    ToEnd,
 }
 
 /// Four comma-separated positive numbers.
@@ -75,7 +88,11 @@ fn main() -> std::process::ExitCode {
             widths: four("--widths", &args.widths)?,
             classes,
             remat_stages: args.remat,
-            bn_spans: args.remat_bn,
+            bn_spans: match args.remat_bn {
+                None => BnSpans::None,
+                Some(RematBn::Norms) => BnSpans::Norms,
+                Some(RematBn::ToEnd) => BnSpans::ToEnd,
+            },
         })
     };
     let example = Example {

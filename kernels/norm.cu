@@ -79,8 +79,16 @@ extern "C" __global__ void bn_finish_f32(const double *partial, size_t splits, s
         double r = 1.0 / sqrt(var + (double)eps);
         mean[j] = (float)mu;
         rstd[j] = (float)r;
-        scale[j] = (float)((gamma ? (double)gamma[j] : 1.0) * r);
+        scale[j] = (float)((gamma ? (double)gamma[j] : 1.0) * (double)rstd[j]);
     }
+}
+
+// scale = gamma * rstd per channel (gamma null: 1) from statistics given (a rematerialized
+// batch norm's, saved by its first run): bn_finish_f32's scale from the same rstd, bit for bit.
+extern "C" __global__ void bn_scale_f32(const float *gamma, const float *rstd, float *scale,
+                                        size_t c) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < c) scale[j] = (float)((gamma ? (double)gamma[j] : 1.0) * (double)rstd[j]);
 }
 
 // Walks element indices i of a [outer, c, inner] view in a grid-stride loop with j, the

@@ -625,7 +625,9 @@ fn batch_norm_matches_cpu() {
 
 /// `batch_norm_add_relu` equals `batch_norm` then `binary_relu` bit for bit (output and mask)
 /// on each backend over the norm views (the vectorized kernel and the scalar one), its
-/// addend of fresh values; the GPU's output equals the CPU's within 1e-5.
+/// addend of fresh values; `batch_norm_given` with a run's statistics repeats that run (and
+/// with the addend, `batch_norm_add_relu`'s) bit for bit; the GPU's output equals the CPU's
+/// within 1e-5.
 #[test]
 fn batch_norm_add_relu_is_the_norm_then_the_sum() {
     let Some(gpu) = cuda_or_skip(&with_precision(Precision::Highest)) else {
@@ -666,13 +668,30 @@ fn batch_norm_add_relu_is_the_norm_then_the_sum() {
                 }
                 outs.push((vec(&y), mask.to_vec_u32().unwrap()));
             }
+            // the statistics of a run given back: without the addend, then with it
+            let (mut mean, mut rstd) =
+                (poisoned(be, [c], DType::F32), poisoned(be, [c], DType::F32));
+            let mut y = poisoned(be, shape.clone(), DType::F32);
+            let mut mask = poisoned(be, [words], DType::U32);
+            let stats = (&mut mean, &mut rstd);
+            ops::batch_norm(&xt, &g, 1e-5, affine, &mut y, stats, Some(&mut mask)).unwrap();
+            outs.push((vec(&y), mask.to_vec_u32().unwrap()));
+            for add in [None, Some(&at)] {
+                let mut y = poisoned(be, shape.clone(), DType::F32);
+                let mut mask = poisoned(be, [words], DType::U32);
+                let (out, given) = ((&mut y, add), (&mean, &rstd));
+                ops::batch_norm_given(&xt, &g, affine, out, given, Some(&mut mask)).unwrap();
+                outs.push((vec(&y), mask.to_vec_u32().unwrap()));
+            }
             outs
         };
         let (og, oc) = (run(&gpu), run(&cpu));
         for (o, device) in [(&og, "gpu"), (&oc, "cpu")] {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&o[0].0), bits(&o[1].0), "{device} output {g:?}");
-            assert_eq!(o[0].1, o[1].1, "{device} mask {g:?}");
+            for (a, b, what) in [(0, 1, "add"), (2, 3, "given"), (0, 4, "given, add")] {
+                assert_eq!(bits(&o[a].0), bits(&o[b].0), "{device} {what} output {g:?}");
+                assert_eq!(o[a].1, o[b].1, "{device} {what} mask {g:?}");
+            }
         }
         assert_rel_close(&og[0].0, &oc[0].0, 1e-5, &format!("gpu against cpu {g:?}"));
     }

@@ -126,7 +126,7 @@ const LAYERS: &[Entry] = &[
             widths: [2, 2, 4, 4],
             classes: 3,
             remat_stages: 0,
-            bn_spans: false,
+            bn_spans: Default::default(),
         }
         .build((16, 16, 3))
         .unwrap(),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use common::checkpoint::state_bits;
 use common::{Rng, cpu, private_gpu_with, two_steps_match_cpu};
-use stax::models::ResNet;
+use stax::models::{BnSpans, ResNet};
 use stax::train::plan::MemoryPlan;
 use stax::train::{Phase, Trainer};
 use stax::{
@@ -29,12 +29,12 @@ fn shallow(remat: bool) -> Serial {
 
 /// [`shallow`] for `img`x`img` images.
 fn shallow_for(remat: bool, img: usize) -> Serial {
-    shallow_with(if remat { 4 } else { 0 }, false, img)
+    shallow_with(if remat { 4 } else { 0 }, BnSpans::None, img)
 }
 
 /// The shallow ResNet for `img`x`img` images, the blocks of its first `remat_stages` stages
 /// rematerialized, with or without [`ResNet::bn_spans`].
-fn shallow_with(remat_stages: usize, bn_spans: bool, img: usize) -> Serial {
+fn shallow_with(remat_stages: usize, bn_spans: BnSpans, img: usize) -> Serial {
     let net = ResNet {
         blocks: [1, 1, 1, 1],
         widths: [8, 16, 16, 16],
@@ -196,9 +196,13 @@ fn a_rematerialized_resnet_trains_on_the_gpu_as_on_the_cpu() {
     };
     two_steps_match_cpu(|| shallow(true), &Shape::new([50, 28, 28, 1]), &gpu, 1e-3);
     // the batch-norm spans, alone and inside rematerialized blocks
-    for stages in [0, 4] {
+    for (stages, spans) in [
+        (0, BnSpans::Norms),
+        (4, BnSpans::Norms),
+        (0, BnSpans::ToEnd),
+    ] {
         let input = Shape::new([50, 28, 28, 1]);
-        two_steps_match_cpu(|| bn_spanned(stages), &input, &gpu, 1e-3);
+        two_steps_match_cpu(|| bn_spanned(stages, spans), &input, &gpu, 1e-3);
     }
 }
 
@@ -410,7 +414,7 @@ fn spanned_for(remat_stages: usize, spans: bool, img: usize) -> Serial {
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages,
-        bn_spans: false,
+        bn_spans: BnSpans::None,
     };
     let Serial(plain) = net.build((img, img, 1)).unwrap();
     let mut layers: Vec<Box<dyn Layer>> = plain;
@@ -465,7 +469,7 @@ fn two_conv_blocks(span: bool) -> Serial {
 }
 
 #[test]
-fn a_span_keeps_only_its_convs_outputs_between_the_passes() {
+fn a_span_keeps_only_its_convs_outputs_and_norm_statistics_between_the_passes() {
     let (be, input) = (cpu(), Shape::new([4, 6, 6, 2]));
     let plan = |model: Serial| {
         let t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 0).unwrap();
@@ -482,14 +486,20 @@ fn a_span_keeps_only_its_convs_outputs_between_the_passes() {
     // ReLU mask (fused), the first block's output (the second conv's input)
     let plain = in_blocks(&plan(two_conv_blocks(false)));
     assert!(plain.contains(&("0.serial/1.batch_norm/output".to_string(), outputs)));
-    // the span: the two conv outputs alone, and its output (the dense head's input)
+    // the span: the two conv outputs, its BatchNorms' statistics (3 channels, f32), and its
+    // output (the dense head's input)
     let p = plan(two_conv_blocks(true));
+    let stats = 3 * 4;
     let kept = [
-        "0.serial/0.conv/output",
-        "1.serial/0.conv/output",
-        "1.serial/1.batch_norm/output",
+        ("0.serial/0.conv/output", outputs),
+        ("0.serial/1.batch_norm/mean", stats),
+        ("0.serial/1.batch_norm/rstd", stats),
+        ("1.serial/0.conv/output", outputs),
+        ("1.serial/1.batch_norm/mean", stats),
+        ("1.serial/1.batch_norm/output", outputs),
+        ("1.serial/1.batch_norm/rstd", stats),
     ];
-    let want: Vec<(String, u64)> = kept.iter().map(|n| (n.to_string(), outputs)).collect();
+    let want: Vec<(String, u64)> = kept.iter().map(|&(n, b)| (n.to_string(), b)).collect();
     assert_eq!(in_blocks(&p), want);
     // the backward pass makes the BatchNorms' outputs again, named under `remat`, and no conv
     let made = made_in_backward(&p, "remat/");
@@ -661,10 +671,10 @@ fn param_specs(model: &Serial) -> (Vec<String>, Vec<bool>) {
     (paths, in_backward)
 }
 
-/// [`shallow`] with [`ResNet::bn_spans`], its first `remat_stages` stages' blocks
+/// [`shallow`] with [`ResNet::bn_spans`] `spans`, its first `remat_stages` stages' blocks
 /// rematerialized too.
-fn bn_spanned(remat_stages: usize) -> Serial {
-    shallow_with(remat_stages, true, 28)
+fn bn_spanned(remat_stages: usize, spans: BnSpans) -> Serial {
+    shallow_with(remat_stages, spans, 28)
 }
 
 #[test]
@@ -672,24 +682,36 @@ fn a_resnet_with_batch_norm_spans_trains_to_the_plain_bits() {
     let (be, input) = (cpu(), Shape::new([6, 28, 28, 1]));
     let adam = Adam::new(1e-3);
     let plain = run(shallow(false), &input, adam, &be, 3);
-    for stages in [0, 1] {
-        let with = run(bn_spanned(stages), &input, adam, &be, 3);
-        assert_eq!(plain.0, with.0, "losses, {stages} rematerialized stages");
-        assert!(plain.1 == with.1, "state, {stages} rematerialized stages");
+    for spans in [BnSpans::Norms, BnSpans::ToEnd] {
+        for stages in [0, 1] {
+            let with = run(bn_spanned(stages, spans), &input, adam, &be, 3);
+            assert_eq!(plain.0, with.0, "losses, {spans:?}, {stages} remat stages");
+            assert!(plain.1 == with.1, "state, {spans:?}, {stages} remat stages");
+        }
     }
     // two spans in each of the 4 blocks, nothing else rematerialized
-    let text = bn_spanned(0).describe();
+    let text = bn_spanned(0, BnSpans::Norms).describe();
     let spans = text
         .matches("remat(spanning 3, saving conv: batch_norm")
         .count();
     assert_eq!((spans, text.matches("remat(").count()), (8, 8), "{text}");
+    // with ToEnd, the second one of each block spans to its end and saves nothing
+    let text = bn_spanned(0, BnSpans::ToEnd).describe();
+    let ends = text.matches("remat(spanning 4: batch_norm").count();
+    let saving = text
+        .matches("remat(spanning 3, saving conv: batch_norm")
+        .count();
+    assert_eq!((ends, saving), (4, 4), "{text}");
 }
 
 #[test]
 fn a_resnet_with_batch_norm_spans_reaches_95_percent_with_exact_memory() {
     // common::train checks every step's peak and live bytes against the plan
-    let (accuracy, _) = common::train(bn_spanned(0), Shape::new([50, 28, 28, 1]), &cpu(), 4);
-    assert!(accuracy >= 0.95, "test accuracy {accuracy}");
+    for spans in [BnSpans::Norms, BnSpans::ToEnd] {
+        let model = bn_spanned(0, spans);
+        let (accuracy, _) = common::train(model, Shape::new([50, 28, 28, 1]), &cpu(), 4);
+        assert!(accuracy >= 0.95, "{spans:?}: test accuracy {accuracy}");
+    }
 }
 
 /// ResNet-50's f32 CPU plan at batch 128, 224x224, 1000 classes: the batch-norm spans take
@@ -710,13 +732,35 @@ fn batch_norm_spans_lower_resnet50s_planned_peak() {
         let plan = MemoryPlan::new(&model, &input, &Adam::new(1e-3), &be).unwrap();
         plan.peak.bytes
     };
-    let (plain, spans) = (peak(0, false), peak(0, true));
+    let (plain, spans) = (peak(0, BnSpans::None), peak(0, BnSpans::Norms));
     // each block's first two BatchNorm outputs (f32): 16 blocks, 224 / 4 = 56 pixels a side in
     // the first stage, halved in each later one; at least the first stage's leave the peak
     let stage1: u64 = 3 * 2 * 128 * 56 * 56 * 64 * 4;
     assert!(spans + stage1 <= plain, "{spans} + {stage1} > {plain}");
     let bar = 11_276_138_752 * 6 / 10;
-    let remat1 = peak(1, true);
+    let remat1 = peak(1, BnSpans::Norms);
     assert!(remat1 <= bar, "remat 1 with spans: {remat1} > {bar}");
-    assert!(peak(1, false) > bar, "remat 1 alone already under the bar");
+    assert!(
+        peak(1, BnSpans::None) > bar,
+        "remat 1 alone already under the bar"
+    );
+    // spans to the blocks' ends: every block's last conv output (4x its width, f32) leaves
+    // the peak but the one being recomputed, and with no stage rematerialized the step plans
+    // under the bar
+    let ends = peak(0, BnSpans::ToEnd);
+    let last_convs: u64 = [
+        (3u64, 56u64, 256u64),
+        (4, 28, 512),
+        (6, 14, 1024),
+        (3, 7, 2048),
+    ]
+    .iter()
+    .map(|&(blocks, side, c)| blocks * 128 * side * side * c * 4)
+    .sum();
+    let largest = 128 * 56 * 56 * 256 * 4;
+    assert!(
+        ends + last_convs - largest <= spans,
+        "{ends} + {last_convs} - {largest} > {spans}"
+    );
+    assert!(ends <= bar, "spans to the blocks' ends: {ends} > {bar}");
 }

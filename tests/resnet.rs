@@ -20,7 +20,7 @@ fn shallow() -> Serial {
         widths: [8, 16, 16, 16],
         classes: 2,
         remat_stages: 0,
-        bn_spans: false,
+        bn_spans: Default::default(),
     };
     net.build((28, 28, 1)).unwrap()
 }

@@ -149,11 +149,14 @@ impl BatchNorm {
     /// The forward pass; with `relu`, the ReLU that follows runs in the same kernel and
     /// writes its mask there, after `add` is added ([`ops::batch_norm_add_relu`]). The residuals
     /// are the norm's own (the mask's keeper keeps it).
+    /// In a rematerialized forward pass run again, the statistics its first run saved are
+    /// used rather than computed ([`ops::batch_norm_given`]: the same output, one pass fewer);
+    /// in its first run they are saved.
     fn forward(
         &self,
         params: &Params,
         x: Value,
-        cx: &Cx<'_>,
+        cx: &mut Cx<'_>,
         (relu, add): (Option<&mut Tensor>, Option<&Tensor>),
     ) -> Result<(Value, Residuals), LayerError> {
         let x = one_tensor(self, x)?;
@@ -162,30 +165,40 @@ impl BatchNorm {
         let be = x.backend().clone();
         let act = |role| Tag::new(Category::Activation, role);
         let mut y = Tensor::empty(&be, x.shape().clone(), x.dtype(), act("output"))?;
-        let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
-        let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
         let affine = Affine {
             gamma: gamma.as_ref(),
             beta: beta.as_ref(),
         };
-        let stats = (&mut mean, &mut rstd);
-        match (add, relu) {
-            (Some(add), Some(mask)) => {
-                let out = (&mut y, add);
-                ops::batch_norm_add_relu(&x, &g, self.epsilon, affine, out, stats, mask)?;
-            }
-            (None, relu) => ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu)?,
-            (Some(_), None) => return Err(self.config("adds only before a ReLU".into())),
+        if add.is_some() && relu.is_none() {
+            return Err(self.config("adds only before a ReLU".into()));
         }
+        let (mean, rstd) = match cx.saved_stats() {
+            Some((mean, rstd)) => {
+                let out = (&mut y, add);
+                ops::batch_norm_given(&x, &g, affine, out, (&mean, &rstd), relu)?;
+                (mean, rstd)
+            }
+            None => {
+                let mut mean = Tensor::empty(&be, [g.c], DType::F32, act("mean"))?;
+                let mut rstd = Tensor::empty(&be, [g.c], DType::F32, act("rstd"))?;
+                let stats = (&mut mean, &mut rstd);
+                match (add, relu) {
+                    (Some(add), Some(mask)) => {
+                        let out = (&mut y, add);
+                        ops::batch_norm_add_relu(&x, &g, self.epsilon, affine, out, stats, mask)?
+                    }
+                    (_, relu) => {
+                        ops::batch_norm(&x, &g, self.epsilon, affine, &mut y, stats, relu)?
+                    }
+                }
+                cx.save_stats(&mean, &rstd);
+                (mean, rstd)
+            }
+        };
         if !cx.is_training() {
             return Ok((Tree::leaf(y), Tree::empty()));
         }
-        let kept = [
-            ("x", Saved::Tensor(x)),
-            ("mean", Saved::Tensor(mean)),
-            ("rstd", Saved::Tensor(rstd)),
-        ];
-        Ok((Tree::leaf(y), residuals(kept)))
+        Ok((Tree::leaf(y), kept(x, (mean, rstd))))
     }
 
     /// The backward pass; with `relu`, `dy` is the gradient after the fused ReLU, masked by
@@ -257,6 +270,15 @@ impl BatchNorm {
     }
 }
 
+/// A norm's residuals: its input and its statistics (mean, rstd).
+fn kept(x: Tensor, (mean, rstd): (Tensor, Tensor)) -> Residuals {
+    residuals([
+        ("x", Saved::Tensor(x)),
+        ("mean", Saved::Tensor(mean)),
+        ("rstd", Saved::Tensor(rstd)),
+    ])
+}
+
 impl Layer for BatchNorm {
     fn kind(&self) -> &'static str {
         "batch_norm"
@@ -290,6 +312,17 @@ impl Layer for BatchNorm {
 
     fn adds(&self) -> bool {
         true
+    }
+
+    /// Its input with the statistics saved for it ([`Cx::saved_stats`]), when there are.
+    fn replay_residuals(
+        &self,
+        x: &Value,
+        cx: &mut Cx<'_>,
+    ) -> Result<Option<Residuals>, LayerError> {
+        let x = one_tensor(self, x.clone())?;
+        self.geometry(x.shape())?;
+        Ok(cx.saved_stats().map(|stats| kept(x, stats)))
     }
 
     /// `add` and the ReLU in the kernel that applies the normalization

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use stax_tensor::{Backend, DType, Grads, Key, Params, Path, Tree};
+use stax_tensor::{Backend, DType, Grads, Key, Params, Path, Tensor, Tree};
 
 use crate::{GradSink, InBackward, Layer, LayerError, Profiler, Residuals, Rng, Updates, Value};
 
@@ -59,8 +59,9 @@ pub struct Cx<'a> {
     profiler: Option<&'a Profiler>,
 }
 
-/// The outputs a [`crate::Remat`] saves (those of its `saving` kinds, by path): recorded in
-/// its forward pass, handed back in place of running those layers when it recomputes.
+/// What a [`crate::Remat`] saves between its passes besides its input: the outputs of its
+/// `saving` kinds and every `BatchNorm`'s statistics, by path; recorded in its forward pass,
+/// handed back when it recomputes (those layers skip what they saved).
 #[derive(Debug, Default)]
 pub(crate) struct Saving {
     /// The kinds of the layers whose outputs are saved.
@@ -69,7 +70,12 @@ pub(crate) struct Saving {
     pub(crate) replay: bool,
     /// The saved outputs, by the path of the layer that made them.
     pub(crate) outputs: Vec<(Path, Value)>,
+    /// The saved statistics (mean, rstd), by the path of the norm that computed them.
+    pub(crate) stats: Vec<(Path, NormStats)>,
 }
+
+/// A `BatchNorm`'s per-channel mean and `1 / sqrt(var + eps)`, `[c]` f32 each.
+pub(crate) type NormStats = (Tensor, Tensor);
 
 impl Saving {
     /// The output saved for the layer at `path`, taken.
@@ -218,6 +224,29 @@ impl<'a> Cx<'a> {
     /// returns the one it replaces.
     pub(crate) fn replace_saving(&mut self, saving: Option<Saving>) -> Option<Saving> {
         std::mem::replace(&mut self.saving, saving)
+    }
+
+    /// Whether a [`crate::Remat`]'s forward pass is being run again (its backward pass).
+    pub(crate) fn replaying(&self) -> bool {
+        self.saving.as_ref().is_some_and(|s| s.replay)
+    }
+
+    /// The statistics saved for the norm at this path by the first run of the
+    /// rematerialized forward pass being run again, taken; `None` outside such a run.
+    pub(crate) fn saved_stats(&mut self) -> Option<NormStats> {
+        let s = self.saving.as_mut().filter(|s| s.replay)?;
+        let at = s.stats.iter().position(|(p, _)| *p == self.path)?;
+        Some(s.stats.swap_remove(at).1)
+    }
+
+    /// Saves the statistics of the norm at this path (handles, no copy) when a
+    /// rematerialized forward pass runs for the first time ([`Cx::saved_stats`] hands them
+    /// back when it runs again); nothing otherwise.
+    pub(crate) fn save_stats(&mut self, mean: &Tensor, rstd: &Tensor) {
+        if let Some(s) = self.saving.as_mut().filter(|s| !s.replay) {
+            s.stats
+                .push((self.path.clone(), (mean.clone(), rstd.clone())));
+        }
     }
 
     /// Sets whether the combinators drop their children's residuals as soon as each child

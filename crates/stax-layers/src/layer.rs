@@ -179,6 +179,21 @@ pub trait Layer: fmt::Debug + Send + Sync {
         Ok(None)
     }
 
+    /// In a rematerialized forward pass run again, this layer's residuals made from its input
+    /// `x` without its output, when it is the run's last layer (nothing reads its output): a
+    /// `BatchNorm` whose statistics the first run saved keeps its input with them. `None` (the
+    /// default): the layer runs.
+    ///
+    /// # Errors
+    /// As [`Layer::output_shape`] for an input the layer does not take.
+    fn replay_residuals(
+        &self,
+        _x: &Value,
+        _cx: &mut Cx<'_>,
+    ) -> Result<Option<Residuals>, LayerError> {
+        Ok(None)
+    }
+
     /// The span of a [`crate::Remat`] that covers this layer and the ones after it in its
     /// [`crate::Serial`] ([`crate::Remat::spanning`]), which the serial runs as one
     /// rematerialized run; `None` (the default) for every other layer.

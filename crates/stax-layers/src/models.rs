@@ -3,7 +3,7 @@
 
 pub mod resnet;
 
-pub use resnet::{ResNet, conv_block, identity_block};
+pub use resnet::{BnSpans, ResNet, conv_block, identity_block};
 
 use crate::{Conv, Dense, Flatten, LogSoftmax, Relu, Serial, serial};
 

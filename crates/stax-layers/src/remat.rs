@@ -4,13 +4,15 @@
 
 use stax_tensor::{Key, Params, Path, Tree};
 
-use crate::cx::Saving;
+use crate::cx::{NormStats, Saving};
 use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Shapes, Value};
 
 /// `jax.checkpoint(layer)`: in a training step the layer's forward pass runs as usual, but all
 /// it keeps for the backward pass (its residuals: masks, inputs of its convs, BatchNorm's
-/// statistics) is freed as soon as it returns; only the input (handles, no copy) and the RNG
-/// key are kept. The backward pass runs the forward pass again from them (what that allocates is
+/// statistics) is freed as soon as it returns; only the input (handles, no copy), the RNG
+/// key and the BatchNorms' statistics (`[c]` each: run again, a BatchNorm normalizes with them,
+/// one pass over its input fewer) are kept. The backward pass runs the forward pass again from
+/// them (what that allocates is
 /// named `{layer}/remat/...`, so plans show what the recomputation holds:
 /// `4.serial/remat/1.parallel/0.serial/0.conv/output`), then the layer's backward pass on what
 /// it made, and frees it.
@@ -49,10 +51,11 @@ pub struct Remat<L: Layer> {
 /// What a rematerialized run keeps to run its forward pass again ([`Saved::Replay`]): the RNG
 /// keys it gave its layers (a [`Remat`]'s one, a span's one a layer) and the outputs it saved,
 /// by path.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Replay {
     rngs: Vec<Option<Rng>>,
     outputs: Vec<(Path, Value)>,
+    stats: Vec<(Path, NormStats)>,
 }
 
 /// A [`Remat`] spanning layers of its serial ([`Layer::remat_span`]): how many, the kinds it
@@ -80,14 +83,14 @@ pub(crate) fn remat_forward<R>(
     run: impl FnOnce(&mut Cx<'_>, Value, Vec<Option<Rng>>) -> Result<(Value, R), LayerError>,
 ) -> Result<(Value, Residuals), LayerError> {
     let kept = x.map(|t| Saved::Tensor(t.clone()));
-    let outer = cx.replace_saving(recording(saving, false, Vec::new()));
+    let outer = cx.replace_saving(Some(recording(saving, false, Replay::default())));
     let discard = cx.replace_discard(true);
     let out = run(cx, x, rngs.clone());
     cx.replace_discard(discard);
     let saved = cx.replace_saving(outer);
     let (y, inner) = out?;
     drop(inner);
-    let outputs = saved.map(|s| s.outputs).unwrap_or_default();
+    let Saving { outputs, stats, .. } = saved.unwrap_or_default();
     if !saving.is_empty() && outputs.is_empty() {
         return Err(who.config(format!(
             "saving {}: no layer of these kinds inside could be saved (Conv and Dense run by a \
@@ -96,7 +99,11 @@ pub(crate) fn remat_forward<R>(
             saving.join(", ")
         )));
     }
-    let replay = Saved::Replay(Box::new(Replay { rngs, outputs }));
+    let replay = Saved::Replay(Box::new(Replay {
+        rngs,
+        outputs,
+        stats,
+    }));
     let fields = [
         (Key::Field("x"), kept),
         (Key::Field("replay"), Tree::leaf(replay)),
@@ -114,8 +121,9 @@ pub(crate) fn remat_backward<R, T>(
     run: impl FnOnce(&mut Cx<'_>, Value, Vec<Option<Rng>>) -> Result<(Value, R), LayerError>,
     back: impl FnOnce(&mut Cx<'_>, R) -> Result<T, LayerError>,
 ) -> Result<T, LayerError> {
-    let (x, Replay { rngs, outputs }) = unpack(who, residuals)?;
-    let outer = cx.replace_saving(recording(saving, true, outputs));
+    let (x, mut replay) = unpack(who, residuals)?;
+    let rngs = std::mem::take(&mut replay.rngs);
+    let outer = cx.replace_saving(Some(recording(saving, true, replay)));
     let again = {
         let _scope = cx.backend().allocator().scope("remat");
         run(cx, x, rngs)
@@ -135,14 +143,15 @@ pub(crate) fn collected(specs: &Tree<ParamSpec>) -> Tree<ParamSpec> {
     })
 }
 
-/// How a run's outputs of the kinds in `saving` are saved: recorded, or (`replay`) handed
-/// back; none for an empty `saving`.
-fn recording(saving: &[&'static str], replay: bool, outputs: Vec<(Path, Value)>) -> Option<Saving> {
-    (!saving.is_empty()).then(|| Saving {
+/// How a run saves the outputs of the kinds in `saving` and its norms' statistics: recorded
+/// (`replay` false, `saved` empty), or handed back from `saved` (`replay`).
+fn recording(saving: &[&'static str], replay: bool, saved: Replay) -> Saving {
+    Saving {
         kinds: saving.to_vec(),
         replay,
-        outputs,
-    })
+        outputs: saved.outputs,
+        stats: saved.stats,
+    }
 }
 
 /// `(x, replay)` from the residuals of [`remat_forward`].

@@ -162,7 +162,7 @@ impl Layer for Serial {
         let children = self.children(params)?;
         let n = self.0.len();
         let rngs = cx.split_rng(n);
-        let (y, saved) = self.run(&children, 0..n, x, cx, rngs, true)?;
+        let (y, saved) = self.run(&children, 0..n, x, cx, rngs, (true, None))?;
         Ok((y, Tree::Node(saved)))
     }
 
@@ -179,15 +179,12 @@ impl Layer for Serial {
         self.back_all(params, residuals, dy, cx, (need_dx, None))
     }
 
-    /// Its last layer's, when no span covers that layer.
+    /// Its last layer's (a span that covers it hands it the addend).
     fn adds(&self) -> bool {
-        let n = self.0.len();
-        let spans = self.spans();
-        let covered = |s: &[(usize, RematSpan<'_>)]| s.iter().any(|(i, sp)| i + sp.len == n);
-        n > 0 && self.0[n - 1].adds() && spans.is_ok_and(|s| !covered(&s))
+        self.0.last().is_some_and(|l| l.adds()) && self.spans().is_ok()
     }
 
-    /// The layers before the last as `apply` runs them, then the last one adding.
+    /// The layers as `apply` runs them, the last one adding.
     fn apply_adding(
         &self,
         params: &Params,
@@ -200,14 +197,8 @@ impl Layer for Serial {
         if !self.adds() {
             return Err(self.config("its last layer adds nothing to its output".into()));
         }
-        let mut rngs = cx.split_rng(n);
-        let rng = rngs.pop().flatten();
-        let (h, mut saved) = self.run(&children, 0..n - 1, x, cx, rngs, true)?;
-        let (key, last) = (self.key(n - 1), &*self.0[n - 1]);
-        let (y, r) = cx.child(key, n - 1, rng, |cx| {
-            last.apply_adding(children[n - 1], h, cx, add)
-        })?;
-        saved.push((key, cx.kept(r)));
+        let rngs = cx.split_rng(n);
+        let (y, saved) = self.run(&children, 0..n, x, cx, rngs, (true, Some(add)))?;
         Ok((y, Tree::Node(saved)))
     }
 
@@ -298,7 +289,10 @@ impl Serial {
     /// The forward pass of layers `range`, each with its key of `rngs` (one a layer of the
     /// range): the output, and each layer's residuals as the serial keeps them. `top`: the
     /// serial's own run, in which a span runs as one rematerialized run (in training); else the
-    /// run of a span.
+    /// run of a span. `add`: the addend and ReLU mask of the range's last layer, which then
+    /// runs adding ([`Layer::apply_adding`]). A span's forward pass run again stops at its
+    /// last layer where that layer makes its residuals alone ([`Layer::replay_residuals`]; the
+    /// output is then an empty node: nothing reads it).
     fn run(
         &self,
         children: &[&Params],
@@ -306,7 +300,7 @@ impl Serial {
         x: Value,
         cx: &mut Cx<'_>,
         rngs: Vec<Option<Rng>>,
-        top: bool,
+        (top, mut add): (bool, Option<(&Tensor, &mut Tensor)>),
     ) -> Result<(Value, Vec<(Key, Residuals)>), LayerError> {
         let mut rngs = rngs.into_iter();
         let (mut x, mut saved, mut i) = (x, Vec::with_capacity(range.len()), range.start);
@@ -316,8 +310,9 @@ impl Serial {
             if let Some(span) = span {
                 let (len, who) = (span.len, (&*self.0[i], span.saving));
                 let keys: Vec<Option<Rng>> = rngs.by_ref().take(len).collect();
+                let add = add.take_if(|_| i + len == range.end);
                 let (y, r) = remat_forward(who, keys, x, cx, |cx, x, keys| {
-                    self.run(children, i..i + len, x, cx, keys, false)
+                    self.run(children, i..i + len, x, cx, keys, (false, add))
                 })?;
                 saved.push((key, cx.kept(r)));
                 saved.extend((i + 1..i + len).map(|j| (self.key(j), Tree::empty())));
@@ -327,6 +322,19 @@ impl Serial {
             }
             let layer = self.layer_in(i, &range, top);
             let rng = rngs.next().flatten();
+            if i + 1 == range.end && !top && cx.replaying() {
+                let r = cx.child(key, i, None, |cx| layer.replay_residuals(&x, cx))?;
+                if let Some(r) = r {
+                    saved.push((key, r));
+                    return Ok((Tree::empty(), saved));
+                }
+            }
+            if let Some(add) = add.take_if(|_| i + 1 == range.end) {
+                let p = children[i];
+                let (y, r) = cx.child(key, i, rng, |cx| layer.apply_adding(p, x, cx, add))?;
+                saved.push((key, cx.kept(r)));
+                return Ok((y, saved));
+            }
             if self.summed_at(children, i, &range, cx) {
                 let (y, r) = self.run_summed(children, i, layer, x, cx, rng)?;
                 rngs.nth(1);
@@ -460,7 +468,9 @@ impl Serial {
                     return unmasked(&*self.0[s]);
                 }
                 let r = std::mem::take(&mut saved[s - start]);
-                let run = |cx: &mut Cx<'_>, x, keys| self.run(children, s..end, x, cx, keys, false);
+                let run = |cx: &mut Cx<'_>, x, keys| {
+                    self.run(children, s..end, x, cx, keys, (false, None))
+                };
                 let how = Back {
                     need_dx,
                     top: false,

@@ -18,7 +18,7 @@ mod scratch;
 pub use call::{
     Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast,
     ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, MaxFrom, Pool2d, Pool2dBwd,
+    CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, MaxFrom, NormStats, Pool2d, Pool2dBwd,
     SoftmaxXent, Split, Unary, UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, NormOps, OptimOps};

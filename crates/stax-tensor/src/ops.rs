@@ -35,7 +35,7 @@ pub use memory::{
 };
 pub use norm::{
     Affine, AffineGrads, NormSaved, batch_norm, batch_norm_add_relu, batch_norm_bwd,
-    bias_add_channels, bias_grad_channels,
+    batch_norm_given, bias_add_channels, bias_grad_channels,
 };
 pub use rows::{
     check_keep_rate, dropout, dropout_bits, dropout_bwd, index_loss, keep_threshold,

@@ -25,15 +25,16 @@ use stax_tensor::{Shape, Tree};
 /// Conv(f2, (k, k), SAME) BatchNorm Relu Conv(f3, (1, 1)) BatchNorm` and `Shortcut =
 /// Conv(f3, (1, 1), strides) BatchNorm` (1x1 convs VALID, as stax's default).
 pub fn conv_block(kernel: usize, [f1, f2, f3]: [usize; 3], strides: (usize, usize)) -> Serial {
-    conv_block_with(kernel, [f1, f2, f3], strides, false)
+    conv_block_with(kernel, [f1, f2, f3], strides, BnSpans::None)
 }
 
-/// [`conv_block`], its main path's first two BatchNorms spanned ([`ResNet::bn_spans`]) or not.
+/// [`conv_block`], its main path's BatchNorms spanned as `bn_spans` says
+/// ([`ResNet::bn_spans`]).
 fn conv_block_with(
     kernel: usize,
     [f1, f2, f3]: [usize; 3],
     strides: (usize, usize),
-    bn_spans: bool,
+    bn_spans: BnSpans,
 ) -> Serial {
     let main = main_path(
         [
@@ -50,23 +51,42 @@ fn conv_block_with(
     serial![FanOut(2), parallel![main, shortcut], FanInSum, Relu]
 }
 
-/// A block's main path `Conv BatchNorm Relu Conv BatchNorm Relu Conv BatchNorm` of `convs`;
-/// with `bn_spans`, each of the first two BatchNorms a [`Remat`] spanning it, its ReLU and the
-/// next conv, saving that conv's output (the same layers and parameter tree).
-fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: bool) -> Serial {
-    let bn = || -> Box<dyn Layer> {
-        if bn_spans {
-            Box::new(Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"]))
-        } else {
-            Box::new(BatchNorm::new())
+/// Which BatchNorms of every block a [`ResNet`] runs in [`Remat`] spans, whose backward pass
+/// recomputes what they do not keep: the same layers, parameter tree and results, less memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BnSpans {
+    /// None: every output the backward pass reads is kept.
+    #[default]
+    None,
+    /// Each of the main path's first two BatchNorms spans its ReLU and the next conv, saving
+    /// that conv's output (`Remat::new(BatchNorm).spanning(3).saving(&["conv"])`): the
+    /// BatchNorm outputs those convs read are recomputed from the conv outputs the
+    /// BatchNorms keep anyway, one more normalizing pass each (their statistics are kept).
+    Norms,
+    /// As [`BnSpans::Norms`], the second span reaching the block's end (`BatchNorm Relu Conv
+    /// BatchNorm`, `spanning(4)`, saving nothing): the output of the block's last conv, the
+    /// widest tensor of its main path, is recomputed too (a 1x1 conv), and its BatchNorm's
+    /// statistics are kept instead.
+    ToEnd,
+}
+
+/// A block's main path `Conv BatchNorm Relu Conv BatchNorm Relu Conv BatchNorm` of `convs`,
+/// its BatchNorms spanned as `bn_spans` says (the same layers and parameter tree).
+fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: BnSpans) -> Serial {
+    let bn = |second: bool| -> Box<dyn Layer> {
+        let saving = Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"]);
+        match bn_spans {
+            BnSpans::None => Box::new(BatchNorm::new()),
+            BnSpans::ToEnd if second => Box::new(Remat::new(BatchNorm::new()).spanning(4)),
+            BnSpans::Norms | BnSpans::ToEnd => Box::new(saving),
         }
     };
     Serial(vec![
         Box::new(c1),
-        bn(),
+        bn(false),
         Box::new(Relu),
         Box::new(c2),
-        bn(),
+        bn(true),
         Box::new(Relu),
         Box::new(c3),
         Box::new(BatchNorm::new()),
@@ -79,16 +99,16 @@ fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: bool) -> Serial {
 /// stax builds `Main` with `shape_dependent` so that its last conv outputs the input's
 /// channels; here the caller passes them (the parameters and computation are the same).
 pub fn identity_block(kernel: usize, [f1, f2]: [usize; 2], channels: usize) -> Serial {
-    identity_block_with(kernel, [f1, f2], channels, false)
+    identity_block_with(kernel, [f1, f2], channels, BnSpans::None)
 }
 
-/// [`identity_block`], its main path's first two BatchNorms spanned ([`ResNet::bn_spans`]) or
-/// not.
+/// [`identity_block`], its main path's BatchNorms spanned as `bn_spans` says
+/// ([`ResNet::bn_spans`]).
 fn identity_block_with(
     kernel: usize,
     [f1, f2]: [usize; 2],
     channels: usize,
-    bn_spans: bool,
+    bn_spans: BnSpans,
 ) -> Serial {
     let main = main_path(
         [
@@ -124,14 +144,14 @@ pub struct ResNet {
     /// most activation bytes per FLOP (ResNet-50 at batch 128, 224x224, f32 plan: 10.37 GB
     /// with none, 7.54 with one, 5.65 with two, 4.09 with all four).
     pub remat_stages: usize,
-    /// Whether in every block the first two BatchNorms, each with its ReLU and the conv after
-    /// it, run as a [`Remat`] span saving that conv's output (`Remat::new(BatchNorm).
-    /// spanning(3).saving(&["conv"])`): the BatchNorm outputs those convs read leave the step's
-    /// peak and the backward pass recomputes them (statistics and normalization) from the conv
-    /// outputs the BatchNorms keep anyway. The same parameters and results, less memory, one
-    /// more forward pass of those BatchNorms (ResNet-50 at batch 128, 224x224, f32 CPU plan:
-    /// 10.37 GB to 8.95, with one rematerialized stage 7.54 to 6.73, with two 5.65 to 5.26).
-    pub bn_spans: bool,
+    /// Which BatchNorms of every block run in [`Remat`] spans ([`BnSpans`]): the BatchNorm
+    /// outputs the blocks' second and third convs read leave the step's peak
+    /// ([`BnSpans::Norms`]), and the blocks' last conv outputs too ([`BnSpans::ToEnd`]). The
+    /// same parameters and results, less memory, one more normalizing pass of those
+    /// BatchNorms (and with `ToEnd` one more forward pass of each block's last conv).
+    /// ResNet-50 at batch 128, 224x224, f32 CPU plan: 10.37 GB with none, 8.95 with `Norms`
+    /// (with one rematerialized stage 7.54 to 6.73).
+    pub bn_spans: BnSpans,
 }
 
 impl ResNet {
@@ -142,7 +162,7 @@ impl ResNet {
             widths: [64, 128, 256, 512],
             classes,
             remat_stages: 0,
-            bn_spans: false,
+            bn_spans: BnSpans::None,
         }
     }
 

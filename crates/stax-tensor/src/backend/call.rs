@@ -132,7 +132,7 @@ fn blocks<'t>(
 memory_calls!(CopyIn, CopyOut, Copy, Cast, Fill, Concat, Split);
 
 mod norm;
-pub use norm::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
+pub use norm::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, NormStats};
 
 /// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (or no
 /// bias), y `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`). With an

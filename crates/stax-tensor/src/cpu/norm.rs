@@ -11,7 +11,9 @@
 use super::elementwise::{not_float, unary, unary_bwd};
 use super::host::{view, view_mut};
 use super::{data, data_mut};
-use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, Unary, UnaryBwd};
+use crate::backend::{
+    BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, NormStats, Unary, UnaryBwd,
+};
 use crate::{Activation, ChannelGeometry, Float, Tensor, TensorError, with_float};
 
 /// `out[j] = Σ a[.., j, ..]` over the view, in any float dtype: f64 sums of `a`'s values,
@@ -75,25 +77,27 @@ pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
         gamma,
         beta,
         y,
-        mean,
-        rstd,
+        stats,
         relu,
         add: _,
     } = c;
     let xs = data(OP, x)?;
-    let [s1, s2] = moments(&g, xs, xs, None);
-    let m = g.per_channel() as f64;
     let gamma = or_const(OP, gamma, g.c, 1.0)?;
     let beta = or_const(OP, beta, g.c, 0.0)?;
-    let (means, rstds) = (data_mut(OP, mean)?, data_mut(OP, rstd)?);
-    let mut scale = vec![0f32; g.c];
-    for j in 0..g.c {
-        let mu = s1[j] / m;
-        let var = (s2[j] / m - mu * mu).max(0.0);
-        let r = 1.0 / (var + f64::from(eps)).sqrt();
-        (means[j], rstds[j]) = (mu as f32, r as f32);
-        scale[j] = (f64::from(gamma[j]) * r) as f32;
-    }
+    let (means, rstds): (&[f32], &[f32]) = match stats {
+        NormStats::Computed { mean, rstd } => {
+            let (means, rstds) = (data_mut(OP, mean)?, data_mut(OP, rstd)?);
+            statistics(&g, xs, eps, (&mut *means, &mut *rstds));
+            (means, rstds)
+        }
+        NormStats::Given { mean, rstd } => (data(OP, mean)?, data(OP, rstd)?),
+    };
+    // from the rounded rstd, as the GPU's bn_finish_f32 and bn_scale_f32
+    let scale: Vec<f32> = gamma
+        .iter()
+        .zip(rstds)
+        .map(|(&gm, &r)| (f64::from(gm) * f64::from(r)) as f32)
+        .collect();
     let ys = data_mut(OP, y)?;
     let inner = g.inner.max(1);
     for (r, (yr, xr)) in ys
@@ -113,6 +117,18 @@ pub(super) fn batch_norm(c: BatchNorm<'_>) -> Result<(), TensorError> {
             aux: Some(mask),
         }),
         None => Ok(()),
+    }
+}
+
+/// The mean and rstd of each channel of `xs` (see the module doc), in f64, rounded once.
+fn statistics(g: &ChannelGeometry, xs: &[f32], eps: f32, (means, rstds): (&mut [f32], &mut [f32])) {
+    let [s1, s2] = moments(g, xs, xs, None);
+    let m = g.per_channel() as f64;
+    for j in 0..g.c {
+        let mu = s1[j] / m;
+        let var = (s2[j] / m - mu * mu).max(0.0);
+        let r = 1.0 / (var + f64::from(eps)).sqrt();
+        (means[j], rstds[j]) = (mu as f32, r as f32);
     }
 }
 

@@ -3,7 +3,9 @@
 //! ([`CudaBackend::batch_norm_schedule`]).
 
 use super::CudaBackend;
-use crate::backend::{BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, Scratch};
+use crate::backend::{
+    BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, NormStats, Scratch,
+};
 use crate::{Backend, Checked, NormOps, TensorError};
 
 /// The address of an optional tensor (0 for none).
@@ -22,8 +24,7 @@ impl NormOps for CudaBackend {
             gamma,
             beta,
             y,
-            mean,
-            rstd,
+            stats,
             relu,
             add,
         } = c.into_inner();
@@ -31,15 +32,21 @@ impl NormOps for CudaBackend {
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (partial, scale) = (ws.alloc()?, ws.alloc()?);
         let (xa, dtype) = (x.addr(), x.dtype());
-        let splits = self
-            .kernels
-            .channel_moments(dtype, &g, (xa, xa, 0, 0), ws.addr(partial))?;
-        let stats = (mean.addr(), rstd.addr(), ws.addr(scale));
-        let m = g.per_channel() as f64;
-        self.kernels
-            .bn_finish((ws.addr(partial), splits), g.c, m, eps, addr(gamma), stats)?;
+        let (mean, rstd) = stats.addrs();
+        let out = (mean, rstd, ws.addr(scale));
+        if let NormStats::Computed { .. } = stats {
+            let splits =
+                self.kernels
+                    .channel_moments(dtype, &g, (xa, xa, 0, 0), ws.addr(partial))?;
+            let m = g.per_channel() as f64;
+            self.kernels
+                .bn_finish((ws.addr(partial), splits), g.c, m, eps, addr(gamma), out)?;
+        } else {
+            self.kernels
+                .bn_scale(g.c, (addr(gamma), rstd, ws.addr(scale)))?;
+        }
         ws.free(partial)?;
-        let per_channel = (mean.addr(), ws.addr(scale), addr(beta));
+        let per_channel = (mean, ws.addr(scale), addr(beta));
         let (mask, add) = (addr(relu.as_deref()), addr(add));
         self.kernels
             .bn_apply((&g, dtype), (xa, y.addr(), add, mask), per_channel)?;

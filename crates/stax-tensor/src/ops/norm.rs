@@ -1,7 +1,7 @@
 //! Per-channel ops: batch normalization, and a bias along a channel axis that is not the last
 //! (an NCHW convolution's).
 
-use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad};
+use crate::backend::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, NormStats};
 use crate::{ChannelGeometry, Checked, Shape, Tensor, TensorError};
 
 use super::{F32, FLOATS, backend_of, input, output, supports};
@@ -71,10 +71,36 @@ pub fn batch_norm(
     eps: f32,
     affine: Affine<'_>,
     y: &mut Tensor,
-    stats: (&mut Tensor, &mut Tensor),
+    (mean, rstd): (&mut Tensor, &mut Tensor),
     relu: Option<&mut Tensor>,
 ) -> Result<(), TensorError> {
+    let stats = NormStats::Computed { mean, rstd };
     forward(("batch_norm", x, g, eps), affine, (y, None), stats, relu)
+}
+
+/// [`batch_norm`] (with `add`: [`batch_norm_add_relu`]) with the statistics `(mean, rstd)`
+/// given rather than computed: those [`batch_norm`] wrote for the same `x` (a rematerialized
+/// norm's forward pass run again, one pass over `x` fewer), so `y` and the mask are bit for bit
+/// the first run's.
+///
+/// # Errors
+/// As [`batch_norm_add_relu`] (mean and rstd f32 `[g.c]`, read);
+/// [`TensorError::InvalidArgument`] for an `add` without a ReLU.
+pub fn batch_norm_given(
+    x: &Tensor,
+    g: &ChannelGeometry,
+    affine: Affine<'_>,
+    (y, add): (&mut Tensor, Option<&Tensor>),
+    (mean, rstd): (&Tensor, &Tensor),
+    relu: Option<&mut Tensor>,
+) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm_given";
+    if add.is_some() && relu.is_none() {
+        let reason = "an addend is added before a ReLU: give its mask".into();
+        return Err(TensorError::InvalidArgument { op: OP, reason });
+    }
+    let stats = NormStats::Given { mean, rstd };
+    forward((OP, x, g, 0.0), affine, (y, add), stats, relu)
 }
 
 /// [`batch_norm`] whose output is added to `add` (`x`'s shape and dtype) before a ReLU: `y =
@@ -91,10 +117,11 @@ pub fn batch_norm_add_relu(
     eps: f32,
     affine: Affine<'_>,
     (y, add): (&mut Tensor, &Tensor),
-    stats: (&mut Tensor, &mut Tensor),
+    (mean, rstd): (&mut Tensor, &mut Tensor),
     relu: &mut Tensor,
 ) -> Result<(), TensorError> {
     let op = "batch_norm_add_relu";
+    let stats = NormStats::Computed { mean, rstd };
     forward((op, x, g, eps), affine, (y, Some(add)), stats, Some(relu))
 }
 
@@ -103,7 +130,7 @@ fn forward(
     (op, x, g, eps): (&'static str, &Tensor, &ChannelGeometry, f32),
     affine: Affine<'_>,
     (y, add): (&mut Tensor, Option<&Tensor>),
-    (mean, rstd): (&mut Tensor, &mut Tensor),
+    stats: NormStats<'_>,
     relu: Option<&mut Tensor>,
 ) -> Result<(), TensorError> {
     let be = backend_of(x);
@@ -124,8 +151,16 @@ fn forward(
     if let Some(a) = add {
         input(op, &be, a, "add", x.dtype(), Some(x.shape()))?;
     }
-    output(op, &be, mean, "mean", DType::F32, Some(&c))?;
-    output(op, &be, rstd, "rstd", DType::F32, Some(&c))?;
+    match &stats {
+        NormStats::Computed { mean, rstd } => {
+            output(op, &be, mean, "mean", DType::F32, Some(&c))?;
+            output(op, &be, rstd, "rstd", DType::F32, Some(&c))?;
+        }
+        NormStats::Given { mean, rstd } => {
+            input(op, &be, mean, "mean", DType::F32, Some(&c))?;
+            input(op, &be, rstd, "rstd", DType::F32, Some(&c))?;
+        }
+    }
     if let Some(m) = &relu {
         super::mask(op, &be, m, x.numel())?;
         m.expect_unique(op)?;
@@ -137,8 +172,7 @@ fn forward(
         gamma: affine.gamma,
         beta: affine.beta,
         y,
-        mean,
-        rstd,
+        stats,
         relu,
         add,
     };

@@ -10,7 +10,8 @@ use crate::{ChannelGeometry, OpDesc, Tensor};
 /// `mean = E[x]`, `var = max(E[x²] - mean², 0)` (stax's one-pass variance), `rstd =
 /// 1 / sqrt(var + eps)`, `y = gamma · (x - mean) · rstd + beta` (gamma 1 and beta 0 when not
 /// given), then with `relu` a ReLU in place whose bit mask (`x > 0` of its input) `relu`
-/// receives. `mean` and `rstd` (`[c]`) are written for the backward pass.
+/// receives. `mean` and `rstd` (`[c]`) are written for the backward pass, or given
+/// ([`NormStats`]).
 #[derive(Debug)]
 pub struct BatchNorm<'a> {
     /// The view.
@@ -25,15 +26,43 @@ pub struct BatchNorm<'a> {
     pub beta: Option<&'a Tensor>,
     /// Output (overwritten).
     pub y: &'a mut Tensor,
-    /// Per-channel mean `[c]` (overwritten).
-    pub mean: &'a mut Tensor,
-    /// Per-channel `1 / sqrt(var + eps)` `[c]` (overwritten).
-    pub rstd: &'a mut Tensor,
+    /// The per-channel statistics, computed or given.
+    pub stats: NormStats<'a>,
     /// A following ReLU's mask (U32, `ceil(numel / 32)` words), when the ReLU is fused.
     pub relu: Option<&'a mut Tensor>,
     /// A tensor of `x`'s shape and dtype added to the output (rounded to the dtype first)
     /// before the ReLU, if any ([`crate::ops::batch_norm_add_relu`]).
     pub add: Option<&'a Tensor>,
+}
+
+/// The statistics of a [`BatchNorm`], `[c]` f32 each: the mean and `1 / sqrt(var + eps)`.
+#[derive(Debug)]
+pub enum NormStats<'a> {
+    /// Computed from the batch, written here (overwritten).
+    Computed {
+        /// The mean.
+        mean: &'a mut Tensor,
+        /// `1 / sqrt(var + eps)`.
+        rstd: &'a mut Tensor,
+    },
+    /// Given: those an earlier run on the same input computed (a rematerialized norm's,
+    /// [`crate::ops::batch_norm_given`]), read; `eps` is not used.
+    Given {
+        /// The mean.
+        mean: &'a Tensor,
+        /// `1 / sqrt(var + eps)`.
+        rstd: &'a Tensor,
+    },
+}
+
+impl NormStats<'_> {
+    /// The mean and rstd buffers' device addresses, computed or given.
+    pub fn addrs(&self) -> (u64, u64) {
+        match self {
+            NormStats::Computed { mean, rstd } => (mean.addr(), rstd.addr()),
+            NormStats::Given { mean, rstd } => (mean.addr(), rstd.addr()),
+        }
+    }
 }
 
 /// Batch normalization backward, from the forward input and its statistics: with `z = (x -

@@ -159,6 +159,23 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
+    /// `scale = gamma · rstd` (`gamma` 0: 1), `[c]` each, from statistics given: what
+    /// [`Self::bn_finish`] writes from the same `rstd`, bit for bit.
+    pub(crate) fn bn_scale(
+        &self,
+        c: usize,
+        (gamma, rstd, scale): (u64, u64, u64),
+    ) -> Result<(), TensorError> {
+        let sym = "bn_scale_f32";
+        // SAFETY: `bn_scale_f32(const float *gamma, const float *rstd, float *scale, size_t c)`;
+        // gamma null or c floats, rstd and scale c floats; one thread a channel.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, self.grid(c); &gamma, &rstd, &scale, &c)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
     /// `y = (x - mean) · scale + beta` over the view (`beta` 0: none), plus `add` (0 for none:
     /// `y` rounded to `dtype`, then the sum), then, with `mask` (0 for none), a ReLU writing its
     /// bit mask; x, y and add of `dtype`, the per-channel values f32.
