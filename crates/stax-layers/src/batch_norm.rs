@@ -314,7 +314,7 @@ impl Layer for BatchNorm {
         true
     }
 
-    /// Its input with the statistics saved for it ([`Cx::saved_stats`]), when there are.
+    /// Its input with the statistics its first run saved, when there are.
     fn replay_residuals(
         &self,
         x: &Value,
