@@ -39,7 +39,7 @@ use std::time::Duration;
 
 /// Replay allocation traces against allocator strategies and print the comparison.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// A trace in stax_alloc's JSON-lines format (repeatable).
     #[arg(long = "trace", value_name = "FILE")]

@@ -32,7 +32,7 @@ use stax::models::{BnSpans, ResNet};
 
 /// Train stax's ResNet-50 (or a shallower variant) and report exact memory every step.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(flatten)]
     common: Common,

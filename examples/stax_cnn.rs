@@ -34,7 +34,7 @@ use stax::models::seed_cnn;
 
 /// Train the seed's stax CNN and report exact memory every step.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(flatten)]
     common: Common,

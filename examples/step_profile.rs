@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 /// Time each op of the seed step alone, then the whole step.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Examples per step.
     #[arg(long, default_value_t = 100)]

@@ -116,7 +116,10 @@ pub fn check_img(
     let Some(n) = smallest_img(model, (classes, c), 4096)? else {
         return Err(e);
     };
-    let hint = format!("the smallest --img it takes is {n}");
+    let hint = match img < n {
+        true => format!("the smallest --img it takes is {n}"),
+        false => format!("too large: it takes --img {n} and up, to what the memory holds"),
+    };
     Err(format!("--img {img}: the model cannot take {img}x{img} images ({hint}): {e}").into())
 }
 
