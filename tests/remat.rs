@@ -704,6 +704,32 @@ fn a_resnet_with_batch_norm_spans_trains_to_the_plain_bits() {
     assert_eq!((ends, saving), (4, 4), "{text}");
 }
 
+/// A span's first BatchNorm runs its ReLU in its own kernels, as the plain model's do: no
+/// ReLU of the spanned models is a layer of its own (the blocks' last ones run in their sums).
+#[test]
+fn a_span_fuses_its_batch_norm_and_relu_as_the_plain_model() {
+    let (be, input) = (cpu(), Shape::new([6, 28, 28, 1]));
+    let mut rng = Rng::new(23);
+    let x = rng.vec(input.numel(), -1.0, 1.0);
+    let x = Tensor::from_slice(&be, &x, input.clone(), Category::Input).unwrap();
+    let labels: Vec<f32> = (0..12).map(|i| (i % 2) as f32).collect();
+    let y = Tensor::from_slice(&be, &labels, [6, 2], Category::Input).unwrap();
+    for spans in [BnSpans::None, BnSpans::Norms, BnSpans::ToEnd] {
+        let model = bn_spanned(0, spans);
+        let mut t = Trainer::new(model, input.clone(), Adam::new(1e-3), &be, 5).unwrap();
+        let profile = t.profile_step(&x, &y).unwrap().profile;
+        let relus: Vec<String> = profile
+            .layers
+            .iter()
+            .filter(|l| l.kind == "relu")
+            .map(|l| l.path.to_string())
+            .collect();
+        assert!(relus.is_empty(), "{spans:?}: ReLUs run apart: {relus:?}");
+        let norms = profile.layers.iter().filter(|l| l.kind == "batch_norm");
+        assert!(norms.count() > 0, "{spans:?}: no BatchNorm timed");
+    }
+}
+
 #[test]
 fn a_resnet_with_batch_norm_spans_reaches_95_percent_with_exact_memory() {
     // common::train checks every step's peak and live bytes against the plan

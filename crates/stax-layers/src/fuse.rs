@@ -11,16 +11,17 @@ use stax_tensor::{Key, Params, Tree};
 use crate::layer::shapes_of;
 use crate::{Activation, Cx, DySums, Layer, LayerError, Residuals, Saves, Value};
 
-/// The activation layer `i + 1` hands to layer `i`, if the pair fuses.
-pub(crate) fn fused_at(
-    layers: &[Box<dyn Layer>],
-    params: &[&Params],
-    i: usize,
+/// The activation the layer `next` (of parameters `next_params`) hands to `layer`, if the
+/// pair fuses.
+pub(crate) fn fuses_with(
+    layer: &dyn Layer,
+    next: &dyn Layer,
+    next_params: &Params,
 ) -> Option<Activation> {
-    let act = layers.get(i + 1)?.as_activation()?;
-    let empty = matches!(params.get(i + 1), Some(Tree::Node(c)) if c.is_empty());
+    let act = next.as_activation()?;
+    let empty = matches!(next_params, Tree::Node(c) if c.is_empty());
     let in_place = act.saves() != Saves::Input;
-    (empty && in_place && layers[i].fuses(act)).then_some(act)
+    (empty && in_place && layer.fuses(act)).then_some(act)
 }
 
 /// The forward pass of layers `i` and `i + 1` fused (see the module docs): the output and the

@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use stax_tensor::{Key, Params, Tensor, Tree};
 
-use crate::fuse::{apply_pair, fused_at, vjp_pair};
+use crate::fuse::{apply_pair, fuses_with, vjp_pair};
 use crate::layer::shapes_of;
 use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
 use crate::{
@@ -286,6 +286,19 @@ impl Serial {
         span.map_or(&*self.0[i], |s| s.first)
     }
 
+    /// The activation layer `i + 1` of `range` hands to layer `i` as a run of `range` holds it
+    /// ([`Serial::layer_in`]: a span's first layer unwrapped), if the pair fuses.
+    fn fused_in(
+        &self,
+        children: &[&Params],
+        i: usize,
+        range: &Range<usize>,
+        top: bool,
+    ) -> Option<Activation> {
+        let next = self.0.get(i + 1).filter(|_| i + 1 < range.end)?;
+        fuses_with(self.layer_in(i, range, top), &**next, children.get(i + 1)?)
+    }
+
     /// The forward pass of layers `range`, each with its key of `rngs` (one a layer of the
     /// range): the output, and each layer's residuals as the serial keeps them. `top`: the
     /// serial's own run, in which a span runs as one rematerialized run (in training); else the
@@ -343,7 +356,7 @@ impl Serial {
                 i += 3;
                 continue;
             }
-            let fused = fused_at(&self.0, children, i).filter(|_| i + 1 < range.end);
+            let fused = self.fused_in(children, i, &range, top);
             match fused.filter(|_| cx.is_training()) {
                 Some(act) => {
                     let act_key = self.key(i + 1);
@@ -374,7 +387,7 @@ impl Serial {
             && self.0[i].remat_span().is_none()
             && self.0[i].runs_summed()
             && self.0[i + 1].sums_branches()
-            && fused_at(&self.0, children, i + 1) == Some(Activation::Relu)
+            && self.fused_in(children, i + 1, range, true) == Some(Activation::Relu)
     }
 
     /// Layers `i` (`layer`), `i + 1` and `i + 2` run as one ([`Serial::summed_at`]): the ReLU's
@@ -493,7 +506,7 @@ impl Serial {
             let fused =
                 i > start && !after_span && r.children().is_empty() && matches!(r, Tree::Node(_));
             let act = if fused {
-                fused_at(&self.0, children, i - 1)
+                self.fused_in(children, i - 1, &range, top)
             } else {
                 None
             };
