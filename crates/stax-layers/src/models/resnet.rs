@@ -12,6 +12,11 @@
 //! let specs = model.param_specs(&Tree::leaf(Shape::new([2, 224, 224, 3]))).unwrap();
 //! let n: usize = specs.leaves().iter().map(|s| s.shape.numel()).sum();
 //! assert_eq!(n, 25_583_592);
+//! // BatchNorm spans to the blocks' ends (less memory, the same parameter tree)
+//! use stax_layers::models::BnSpans;
+//! let spanned = ResNet { bn_spans: BnSpans::ToEnd, ..ResNet::resnet50(1000) };
+//! let spanned = spanned.build((224, 224, 3)).unwrap();
+//! assert_eq!(spanned.param_specs(&Tree::leaf(Shape::new([2, 224, 224, 3]))).unwrap(), specs);
 //! ```
 
 use crate::{
