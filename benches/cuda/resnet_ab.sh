@@ -5,7 +5,10 @@
 # the baseline: for example `cargo build --release --example resnet50` of an older commit in a
 # worktree, stripped and xz-compressed under the ignored `out/`). Batch 128, 224x224x3, 1000
 # classes, TF32: new, baseline, JAX's stax ResNet50 anchor, new, baseline, each the median
-# (min-max) of steps 6..STEPS and its line on peaks against the plan. Logs go to $OUT.
+# (min-max) of steps 6..STEPS and its line on peaks against the plan; then each of VARIANTS
+# (new binary, `;`-separated flag sets, e.g. VARIANTS="--remat-bn to-end;--remat-bn") and,
+# with TORCH=1, PyTorch's compiled torchvision anchor (issue 10's bar names both anchors). Logs
+# go to $OUT.
 cd "$(dirname "$0")/../.."
 B=bundle BASE=$1 STEPS=${2:-20}
 python3 -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' $B/bins.tar.xz $B
@@ -25,3 +28,13 @@ timeout 120 python3 $B/anchors/jax_resnet50_anchor.py default 128 $STEPS > $OUT/
 tail -c 300 $OUT/jax.log; echo
 run new_b $B/examples/resnet50
 run base_b "$BASE"
+IFS=';' read -ra variants <<< "${VARIANTS:-}"
+for i in "${!variants[@]}"; do
+  # shellcheck disable=SC2086 # each variant is a flag list
+  run "variant_$i" $B/examples/resnet50 ${variants[$i]}
+  echo "  variant_$i: ${variants[$i]}"
+done
+if [ "${TORCH:-0}" = 1 ]; then
+  timeout 240 python3 $B/anchors/torch_resnet50_anchor.py compiled 128 $STEPS > $OUT/torch.log 2>&1
+  tail -c 300 $OUT/torch.log; echo
+fi
