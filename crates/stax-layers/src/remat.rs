@@ -1,6 +1,6 @@
-//! Rematerialization: [`Remat`] runs a layer whose forward pass keeps only its input and whose
-//! backward pass recomputes the rest (`jax.checkpoint`, alias `jax.remat`; PyTorch's
-//! `torch.utils.checkpoint`).
+//! Rematerialization: [`Remat`] runs a layer whose forward pass keeps only its input (and its
+//! BatchNorms' statistics) and whose backward pass recomputes the rest (`jax.checkpoint`, alias
+//! `jax.remat`; PyTorch's `torch.utils.checkpoint`).
 
 use stax_tensor::{Key, Params, Path, Tree};
 
@@ -41,7 +41,7 @@ pub struct Remat<L: Layer> {
     /// The layer.
     pub layer: L,
     /// The kinds of the layers inside whose outputs are saved rather than recomputed
-    /// ([`Remat::saving`]); empty: only the input is kept.
+    /// ([`Remat::saving`]); empty: only the input (and the BatchNorms' statistics) is kept.
     pub saving: Vec<&'static str>,
     /// How many layers of its [`crate::Serial`] it covers, itself first ([`Remat::spanning`]);
     /// 1: its layer alone.
@@ -174,8 +174,8 @@ fn unpack(who: &dyn Layer, residuals: Residuals) -> Result<(Value, Replay), Laye
 }
 
 impl<L: Layer> Remat<L> {
-    /// `layer`, rematerialized: only its input is kept (`jax.checkpoint`'s default policy,
-    /// `nothing_saveable`).
+    /// `layer`, rematerialized: only its input (and its BatchNorms' `[c]` statistics) is kept
+    /// (`jax.checkpoint`'s default policy, `nothing_saveable`).
     pub fn new(layer: L) -> Remat<L> {
         Remat {
             layer,
