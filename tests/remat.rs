@@ -468,6 +468,43 @@ fn two_conv_blocks(span: bool) -> Serial {
     ])
 }
 
+/// A span whose first layer is a conv it saves, an activation after it: the conv stays unfused
+/// so that its output is saved, and the backward pass does not run it again (a span's first
+/// BatchNorm, a kind it does not save, fuses with its ReLU: `a_span_fuses_its_batch_norm..`).
+#[test]
+fn a_spans_first_conv_of_a_saved_kind_is_saved_not_fused() {
+    use stax::{BatchNorm, Conv, Flatten, Padding};
+    let (be, input) = (cpu(), Shape::new([4, 6, 6, 2]));
+    let model = |len: usize| {
+        let first = Remat::new(Conv::new(3, (3, 3), (1, 1), Padding::Same));
+        let mut layers: Vec<Box<dyn Layer>> = vec![Box::new(first.spanning(len).saving(&["conv"]))];
+        layers.push(Box::new(Relu));
+        if len == 4 {
+            layers.push(Box::new(Conv::new(3, (3, 3), (1, 1), Padding::Same)));
+        }
+        layers.extend([
+            Box::new(BatchNorm::new()) as Box<dyn Layer>,
+            Box::new(Flatten),
+            Box::new(Dense(2)),
+        ]);
+        Serial(layers)
+    };
+    for len in [3, 4] {
+        let t = Trainer::new(model(len), input.clone(), Adam::new(1e-3), &be, 0).unwrap();
+        let plan = t.plan(4).unwrap();
+        let again = made_in_backward(&plan, "remat/");
+        let convs: Vec<&String> = again
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.contains("conv"))
+            .collect();
+        assert!(
+            convs.is_empty(),
+            "span of {len}: convs run again: {convs:?}"
+        );
+    }
+}
+
 #[test]
 fn a_span_keeps_only_its_convs_outputs_and_norm_statistics_between_the_passes() {
     let (be, input) = (cpu(), Shape::new([4, 6, 6, 2]));
@@ -725,6 +762,15 @@ fn a_span_fuses_its_batch_norm_and_relu_as_the_plain_model() {
             .map(|l| l.path.to_string())
             .collect();
         assert!(relus.is_empty(), "{spans:?}: ReLUs run apart: {relus:?}");
+        // inside a span a layer has two backward spans (run again, then its backward pass),
+        // the block's first conv (outside any span) one
+        let convs = |name: &str| {
+            let backward = profile.layers.iter().filter(|l| l.phase == "backward");
+            let path = format!("4.serial/1.parallel/0.serial/{name}");
+            backward.filter(|l| l.path.to_string() == path).count()
+        };
+        let inside = if spans == BnSpans::None { 1 } else { 2 };
+        assert_eq!((convs("0.conv"), convs("3.conv")), (1, inside), "{spans:?}");
         let norms = profile.layers.iter().filter(|l| l.kind == "batch_norm");
         assert!(norms.count() > 0, "{spans:?}: no BatchNorm timed");
     }

@@ -34,7 +34,7 @@ pub enum Saved {
     /// A shape (`Flatten` keeps its input shape).
     Shape(Shape),
     /// What a [`crate::Remat`] keeps to run its layer's forward pass again: the RNG key (the
-    /// same dropout masks) and the outputs it saves.
+    /// same dropout masks), the outputs it saves and its BatchNorms' statistics.
     Replay(Box<crate::remat::Replay>),
 }
 

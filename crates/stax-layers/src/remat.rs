@@ -34,8 +34,11 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Sha
 /// `update_in_backward` is cleared): the recomputation reads every parameter, so a dense
 /// weight inside is collected and updated after the backward pass. That is the same
 /// arithmetic as the in-backward update (under a bf16 or f16 policy both round the gradient
-/// to the compute dtype once before the update). A `Remat` fuses nothing with the layers
-/// around it: an activation after it runs as its own layer.
+/// to the compute dtype once before the update). A `Remat` of one layer fuses nothing with the
+/// layers around it: an activation after it runs as its own layer. Inside a span
+/// ([`Remat::spanning`]) the first layer fuses with an activation after it as it would outside
+/// (a `BatchNorm Relu` pair), unless the span saves that layer's kind (its output is then
+/// saved, unfused).
 #[derive(Debug)]
 pub struct Remat<L: Layer> {
     /// The layer.
@@ -49,8 +52,8 @@ pub struct Remat<L: Layer> {
 }
 
 /// What a rematerialized run keeps to run its forward pass again ([`Saved::Replay`]): the RNG
-/// keys it gave its layers (a [`Remat`]'s one, a span's one a layer) and the outputs it saved,
-/// by path.
+/// keys it gave its layers (a [`Remat`]'s one, a span's one a layer), the outputs it saved and
+/// its BatchNorms' statistics (mean, rstd), by path.
 #[derive(Debug, Clone, Default)]
 pub struct Replay {
     rngs: Vec<Option<Rng>>,
@@ -208,8 +211,9 @@ impl<L: Layer> Remat<L> {
 
     /// This, covering the `len - 1` layers after it in its [`crate::Serial`] too: the serial
     /// runs the span as one rematerialized run ([`Layer::remat_span`]), so only the span's
-    /// input is kept and its backward pass recomputes every layer of it (but what it saves)
-    /// at once. Parameters keep their place in the serial's tree (a model with spans loads the
+    /// input is kept and its backward pass recomputes every layer of it at once, but what it
+    /// saves and a last layer that makes its residuals alone ([`Layer::replay_residuals`]: a
+    /// `BatchNorm`, from its saved statistics). Parameters keep their place in the serial's tree (a model with spans loads the
     /// plain model's checkpoints), where a `Remat` of a `serial` of those layers would nest
     /// them. `Remat::new(first_block).spanning(3).saving(&["conv"])` is `jax.checkpoint` of a
     /// ResNet stage that saves its convs' outputs. Outside a serial, or past its end, a span

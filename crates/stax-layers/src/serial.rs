@@ -287,7 +287,8 @@ impl Serial {
     }
 
     /// The activation layer `i + 1` of `range` hands to layer `i` as a run of `range` holds it
-    /// ([`Serial::layer_in`]: a span's first layer unwrapped), if the pair fuses.
+    /// ([`Serial::layer_in`]: a span's first layer unwrapped), if the pair fuses; a span's first
+    /// layer of a kind the span saves stays unfused, so that its output is saved.
     fn fused_in(
         &self,
         children: &[&Params],
@@ -296,7 +297,12 @@ impl Serial {
         top: bool,
     ) -> Option<Activation> {
         let next = self.0.get(i + 1).filter(|_| i + 1 < range.end)?;
-        fuses_with(self.layer_in(i, range, top), &**next, children.get(i + 1)?)
+        let layer = self.layer_in(i, range, top);
+        let span = self.0[i].remat_span().filter(|_| !top && i == range.start);
+        if span.is_some_and(|s| s.saving.contains(&layer.kind())) {
+            return None;
+        }
+        fuses_with(layer, &**next, children.get(i + 1)?)
     }
 
     /// The forward pass of layers `range`, each with its key of `rngs` (one a layer of the
@@ -336,7 +342,8 @@ impl Serial {
             let layer = self.layer_in(i, &range, top);
             let rng = rngs.next().flatten();
             if i + 1 == range.end && !top && cx.replaying() {
-                let r = cx.child(key, i, None, |cx| layer.replay_residuals(&x, cx))?;
+                // its path alone (no profiler span): the layer runs below when it cannot answer
+                let r = cx.name_scope((key, i), |cx| layer.replay_residuals(&x, cx))?;
                 if let Some(r) = r {
                     saved.push((key, r));
                     return Ok((Tree::empty(), saved));
