@@ -77,12 +77,10 @@ pub(crate) struct Saving {
 /// A `BatchNorm`'s per-channel mean and `1 / sqrt(var + eps)`, `[c]` f32 each.
 pub(crate) type NormStats = (Tensor, Tensor);
 
-impl Saving {
-    /// The output saved for the layer at `path`, taken.
-    fn take(&mut self, path: &Path) -> Option<Value> {
-        let at = self.outputs.iter().position(|(p, _)| p == path)?;
-        Some(self.outputs.swap_remove(at).1)
-    }
+/// The entry of `saved` for the layer at `path`, taken.
+fn take_at<T>(saved: &mut Vec<(Path, T)>, path: &Path) -> Option<T> {
+    let at = saved.iter().position(|(p, _)| p == path)?;
+    Some(saved.swap_remove(at).1)
 }
 
 impl std::fmt::Debug for Cx<'_> {
@@ -235,8 +233,7 @@ impl<'a> Cx<'a> {
     /// rematerialized forward pass being run again, taken; `None` outside such a run.
     pub(crate) fn saved_stats(&mut self) -> Option<NormStats> {
         let s = self.saving.as_mut().filter(|s| s.replay)?;
-        let at = s.stats.iter().position(|(p, _)| *p == self.path)?;
-        Some(s.stats.swap_remove(at).1)
+        take_at(&mut s.stats, &self.path)
     }
 
     /// Saves the statistics of the norm at this path (handles, no copy) when a
@@ -295,7 +292,11 @@ impl<'a> Cx<'a> {
             };
             let path = cx.path.clone();
             if replay {
-                return match cx.saving.as_mut().and_then(|s| s.take(&path)) {
+                return match cx
+                    .saving
+                    .as_mut()
+                    .and_then(|s| take_at(&mut s.outputs, &path))
+                {
                     Some(y) => Ok((y, r)),
                     None => layer.apply(params, x, cx),
                 };

@@ -12,10 +12,9 @@ use crate::{Cx, Layer, LayerError, ParamSpec, Policy, Residuals, Rng, Saved, Sha
 /// statistics) is freed as soon as it returns; only the input (handles, no copy), the RNG
 /// key and the BatchNorms' statistics (`[c]` each: run again, a BatchNorm normalizes with them,
 /// one pass over its input fewer) are kept. The backward pass runs the forward pass again from
-/// them (what that allocates is
-/// named `{layer}/remat/...`, so plans show what the recomputation holds:
-/// `4.serial/remat/1.parallel/0.serial/0.conv/output`), then the layer's backward pass on what
-/// it made, and frees it.
+/// them (what that allocates is named `{layer}/remat/...`, so plans show what the
+/// recomputation holds: `4.serial/remat/1.parallel/0.serial/0.conv/output`), then the layer's
+/// backward pass on what it made, and frees it.
 ///
 /// So the memory between the two passes is the input instead of everything inside the layer,
 /// for a second forward pass of the layer; the forward pass itself drops each inner layer's
@@ -213,11 +212,12 @@ impl<L: Layer> Remat<L> {
     /// runs the span as one rematerialized run ([`Layer::remat_span`]), so only the span's
     /// input is kept and its backward pass recomputes every layer of it at once, but what it
     /// saves and a last layer that makes its residuals alone ([`Layer::replay_residuals`]: a
-    /// `BatchNorm`, from its saved statistics). Parameters keep their place in the serial's tree (a model with spans loads the
-    /// plain model's checkpoints), where a `Remat` of a `serial` of those layers would nest
-    /// them. `Remat::new(first_block).spanning(3).saving(&["conv"])` is `jax.checkpoint` of a
-    /// ResNet stage that saves its convs' outputs. Outside a serial, or past its end, a span
-    /// is a [`LayerError::Config`].
+    /// `BatchNorm`, from its saved statistics). Parameters keep their place in the serial's
+    /// tree (a model with spans loads the plain model's checkpoints), where a `Remat` of a
+    /// `serial` of those layers would nest them.
+    /// `Remat::new(first_block).spanning(3).saving(&["conv"])` is `jax.checkpoint` of a ResNet
+    /// stage that saves its convs' outputs. Outside a serial, or past its end, a span is a
+    /// [`LayerError::Config`].
     pub fn spanning(self, len: usize) -> Remat<L> {
         Remat { span: len, ..self }
     }

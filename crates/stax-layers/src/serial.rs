@@ -394,6 +394,7 @@ impl Serial {
             && self.0[i].remat_span().is_none()
             && self.0[i].runs_summed()
             && self.0[i + 1].sums_branches()
+            // layer i + 1 is no range's first, so no span unwraps it whatever `top` says
             && self.fused_in(children, i + 1, range, true) == Some(Activation::Relu)
     }
 
