@@ -50,7 +50,9 @@ struct Args {
     /// In every block, recompute the first two BatchNorm + ReLU outputs in the backward pass
     /// (`norms`, the default: each BatchNorm, its ReLU and the next conv a span saving the
     /// conv's output), or those and the block's last conv output (`to-end`: the second span
-    /// reaches the block's end). They leave the peak (ResNet-50, batch 128: 10.37 -> 8.95 GB
+    /// reaches the block's end), or as `to-end` with the block's last BatchNorm folded into its
+    /// 1x1 conv (`fold`: its backward pass from the conv's input, so that conv does not run
+    /// again). They leave the peak (ResNet-50, batch 128: 10.37 -> 8.95 GB
     /// with `norms`; with --remat 1, 6.73 GB) for one more normalizing pass of those
     /// BatchNorms (`to-end`: and one more pass of each block's last conv); the same results
     /// where each conv gets the same workspace (as for --remat: a --workspace-limit both plans
@@ -66,6 +68,9 @@ enum RematBn {
     Norms,
     /// Those, the second reaching the block's end.
     ToEnd,
+    /// As `to-end`, the block's last BatchNorm folded into its conv (its backward pass from
+    /// the conv's input: no conv recomputed).
+    Fold,
 }
 
 /// Four comma-separated positive numbers.
@@ -92,6 +97,7 @@ fn main() -> std::process::ExitCode {
                 None => BnSpans::None,
                 Some(RematBn::Norms) => BnSpans::Norms,
                 Some(RematBn::ToEnd) => BnSpans::ToEnd,
+                Some(RematBn::Fold) => BnSpans::Fold,
             },
         })
     };

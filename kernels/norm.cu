@@ -181,6 +181,59 @@ extern "C" __global__ void bn_bwd_finish_f32(const double *partial, size_t split
     }
 }
 
+// The per-channel part of a batch norm's backward pass through the pointwise conv before it
+// (ops::batch_norm_fold; x = h w + b0, h [count, k], w [k, c]), blocks of 32 channels x 8 row
+// groups. Per channel j, in f64: xw = sum_r w gt, hw = sum_r sh w; t = rstd (xw + (b0 - mean)
+// sd) (the sum of dy xhat), a = gamma rstd, cz = -a rstd t / count, bp = -a sd / count +
+// cz (b0 - mean); dgamma = t, dbeta = sd (each when non-null), db0 = a sd + count bp + cz hw.
+// Then per element: dw = a gt + sh bp + cz dw (dw holds h^T h w on entry), w_a = a w,
+// w_c = cz w.
+extern "C" __global__ void bn_fold_f32(const float *w, const float *b0, const float *gamma,
+                                       const float *mean, const float *rstd, const float *gt,
+                                       const float *sh, const float *sd, size_t k, size_t c,
+                                       double count, float *dw, float *w_a, float *w_c,
+                                       float *bp, float *db0, float *dgamma, float *dbeta) {
+    __shared__ double part[2][8][33];
+    __shared__ double coef[3][32];
+    unsigned tx = threadIdx.x, ty = threadIdx.y;
+    size_t j = (size_t)blockIdx.x * 32 + tx;
+    double xw = 0.0, hw = 0.0;
+    for (size_t r = ty; j < c && r < k; r += 8) {
+        double wv = w[r * c + j];
+        xw += wv * gt[r * c + j];
+        hw += wv * sh[r];
+    }
+    part[0][ty][tx] = xw;
+    part[1][ty][tx] = hw;
+    __syncthreads();
+    if (ty == 0 && j < c) {
+        for (int y = 1; y < 8; ++y) {
+            xw += part[0][y][tx];
+            hw += part[1][y][tx];
+        }
+        double s = sd[j], r = rstd[j], m = mean[j], b = b0[j];
+        double t = r * (xw + (b - m) * s);
+        double a = (gamma ? (double)gamma[j] : 1.0) * r;
+        double cz = -a * r * t / count;
+        double bpj = -a * s / count + cz * (b - m);
+        if (dgamma) dgamma[j] = (float)t;
+        if (dbeta) dbeta[j] = sd[j];
+        db0[j] = (float)(a * s + count * bpj + cz * hw);
+        bp[j] = (float)bpj;
+        coef[0][tx] = a;
+        coef[1][tx] = bpj;
+        coef[2][tx] = cz;
+    }
+    __syncthreads();
+    for (size_t r = ty; j < c && r < k; r += 8) {
+        size_t i = r * c + j;
+        double a = coef[0][tx], bpj = coef[1][tx], cz = coef[2][tx];
+        dw[i] = (float)(a * gt[i] + (double)sh[r] * bpj + cz * dw[i]);
+        w_a[i] = (float)(a * w[i]);
+        w_c[i] = (float)(cz * w[i]);
+    }
+}
+
 // dy = a * (dy - b - (x - mean) * cz) in place, (a, b, cz) = coef[3 j ..], dy taken as 0
 // where a non-null mask's bit is clear (a fused ReLU's backward).
 template <typename T>

@@ -36,6 +36,13 @@ pub struct BatchNorm {
     pub center: bool,
     /// Whether to multiply by `gamma`.
     pub scale: bool,
+    /// Whether, right after a pointwise conv in a [`crate::Serial`]
+    /// ([`crate::GeneralConv::is_pointwise`]) and over the NHWC channels, training keeps no
+    /// input of its own: the backward pass computes from the conv's input and weights instead
+    /// ([`stax_tensor::ops::batch_norm_fold`]), so the conv's output leaves the step's peak
+    /// at no recomputation (f32 inputs; elsewhere it runs as usual). The same results to
+    /// rounding. Off by default.
+    pub fold: bool,
 }
 
 impl Default for BatchNorm {
@@ -46,6 +53,7 @@ impl Default for BatchNorm {
             epsilon: 1e-5,
             center: true,
             scale: true,
+            fold: false,
         }
     }
 }
@@ -54,6 +62,11 @@ impl BatchNorm {
     /// stax's `BatchNorm()` (see [`BatchNorm::default`]).
     pub fn new() -> BatchNorm {
         BatchNorm::default()
+    }
+
+    /// This normalization folded into the pointwise conv before it ([`BatchNorm::fold`]).
+    pub fn folded(self) -> BatchNorm {
+        BatchNorm { fold: true, ..self }
     }
 
     /// This normalization over `axis`.
@@ -75,7 +88,7 @@ impl BatchNorm {
     }
 
     /// The input as `[outer, c, inner]` (`c` the kept axes) and the parameters' shape.
-    fn geometry(&self, input: &Shape) -> Result<(ChannelGeometry, Shape), LayerError> {
+    pub(crate) fn geometry(&self, input: &Shape) -> Result<(ChannelGeometry, Shape), LayerError> {
         let shapes = Tree::leaf(input.clone());
         let rank = input.rank();
         if let Some(a) = self.axis.iter().find(|&&a| a >= rank) {
@@ -116,7 +129,7 @@ impl BatchNorm {
     }
 
     /// `(beta, gamma)` as `[c]` tensors, each when present, checked against the specs.
-    fn params(
+    pub(crate) fn params(
         &self,
         params: &Params,
         g: &ChannelGeometry,
@@ -282,6 +295,10 @@ fn kept(x: Tensor, (mean, rstd): (Tensor, Tensor)) -> Residuals {
 impl Layer for BatchNorm {
     fn kind(&self) -> &'static str {
         "batch_norm"
+    }
+
+    fn as_batch_norm(&self) -> Option<&BatchNorm> {
+        Some(self)
     }
 
     fn describe(&self) -> String {

@@ -67,6 +67,18 @@ impl GeneralConv {
         GeneralConv(ConvConfig { dilation, ..self.0 })
     }
 
+    /// Whether this is a pointwise NHWC conv (1x1 HWIO kernel, stride 1, no padding or
+    /// dilation): its output is `h · w + b` of its input `h` seen as `[rows, c_in]`.
+    pub fn is_pointwise(&self) -> bool {
+        let c = &self.0;
+        let unpadded = matches!(c.padding, Padding::Valid | Padding::Same);
+        c.dims == ConvDims::NHWC
+            && c.filter_shape == (1, 1)
+            && c.strides == (1, 1)
+            && c.dilation == (1, 1)
+            && unpadded
+    }
+
     fn geometry(&self, input: &Shape) -> Result<Conv2dGeometry, LayerError> {
         let bad = |r: String| self.shape_error(r, &Tree::leaf(input.clone()));
         let (x, w) = self.0.shapes_4d(input).map_err(bad)?;
@@ -181,6 +193,10 @@ impl GeneralConv {
 impl Layer for GeneralConv {
     fn kind(&self) -> &'static str {
         "conv"
+    }
+
+    fn as_conv(&self) -> Option<&GeneralConv> {
+        Some(self)
     }
 
     fn describe(&self) -> String {

@@ -201,6 +201,19 @@ pub trait Layer: fmt::Debug + Send + Sync {
         None
     }
 
+    /// This layer as a [`crate::GeneralConv`], if it is one: a serial folds a
+    /// [`crate::BatchNorm::folded`] after a pointwise conv; `None` (the default) for every
+    /// other layer.
+    fn as_conv(&self) -> Option<&crate::GeneralConv> {
+        None
+    }
+
+    /// This layer as a [`crate::BatchNorm`], if it is one (see [`Layer::as_conv`]); `None`
+    /// (the default) for every other layer.
+    fn as_batch_norm(&self) -> Option<&crate::BatchNorm> {
+        None
+    }
+
     /// The activation this layer is, if it is an elementwise activation (a combinator may hand
     /// it to the layer before, see [`Layer::fuses`]).
     fn as_activation(&self) -> Option<Activation> {
@@ -542,4 +555,30 @@ fn take(residuals: &mut Residuals, key: &'static str) -> Option<Saved> {
 /// Residuals of saved fields: `[("x", Saved::Tensor(x))]`.
 pub fn residuals(fields: impl IntoIterator<Item = (&'static str, Saved)>) -> Residuals {
     Tree::fields(fields)
+}
+
+/// The children of a combinator's node (its parameters or residuals), checked to carry
+/// `keys` in order.
+pub(crate) fn children_of<'p, T>(
+    layer: &dyn Layer,
+    node: &'p Tree<T>,
+    keys: &[Key],
+    what: &'static str,
+) -> Result<Vec<&'p Tree<T>>, LayerError> {
+    let children = node.children();
+    if matches!(node, Tree::Leaf(_)) || children.len() != keys.len() {
+        let reason = format!(
+            "expected {} per-layer entries, got {}",
+            keys.len(),
+            children.len()
+        );
+        return Err(layer.mismatch(what, reason));
+    }
+    keys.iter()
+        .zip(children)
+        .map(|(want, (key, t))| match key == want {
+            true => Ok(t),
+            false => Err(layer.mismatch(what, format!("entry `{key}` where `{want}` belongs"))),
+        })
+        .collect()
 }

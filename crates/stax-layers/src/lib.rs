@@ -29,6 +29,7 @@ pub mod dropout;
 pub mod error;
 pub mod fan;
 pub mod flatten;
+mod fold;
 mod fuse;
 pub mod init;
 pub mod layer;

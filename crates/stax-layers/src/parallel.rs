@@ -3,7 +3,7 @@
 
 use stax_tensor::{Key, Params, Tensor, Tree};
 
-use crate::serial::children_of;
+use crate::layer::children_of;
 use crate::{Cx, Layer, LayerError, ParamSpec, Residuals, Shapes, Value};
 
 /// stax's `parallel(*layers)`: layer `i` is applied to branch `i` of the input (a node of as

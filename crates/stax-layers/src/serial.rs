@@ -4,8 +4,9 @@ use std::ops::Range;
 
 use stax_tensor::{Key, Params, Tensor, Tree};
 
+use crate::fold;
 use crate::fuse::{apply_pair, fuses_with, vjp_pair};
-use crate::layer::shapes_of;
+use crate::layer::{children_of, shapes_of};
 use crate::remat::{RematSpan, collected, remat_backward, remat_forward};
 use crate::{
     Activation, Cx, DySums, Layer, LayerError, ParamSpec, Residuals, Rng, Shapes, Value, activation,
@@ -86,32 +87,6 @@ impl Serial {
         let keys: Vec<Key> = (0..self.0.len()).map(|i| self.key(i)).collect();
         children_of(self, params, &keys, "parameters")
     }
-}
-
-/// The children of a combinator's node (its parameters or residuals), checked to carry
-/// `keys` in order.
-pub(crate) fn children_of<'p, T>(
-    layer: &dyn Layer,
-    node: &'p Tree<T>,
-    keys: &[Key],
-    what: &'static str,
-) -> Result<Vec<&'p Tree<T>>, LayerError> {
-    let children = node.children();
-    if matches!(node, Tree::Leaf(_)) || children.len() != keys.len() {
-        let reason = format!(
-            "expected {} per-layer entries, got {}",
-            keys.len(),
-            children.len()
-        );
-        return Err(layer.mismatch(what, reason));
-    }
-    keys.iter()
-        .zip(children)
-        .map(|(want, (key, t))| match key == want {
-            true => Ok(t),
-            false => Err(layer.mismatch(what, format!("entry `{key}` where `{want}` belongs"))),
-        })
-        .collect()
 }
 
 impl Layer for Serial {
@@ -341,6 +316,25 @@ impl Serial {
             }
             let layer = self.layer_in(i, &range, top);
             let rng = rngs.next().flatten();
+            if let Some(pair) = self
+                .folded_at(children, i, &range, top)
+                .filter(|_| fold::takes(&x))
+            {
+                let at = ([key, self.key(i + 1)], i);
+                let last = i + 2 == range.end;
+                if last && !top && cx.replaying() {
+                    if let Some(r) = fold::replay_pair(pair.0, at, &x, cx)? {
+                        saved.extend(r);
+                        return Ok((Tree::empty(), saved));
+                    }
+                }
+                let (add, ps) = (add.take_if(|_| last), [children[i], children[i + 1]]);
+                let xr = (x, [rng, rngs.next().flatten()]);
+                let (y, r) = fold::apply_pair(pair, at, ps, xr, cx, add)?;
+                saved.extend(r);
+                (x, i) = (y, i + 2);
+                continue;
+            }
             if i + 1 == range.end && !top && cx.replaying() {
                 // its path alone (no profiler span): the layer runs below when it cannot answer
                 let r = cx.name_scope((key, i), |cx| layer.replay_residuals(&x, cx))?;
@@ -384,6 +378,21 @@ impl Serial {
             }
         }
         Ok((x, saved))
+    }
+
+    /// The pointwise conv at `i` and the folded norm after it, as a run of `range` holds them,
+    /// when they run folded in training ([`crate::fold`]): the norm in the range, fused with
+    /// nothing after it.
+    fn folded_at(
+        &self,
+        children: &[&Params],
+        i: usize,
+        range: &Range<usize>,
+        top: bool,
+    ) -> Option<(&crate::GeneralConv, &crate::BatchNorm)> {
+        let next = self.0.get(i + 1).filter(|_| i + 1 < range.end)?;
+        let unfused = self.fused_in(children, i + 1, range, top).is_none();
+        fold::folds(self.layer_in(i, range, top), &**next).filter(|_| unfused)
     }
 
     /// Whether layers `i`, `i + 1` and `i + 2` of `range` run as one in training: a layer that
@@ -511,6 +520,20 @@ impl Serial {
             // A fused pair left the activation's residuals empty (see `fuse`); a span's last
             // layer fuses with nothing after it.
             let after_span = spans.iter().any(|(s, span)| s + span.len == i);
+            let pair = (i > start && !after_span && fold::folded(&r))
+                .then(|| self.folded_at(children, i - 1, &range, top));
+            if let Some(pair) = pair.flatten() {
+                let j = i - 1;
+                if j == start && mask.is_some() {
+                    return unmasked(&*self.0[j]);
+                }
+                let rc = std::mem::take(&mut saved[j - start]);
+                let at = ([self.key(j), self.key(i)], j);
+                let ps = [children[j], children[i]];
+                dy = fold::vjp_pair(pair, at, ps, [rc, r], d, cx, j > 0 || need_dx)?;
+                end -= 2;
+                continue;
+            }
             let fused =
                 i > start && !after_span && r.children().is_empty() && matches!(r, Tree::Node(_));
             let act = if fused {

@@ -16,7 +16,7 @@ mod rows;
 mod scratch;
 
 pub use call::{
-    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BatchNormFold, BiasAdd, BiasGrad, Binary, Call, Cast,
     ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
     CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, MaxFrom, NormStats, Pool2d, Pool2dBwd,
     SoftmaxXent, Split, Unary, UnaryBwd,

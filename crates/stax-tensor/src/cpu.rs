@@ -41,9 +41,9 @@ mod softmax;
 mod testing;
 
 use crate::backend::{
-    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
-    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyOut,
-    DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BatchNormFold, BiasAdd, BiasGrad, Binary, Cast,
+    ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 use crate::backend::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 use crate::{
@@ -388,6 +388,10 @@ impl NormOps for CpuBackend {
 
     fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError> {
         norm::channel_bias_grad(c.into_inner())
+    }
+
+    fn batch_norm_fold(&self, c: Checked<BatchNormFold<'_>>) -> Result<(), TensorError> {
+        norm::batch_norm_fold(c.into_inner())
     }
 }
 

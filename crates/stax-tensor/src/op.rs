@@ -438,6 +438,14 @@ pub enum OpDesc {
         /// Whether it is the gradient.
         backward: bool,
     },
+    /// The per-channel part of a batch norm's backward pass through the pointwise conv before
+    /// it ([`crate::ops::batch_norm_fold`]): `[k, c]` weights, no workspace.
+    NormFold {
+        /// The conv's input channels.
+        k: usize,
+        /// Its output channels, the norm's.
+        c: usize,
+    },
 }
 
 /// Rows of the weight [`OpDesc::DenseAdam`] processes at a time, `n` columns wide, within

@@ -18,6 +18,7 @@
 
 mod conv;
 mod elementwise;
+mod fold;
 mod memory;
 mod norm;
 mod rows;
@@ -28,8 +29,9 @@ pub use conv::{
     conv2d_bwd_filter_consuming, max_pool2d_argmax, max_pool2d_bwd_argmax, pool2d, pool2d_bwd,
 };
 pub use elementwise::{
-    bias_add, bias_grad, binary, binary_masked, binary_relu, matmul, unary, unary_bwd,
+    bias_add, bias_grad, binary, binary_masked, binary_relu, matmul, matmul_add, unary, unary_bwd,
 };
+pub use fold::{FoldInputs, FoldOutputs, batch_norm_fold};
 pub use memory::{
     axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };

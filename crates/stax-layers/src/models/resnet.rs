@@ -49,10 +49,11 @@ fn conv_block_with(
         ],
         bn_spans,
     );
-    let shortcut = serial![
-        Conv::new(f3, (1, 1), strides, Padding::Valid),
-        BatchNorm::new()
-    ];
+    let norm = match bn_spans {
+        BnSpans::Fold => BatchNorm::new().folded(),
+        _ => BatchNorm::new(),
+    };
+    let shortcut = serial![Conv::new(f3, (1, 1), strides, Padding::Valid), norm];
     serial![FanOut(2), parallel![main, shortcut], FanInSum, Relu]
 }
 
@@ -73,6 +74,11 @@ pub enum BnSpans {
     /// widest tensor of its main path, is recomputed too (a 1x1 conv), and its BatchNorm's
     /// statistics are kept instead.
     ToEnd,
+    /// As [`BnSpans::ToEnd`], the block's last BatchNorm (and a stride-1 shortcut's)
+    /// [`BatchNorm::folded`] into its pointwise conv: its backward pass works from the conv's
+    /// input, so the conv's output is neither kept nor recomputed. The least memory of the
+    /// three at about the time of [`BnSpans::Norms`]; the same results to rounding.
+    Fold,
 }
 
 /// A block's main path `Conv BatchNorm Relu Conv BatchNorm Relu Conv BatchNorm` of `convs`,
@@ -82,9 +88,15 @@ fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: BnSpans) -> Serial {
         let saving = Remat::new(BatchNorm::new()).spanning(3).saving(&["conv"]);
         match bn_spans {
             BnSpans::None => Box::new(BatchNorm::new()),
-            BnSpans::ToEnd if second => Box::new(Remat::new(BatchNorm::new()).spanning(4)),
-            BnSpans::Norms | BnSpans::ToEnd => Box::new(saving),
+            BnSpans::ToEnd | BnSpans::Fold if second => {
+                Box::new(Remat::new(BatchNorm::new()).spanning(4))
+            }
+            BnSpans::Norms | BnSpans::ToEnd | BnSpans::Fold => Box::new(saving),
         }
+    };
+    let last = match bn_spans {
+        BnSpans::Fold => BatchNorm::new().folded(),
+        _ => BatchNorm::new(),
     };
     Serial(vec![
         Box::new(c1),
@@ -94,7 +106,7 @@ fn main_path([c1, c2, c3]: [Conv; 3], bn_spans: BnSpans) -> Serial {
         bn(true),
         Box::new(Relu),
         Box::new(c3),
-        Box::new(BatchNorm::new()),
+        Box::new(last),
     ])
 }
 

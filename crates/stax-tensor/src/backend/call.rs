@@ -132,7 +132,9 @@ fn blocks<'t>(
 memory_calls!(CopyIn, CopyOut, Copy, Cast, Fill, Concat, Split);
 
 mod norm;
-pub use norm::{BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, NormStats};
+pub use norm::{
+    BatchNorm, BatchNormBwd, BatchNormFold, ChannelBiasAdd, ChannelBiasGrad, NormStats,
+};
 
 /// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (or no
 /// bias), y `g.output_shape()` (cross-correlation, as `lax.conv_general_dilated`). With an
@@ -235,7 +237,8 @@ pub enum MaxFrom<'a> {
 }
 
 /// `c = op(a) · op(b)` for row-major matrices, `op` transposing when its flag is set:
-/// `op(a)` `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]` (overwritten).
+/// `op(a)` `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]` (overwritten, or added to with
+/// `accumulate`).
 #[derive(Debug)]
 pub struct Matmul<'a> {
     /// Rows of `c`.
@@ -254,6 +257,8 @@ pub struct Matmul<'a> {
     pub transpose_b: bool,
     /// The product.
     pub c: &'a mut Tensor,
+    /// Whether the product is added to `c` (`a` and `b` then of one dtype).
+    pub accumulate: bool,
 }
 
 /// In place `y = act(y)`; `aux` receives the activation's mask (ReLU) in training.

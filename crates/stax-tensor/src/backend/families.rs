@@ -6,9 +6,10 @@ use crate::upload::{Upload, host_source};
 use crate::{Checked, TensorError};
 
 use super::call::{
-    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Cast, ChannelBiasAdd,
-    ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn, CopyInAsync,
-    CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BatchNormFold, BiasAdd, BiasGrad, Binary, Cast,
+    ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
+    CopyInAsync, CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary,
+    UnaryBwd,
 };
 use super::rows::{Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};
 
@@ -238,4 +239,11 @@ pub trait NormOps {
     /// # Errors
     /// Workspace allocation and kernel errors.
     fn channel_bias_grad(&self, c: Checked<ChannelBiasGrad<'_>>) -> Result<(), TensorError>;
+
+    /// The per-channel part of a batch norm's backward pass through the pointwise conv before
+    /// it ([`crate::ops::batch_norm_fold`]).
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn batch_norm_fold(&self, c: Checked<BatchNormFold<'_>>) -> Result<(), TensorError>;
 }

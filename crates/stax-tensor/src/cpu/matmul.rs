@@ -208,7 +208,8 @@ fn gemm_error(op: &'static str, m: usize, k: usize, n: usize) -> TensorError {
 const OP: &str = "matmul";
 
 /// `c = op(a) · op(b)` for row-major 2-D f32 tensors (see [`crate::Backend::matmul`]):
-/// `op(a)` is `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]`, overwritten (zeros when `k == 0`).
+/// `op(a)` is `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]`, overwritten (zeros when `k == 0`), or
+/// added to with `accumulate`.
 ///
 /// # Errors
 /// [`TensorError::Shape`] for a non-matrix operand or disagreeing dimensions,
@@ -223,6 +224,7 @@ pub(crate) fn matmul(call: Matmul<'_>) -> Result<(), TensorError> {
         transpose_a,
         transpose_b,
         c,
+        accumulate,
         ..
     } = call;
     let ((ra, ca), (rb, cb)) = ((a.dims()[0], a.dims()[1]), (b.dims()[0], b.dims()[1]));
@@ -239,7 +241,7 @@ pub(crate) fn matmul(call: Matmul<'_>) -> Result<(), TensorError> {
         1.0,
         av,
         bv,
-        0.0,
+        if accumulate { 1.0 } else { 0.0 },
         MatMut::row_major(data_mut(OP, c)?, m, n),
     )
 }

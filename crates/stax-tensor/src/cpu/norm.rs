@@ -12,7 +12,8 @@ use super::elementwise::{not_float, unary, unary_bwd};
 use super::host::{view, view_mut};
 use super::{data, data_mut};
 use crate::backend::{
-    BatchNorm, BatchNormBwd, ChannelBiasAdd, ChannelBiasGrad, NormStats, Unary, UnaryBwd,
+    BatchNorm, BatchNormBwd, BatchNormFold, ChannelBiasAdd, ChannelBiasGrad, NormStats, Unary,
+    UnaryBwd,
 };
 use crate::{Activation, ChannelGeometry, Float, Tensor, TensorError, with_float};
 
@@ -220,6 +221,55 @@ pub(super) fn channel_bias_add(c: ChannelBiasAdd<'_>) -> Result<(), TensorError>
 pub(super) fn channel_bias_grad(c: ChannelBiasGrad<'_>) -> Result<(), TensorError> {
     let ChannelBiasGrad { g, dy, db } = c;
     channel_sums(&g, dy, db)
+}
+
+/// [`BatchNormFold`], per channel in f64 (see [`crate::ops::batch_norm_fold`]).
+pub(super) fn batch_norm_fold(f: BatchNormFold<'_>) -> Result<(), TensorError> {
+    const OP: &str = "batch_norm_fold";
+    let (k, c, count) = (f.k, f.c, f.count as f64);
+    let read = |t: &Tensor| data(OP, t).map(|d| d.iter().map(|&v| f64::from(v)).collect());
+    let [w, b0, mean, rstd, gt, sh, sd]: [Vec<f64>; 7] = [
+        read(f.w)?,
+        read(f.b0)?,
+        read(f.mean)?,
+        read(f.rstd)?,
+        read(f.gt)?,
+        read(f.sh)?,
+        read(f.sd)?,
+    ];
+    let gamma: Option<Vec<f64>> = f.gamma.map(read).transpose()?;
+    let (dw, w_a, w_c) = (
+        data_mut(OP, f.dw)?,
+        data_mut(OP, f.w_a)?,
+        data_mut(OP, f.w_c)?,
+    );
+    let (bp, db0) = (data_mut(OP, f.bp)?, data_mut(OP, f.db0)?);
+    let mut dgamma = f.dgamma.map(|t| data_mut(OP, t)).transpose()?;
+    let mut dbeta = f.dbeta.map(|t| data_mut(OP, t)).transpose()?;
+    for j in 0..c {
+        let col = (0..k).map(|r| r * c + j);
+        let xw: f64 = col.clone().map(|i| w[i] * gt[i]).sum();
+        let hw: f64 = col.clone().zip(&sh).map(|(i, s)| w[i] * s).sum();
+        let (s, r) = (sd[j], rstd[j]);
+        let t = r * (xw + (b0[j] - mean[j]) * s);
+        let a = gamma.as_ref().map_or(1.0, |g| g[j]) * r;
+        let cz = -a * r * t / count;
+        let bpj = -a * s / count + cz * (b0[j] - mean[j]);
+        if let Some(d) = dgamma.as_deref_mut() {
+            d[j] = t as f32;
+        }
+        if let Some(d) = dbeta.as_deref_mut() {
+            d[j] = s as f32;
+        }
+        db0[j] = (a * s + count * bpj + cz * hw) as f32;
+        bp[j] = bpj as f32;
+        for (i, h) in col.zip(&sh) {
+            dw[i] = (a * gt[i] + h * bpj + cz * f64::from(dw[i])) as f32;
+            w_a[i] = (a * w[i]) as f32;
+            w_c[i] = (cz * w[i]) as f32;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

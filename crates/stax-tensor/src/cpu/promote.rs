@@ -212,7 +212,7 @@ pub(super) fn matmul(c: Matmul<'_>) -> Result<(), TensorError> {
     if c.b.dtype() == DType::F32 {
         round_through(&mut b32, c.a.dtype())?;
     }
-    let mut c32 = widen(c.c, false)?;
+    let mut c32 = widen(c.c, c.accumulate)?;
     matmul::matmul(Matmul {
         a: &a32,
         b: &b32,

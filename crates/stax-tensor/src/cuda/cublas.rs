@@ -59,6 +59,8 @@ pub(crate) struct Gemm {
     /// Elements between rows of the stored `a`, `b` and `c` (at least their widths): a block
     /// of columns of a wider matrix has its matrix's row length here.
     pub row_strides: [usize; 3],
+    /// Whether the product is added to `c` (`beta = 1`) rather than written over it.
+    pub accumulate: bool,
     /// Independent GEMMs of this shape (cuBLAS's strided batched GEMM), and the elements
     /// between consecutive matrices of `a`, `b` and `c`; 1 for one GEMM. Batches take bf16 or
     /// f16 inputs (their one caller is the im2col filter gradient, `im2col.rs`).
@@ -77,6 +79,7 @@ impl Gemm {
             transpose_a,
             transpose_b,
             row_strides: [a, b, n],
+            accumulate: false,
             batch: (1, [0; 3]),
         }
     }
@@ -157,7 +160,7 @@ impl Blas {
             int(g.row_strides[1])?,
             int(g.row_strides[2])?,
         ];
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         let (count, [sa, sb, sc]) = g.batch;
         let (count, [sa, sb, sc]) = (int(count)?, [sa as i64, sb as i64, sc as i64]);
         if count > 1 && data.is_none() {

@@ -45,13 +45,17 @@ impl MatmulOps for CudaBackend {
             transpose_a,
             transpose_b,
             c,
+            accumulate,
         } = c.into_inner();
         self.bind()?;
         if m == 0 || n == 0 {
             return Ok(());
         }
         if k == 0 {
-            return self.kernels.zero(c.addr(), c.dtype(), m * n);
+            return match accumulate {
+                true => Ok(()),
+                false => self.kernels.zero(c.addr(), c.dtype(), m * n),
+            };
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (dtype, mixed) = (c.dtype(), b.dtype() != c.dtype());
@@ -75,7 +79,10 @@ impl MatmulOps for CudaBackend {
         };
         let bytes = self.matmul_bytes(m, n, k);
         let i = (bytes > 0).then(|| ws.alloc()).transpose()?;
-        let gemm = cublas::Gemm::new(m, n, k, transpose_a, transpose_b);
+        let gemm = cublas::Gemm {
+            accumulate,
+            ..cublas::Gemm::new(m, n, k, transpose_a, transpose_b)
+        };
         let ws_addr = i.map_or(0, |i| ws.addr(i));
         let ops = (a.addr(), b_addr, c.addr());
         self.blas.gemm(gemm, (dtype, dtype), ops, ws_addr, bytes)?;

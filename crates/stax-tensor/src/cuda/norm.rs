@@ -4,7 +4,8 @@
 
 use super::CudaBackend;
 use crate::backend::{
-    BatchNorm, BatchNormBwd, Call, ChannelBiasAdd, ChannelBiasGrad, NormStats, Scratch,
+    BatchNorm, BatchNormBwd, BatchNormFold, Call, ChannelBiasAdd, ChannelBiasGrad, NormStats,
+    Scratch,
 };
 use crate::{Backend, Checked, NormOps, TensorError};
 
@@ -138,5 +139,33 @@ impl NormOps for CudaBackend {
             .channel_sum_finish(dtype, p, splits, g.c, db.addr())?;
         ws.free(partial)?;
         ws.finish()
+    }
+
+    fn batch_norm_fold(&self, c: Checked<BatchNormFold<'_>>) -> Result<(), TensorError> {
+        let f = c.into_inner();
+        self.bind()?;
+        if f.c == 0 {
+            return Ok(());
+        }
+        let ins = [
+            f.w.addr(),
+            f.b0.addr(),
+            addr(f.gamma),
+            f.mean.addr(),
+            f.rstd.addr(),
+            f.gt.addr(),
+            f.sh.addr(),
+            f.sd.addr(),
+        ];
+        let outs = [
+            f.dw.addr(),
+            f.w_a.addr(),
+            f.w_c.addr(),
+            f.bp.addr(),
+            f.db0.addr(),
+            addr(f.dgamma.as_deref()),
+            addr(f.dbeta.as_deref()),
+        ];
+        self.kernels.bn_fold((f.k, f.c, f.count), ins, outs)
     }
 }

@@ -145,7 +145,8 @@ impl CudaBackend {
             | OpDesc::Memory
             | OpDesc::Softmax { .. }
             | OpDesc::Dropout { .. }
-            | OpDesc::ChannelBias { .. } => Vec::new(),
+            | OpDesc::ChannelBias { .. }
+            | OpDesc::NormFold { .. } => Vec::new(),
         })
     }
 

@@ -163,14 +163,41 @@ pub fn matmul(
     transpose_b: bool,
     c: &mut Tensor,
 ) -> Result<(), TensorError> {
-    const OP: &str = "matmul";
+    matmul_into("matmul", (a, b), (transpose_a, transpose_b), c, false)
+}
+
+/// `c += op(a) · op(b)`: [`matmul`] adding to `c` (cuBLAS's `beta = 1`), one dtype for every
+/// operand (no mixed product).
+///
+/// # Errors
+/// As [`matmul`]; [`TensorError::DType`] for a `b` of another dtype than `a`'s.
+pub fn matmul_add(
+    a: &Tensor,
+    b: &Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+    c: &mut Tensor,
+) -> Result<(), TensorError> {
     let be = backend_of(a);
-    supports(OP, a.dtype(), FLOATS)?;
-    let (m, n, k) = matmul_dims(OP, a.shape(), b.shape(), transpose_a, transpose_b)?;
-    input(OP, &be, a, "a", a.dtype(), None)?;
+    input("matmul_add", &be, b, "b", a.dtype(), None)?;
+    matmul_into("matmul_add", (a, b), (transpose_a, transpose_b), c, true)
+}
+
+/// [`matmul`] and [`matmul_add`].
+fn matmul_into(
+    op: &'static str,
+    (a, b): (&Tensor, &Tensor),
+    (transpose_a, transpose_b): (bool, bool),
+    c: &mut Tensor,
+    accumulate: bool,
+) -> Result<(), TensorError> {
+    let be = backend_of(a);
+    supports(op, a.dtype(), FLOATS)?;
+    let (m, n, k) = matmul_dims(op, a.shape(), b.shape(), transpose_a, transpose_b)?;
+    input(op, &be, a, "a", a.dtype(), None)?;
     let b_dtype = matmul_b_dtype(a.dtype(), b.dtype(), transpose_a || transpose_b)?;
-    input(OP, &be, b, "b", b_dtype, None)?;
-    output(OP, &be, c, "c", a.dtype(), Some(&Shape::new([m, n])))?;
+    input(op, &be, b, "b", b_dtype, None)?;
+    output(op, &be, c, "c", a.dtype(), Some(&Shape::new([m, n])))?;
     let call = Matmul {
         m,
         n,
@@ -180,6 +207,7 @@ pub fn matmul(
         transpose_a,
         transpose_b,
         c,
+        accumulate,
     };
     be.matmul(Checked::new(call))
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use stax_alloc::{Allocator, Category, SimMemory, Strategy, Trace};
 use stax_tensor::backend::{
-    Adam, AllFinite, BatchNorm, BatchNormBwd, BiasAdd, BiasGrad, Binary, Call, Cast,
+    Adam, AllFinite, BatchNorm, BatchNormBwd, BatchNormFold, BiasAdd, BiasGrad, Binary, Call, Cast,
     ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
     CopyOut, DenseAdam, Fill, Matmul, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
@@ -173,7 +173,8 @@ replay_ops! {
         batch_norm(BatchNorm),
         batch_norm_bwd(BatchNormBwd),
         channel_bias_add(ChannelBiasAdd),
-        channel_bias_grad(ChannelBiasGrad)
+        channel_bias_grad(ChannelBiasGrad),
+        batch_norm_fold(BatchNormFold)
     }
 }
 

@@ -117,6 +117,60 @@ pub struct ChannelBiasGrad<'a> {
     pub db: &'a mut Tensor,
 }
 
+/// The per-channel part of the backward pass of a batch norm over `x = h · w + b0`, the
+/// output of a pointwise (1x1, stride 1) conv of input `h` `[count, k]` and weight `w`
+/// `[k, c]`, computed from sums over `h` and the norm's output gradient `dy` `[count, c]`
+/// instead of from `x` (see [`crate::ops::batch_norm_fold`] for the formulas). Every tensor
+/// f32.
+#[derive(Debug)]
+pub struct BatchNormFold<'a> {
+    /// The conv's input channels.
+    pub k: usize,
+    /// The norm's channels.
+    pub c: usize,
+    /// Rows summed over (`h`'s and `dy`'s).
+    pub count: usize,
+    /// The conv's weight `[k, c]`.
+    pub w: &'a Tensor,
+    /// The conv's bias `[c]`.
+    pub b0: &'a Tensor,
+    /// The norm's scale `[c]`, if any.
+    pub gamma: Option<&'a Tensor>,
+    /// The norm's saved mean `[c]`.
+    pub mean: &'a Tensor,
+    /// The norm's saved `1 / sqrt(var + eps)` `[c]`.
+    pub rstd: &'a Tensor,
+    /// `hᵀ · dy` `[k, c]`.
+    pub gt: &'a Tensor,
+    /// `sum of h` over the rows `[k]`.
+    pub sh: &'a Tensor,
+    /// `sum of dy` over the rows `[c]`.
+    pub sd: &'a Tensor,
+    /// `hᵀ · h · w` `[k, c]` on entry; the conv's weight gradient on return.
+    pub dw: &'a mut Tensor,
+    /// `w · diag(a)` `[k, c]` (overwritten).
+    pub w_a: &'a mut Tensor,
+    /// `w · diag(cz)` `[k, c]` (overwritten).
+    pub w_c: &'a mut Tensor,
+    /// `bp` `[c]` (overwritten).
+    pub bp: &'a mut Tensor,
+    /// The conv's bias gradient `[c]` (overwritten).
+    pub db0: &'a mut Tensor,
+    /// The scale's gradient `[c]`, if wanted.
+    pub dgamma: Option<&'a mut Tensor>,
+    /// The shift's gradient `[c]`, if wanted.
+    pub dbeta: Option<&'a mut Tensor>,
+}
+
+impl Call for BatchNormFold<'_> {
+    fn desc(&self) -> OpDesc {
+        OpDesc::NormFold {
+            k: self.k,
+            c: self.c,
+        }
+    }
+}
+
 impl Call for BatchNorm<'_> {
     fn desc(&self) -> OpDesc {
         OpDesc::BatchNorm {

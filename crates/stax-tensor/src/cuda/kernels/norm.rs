@@ -252,6 +252,37 @@ impl Kernels {
         .map_err(driver(sym))
     }
 
+    /// The per-channel part of a batch norm's backward pass through the pointwise conv before
+    /// it ([`crate::ops::batch_norm_fold`]): `ins` = (w, b0, gamma or 0, mean, rstd, gt, sh,
+    /// sd), `outs` = (dw, w_a, w_c, bp, db0, dgamma or 0, dbeta or 0), every one f32.
+    pub(crate) fn bn_fold(
+        &self,
+        (k, c, count): (usize, usize, usize),
+        ins: [u64; 8],
+        outs: [u64; 7],
+    ) -> Result<(), TensorError> {
+        let sym = "bn_fold_f32";
+        let [w, b0, gamma, mean, rstd, gt, sh, sd] = ins;
+        let [dw, w_a, w_c, bp, db0, dgamma, dbeta] = outs;
+        let count = count as f64;
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32).max(1) as u32, 1, 1),
+            block_dim: MOMENT_BLOCK,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `bn_fold_f32(const float *w, const float *b0, const float *gamma, const float
+        // *mean, const float *rstd, const float *gt, const float *sh, const float *sd, size_t k,
+        // size_t c, double count, float *dw, float *w_a, float *w_c, float *bp, float *db0,
+        // float *dgamma, float *dbeta)`; w, gt, dw, w_a and w_c hold k c floats (the outputs
+        // distinct buffers), sh k, the rest c (gamma, dgamma and dbeta may be null); blocks of
+        // 32 x 8 threads, as its shared arrays need.
+        unsafe {
+            launch!(self.stream, self.function(sym)?, cfg; &w, &b0, &gamma, &mean, &rstd, &gt, &sh, &sd, &k, &c, &count, &dw, &w_a, &w_c, &bp, &db0, &dgamma, &dbeta)
+                .map(drop)
+        }
+        .map_err(driver(sym))
+    }
+
     /// `dy = a · (dy - b - (x - mean) · cz)` in place over the view, `(a, b, cz)` from `coef`,
     /// `dy` taken as 0 where the bit of `mask` (a ReLU's; 0 for none) is clear; x and dy of
     /// `dtype`, mean and coef f32.

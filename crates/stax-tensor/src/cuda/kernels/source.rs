@@ -191,7 +191,12 @@ impl KernelModule {
             ],
             KernelModule::Layout => &["copy_block_u32", "copy_block_u16"],
             KernelModule::Pool => &[],
-            KernelModule::Norm => &["bn_finish_f32", "bn_scale_f32", "bn_bwd_finish_f32"],
+            KernelModule::Norm => &[
+                "bn_finish_f32",
+                "bn_scale_f32",
+                "bn_bwd_finish_f32",
+                "bn_fold_f32",
+            ],
             KernelModule::DirectConv | KernelModule::DenseMma | KernelModule::DirectWarp => &[],
             KernelModule::DirectMma => &DIRECT_MMA_F32,
             KernelModule::WgradWgmma => &[super::direct::WGMMA_WGRAD],
