@@ -16,7 +16,7 @@ use stax::layers::Value;
 use stax::models::{BnSpans, ResNet};
 use stax::train::plan::MemoryPlan;
 use stax::{
-    Adam, Backend, BatchNorm, Category, Conv, Padding, ParamSource, Params, Precision, Relu,
+    Adam, Backend, BatchNorm, Category, Conv, Layer, Padding, ParamSource, Params, Precision, Relu,
     Serial, Shape, Tensor, Tree, init_params, serial,
 };
 use stax_tensor::ops::{self, FoldInputs, FoldOutputs};
@@ -177,6 +177,9 @@ fn a_folded_resnet_trains_as_the_plain_one_with_exact_memory() {
     // common::train checks every step's peak and live bytes against the plan
     let (accuracy, losses) = common::train(shallow(BnSpans::Fold), input.clone(), &be, 4);
     let (_, plain) = common::train(shallow(BnSpans::None), input, &be, 4);
+    // each block's last norm folds, and the first block's stride-1 shortcut's
+    let text = shallow(BnSpans::Fold).describe();
+    assert_eq!(text.matches("folded)").count(), 5, "{text}");
     assert!(accuracy >= 0.95, "test accuracy {accuracy}");
     assert_rel_close(&losses[..1], &plain[..1], 1e-5, "the first epoch's loss");
 }

@@ -303,8 +303,12 @@ impl Layer for BatchNorm {
 
     fn describe(&self) -> String {
         format!(
-            "batch_norm(axis={:?}, epsilon={}, center={}, scale={})",
-            self.axis, self.epsilon, self.center, self.scale
+            "batch_norm(axis={:?}, epsilon={}, center={}, scale={}{})",
+            self.axis,
+            self.epsilon,
+            self.center,
+            self.scale,
+            if self.fold { ", folded" } else { "" }
         )
     }
 

@@ -50,7 +50,7 @@ fn conv_block_with(
         bn_spans,
     );
     let norm = match bn_spans {
-        BnSpans::Fold => BatchNorm::new().folded(),
+        BnSpans::Fold if strides == (1, 1) => BatchNorm::new().folded(),
         _ => BatchNorm::new(),
     };
     let shortcut = serial![Conv::new(f3, (1, 1), strides, Padding::Valid), norm];
