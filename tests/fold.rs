@@ -11,13 +11,15 @@ mod common;
 
 use std::sync::Arc;
 
+use common::checkpoint::state_bits;
 use common::{Rng, assert_rel_close, cpu, host_values, private_gpu_with, two_steps_match_cpu};
 use stax::layers::Value;
 use stax::models::{BnSpans, ResNet};
+use stax::train::Trainer;
 use stax::train::plan::MemoryPlan;
 use stax::{
     Adam, Backend, BatchNorm, Category, Conv, Layer, Padding, ParamSource, Params, Precision, Relu,
-    Serial, Shape, Tensor, Tree, init_params, serial,
+    Remat, Serial, Shape, Tensor, Tree, init_params, serial,
 };
 use stax_tensor::ops::{self, FoldInputs, FoldOutputs};
 
@@ -206,6 +208,41 @@ fn folding_lowers_resnet50s_planned_peak() {
     let shortcut: u64 = 128 * 56 * 56 * 256 * 4;
     assert!(fold + shortcut <= ends, "{fold} + {shortcut} > {ends}");
     assert!(fold <= 11_276_138_752 * 6 / 10, "{fold}");
+}
+
+/// A checkpoint of the model with or without folding loads into the other (folding changes
+/// no parameter).
+#[test]
+fn a_checkpoint_resumes_with_or_without_fold() {
+    let dir = common::checkpoint::scratch("fold");
+    let (be, input) = (cpu(), Shape::new([4, 28, 28, 1]));
+    let adam = Adam::new(1e-3);
+    for (saved, loaded) in [
+        (BnSpans::ToEnd, BnSpans::Fold),
+        (BnSpans::Fold, BnSpans::None),
+    ] {
+        let t = Trainer::new(shallow(saved), input.clone(), adam, &be, 3).unwrap();
+        let path = dir.join(format!("fold-{saved:?}.npz"));
+        t.save(&path, None).unwrap();
+        let (back, _) = Trainer::load(shallow(loaded), input.clone(), adam, &be, &path).unwrap();
+        assert!(state_bits(&t) == state_bits(&back), "saved {saved:?}");
+    }
+}
+
+/// A span saving convs saves a folded pair's conv output too, as it would unfolded: the
+/// gradients are the unfolded span's.
+#[test]
+fn a_span_saving_convs_saves_a_folded_pairs_conv() {
+    let be = cpu();
+    let input = Shape::new([2, 4, 4, 3]);
+    let model = |norm: BatchNorm| {
+        let conv = Conv::new(5, (1, 1), (1, 1), Padding::Valid);
+        let span = Remat::new(conv).spanning(2).saving(&["conv"]);
+        serial![Relu, span, norm]
+    };
+    let plain = grads(&model(BatchNorm::new()), &input, &be, 4);
+    let folded = grads(&model(BatchNorm::new().folded()), &input, &be, 4);
+    assert_matches(&plain, &folded, 1e-4, "a span saving convs");
 }
 
 #[test]

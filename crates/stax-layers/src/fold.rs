@@ -61,7 +61,8 @@ pub(crate) fn apply_pair(
     add: Option<(&Tensor, &mut Tensor)>,
 ) -> Result<(Value, [(Key, Residuals); 2]), LayerError> {
     let [r0, r1] = rngs;
-    let (y, rc) = cx.child(keys[0], i, r0, |cx| conv.apply(params[0], x, cx))?;
+    // as the serial applies any layer: a span saving convs saves this one's output
+    let (y, rc) = cx.apply_child((keys[0], i), r0, conv, params[0], x)?;
     let (y, rn) = cx.child(keys[1], i + 1, r1, |cx| match add {
         Some(add) => norm.apply_adding(params[1], y, cx, add),
         None => norm.apply(params[1], y, cx),

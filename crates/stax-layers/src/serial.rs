@@ -316,10 +316,8 @@ impl Serial {
             }
             let layer = self.layer_in(i, &range, top);
             let rng = rngs.next().flatten();
-            if let Some(pair) = self
-                .folded_at(children, i, &range, top)
-                .filter(|_| fold::takes(&x))
-            {
+            let folding = cx.is_training() && fold::takes(&x);
+            if let Some(pair) = self.folded_at(children, i, &range, top).filter(|_| folding) {
                 let at = ([key, self.key(i + 1)], i);
                 let last = i + 2 == range.end;
                 if last && !top && cx.replaying() {

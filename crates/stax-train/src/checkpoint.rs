@@ -433,7 +433,7 @@ fn host_bytes(a: &mut stax_alloc::Allocation) -> Result<&mut [u8], TrainError> {
 
 /// A model description without what changes no parameter: every policy of a `Mixed` layer
 /// (`Mixed::describe` appends ` under params=f32,compute=bf16,output=f32` to its layer's
-/// description, at any depth) and every `remat(..)` wrapper.
+/// description, at any depth), every `remat(..)` wrapper and a BatchNorm's `, folded`.
 fn structure(description: &str) -> String {
     const MARK: &str = " under params=";
     const OUTPUT: &str = "output=";
@@ -451,7 +451,8 @@ fn structure(description: &str) -> String {
         rest = &tail[end..];
     }
     out.push_str(rest);
-    without_remat(&out)
+    // a folded BatchNorm (`BatchNorm::folded`) has the parameters of an unfolded one
+    without_remat(&out).replace(", folded)", ")")
 }
 
 /// A model description without its `remat(..)` wrappers ([`stax_layers::Remat`]'s

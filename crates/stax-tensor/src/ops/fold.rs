@@ -60,8 +60,8 @@ pub struct FoldOutputs<'a> {
 /// `dx = a · dy + b + cz · x`, where `a = gamma · rstd`, `t = Σ dy · xhat`, `cz = -a · rstd ·
 /// t / count` and `b = -a · Σ dy / count - cz · mean` (the batch-norm gradient of Ioffe &
 /// Szegedy 2015, as `jax.grad` of `jax.nn.standardize` gives it). Since `x` is linear in `h`:
-/// `Σ dy · x = Σ_r w ∘ gt + b0 · sd`, so `t = rstd · (Σ_r w ∘ gt + (b0 - mean) · sd)`; with
-/// `bp = b + cz · b0`, the conv's gradients are `dw = hᵀ · dx = gt · diag(a) + sh ⊗ bp + (hᵀ ·
+/// `Σ dy · x = Σ_k w ∘ gt + b0 · sd` (`Σ_k` down the `k` rows), so `t = rstd · (Σ_k w ∘ gt +
+/// (b0 - mean) · sd)`; with `bp = b + cz · b0`, the conv's gradients are `dw = hᵀ · dx = gt · diag(a) + sh ⊗ bp + (hᵀ ·
 /// h · w) · diag(cz)` and `db0 = Σ dx = a · sd + count · bp + cz · (sh · w)`, and its input
 /// gradient is `dh = dx · wᵀ = dy · w_aᵀ + h · (w_c · wᵀ) + 1 ⊗ (w · bp)`, which the caller
 /// computes by GEMMs from `w_a`, `w_c` and `bp`. This op writes `dgamma = t`, `dbeta = Σ dy`,
@@ -69,8 +69,9 @@ pub struct FoldOutputs<'a> {
 /// per-channel values in f64.
 ///
 /// # Errors
-/// [`TensorError::DType`], [`TensorError::Shape`], device and alias errors for operands
-/// that are not f32 of the shapes above; kernel errors.
+/// [`TensorError::InvalidArgument`] for a `count` of 0; [`TensorError::DType`],
+/// [`TensorError::Shape`], device and alias errors for operands that are not f32 of the shapes
+/// above; kernel errors.
 pub fn batch_norm_fold(
     inputs: FoldInputs<'_>,
     outputs: FoldOutputs<'_>,
@@ -87,6 +88,10 @@ pub fn batch_norm_fold(
         sd,
         count,
     } = inputs;
+    if count == 0 {
+        let reason = "the sums are over no rows (count 0)".into();
+        return Err(TensorError::InvalidArgument { op: OP, reason });
+    }
     let be = backend_of(w);
     let (k, c) = match w.dims() {
         &[k, c] => (k, c),
