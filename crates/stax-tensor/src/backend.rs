@@ -18,8 +18,8 @@ mod scratch;
 pub use call::{
     Adam, AllFinite, BatchNorm, BatchNormBwd, BatchNormFold, BiasAdd, BiasGrad, Binary, Call, Cast,
     ChannelBiasAdd, ChannelBiasGrad, Concat, Conv2d, Conv2dBwdData, Conv2dBwdFilter, Copy, CopyIn,
-    CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, Matmul, MaxFrom, NormStats, Pool2d, Pool2dBwd,
-    SoftmaxXent, Split, Unary, UnaryBwd,
+    CopyInAsync, CopyOut, DenseAdam, DenseDx, Fill, FoldInputs, FoldOutputs, Matmul, MaxFrom,
+    NormStats, Pool2d, Pool2dBwd, SoftmaxXent, Split, Unary, UnaryBwd,
 };
 pub use families::{ConvOps, ElementwiseOps, LossOps, MatmulOps, MemoryOps, NormOps, OptimOps};
 pub use rows::{AxisDims, Dropout, DropoutBwd, IndexLossCall, Softmax, SoftmaxBwd};

@@ -24,6 +24,7 @@ mod norm;
 mod rows;
 mod update;
 
+pub use crate::backend::{FoldInputs, FoldOutputs};
 pub use conv::{
     Epilogue, check_pool_padding, conv2d, conv2d_bwd_data, conv2d_bwd_filter,
     conv2d_bwd_filter_consuming, max_pool2d_argmax, max_pool2d_bwd_argmax, pool2d, pool2d_bwd,
@@ -31,7 +32,7 @@ pub use conv::{
 pub use elementwise::{
     bias_add, bias_grad, binary, binary_masked, binary_relu, matmul, matmul_add, unary, unary_bwd,
 };
-pub use fold::{FoldInputs, FoldOutputs, batch_norm_fold};
+pub use fold::batch_norm_fold;
 pub use memory::{
     axis_of, cast, concat, concat_shape, copy, download, fill, split, upload, upload_async,
 };

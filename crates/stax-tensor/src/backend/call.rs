@@ -133,7 +133,8 @@ memory_calls!(CopyIn, CopyOut, Copy, Cast, Fill, Concat, Split);
 
 mod norm;
 pub use norm::{
-    BatchNorm, BatchNormBwd, BatchNormFold, ChannelBiasAdd, ChannelBiasGrad, NormStats,
+    BatchNorm, BatchNormBwd, BatchNormFold, ChannelBiasAdd, ChannelBiasGrad, FoldInputs,
+    FoldOutputs, NormStats,
 };
 
 /// `y = act(conv(x, w) + b)`: x `g.input_shape()`, w `g.filter_shape()`, b `[c_out]` (or no

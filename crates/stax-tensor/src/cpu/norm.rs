@@ -226,26 +226,34 @@ pub(super) fn channel_bias_grad(c: ChannelBiasGrad<'_>) -> Result<(), TensorErro
 /// [`BatchNormFold`], per channel in f64 (see [`crate::ops::batch_norm_fold`]).
 pub(super) fn batch_norm_fold(f: BatchNormFold<'_>) -> Result<(), TensorError> {
     const OP: &str = "batch_norm_fold";
-    let (k, c, count) = (f.k, f.c, f.count as f64);
+    let BatchNormFold {
+        k,
+        c,
+        inputs,
+        outputs,
+    } = f;
+    let count = inputs.count as f64;
     let read = |t: &Tensor| data(OP, t).map(|d| d.iter().map(|&v| f64::from(v)).collect());
+    let i = inputs;
     let [w, b0, mean, rstd, gt, sh, sd]: [Vec<f64>; 7] = [
-        read(f.w)?,
-        read(f.b0)?,
-        read(f.mean)?,
-        read(f.rstd)?,
-        read(f.gt)?,
-        read(f.sh)?,
-        read(f.sd)?,
+        read(i.w)?,
+        read(i.b0)?,
+        read(i.mean)?,
+        read(i.rstd)?,
+        read(i.gt)?,
+        read(i.sh)?,
+        read(i.sd)?,
     ];
-    let gamma: Option<Vec<f64>> = f.gamma.map(read).transpose()?;
+    let gamma: Option<Vec<f64>> = i.gamma.map(read).transpose()?;
+    let o = outputs;
     let (dw, w_a, w_c) = (
-        data_mut(OP, f.dw)?,
-        data_mut(OP, f.w_a)?,
-        data_mut(OP, f.w_c)?,
+        data_mut(OP, o.dw)?,
+        data_mut(OP, o.w_a)?,
+        data_mut(OP, o.w_c)?,
     );
-    let (bp, db0) = (data_mut(OP, f.bp)?, data_mut(OP, f.db0)?);
-    let mut dgamma = f.dgamma.map(|t| data_mut(OP, t)).transpose()?;
-    let mut dbeta = f.dbeta.map(|t| data_mut(OP, t)).transpose()?;
+    let (bp, db0) = (data_mut(OP, o.bp)?, data_mut(OP, o.db0)?);
+    let mut dgamma = o.dgamma.map(|t| data_mut(OP, t)).transpose()?;
+    let mut dbeta = o.dbeta.map(|t| data_mut(OP, t)).transpose()?;
     for j in 0..c {
         let col = (0..k).map(|r| r * c + j);
         let xw: f64 = col.clone().map(|i| w[i] * gt[i]).sum();

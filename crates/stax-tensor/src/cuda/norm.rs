@@ -142,30 +142,37 @@ impl NormOps for CudaBackend {
     }
 
     fn batch_norm_fold(&self, c: Checked<BatchNormFold<'_>>) -> Result<(), TensorError> {
-        let f = c.into_inner();
+        let BatchNormFold {
+            k,
+            c,
+            inputs,
+            outputs,
+        } = c.into_inner();
         self.bind()?;
-        if f.c == 0 {
+        if c == 0 {
             return Ok(());
         }
+        let i = inputs;
         let ins = [
-            f.w.addr(),
-            f.b0.addr(),
-            addr(f.gamma),
-            f.mean.addr(),
-            f.rstd.addr(),
-            f.gt.addr(),
-            f.sh.addr(),
-            f.sd.addr(),
+            i.w.addr(),
+            i.b0.addr(),
+            addr(i.gamma),
+            i.mean.addr(),
+            i.rstd.addr(),
+            i.gt.addr(),
+            i.sh.addr(),
+            i.sd.addr(),
         ];
+        let o = outputs;
         let outs = [
-            f.dw.addr(),
-            f.w_a.addr(),
-            f.w_c.addr(),
-            f.bp.addr(),
-            f.db0.addr(),
-            addr(f.dgamma.as_deref()),
-            addr(f.dbeta.as_deref()),
+            o.dw.addr(),
+            o.w_a.addr(),
+            o.w_c.addr(),
+            o.bp.addr(),
+            o.db0.addr(),
+            addr(o.dgamma.as_deref()),
+            addr(o.dbeta.as_deref()),
         ];
-        self.kernels.bn_fold((f.k, f.c, f.count), ins, outs)
+        self.kernels.bn_fold((k, c, i.count), ins, outs)
     }
 }

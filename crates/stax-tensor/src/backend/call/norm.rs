@@ -117,19 +117,29 @@ pub struct ChannelBiasGrad<'a> {
     pub db: &'a mut Tensor,
 }
 
-/// The per-channel part of the backward pass of a batch norm over `x = h · w + b0`, the
-/// output of a pointwise (1x1, stride 1) conv of input `h` `[count, k]` and weight `w`
-/// `[k, c]`, computed from sums over `h` and the norm's output gradient `dy` `[count, c]`
-/// instead of from `x` (see [`crate::ops::batch_norm_fold`] for the formulas). Every tensor
-/// f32.
+/// The per-channel part of the backward pass of a batch norm over the output of a pointwise
+/// conv, computed from sums over the conv's input and the norm's output gradient instead of
+/// from that output ([`crate::ops::batch_norm_fold`] gives the formulas): the weight's `[k,
+/// c]`.
 #[derive(Debug)]
 pub struct BatchNormFold<'a> {
     /// The conv's input channels.
     pub k: usize,
     /// The norm's channels.
     pub c: usize,
-    /// Rows summed over (`h`'s and `dy`'s).
-    pub count: usize,
+    /// What it reads.
+    pub inputs: FoldInputs<'a>,
+    /// What it writes.
+    pub outputs: FoldOutputs<'a>,
+}
+
+/// The conv and norm tensors [`crate::ops::batch_norm_fold`] reads, all f32: the conv's weight `w`
+/// `[k, c]` (a 1x1 HWIO filter's view) and bias `b0` `[c]`, the norm's scale `gamma` `[c]`
+/// (if any) and saved `mean` and `rstd` `[c]`, and the sums over the `count` rows of the
+/// conv's input `h` `[count, k]` and the norm's output gradient `dy` `[count, c]`: `gt = hᵀ ·
+/// dy` `[k, c]`, `sh = Σ h` `[k]`, `sd = Σ dy` `[c]`.
+#[derive(Debug, Clone, Copy)]
+pub struct FoldInputs<'a> {
     /// The conv's weight `[k, c]`.
     pub w: &'a Tensor,
     /// The conv's bias `[c]`.
@@ -142,23 +152,30 @@ pub struct BatchNormFold<'a> {
     pub rstd: &'a Tensor,
     /// `hᵀ · dy` `[k, c]`.
     pub gt: &'a Tensor,
-    /// `sum of h` over the rows `[k]`.
+    /// `Σ h` over the rows `[k]`.
     pub sh: &'a Tensor,
-    /// `sum of dy` over the rows `[c]`.
+    /// `Σ dy` over the rows `[c]`.
     pub sd: &'a Tensor,
-    /// `hᵀ · h · w` `[k, c]` on entry; the conv's weight gradient on return.
+    /// The rows summed over.
+    pub count: usize,
+}
+
+/// What [`crate::ops::batch_norm_fold`] writes, all f32 (`dw` also read).
+#[derive(Debug)]
+pub struct FoldOutputs<'a> {
+    /// `hᵀ · h · w` `[k, c]` on entry, the conv's weight gradient on return.
     pub dw: &'a mut Tensor,
-    /// `w · diag(a)` `[k, c]` (overwritten).
-    pub w_a: &'a mut Tensor,
-    /// `w · diag(cz)` `[k, c]` (overwritten).
-    pub w_c: &'a mut Tensor,
-    /// `bp` `[c]` (overwritten).
-    pub bp: &'a mut Tensor,
-    /// The conv's bias gradient `[c]` (overwritten).
+    /// The conv's bias gradient `[c]`.
     pub db0: &'a mut Tensor,
-    /// The scale's gradient `[c]`, if wanted.
+    /// `w · diag(a)` `[k, c]`.
+    pub w_a: &'a mut Tensor,
+    /// `w · diag(cz)` `[k, c]`.
+    pub w_c: &'a mut Tensor,
+    /// `bp` `[c]`.
+    pub bp: &'a mut Tensor,
+    /// The norm's scale gradient `[c]`, if wanted.
     pub dgamma: Option<&'a mut Tensor>,
-    /// The shift's gradient `[c]`, if wanted.
+    /// The norm's shift gradient `[c]`, if wanted.
     pub dbeta: Option<&'a mut Tensor>,
 }
 
