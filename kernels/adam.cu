@@ -194,54 +194,46 @@ extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__re
 // registers, never stored), then adam_one on w, mu, nu. The weight, its moments, x and dx each
 // cross memory once: the whole pass's floor is its 6 k n floats of w, mu, nu (read and write).
 //
-// A warp takes 32 weight rows at a time: lane l holds columns l + 32 c (c < 4) of dy for every
-// b in registers (loaded once); x's 32 columns are staged in shared memory (read before dx is
-// written, by the same lane, so an in-place dx is safe) and dx's 32 columns gathered there and
-// stored at the end. A row's M dot products with dy are summed over the lanes by a butterfly
-// reduce-scatter (P - 1 + 5 - log2 P shuffles for P = M rounded up to a power of two): after it
-// the lanes whose low 5 - log2 P bits are 0 hold row sum b = the lane's high log2 P bits.
+// A warp takes 32 weight rows at a time: lane l holds columns 4 l .. 4 l + 3 of dy for every b
+// in registers (loaded once) and of each row of w, mu, nu (one 16-byte access an array where n %
+// 4 == 0 and w, mu, nu, dy are 16-byte aligned, else four 4-byte ones); x's 32 columns are
+// staged in shared memory (read before dx is written, by the same lane, so an in-place dx is
+// safe) and dx's 32 columns gathered there and stored at the end. A row's M dot products with
+// dy are summed over the lanes through shared memory: each lane writes its M partial sums, and
+// after every S = 32 / M rows lane q M + b adds up the 32 partials of sum b of the S rows' q-th
+// (a third of the instructions of a butterfly over shuffles a row: 0.75 G against 1.72 G at the
+// seed's batch-10 shape, ncu, H100, 2026-12-07).
 #define DENSE_ROWS_WARPS 4
 
-template <int M> struct Pow2 {
-    static const int value = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
+// Rows whose partial sums a warp holds at once (S above), and the stride of one sum's 32
+// partials: 36 words keep the 16-byte reads of a quarter-warp on distinct banks.
+template <int M> struct DenseRowsSummed {
+    static const int value = 32 / M;
 };
+#define DENSE_ROWS_PART_STRIDE 36
 
-// s[0..P) summed over the warp's lanes; returns the sum whose index is `*b` (see above).
-template <int P> __device__ __forceinline__ float reduce_scatter(float (&s)[P], int lane, int *b) {
-    int idx = 0;
-#pragma unroll
-    for (int o = 16, cnt = P; o >= 1; o >>= 1) {
-        if (cnt > 1) {
-            int half = cnt / 2;
-            bool upper = (lane & o) != 0;
-#pragma unroll
-            for (int i = 0; i < half; ++i) {
-                float send = upper ? s[i] : s[i + half];
-                float keep = upper ? s[i + half] : s[i];
-                s[i] = keep + __shfl_xor_sync(FULL_MASK, send, o);
-            }
-            idx = 2 * idx + (upper ? 1 : 0);
-            cnt = half;
-        } else {
-            s[0] += __shfl_xor_sync(FULL_MASK, s[0], o);
-        }
-    }
-    *b = idx;
-    return s[0];
+// Columns 4 lane .. 4 lane + 3 of the row at offset `row` (in floats) of a, 0 past n: one
+// 16-byte load where vec, else four.
+__device__ __forceinline__ float4 load_cols(const float *a, size_t row, int lane, int n,
+                                            bool vec) {
+    const int j = 4 * lane;
+    if (vec) return j < n ? *(const float4 *)(a + row + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return make_float4(j < n ? a[row + j] : 0.0f, j + 1 < n ? a[row + j + 1] : 0.0f,
+                       j + 2 < n ? a[row + j + 2] : 0.0f, j + 3 < n ? a[row + j + 3] : 0.0f);
 }
 
-// Row `row`'s columns lane + 32 c of w, mu, nu (0 past n).
-__device__ __forceinline__ void load_row(const float *w, const float *mu, const float *nu,
-                                         size_t row, int lane, int n, float (&wv)[4],
-                                         float (&mv)[4], float (&vv)[4]) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        int j = lane + 32 * c;
-        bool in = j < n;
-        wv[c] = in ? w[row + j] : 0.0f;
-        mv[c] = in ? mu[row + j] : 0.0f;
-        vv[c] = in ? nu[row + j] : 0.0f;
+// load_cols' inverse: the columns below n stored.
+__device__ __forceinline__ void store_cols(float *a, size_t row, int lane, int n, bool vec,
+                                           const float4 &v) {
+    const int j = 4 * lane;
+    if (vec) {
+        if (j < n) *(float4 *)(a + row + j) = v;
+        return;
     }
+    if (j < n) a[row + j] = v.x;
+    if (j + 1 < n) a[row + j + 1] = v.y;
+    if (j + 2 < n) a[row + j + 2] = v.z;
+    if (j + 3 < n) a[row + j + 3] = v.w;
 }
 
 // Asks L2 for row `row` of w, mu, nu (n <= 128 floats: at most 5 lines of 128 bytes each, at
@@ -256,53 +248,68 @@ __device__ __forceinline__ void prefetch_row(const float *w, const float *mu, co
     }
 }
 
-// How many rows ahead of its loads a warp asks L2 for (prefetch_row): 2 measured 2.857 ms
-// against 3.024 without at the seed's batch-10 shape, 4 gave 3.022, 8 3.325 (H200, 2026-12-03).
-#define DENSE_ROWS_PREFETCH 2
+// How many rows ahead of its loads a warp asks L2 for (prefetch_row), at the seed's batch-10
+// shape: 1 measured 2.862 ms against 2.957 at 2 and 3.204 at 3 (H100, 2026-12-07); for the
+// kernel before (a butterfly a row), 2 rows 2.857 against 3.024 without (H200, 2026-12-03).
+#define DENSE_ROWS_PREFETCH 1
 
-// Row r of the group at i0: dx's M sums into ds (the old row), then its gradient from xs and
-// Adam's step on w, mu, nu (the row's values in wv, mv, vv): adam_one's, or with FAST (under
-// TF32) adam_tf32's, inv the bias corrections' reciprocals.
+// adam_one's step, or with FAST (under TF32) adam_tf32's (inv: the bias corrections'
+// reciprocals), on four elements.
+template <bool FAST>
+__device__ __forceinline__ void adam_cols(float4 &p, const float4 &g, float4 &m, float4 &v,
+                                          const AdamHyper &h, const float (&inv)[2]) {
+    if (FAST) {
+        adam_tf32(p.x, g.x, m.x, v.x, h, inv[0], inv[1]);
+        adam_tf32(p.y, g.y, m.y, v.y, h, inv[0], inv[1]);
+        adam_tf32(p.z, g.z, m.z, v.z, h, inv[0], inv[1]);
+        adam_tf32(p.w, g.w, m.w, v.w, h, inv[0], inv[1]);
+    } else {
+        adam_one(p.x, g.x, m.x, v.x, h);
+        adam_one(p.y, g.y, m.y, v.y, h);
+        adam_one(p.z, g.z, m.z, v.z, h);
+        adam_one(p.w, g.w, m.w, v.w, h);
+    }
+}
+
+// Row r of the group: its M dot products' partial sums into part (rows of its slot), then its
+// gradient from xs (each column's sum over b in order, one fmaf a term) and Adam's step on the
+// row's values wv, mv, vv.
 template <int M, bool FAST>
-__device__ __forceinline__ void dense_row(const float (&d)[M][4], float (&wv)[4], float (&mv)[4],
-                                          float (&vv)[4], const float (*xs)[32],
-                                          float (*ds)[33], int r, int lane, int n, float *w,
-                                          float *mu, float *nu, size_t row, const AdamHyper &h,
-                                          const float (&inv)[2]) {
-    const int P = Pow2<M>::value;
-    float s[P];
+__device__ __forceinline__ void dense_row(const float4 (&d)[M], float4 &wv, float4 &mv,
+                                          float4 &vv, const float (*xs)[32],
+                                          float (*part)[DENSE_ROWS_PART_STRIDE], int slot, int r,
+                                          int lane, const AdamHyper &h, const float (&inv)[2]) {
+    float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int b = 0; b < P; ++b) {
-        float acc = 0.0f;
-        if (b < M) {
+    for (int b = 0; b < M; ++b) {
+        part[slot * M + b][lane] =
+            fmaf(d[b].w, wv.w, fmaf(d[b].z, wv.z, fmaf(d[b].y, wv.y, d[b].x * wv.x)));
+        const float xb = xs[b][r];
+        g.x = fmaf(xb, d[b].x, g.x);
+        g.y = fmaf(xb, d[b].y, g.y);
+        g.z = fmaf(xb, d[b].z, g.z);
+        g.w = fmaf(xb, d[b].w, g.w);
+    }
+    adam_cols<FAST>(wv, g, mv, vv, h, inv);
+}
+
+// dx's sums of rows r - slot .. r from their partials: lane q M + b (q <= slot) adds up sum b of
+// row r - slot + q into ds.
+template <int M>
+__device__ __forceinline__ void sum_parts(const float (*part)[DENSE_ROWS_PART_STRIDE],
+                                          float (*ds)[33], int slot, int r, int lane) {
+    __syncwarp();
+    if (lane < (slot + 1) * M) {
+        const float4 *p = (const float4 *)part[lane];
+        float4 a = p[0];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc = fmaf(d[b][c], wv[c], acc);
+        for (int j = 1; j < 8; ++j) {
+            const float4 t = p[j];
+            a.x += t.x, a.y += t.y, a.z += t.z, a.w += t.w;
         }
-        s[b] = acc;
+        ds[lane % M][r - slot + lane / M] = (a.x + a.y) + (a.z + a.w);
     }
-    int b;
-    float total = reduce_scatter<P>(s, lane, &b);
-    if (b < M && (lane & ((32 / P) - 1)) == 0) ds[b][r] = total;
-    float g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int b2 = 0; b2 < M; ++b2) {
-        float xb = xs[b2][r];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) g[c] = fmaf(xb, d[b2][c], g[c]);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        int j = lane + 32 * c;
-        if (j < n) {
-            if (FAST)
-                adam_tf32(wv[c], g[c], mv[c], vv[c], h, inv[0], inv[1]);
-            else
-                adam_one(wv[c], g[c], mv[c], vv[c], h);
-            w[row + j] = wv[c];
-            mu[row + j] = mv[c];
-            nu[row + j] = vv[c];
-        }
-    }
+    __syncwarp();
 }
 
 template <int M, bool FAST>
@@ -314,16 +321,14 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
     // dx's sums, [b][r] 33 apart: both the row-wise writes and the column-wise reads are
     // conflict-free
     __shared__ float ds[DENSE_ROWS_WARPS][M][33];
+    const int S = DenseRowsSummed<M>::value;
+    __shared__ __align__(16) float part[DENSE_ROWS_WARPS][S * M][DENSE_ROWS_PART_STRIDE];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float inv[2] = {1.0f / h.bias_correction1, 1.0f / h.bias_correction2};
-    float d[M][4];
+    const bool vec = n % 4 == 0 && (((size_t)w | (size_t)mu | (size_t)nu | (size_t)dy) & 15) == 0;
+    float4 d[M];
 #pragma unroll
-    for (int b = 0; b < M; ++b)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            int j = lane + 32 * c;
-            d[b][c] = j < n ? dy[(size_t)b * n + j] : 0.0f;
-        }
+    for (int b = 0; b < M; ++b) d[b] = load_cols(dy, (size_t)b * n, lane, n, vec);
     size_t groups = (k + 31) / 32;
     WARP_STRIDE(grp, groups) {
         size_t i0 = grp * 32;
@@ -335,14 +340,17 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
         __syncwarp();
         // one row at a time: loading the next rows ahead into registers measured slower (their
         // registers cost occupancy); L2 is asked for them instead
-        for (int r = 0; r < rows; ++r) {
+        for (int r = 0, slot = 0; r < rows; ++r, slot = slot + 1 == S ? 0 : slot + 1) {
             size_t row = (i0 + r) * (size_t)n;
             if (r + DENSE_ROWS_PREFETCH < rows)
                 prefetch_row(w, mu, nu, row + DENSE_ROWS_PREFETCH * (size_t)n, lane, n);
-            float wv[4], mv[4], vv[4];
-            load_row(w, mu, nu, row, lane, n, wv, mv, vv);
-            dense_row<M, FAST>(d, wv, mv, vv, xs[wid], ds[wid], r, lane, n, w, mu, nu, row, h,
-                               inv);
+            float4 wv = load_cols(w, row, lane, n, vec), mv = load_cols(mu, row, lane, n, vec),
+                   vv = load_cols(nu, row, lane, n, vec);
+            dense_row<M, FAST>(d, wv, mv, vv, xs[wid], part[wid], slot, r, lane, h, inv);
+            if (slot == S - 1 || r == rows - 1) sum_parts<M>(part[wid], ds[wid], slot, r, lane);
+            store_cols(w, row, lane, n, vec, wv);
+            store_cols(mu, row, lane, n, vec, mv);
+            store_cols(nu, row, lane, n, vec, vv);
         }
         __syncwarp();
         if (dx && lane < rows) {
@@ -354,18 +362,21 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
 }
 
 // dense_adam_rows_m<M> (adam_one) and dense_adam_rows_tf32_m<M> (adam_tf32) for M = 1 .. 16:
-// blocks of DENSE_ROWS_WARPS warps, any grid; at least 5 blocks a multiprocessor (96 registers
-// at M = 10: 3.12 ms against 3.41 with 123 registers and 4 blocks at the seed's batch-10 shape,
-// H200, 2026-12-03; 6 and 8 blocks were slower).
+// blocks of DENSE_ROWS_WARPS warps, any grid; at least DENSE_ROWS_MIN_BLOCKS blocks a
+// multiprocessor. At the seed's batch-10 shape (H100, 2026-12-07, benches/cuda/rows4.sh): 4
+// blocks (128 registers) 2.954 ms, 5 (96, with spills) 3.14; lane-strided columns (the kernel
+// before) 3.12.
+#define DENSE_ROWS_MIN_BLOCKS 4
+#define DENSE_ROWS_BOUNDS __launch_bounds__(32 * DENSE_ROWS_WARPS, DENSE_ROWS_MIN_BLOCKS)
 #define DENSE_ADAM_ROWS(M)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
-        dense_adam_rows_m##M(const float *x, const float *dy, float *w, float *mu, float *nu, \
-                             float *dx, AdamHyper h, int n, size_t k) {                        \
+    extern "C" __global__ void DENSE_ROWS_BOUNDS dense_adam_rows_m##M(                        \
+        const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,           \
+        AdamHyper h, int n, size_t k) {                                                        \
         dense_adam_rows_t<M, false>(x, dy, w, mu, nu, dx, h, n, k);                            \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
-        dense_adam_rows_tf32_m##M(const float *x, const float *dy, float *w, float *mu,       \
-                                  float *nu, float *dx, AdamHyper h, int n, size_t k) {        \
+    extern "C" __global__ void DENSE_ROWS_BOUNDS dense_adam_rows_tf32_m##M(                   \
+        const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,           \
+        AdamHyper h, int n, size_t k) {                                                        \
         dense_adam_rows_t<M, true>(x, dy, w, mu, nu, dx, h, n, k);                             \
     }
 DENSE_ADAM_ROWS(1)

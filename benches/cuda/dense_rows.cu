@@ -15,12 +15,12 @@
 #include "src.cu"
 #include "harness.cuh"
 #define KR(M)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
+    extern "C" __global__ void DENSE_ROWS_BOUNDS                                         \
         r##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
              AdamHyper h, int n, size_t k) {                                                   \
         dense_adam_rows_t<M, false>(x, dy, w, mu, nu, dx, h, n, k);                            \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * DENSE_ROWS_WARPS, 5)                    \
+    extern "C" __global__ void DENSE_ROWS_BOUNDS                                         \
         f##M(const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,      \
              AdamHyper h, int n, size_t k) {                                                   \
         dense_adam_rows_t<M, true>(x, dy, w, mu, nu, dx, h, n, k);                             \
