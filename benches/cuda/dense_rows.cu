@@ -34,10 +34,7 @@ int main(int argc, char **argv) {
     const int n = 128, reps = 15;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    float *x, *dy, *w, *mu, *nu, *g, *dx;
-    for (float **p : {&x, &dx}) CK(cudaMalloc(p, m * k * 4));
-    CK(cudaMalloc(&dy, m * n * 4));
-    for (float **p : {&w, &mu, &nu, &g}) CK(cudaMalloc(p, k * n * 4));
+    DenseArrays a(m, n, k);
     AdamHyper h = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.19f, 0.002f, 1.0f};
     if (m != 1 && m != 10 && m != 16) return printf("no kernel for m %d\n", m), 1;
     const std::pair<const char *, Kernel> ks[] = {
@@ -49,25 +46,18 @@ int main(int argc, char **argv) {
     auto time = [&](auto launch) { return timed_ms(launch, reps, 0, [] {}); };
     const double bytes = 6.0 * k * n * 4 + 2.0 * m * k * 4;
     for (auto [name, f] : ks) {
-        fill<<<1024, 256>>>(x, m * k, 1, 0, 1);
-        fill<<<1024, 256>>>(dy, m * n, 2, -1, 1);
-        fill<<<1024, 256>>>(w, k * n, 3, -0.1f, 0.1f);
-        fill<<<1024, 256>>>(mu, k * n, 4, -0.01f, 0.01f);
-        fill<<<1024, 256>>>(nu, k * n, 5, 0, 0.01f);
-        fill<<<1024, 256>>>(g, k * n, 6, -1, 1);
-        CK(cudaDeviceSynchronize());
-        auto run = [&] { f<<<blocks, 32 * DENSE_ROWS_WARPS>>>(x, dy, w, mu, nu, dx, h, n, k); };
+        a.seed();
+        auto run = [&] {
+            f<<<blocks, 32 * DENSE_ROWS_WARPS>>>(a.x, a.dy, a.w, a.mu, a.nu, a.dx, h, n, k);
+        };
         run();
         CK(cudaDeviceSynchronize());
-        unsigned long long hash = 1469598103934665603ull;
-        for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
-            hash = fnv(p, (k * n) * 4, hash);
-        hash = fnv(dx, (m * k) * 4, hash);
+        unsigned long long hash = fnv(a.dx, (m * k) * 4, a.hash_wmv());
         auto tk = time(run);
         printf("m=%d %-9s grid=%d: min %.3f med %.3f ms (%.2f TB/s) | hash %016llx\n", m, name,
                blocks, tk[0], tk[reps / 2], bytes / tk[reps / 2] / 1e9, hash);
     }
-    auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(w, g, mu, nu, h, k * n); });
+    auto ta = time([&] { adam_vec_f32<<<sms * 32, 256>>>(a.w, a.g, a.mu, a.nu, h, k * n); });
     printf("m=%d adam_vec_f32 med %.3f ms\n", m, ta[reps / 2]);
     return 0;
 }

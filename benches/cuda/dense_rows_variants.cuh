@@ -35,21 +35,13 @@ __device__ __forceinline__ void adam_approx(float &p, float g, float &m, float &
 template <int AD>
 __device__ __forceinline__ void adam4(float4 &p, const float4 &g, float4 &m, float4 &v,
                                       const AdamHyper &h, const float (&inv)[2]) {
-    if (AD == 0) {
-        adam_tf32(p.x, g.x, m.x, v.x, h, inv[0], inv[1]);
-        adam_tf32(p.y, g.y, m.y, v.y, h, inv[0], inv[1]);
-        adam_tf32(p.z, g.z, m.z, v.z, h, inv[0], inv[1]);
-        adam_tf32(p.w, g.w, m.w, v.w, h, inv[0], inv[1]);
-    } else if (AD == 1) {
+    if (AD == 1) {
         adam_approx(p.x, g.x, m.x, v.x, h, inv[0], inv[1]);
         adam_approx(p.y, g.y, m.y, v.y, h, inv[0], inv[1]);
         adam_approx(p.z, g.z, m.z, v.z, h, inv[0], inv[1]);
         adam_approx(p.w, g.w, m.w, v.w, h, inv[0], inv[1]);
     } else {
-        adam_one(p.x, g.x, m.x, v.x, h);
-        adam_one(p.y, g.y, m.y, v.y, h);
-        adam_one(p.z, g.z, m.z, v.z, h);
-        adam_one(p.w, g.w, m.w, v.w, h);
+        adam_cols<AD == 0>(p, g, m, v, h, inv);
     }
 }
 
@@ -68,7 +60,7 @@ __device__ __forceinline__ void axpy4(float a, const float4 &x, float4 &y) {
 #define RED_STRIDE 36
 
 template <int M, int PF, int WPB, int AD, int RED, bool LA>
-__device__ __forceinline__ void rows4_t(const float *x, const float *__restrict__ dy,
+__device__ __forceinline__ void variant_t(const float *x, const float *__restrict__ dy,
                                         float *__restrict__ w, float *__restrict__ mu,
                                         float *__restrict__ nu, float *dx, AdamHyper h, int n,
                                         size_t k) {
@@ -88,7 +80,8 @@ __device__ __forceinline__ void rows4_t(const float *x, const float *__restrict_
     WARP_STRIDE(grp, groups) {
         size_t i0 = grp * 32;
         int rows = (int)min((size_t)32, k - i0);
-        for (int r = 0; r < PF && r < rows; ++r) prefetch_row4(w, mu, nu, (i0 + r) * (size_t)n, lane, n);
+        for (int r = 0; r < PF && r < rows; ++r)
+            prefetch_row4(w, mu, nu, (i0 + r) * (size_t)n, lane, n);
 #pragma unroll
         for (int b = 0; b < M; ++b) xs[wid][b][lane] = lane < rows ? x[b * k + i0 + lane] : 0.0f;
         __syncwarp();

@@ -16,7 +16,7 @@ python3 - "$1" > "$out/old.cuh" <<'PY'
 import sys
 s = open(sys.argv[1]).read()
 a, b = s.index("#define DENSE_ROWS_WARPS 4"), s.index("// dense_adam_rows_m<M> (adam_one)")
-print("namespace old {\n" + s[a:b].replace("#define DENSE_ROWS_WARPS 4", "") + "}")
+print("namespace old {\n" + s[a:b].replace("#define DENSE_ROWS_WARPS 4", "").replace("#define DENSE_ROWS_PREFETCH", "#undef DENSE_ROWS_PREFETCH\n#define DENSE_ROWS_PREFETCH") + "}")
 PY
 nvcc -O3 -gencode=arch=compute_90,code=sm_90 -std=c++17 -Xptxas -v \
     -o "$out/variants" "$out/dense_rows_variants.cu" 2> "$out/ptxas.txt" ||

@@ -60,3 +60,32 @@ static std::vector<float> timed_ms(F run, int reps, int warm, G before) {
     std::sort(t.begin(), t.end());
     return t;
 }
+
+// The dense update's arrays (benches/cuda/dense_rows*.cu): x and dx [m, k], dy [m, n], w, mu,
+// nu and a gradient g [k, n]; seed() fills them from fixed seeds (x a quarter zeros).
+struct DenseArrays {
+    int m, n;
+    size_t k;
+    float *x, *dy, *w, *mu, *nu, *g, *dx;
+    DenseArrays(int m_, int n_, size_t k_) : m(m_), n(n_), k(k_) {
+        for (float **p : {&x, &dx}) CK(cudaMalloc(p, m * k * 4));
+        CK(cudaMalloc(&dy, m * n * 4));
+        for (float **p : {&w, &mu, &nu, &g}) CK(cudaMalloc(p, k * n * 4));
+    }
+    void seed() {
+        fill<<<1024, 256>>>(x, m * k, 1, 0, 1);
+        fill<<<1024, 256>>>(dy, m * n, 2, -1, 1);
+        fill<<<1024, 256>>>(w, k * n, 3, -0.1f, 0.1f);
+        fill<<<1024, 256>>>(mu, k * n, 4, -0.01f, 0.01f);
+        fill<<<1024, 256>>>(nu, k * n, 5, 0, 0.01f);
+        fill<<<1024, 256>>>(g, k * n, 6, -1, 1);
+        CK(cudaDeviceSynchronize());
+    }
+    // FNV-1a of w, mu and nu
+    unsigned long long hash_wmv() const {
+        unsigned long long h = 1469598103934665603ull;
+        for (const float *p : {(const float *)w, (const float *)mu, (const float *)nu})
+            h = fnv(p, (k * n) * 4, h);
+        return h;
+    }
+};
