@@ -201,14 +201,15 @@ extern "C" __global__ void adam_vec_f32(float *__restrict__ p, const float *__re
 // safe) and dx's 32 columns gathered there and stored at the end. A row's M dot products with
 // dy are summed over the lanes through shared memory: each lane writes its M partial sums, and
 // after every S = 32 / M rows lane q M + b adds up the 32 partials of sum b of the S rows' q-th
-// (a third of the instructions of a butterfly over shuffles a row: 0.75 G against 1.72 G at the
-// seed's batch-10 shape, ncu, H100, 2026-12-07).
+// (with a butterfly of shuffles a row instead, the kernel issued 1.72 G instructions at the
+// seed's batch-10 shape, this way 0.75 G; the kernel before, lane-strided columns, 2.37 G: ncu,
+// H100, 2026-12-07).
 #define DENSE_ROWS_WARPS 4
 
 // Rows whose partial sums a warp holds at once (S above), and the stride of one sum's 32
 // partials: 36 words keep the 16-byte reads of a quarter-warp on distinct banks.
 template <int M> struct DenseRowsSummed {
-    static const int value = 32 / M;
+    static constexpr int value = 32 / M;
 };
 #define DENSE_ROWS_PART_STRIDE 36
 
@@ -237,11 +238,11 @@ __device__ __forceinline__ void store_cols(float *a, size_t row, int lane, int n
 }
 
 // Asks L2 for row `row` of w, mu, nu (n <= 128 floats: at most 5 lines of 128 bytes each, at
-// any alignment): lane 5 a + c takes array a's element min(32 c, n - 1). A hint only: no
-// registers held, no bits changed.
+// any alignment; nothing for n = 0): lane 5 a + c takes array a's element min(32 c, n - 1). A
+// hint only: no registers held, no bits changed.
 __device__ __forceinline__ void prefetch_row(const float *w, const float *mu, const float *nu,
                                              size_t row, int lane, int n) {
-    if (lane < 15) {
+    if (lane < 15 && n > 0) {
         const float *a = lane < 5 ? w : lane < 10 ? mu : nu;
         const float *p = a + row + min(32 * (lane % 5), n - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -249,8 +250,9 @@ __device__ __forceinline__ void prefetch_row(const float *w, const float *mu, co
 }
 
 // How many rows ahead of its loads a warp asks L2 for (prefetch_row), at the seed's batch-10
-// shape: 1 measured 2.862 ms against 2.957 at 2 and 3.204 at 3 (H100, 2026-12-07); for the
-// kernel before (a butterfly a row), 2 rows 2.857 against 3.024 without (H200, 2026-12-03).
+// shape: for the variant hft, 1 measured 2.862 ms against 2.957 at 2 and 3.204 at 3 (H100,
+// 2026-12-07); for the kernel before (a butterfly a row), 2 rows 2.857 against 3.024 without
+// (H200, 2026-12-03).
 #define DENSE_ROWS_PREFETCH 1
 
 // adam_one's step, or with FAST (under TF32) adam_tf32's (inv: the bias corrections'
@@ -318,10 +320,10 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
                                                   float *__restrict__ nu, float *dx, AdamHyper h,
                                                   int n, size_t k) {
     __shared__ float xs[DENSE_ROWS_WARPS][M][32];
-    // dx's sums, [b][r] 33 apart: both the row-wise writes and the column-wise reads are
-    // conflict-free
+    // dx's sums, [b][r] 33 apart: the column-wise reads at the group's end are conflict-free
+    // (sum_parts' writes, once every S rows, meet on a bank at most min(M, S) ways)
     __shared__ float ds[DENSE_ROWS_WARPS][M][33];
-    const int S = DenseRowsSummed<M>::value;
+    constexpr int S = DenseRowsSummed<M>::value;
     __shared__ __align__(16) float part[DENSE_ROWS_WARPS][S * M][DENSE_ROWS_PART_STRIDE];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float inv[2] = {1.0f / h.bias_correction1, 1.0f / h.bias_correction2};
@@ -363,9 +365,10 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
 
 // dense_adam_rows_m<M> (adam_one) and dense_adam_rows_tf32_m<M> (adam_tf32) for M = 1 .. 16:
 // blocks of DENSE_ROWS_WARPS warps, any grid; at least DENSE_ROWS_MIN_BLOCKS blocks a
-// multiprocessor. At the seed's batch-10 shape (H100, 2026-12-07, benches/cuda/rows4.sh): 4
-// blocks (128 registers) 2.954 ms, 5 (96, with spills) 3.14; lane-strided columns (the kernel
-// before) 3.12.
+// multiprocessor: 126 registers at M = 10 under TF32 (NVRTC 12.9, sm_90), no spills below M = 15.
+// At the seed's batch-10 shape (H100, 2026-12-07, benches/cuda/dense_rows_variants.sh as run
+// then, BENCHMARKS.md): the variant hft (this kernel with an approximate Adam step) 2.957 ms with
+// at least 4 blocks, 3.118-3.122 with 5; the kernel before (lane-strided columns) 3.113.
 #define DENSE_ROWS_MIN_BLOCKS 4
 #define DENSE_ROWS_BOUNDS __launch_bounds__(32 * DENSE_ROWS_WARPS, DENSE_ROWS_MIN_BLOCKS)
 #define DENSE_ADAM_ROWS(M)                                                                     \

@@ -51,7 +51,7 @@ struct Var {
     int wpb;
 };
 int main() {
-    const int m = 10, n = 128, reps = getenv("REPS") ? atoi(getenv("REPS")) : 15;
+    const int m = 10, n = 128, reps = std::max(1, getenv("REPS") ? atoi(getenv("REPS")) : 15);
     const int passes = getenv("PASSES") ? atoi(getenv("PASSES")) : 2;
     const size_t k = 2560000;
     int sms;

@@ -4,9 +4,11 @@
 # shared memory) beside the committed kernel and the one of an older adam.cu (its rows kernel
 # wrapped in a namespace), with each variant's hash of w, mu, nu and dx's largest difference
 # from the committed kernel's. BENCHMARKS.md: "The batch-10 dense update: dx's sums through
-# shared memory". On the GPU machine, from the repo root:
-#   bash benches/cuda/dense_rows_variants.sh <adam.cu of 916c275>
-# REPS and PASSES set the runs per variant (15) and the passes over the list (2).
+# shared memory". The older adam.cu is the first argument: on the build machine
+#   git show 916c275:kernels/adam.cu > old_adam.cu
+# (an ignored or untracked file travels with the checkout), then on the GPU machine, from the
+# repo root: bash benches/cuda/dense_rows_variants.sh old_adam.cu
+# REPS (at least 1) and PASSES set the runs per variant (15) and the passes over the list (2).
 set -eu
 out=$(mktemp -d)
 cp kernels/common.cuh benches/cuda/harness.cuh benches/cuda/dense_rows_variants.cu \

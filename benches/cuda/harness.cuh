@@ -1,5 +1,6 @@
-// What the CUDA timing harnesses share (benches/cuda/dense_rows.cu, bn.cu): a checked CUDA
-// call, a seeded fill and an FNV-1a hash of device bytes. Included after kernels/common.cuh
+// What the CUDA timing harnesses share (benches/cuda/dense_rows.cu, dense_rows_variants.cu,
+// bn.cu): a checked CUDA call, a seeded fill, an FNV-1a hash of device bytes and the dense
+// update's arrays (held for the process's life). Included after kernels/common.cuh
 // (GRID_STRIDE).
 #include <algorithm>
 #include <cstdio>
