@@ -365,7 +365,7 @@ __device__ __forceinline__ void dense_adam_rows_t(const float *x, const float *_
 
 // dense_adam_rows_m<M> (adam_one) and dense_adam_rows_tf32_m<M> (adam_tf32) for M = 1 .. 16:
 // blocks of DENSE_ROWS_WARPS warps, any grid; at least DENSE_ROWS_MIN_BLOCKS blocks a
-// multiprocessor: 126 registers at M = 10 under TF32 (NVRTC 12.9, sm_90), no spills below M = 15.
+// multiprocessor: 128 registers at M = 10 under TF32 (NVRTC 12.9, sm_90), no spills below M = 15.
 // At the seed's batch-10 shape (H100, 2026-12-07, benches/cuda/dense_rows_variants.sh as run
 // then, BENCHMARKS.md): the variant hft (this kernel with an approximate Adam step) 2.957 ms with
 // at least 4 blocks, 3.118-3.122 with 5; the kernel before (lane-strided columns) 3.113.
