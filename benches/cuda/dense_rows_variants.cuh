@@ -1,15 +1,9 @@
-// Variants of dense_adam_rows_t: lane l holds columns 4 l .. 4 l + 3 (16-byte accesses), dy in
-// registers, L2 asked PF rows ahead. AD: 0 adam_tf32, 1 approximate sqrt and reciprocal, 2
-// adam_one. RED: 0 reduce_scatter a row, 1 partials through shared memory, reduced 3 rows at a
-// time (lane l sums row l / M's column l % M). LA: the next row loaded into registers ahead.
+// Variants of dense_adam_rows_t, from the kernel's own pieces (load_cols, store_cols,
+// prefetch_row, adam_cols, sum_parts): lane l holds columns 4 l .. 4 l + 3 (16-byte accesses),
+// dy in registers, L2 asked PF rows ahead. AD: 0 adam_tf32, 1 approximate sqrt and reciprocal,
+// 2 adam_one. RED: 0 the butterfly reduce-scatter of 916c275 a row, 1 partials through shared
+// memory, summed every 32 / M rows (sum_parts). LA: the next row loaded into registers ahead.
 // n % 4 == 0, n <= 128, all arrays 16-byte aligned.
-__device__ __forceinline__ void prefetch_row4(const float *w, const float *mu, const float *nu,
-                                              size_t row, int lane, int n) {
-    if (lane < 12) {
-        const float *a = lane < 4 ? w : lane < 8 ? mu : nu;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a + row + min(32 * (lane & 3), n - 1)));
-    }
-}
 
 __device__ __forceinline__ float sqrt_approx(float x) {
     float r;
@@ -56,57 +50,50 @@ __device__ __forceinline__ void axpy4(float a, const float4 &x, float4 &y) {
     y.w = fmaf(a, x.w, y.w);
 }
 
-#define RED_ROWS 3
-#define RED_STRIDE 36
-
 template <int M, int PF, int WPB, int AD, int RED, bool LA>
 __device__ __forceinline__ void variant_t(const float *x, const float *__restrict__ dy,
                                         float *__restrict__ w, float *__restrict__ mu,
                                         float *__restrict__ nu, float *dx, AdamHyper h, int n,
                                         size_t k) {
-    constexpr int P = old::Pow2<M>::value;
-    static_assert(RED == 0 || RED_ROWS * M <= 32, "RED_ROWS M at most 32");
+    constexpr int P = old::Pow2<M>::value, S = DenseRowsSummed<M>::value;
     __shared__ float xs[WPB][M][32];
     __shared__ float ds[WPB][M][33];
-    __shared__ __align__(16) float red[RED ? WPB : 1][RED ? RED_ROWS * M : 1][RED_STRIDE];
+    __shared__ __align__(16) float part[RED ? WPB : 1][RED ? S * M : 1][DENSE_ROWS_PART_STRIDE];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const bool on = 4 * lane < n;
     const float inv[2] = {1.0f / h.bias_correction1, 1.0f / h.bias_correction2};
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 d[M];
 #pragma unroll
-    for (int b = 0; b < M; ++b) d[b] = on ? *(const float4 *)(dy + (size_t)b * n + 4 * lane) : zero;
+    for (int b = 0; b < M; ++b) d[b] = load_cols(dy, (size_t)b * n, lane, n, true);
     size_t groups = (k + 31) / 32;
     WARP_STRIDE(grp, groups) {
         size_t i0 = grp * 32;
         int rows = (int)min((size_t)32, k - i0);
         for (int r = 0; r < PF && r < rows; ++r)
-            prefetch_row4(w, mu, nu, (i0 + r) * (size_t)n, lane, n);
+            prefetch_row(w, mu, nu, (i0 + r) * (size_t)n, lane, n);
 #pragma unroll
         for (int b = 0; b < M; ++b) xs[wid][b][lane] = lane < rows ? x[b * k + i0 + lane] : 0.0f;
         __syncwarp();
         float4 nw, nm, nv;
         if (LA) {
-            size_t at = i0 * (size_t)n + 4 * lane;
-            nw = on ? *(const float4 *)(w + at) : zero;
-            nm = on ? *(const float4 *)(mu + at) : zero;
-            nv = on ? *(const float4 *)(nu + at) : zero;
+            const size_t row = i0 * (size_t)n;
+            nw = load_cols(w, row, lane, n, true), nm = load_cols(mu, row, lane, n, true),
+            nv = load_cols(nu, row, lane, n, true);
         }
-        for (int r = 0; r < rows; ++r) {
-            size_t at = (i0 + r) * (size_t)n + 4 * lane;
+        for (int r = 0, slot = 0; r < rows; ++r, slot = slot + 1 == S ? 0 : slot + 1) {
+            const size_t row = (i0 + r) * (size_t)n;
             float4 wv, mv, vv;
             if (LA) {
                 wv = nw, mv = nm, vv = nv;
-                bool more = on && r + 1 < rows;
-                nw = more ? *(const float4 *)(w + at + n) : zero;
-                nm = more ? *(const float4 *)(mu + at + n) : zero;
-                nv = more ? *(const float4 *)(nu + at + n) : zero;
+                const int more = r + 1 < rows ? n : 0;
+                nw = load_cols(w, row + n, lane, more, true);
+                nm = load_cols(mu, row + n, lane, more, true);
+                nv = load_cols(nu, row + n, lane, more, true);
             } else {
-                wv = on ? *(const float4 *)(w + at) : zero;
-                mv = on ? *(const float4 *)(mu + at) : zero;
-                vv = on ? *(const float4 *)(nu + at) : zero;
+                wv = load_cols(w, row, lane, n, true), mv = load_cols(mu, row, lane, n, true),
+                vv = load_cols(nu, row, lane, n, true);
             }
-            if (r + PF < rows) prefetch_row4(w, mu, nu, (i0 + r + PF) * (size_t)n, lane, n);
+            if (r + PF < rows) prefetch_row(w, mu, nu, row + PF * (size_t)n, lane, n);
             float s[P];
             float4 g = zero;
 #pragma unroll
@@ -121,30 +108,15 @@ __device__ __forceinline__ void variant_t(const float *x, const float *__restric
                 float total = old::reduce_scatter<P>(s, lane, &idx);
                 if (idx < M && (lane & ((32 / P) - 1)) == 0) ds[wid][idx][r] = total;
             } else {
-                const int slot = r % RED_ROWS;
 #pragma unroll
-                for (int b = 0; b < M; ++b) red[RED ? wid : 0][slot * M + b][lane] = s[b];
-                if (slot == RED_ROWS - 1 || r == rows - 1) {
-                    __syncwarp();
-                    if (lane < (slot + 1) * M) {
-                        const float4 *p = (const float4 *)red[RED ? wid : 0][lane];
-                        float4 a = p[0];
-#pragma unroll
-                        for (int j = 1; j < 8; ++j) {
-                            float4 t = p[j];
-                            a.x += t.x, a.y += t.y, a.z += t.z, a.w += t.w;
-                        }
-                        ds[wid][lane % M][r - slot + lane / M] = (a.x + a.y) + (a.z + a.w);
-                    }
-                    __syncwarp();
-                }
+                for (int b = 0; b < M; ++b) part[RED ? wid : 0][slot * M + b][lane] = s[b];
+                if (slot == S - 1 || r == rows - 1)
+                    sum_parts<M>(part[RED ? wid : 0], ds[wid], slot, r, lane);
             }
-            if (on) {
-                adam4<AD>(wv, g, mv, vv, h, inv);
-                *(float4 *)(w + at) = wv;
-                *(float4 *)(mu + at) = mv;
-                *(float4 *)(nu + at) = vv;
-            }
+            adam4<AD>(wv, g, mv, vv, h, inv);
+            store_cols(w, row, lane, n, true, wv);
+            store_cols(mu, row, lane, n, true, mv);
+            store_cols(nu, row, lane, n, true, vv);
         }
         __syncwarp();
         if (dx && lane < rows) {
