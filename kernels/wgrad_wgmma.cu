@@ -31,20 +31,34 @@
 // k-slots past the tile carry dy = 0 against real x columns, so an infinite x there makes NaN
 // (0 * Inf) in dw where the true sum pairs that column with no dy: non-finite activations
 // give NaN rather than Inf or a finite value at the image's right edge.
+//
+// Under 3xTF32 (wgmma_wgrad_3x3_c64_f32x3, full fp32) an infinite operand's rest is Inf - Inf =
+// NaN, as is that of a finite one past TF32's largest value (rounded to Inf), so such operands
+// give NaN in dw where f32 sums give Inf or a finite value.
 
 #define WG_THREADS 384
-#define WG_KSTEPS 5                     // most 8-position k-steps a tile (Q <= 10)
-#define WG_GROUPS (2 * WG_KSTEPS + 2)   // x column groups staged a row (dy: 2 WG_KSTEPS)
-#define WG_XITEMS (16 * WG_GROUPS)      // threads staging x, a (group, 4 channels) each
-#define WG_DITEMS (32 * WG_KSTEPS)      // the threads after them, staging dy
 #define WG_SBO 144                      // bytes between 8-channel core matrices (N)
 #define WG_LBO (8 * WG_SBO)             // bytes between column groups (K): 8 core matrices
-#define WG_XSLOT (WG_GROUPS * WG_LBO)   // bytes of one staged input row
-#define WG_DSLOT (2 * WG_KSTEPS * WG_LBO) // bytes of one staged dy tile (A)
 #define WG_RAW (WG_THREADS * 4 * 20)    // a raw stage: 4 16-byte chunks, 4 mask words a thread
 #define WG_XSLOTS 5 // input row slots: a tile's 3, the next tile's new one, one still read
 #define WG_DSLOTS 3 // dy slots: this tile's, the next one's, one still read
-#define WG_SMEM (WG_XSLOTS * WG_XSLOT + WG_DSLOTS * WG_DSLOT + 2 * WG_RAW)
+
+// The sizes of the kernel of one arithmetic: X3 = 0 for TF32 (each operand rounded once), 1 for
+// 3xTF32 (each operand staged as its TF32 rounding `big` and the rounding of the rest `small`,
+// d += A_big B_big + A_big B_small + A_small B_big: about f32's accuracy, the scheme of CUTLASS's
+// "3xTF32" fast-accurate GEMMs). 3xTF32's two copies of every operand fit 227 KB of shared
+// memory with tiles of at most 4 k-steps (32 positions) instead of 5.
+template <int X3> struct WgSizes {
+    static constexpr int ksteps = X3 ? 4 : 5;          // most 8-position k-steps a tile
+    static constexpr int groups = 2 * ksteps + 2;      // x column groups staged a row
+    static constexpr int xitems = 16 * groups;         // threads staging x, (group, 4 channels)
+    static constexpr int ditems = 32 * ksteps;         // the threads after them, staging dy
+    static constexpr u32 xpart = groups * WG_LBO;      // bytes of one copy of an input row
+    static constexpr u32 dpart = 2 * ksteps * WG_LBO;  // bytes of one copy of a dy tile (A)
+    static constexpr u32 xslot = (1 + X3) * xpart;     // a slot: big, then small (3xTF32)
+    static constexpr u32 dslot = (1 + X3) * dpart;
+    static constexpr u32 smem = WG_XSLOTS * xslot + WG_DSLOTS * dslot + 2 * WG_RAW;
+};
 
 // One tile: image n, output row oy of column strip `strip`, columns ox0 .. ox0 + tw - 1 (pos0
 // the position index of the first); q = ceil(tw / 4) positions a group, ks = ceil(q / 2)
@@ -86,14 +100,15 @@ __device__ __forceinline__ WgTile wg_step(const WindowGeometry &g, int tw, int s
     return t;
 }
 
-// This thread's staging item: 0 for x (threads 0 .. WG_XITEMS - 1), 1 for dy (the WG_DITEMS
-// after them), -1 for none; its group G and channels 4 c .. 4 c + 3, the four positions (or
-// input columns) G + e Q, e = 0..3, of the group.
-__device__ __forceinline__ int wg_item(int &G, int &c) {
+// This thread's staging item: 0 for x (threads 0 .. xitems - 1), 1 for dy (the ditems after
+// them), -1 for none; its group G and channels 4 c .. 4 c + 3, the four positions (or input
+// columns) G + e Q, e = 0..3, of the group.
+template <int X3> __device__ __forceinline__ int wg_item(int &G, int &c) {
+    using S = WgSizes<X3>;
     const int tid = threadIdx.x;
     c = tid & 15;
-    G = (tid < WG_XITEMS ? tid : tid - WG_XITEMS) >> 4;
-    return tid < WG_XITEMS ? 0 : tid < WG_XITEMS + WG_DITEMS ? 1 : -1;
+    G = (tid < S::xitems ? tid : tid - S::xitems) >> 4;
+    return tid < S::xitems ? 0 : tid < S::xitems + S::ditems ? 1 : -1;
 }
 
 // Issues this thread's item of tile t as cp.async copies into the raw stage at shared address
@@ -101,11 +116,12 @@ __device__ __forceinline__ int wg_item(int &G, int &c) {
 // input row oy + r - pad_top; for dy (when with_dy), the tile's positions and their mask
 // words. Zeros outside the image and past the tile. Each thread converts what it copied
 // (wg_convert), so its own cp.async.wait_group orders the two, no barrier.
+template <int X3>
 __device__ __forceinline__ void wg_fetch(const float *x, const float *dy, const u32 *mask,
                                          const WindowGeometry &g, const WgTile &t, int r,
                                          bool with_dy, u32 raw) {
     int G, c;
-    const int kind = wg_item(G, c);
+    const int kind = wg_item<X3>(G, c);
     const u32 chunk = raw + threadIdx.x * 16, word = raw + WG_THREADS * 64 + threadIdx.x * 4;
     if (kind == 0) {
         const long iy = (long)t.oy + r - (long)g.pad_top, ix0 = (long)t.ox0 + G - (long)g.pad_left;
@@ -130,17 +146,25 @@ __device__ __forceinline__ void wg_fetch(const float *x, const float *dy, const 
     }
 }
 
+// Stores the four words v at shared address at.
+__device__ __forceinline__ void wg_store4(u32 at, const u32 (&v)[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(at), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+}
+
 // Converts this thread's item of tile t from the raw stage at raw into its slot, rounded to
-// TF32: x into the input row slot xslot, dy (when with_dy) into the dy slot dslot, first masked
+// TF32 (under 3xTF32 also the rest, rounded, into the slot's second copy): x into the input row
+// slot xslot, dy (when with_dy) into the dy slot dslot, first masked
 // by the ReLU backward (with keep written back in place) and added to the bias-gradient sums
 // db (channels 4 (threadIdx.x % 16) ..). Channel ci of group G is the 16-byte row ci % 8 of core
 // matrix ci / 8 (SBO apart: conflict-free for 8 consecutive threads), its elements e = 0..3.
 // Every group the tile's products read is written (zeros past the tile).
+template <int X3>
 __device__ __forceinline__ void wg_convert(float *dy, const u32 *mask, int keep,
                                            const WgTile &t, u32 raw, u32 xslot, u32 dslot,
                                            bool with_dy, float (&db)[4]) {
     int G, c;
-    const int kind = wg_item(G, c);
+    const int kind = wg_item<X3>(G, c);
     const bool x_item = kind == 0 && G < 2 * t.ks + 2;
     if (!x_item && !(kind == 1 && with_dy && G < 2 * t.ks)) return;
     const u32 chunk = raw + threadIdx.x * 16, word = raw + WG_THREADS * 64 + threadIdx.x * 4;
@@ -167,14 +191,21 @@ __device__ __forceinline__ void wg_convert(float *dy, const u32 *mask, int keep,
         }
     }
     const u32 slot = (x_item ? xslot : dslot) + G * WG_LBO;
+    const u32 part = x_item ? WgSizes<X3>::xpart : WgSizes<X3>::dpart;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int ci = 4 * c + j;
-        const float *f0 = &v[0].x, *f1 = &v[1].x, *f2 = &v[2].x, *f3 = &v[3].x;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
-                         slot + (ci >> 3) * WG_SBO + (ci & 7) * 16),
-                     "r"(tf32_bits(f0[j])), "r"(tf32_bits(f1[j])), "r"(tf32_bits(f2[j])),
-                     "r"(tf32_bits(f3[j])));
+        const u32 at = slot + (ci >> 3) * WG_SBO + (ci & 7) * 16;
+        const float f[4] = {(&v[0].x)[j], (&v[1].x)[j], (&v[2].x)[j], (&v[3].x)[j]};
+        u32 big[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) big[e] = tf32_bits(f[e]);
+        wg_store4(at, big);
+        if (X3) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) big[e] = tf32_bits(f[e] - __uint_as_float(big[e]));
+            wg_store4(at + part, big);
+        }
     }
 }
 
@@ -211,13 +242,21 @@ __device__ __forceinline__ void wg_mma(float (&d)[96], u64 a, u64 b) {
 }
 
 // The tile's products for this warpgroup (kernel row r): its k-steps issued and committed as
-// one group, A at the dy slot, B at the input row slot of r.
+// one group, A at the dy slot, B at the input row slot of r; under 3xTF32 each k-step's
+// big-small and small-big products first, then big-big.
+template <int X3>
 __device__ __forceinline__ void wg_products(float (&d)[96], u32 dslot, u32 xslot, int ks) {
+    using S = WgSizes<X3>;
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < WG_KSTEPS; ++i) {
+    for (int i = 0; i < S::ksteps; ++i) {
         if (i >= ks) break;
-        wg_mma(d, wg_desc(dslot + 2 * i * WG_LBO), wg_desc(xslot + 2 * i * WG_LBO));
+        const u64 a = wg_desc(dslot + 2 * i * WG_LBO), b = wg_desc(xslot + 2 * i * WG_LBO);
+        if (X3) {
+            wg_mma(d, a, wg_desc(xslot + S::xpart + 2 * i * WG_LBO));
+            wg_mma(d, wg_desc(dslot + S::dpart + 2 * i * WG_LBO), b);
+        }
+        wg_mma(d, a, b);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -235,16 +274,18 @@ __device__ __forceinline__ void wg_wait_all(float (&d)[96]) {
 
 // Stages tile t whole (its three input rows and dy) into the slots of its rows, through the
 // raw stage at raw.
+template <int X3>
 __device__ __forceinline__ void wg_stage_tile(const float *x, float *dy, const u32 *mask,
                                               int keep, const WindowGeometry &g,
                                               const WgTile &t, u32 xs, u32 ds, u32 raw,
                                               float (&db)[4]) {
     for (int r = 0; r < 3; ++r) {
-        wg_fetch(x, dy, mask, g, t, r, r == 2, raw);
+        wg_fetch<X3>(x, dy, mask, g, t, r, r == 2, raw);
         asm volatile("cp.async.commit_group;");
         asm volatile("cp.async.wait_group 0;" ::: "memory");
-        const u32 xslot = xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT;
-        wg_convert(dy, mask, keep, t, raw, xslot, ds + t.oy % WG_DSLOTS * WG_DSLOT, r == 2, db);
+        const u32 xslot = xs + (t.oy + r) % WG_XSLOTS * WgSizes<X3>::xslot;
+        const u32 dslot = ds + t.oy % WG_DSLOTS * WgSizes<X3>::dslot;
+        wg_convert<X3>(dy, mask, keep, t, raw, xslot, dslot, r == 2, db);
     }
     wg_fence_async();
 }
@@ -283,14 +324,16 @@ __device__ void wg_partials(const float (&d)[96], const float (&db)[4], double *
     }
 }
 
-// x [n, h, w, 64] and dy [n, out_h, out_w, 64] (16-byte aligned), mask null or dy's packed
-// ReLU mask, partial [gridDim.x, 577, 64] doubles; tiles tw (<= 40) positions wide; dynamic
-// shared memory WG_SMEM bytes.
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-    wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int keep,
-                            double *partial, WindowGeometry g, int tw) {
+// The kernel of arithmetic X3 (WgSizes): x [n, h, w, 64] and dy [n, out_h, out_w, 64]
+// (16-byte aligned), mask null or dy's packed ReLU mask, partial [gridDim.x, 577, 64] doubles;
+// tiles tw (<= 8 WgSizes<X3>::ksteps) positions wide; dynamic shared memory WgSizes<X3>::smem
+// bytes.
+template <int X3>
+__device__ __forceinline__ void wg_wgrad(const float *x, float *dy, const u32 *mask, int keep,
+                                         double *partial, const WindowGeometry &g, int tw) {
+    using S = WgSizes<X3>;
     extern __shared__ __align__(128) unsigned char smem[];
-    const u32 xs = (u32)__cvta_generic_to_shared(smem), ds = xs + WG_XSLOTS * WG_XSLOT;
+    const u32 xs = (u32)__cvta_generic_to_shared(smem), ds = xs + WG_XSLOTS * S::xslot;
     const int r = threadIdx.x >> 7, strips = ((int)g.out_w + tw - 1) / tw;
     const size_t units = g.n * g.out_h * strips;
     const size_t u0 = units * blockIdx.x / gridDim.x, u1 = units * (blockIdx.x + 1) / gridDim.x;
@@ -301,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     // tile u's products run, when it continues the strip of u + 1 and u + 1 that of u (else
     // when u + 1 is staged whole); one commit group a tile, empty or not, so that wait_group 1
     // always means "the next tile's copies have landed"
-    const u32 raw = ds + WG_DSLOTS * WG_DSLOT;
+    const u32 raw = ds + WG_DSLOTS * S::dslot;
     WgTile t = wg_tile(g, tw, strips, u0), t1 = wg_step(g, tw, strips, t);
     WgTile t2 = wg_step(g, tw, strips, t1);
     for (size_t u = u0; u < u1; ++u, t = t1, t1 = t2, t2 = wg_step(g, tw, strips, t2)) {
@@ -309,22 +352,22 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (u == u0 || t.oy == 0) {
             wg_wait_all(d); // the last strip's products read the slots staged here
             __syncthreads();
-            wg_stage_tile(x, dy, mask, keep, g, t, xs, ds, raw + (u & 1) * WG_RAW, db);
+            wg_stage_tile<X3>(x, dy, mask, keep, g, t, xs, ds, raw + (u & 1) * WG_RAW, db);
             __syncthreads();
-            if (c1) wg_fetch(x, dy, mask, g, t1, 2, true, raw + ((u + 1) & 1) * WG_RAW);
+            if (c1) wg_fetch<X3>(x, dy, mask, g, t1, 2, true, raw + ((u + 1) & 1) * WG_RAW);
             asm volatile("cp.async.commit_group;");
         }
-        if (c2) wg_fetch(x, dy, mask, g, t2, 2, true, raw + (u & 1) * WG_RAW);
+        if (c2) wg_fetch<X3>(x, dy, mask, g, t2, 2, true, raw + (u & 1) * WG_RAW);
         asm volatile("cp.async.commit_group;");
-        wg_products(d, ds + t.oy % WG_DSLOTS * WG_DSLOT, xs + (t.oy + r) % WG_XSLOTS * WG_XSLOT,
-                    t.ks);
+        wg_products<X3>(d, ds + t.oy % WG_DSLOTS * S::dslot,
+                        xs + (t.oy + r) % WG_XSLOTS * S::xslot, t.ks);
         if (c1) {
             // the slots written here were last read by tile u - 2, whose products every
             // warpgroup waited for before the last barrier
             asm volatile("cp.async.wait_group 1;" ::: "memory");
-            const u32 xslot = xs + (t1.oy + 2) % WG_XSLOTS * WG_XSLOT;
-            wg_convert(dy, mask, keep, t1, raw + ((u + 1) & 1) * WG_RAW, xslot,
-                       ds + t1.oy % WG_DSLOTS * WG_DSLOT, true, db);
+            const u32 xslot = xs + (t1.oy + 2) % WG_XSLOTS * S::xslot;
+            wg_convert<X3>(dy, mask, keep, t1, raw + ((u + 1) & 1) * WG_RAW, xslot,
+                           ds + t1.oy % WG_DSLOTS * S::dslot, true, db);
             wg_fence_async();
         }
         wg_wait_prev(); // tile u - 1's products: tile u's stay in flight across the barrier
@@ -333,4 +376,18 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     wg_wait_all(d);
     asm volatile("cp.async.wait_all;" ::: "memory");
     wg_partials(d, db, partial + (size_t)blockIdx.x * 577 * 64, smem);
+}
+
+// TF32: tiles of at most 40 positions, 165,120 bytes of shared memory.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int keep,
+                            double *partial, WindowGeometry g, int tw) {
+    wg_wgrad<0>(x, dy, mask, keep, partial, g, tw);
+}
+
+// 3xTF32 (full fp32): tiles of at most 32 positions, 231,936 bytes of shared memory.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    wgmma_wgrad_3x3_c64_f32x3(const float *x, float *dy, const u32 *mask, int keep,
+                              double *partial, WindowGeometry g, int tw) {
+    wg_wgrad<1>(x, dy, mask, keep, partial, g, tw);
 }

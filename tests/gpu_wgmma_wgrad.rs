@@ -1,11 +1,12 @@
 //! The wgmma filter gradient (`kernels/wgrad_wgmma.cu`: a 3x3, stride-1 conv from 64 to 64
-//! channels, f32 under TF32, on Hopper's warpgroup tensor cores) against the CPU backend on
-//! fresh seeded random inputs: the filter and bias gradients with the ReLU backward fused (the
+//! channels in f32 on Hopper's warpgroup tensor cores, under TF32 and in full fp32 as 3xTF32)
+//! against the CPU backend on fresh seeded random inputs: the filter and bias gradients with the ReLU backward fused (the
 //! masked dy bit for bit), with dy consumed (the same bits), and without bias or activation (dy
 //! untouched), on SAME, VALID and asymmetric padding, one pixel, rows of 1 to 5 strips (the
 //! seed's 200 columns in the widest tiles, 40 columns; ResNet-50's 56); each pass's workspace is
 //! exactly its schedule; under `DirectConvs::Winning` calibration times the kernel against
-//! cuDNN's choice and runs the faster. Without a GPU every test prints a skip notice.
+//! cuDNN's choice and runs the faster, in both precisions. Without a GPU every test prints a
+//! skip notice.
 
 mod common;
 
@@ -81,9 +82,22 @@ fn grads(
     [&dw, &db, &d, &dw_plain, &plain_dy].map(|t| t.to_vec().unwrap())
 }
 
-/// [`grads`] of `g` on `cuda` match the CPU's: the gradients within TF32's rounding (norm-wise
-/// 2e-3: operands with 10-bit mantissas), the masked and the untouched dy exactly.
-fn grads_match(cuda: &Arc<CudaBackend>, g: &Conv2dGeometry) {
+/// The precisions the kernel runs in: the plan's name of its arithmetic and the gradients'
+/// norm-wise tolerance against the CPU's exact f32: TF32's rounding (2e-3: operands with
+/// 10-bit mantissas), and 3xTF32's, about f32's (1e-5: each operand's TF32 rounding and the
+/// rounded rest, only the product of the two rests dropped, about 2^-22 of each product).
+const PRECISIONS: [(Precision, &str, f64); 2] = [
+    (Precision::Tf32, "TF32 tensor cores (wgmma), f32 sums", 2e-3),
+    (
+        Precision::Highest,
+        "3xTF32 tensor cores (wgmma), f32 sums",
+        1e-5,
+    ),
+];
+
+/// [`grads`] of `g` on `cuda` match the CPU's: the gradients norm-wise within `tol`, the
+/// masked and the untouched dy exactly.
+fn grads_match(cuda: &Arc<CudaBackend>, g: &Conv2dGeometry, tol: f64) {
     let mut rng = Rng::new(seed_for("wgmma_wgrad", &[g.n, g.h, g.w, g.pad_top]));
     let inputs = [
         rng.vec(g.input_shape().numel(), -1.0, 1.0),
@@ -107,18 +121,25 @@ fn grads_match(cuda: &Arc<CudaBackend>, g: &Conv2dGeometry) {
         assert!(a.iter().all(|v| v.is_finite()), "{what}");
         match i {
             2 | 4 => assert_close(a, b, 0.0, 0.0, &what),
-            _ => println!("{what}: rel {:.2e}", assert_rel_close(a, b, 2e-3, &what)),
+            _ => println!("{what}: rel {:.2e}", assert_rel_close(a, b, tol, &what)),
         }
     }
 }
 
-/// Every case runs the wgmma kernel (its plan says so) and matches the CPU; its workspace is
-/// the schedule; the forward pass and a 32-channel conv stay on cuDNN.
+/// In both precisions every case runs the wgmma kernel (its plan says so) and matches the CPU;
+/// its workspace is the schedule; the forward pass and a 32-channel conv stay on cuDNN.
 #[test]
 fn wgmma_filter_grad_matches_the_cpu() {
-    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
-        return;
-    };
+    for (precision, math, tol) in PRECISIONS {
+        let Some(cuda) = private_cuda_with(precision) else {
+            return;
+        };
+        matches_the_cpu(&cuda, math, tol);
+    }
+}
+
+/// [`wgmma_filter_grad_matches_the_cpu`] on `cuda`, its plans naming `math`.
+fn matches_the_cpu(cuda: &Arc<CudaBackend>, math: &str, tol: f64) {
     cuda.set_direct_convs(DirectConvs::All);
     for g in &cases() {
         assert!(
@@ -133,7 +154,7 @@ fn wgmma_filter_grad_matches_the_cpu() {
             !cuda.conv_is_direct(g, DType::BF16, ConvPass::BackwardFilter),
             "{g:?}"
         );
-        grads_match(&cuda, g);
+        grads_match(cuda, g, tol);
     }
     let plans = cuda.conv_plans();
     for g in &cases() {
@@ -141,7 +162,7 @@ fn wgmma_filter_grad_matches_the_cpu() {
             .iter()
             .find(|p| p.geometry == *g && p.pass == ConvPass::BackwardFilter)
             .unwrap_or_else(|| panic!("no plan for {g:?}"));
-        assert_eq!(p.math, "TF32 tensor cores (wgmma), f32 sums", "{p}");
+        assert_eq!(p.math, math, "{p}");
         assert!(p.algorithm.starts_with("stax direct"), "{p}");
     }
     let gpu: Arc<dyn Backend> = cuda.clone();
@@ -174,18 +195,31 @@ fn wgmma_filter_grad_matches_the_cpu() {
     assert!(!cuda.conv_is_direct(&narrow, DType::F32, ConvPass::BackwardFilter));
 }
 
-/// Under `DirectConvs::Winning` (the default) the kernel is timed at calibration against
-/// cuDNN's choice, listed as a candidate with its time, and chosen exactly when faster; the
-/// pass then matches the CPU whichever runs. Not timed, so not run, with deterministic
-/// algorithms; not under full fp32.
+/// In both precisions, under `DirectConvs::Winning` (the default) the kernel is timed at
+/// calibration against cuDNN's choice, listed as a candidate with its time, and chosen exactly
+/// when faster; the pass then matches the CPU whichever runs. Not timed, so not run, with
+/// deterministic algorithms.
 #[test]
 fn wgmma_filter_grad_is_chosen_by_timing() {
-    let Some(cuda) = private_cuda_with(Precision::Tf32) else {
-        return;
-    };
     let g = geometry([4, 24, 200, 64], Padding::Same);
+    for (precision, _, tol) in PRECISIONS {
+        let Some(cuda) = private_cuda_with(precision) else {
+            return;
+        };
+        chosen_by_timing(&cuda, g, tol);
+        let Some(fixed) = private_cuda_with(precision) else {
+            return;
+        };
+        fixed.set_deterministic(true);
+        calibrated_plan(&fixed, &g, ConvPass::BackwardFilter);
+        assert!(!fixed.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    }
+}
+
+/// [`wgmma_filter_grad_is_chosen_by_timing`] of `g` on `cuda`, the gradients within `tol`.
+fn chosen_by_timing(cuda: &Arc<CudaBackend>, g: Conv2dGeometry, tol: f64) {
     assert!(!cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
-    let plan = calibrated_plan(&cuda, &g, ConvPass::BackwardFilter);
+    let plan = calibrated_plan(cuda, &g, ConvPass::BackwardFilter);
     let direct: Vec<_> = plan
         .candidates
         .iter()
@@ -203,16 +237,5 @@ fn wgmma_filter_grad_is_chosen_by_timing() {
         false => assert!(plan.time_ms <= ms, "{plan:#}"),
     }
     println!("{plan:#}");
-    grads_match(&cuda, &g);
-    let Some(fixed) = private_cuda_with(Precision::Tf32) else {
-        return;
-    };
-    fixed.set_deterministic(true);
-    calibrated_plan(&fixed, &g, ConvPass::BackwardFilter);
-    assert!(!fixed.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
-    let Some(full) = private_cuda_with(Precision::Highest) else {
-        return;
-    };
-    full.set_direct_convs(DirectConvs::All);
-    assert!(!full.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    grads_match(cuda, &g, tol);
 }

@@ -114,12 +114,12 @@ fn load_module(
         } else if dense::is_mma(&symbol) {
             // what the device allows: a shape needing more is not dispatched there
             allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
-        } else if symbol == direct::WGMMA_WGRAD {
+        } else if let Some(k) = direct::WGMMA_WGRADS.iter().find(|k| k.symbol == symbol) {
             // not loaded where its shared memory does not fit: its pass stays on cuDNN
-            if direct::WGMMA_SHARED > shared_optin {
+            if k.shared > shared_optin {
                 continue;
             }
-            allow_shared(&f, direct::WGMMA_SHARED)?;
+            allow_shared(&f, k.shared)?;
         }
         functions.push((symbol, f));
     }

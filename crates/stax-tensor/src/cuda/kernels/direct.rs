@@ -24,15 +24,43 @@ const WARP_WARPS: usize = 4;
 /// Its blocks a multiprocessor (`__launch_bounds__(DW_THREADS, 3)`: at most 170 registers).
 const WARP_BLOCKS_PER_SM: usize = 3;
 
-/// The kernel of `kernels/wgrad_wgmma.cu`: the filter gradient of [`wgmma_applies`].
-pub(crate) const WGMMA_WGRAD: &str = "wgmma_wgrad_3x3_c64_f32";
+/// A kernel of `kernels/wgrad_wgmma.cu`: the filter gradient of [`wgmma_applies`] in one
+/// arithmetic (`WgSizes<X3>` in the source).
+pub(crate) struct WgmmaKernel {
+    /// Its symbol.
+    pub(crate) symbol: &'static str,
+    /// Its dynamic shared memory in bytes (`WgSizes::smem`): 5 input-row slots of
+    /// `2 ksteps + 2` column groups and 3 dy slots of `2 ksteps`, each group 1,152 bytes (twice
+    /// under 3xTF32: the TF32 rounding and the rest's), and two raw stages of 30,720 bytes.
+    pub(crate) shared: usize,
+    /// The most 8-position k-steps of one of its tiles (`WgSizes::ksteps`).
+    ksteps: usize,
+}
+
+/// The TF32 kernel (operands rounded once, `Precision::Tf32`) and the 3xTF32 one (each operand
+/// as its TF32 rounding plus the rounded rest, three products: about f32's accuracy, for
+/// `Precision::Highest`).
+pub(crate) const WGMMA_WGRADS: [WgmmaKernel; 2] = [
+    WgmmaKernel {
+        symbol: "wgmma_wgrad_3x3_c64_f32",
+        shared: 165_120,
+        ksteps: 5,
+    },
+    WgmmaKernel {
+        symbol: "wgmma_wgrad_3x3_c64_f32x3",
+        shared: 231_936,
+        ksteps: 4,
+    },
+];
+
+/// The kernel of [`WGMMA_WGRADS`] for f32 operands rounded to TF32 where `tf32`, else for full
+/// fp32 (3xTF32).
+fn wgmma_kernel(tf32: bool) -> &'static WgmmaKernel {
+    &WGMMA_WGRADS[usize::from(!tf32)]
+}
+
 /// Its threads a block (`WG_THREADS`: three warpgroups, one a kernel row).
 const WGMMA_THREADS: u32 = 384;
-/// Its dynamic shared memory in bytes (`WG_SMEM`): 5 input-row slots of 12 column groups and
-/// 3 dy slots of 10, each group 1,152 bytes, and two raw stages of 30,720 bytes.
-pub(crate) const WGMMA_SHARED: usize = 165_120;
-/// The most 8-position k-steps of one of its tiles (`WG_KSTEPS`).
-const WGMMA_KSTEPS: usize = 5;
 
 /// Whether `kernels/wgrad_wgmma.cu` takes `g` (in f32 under TF32, on an `sm_90` device): an
 /// NHWC input with an HWIO kernel, 3x3, stride 1, undilated, 64 input and 64 output channels,
@@ -54,17 +82,18 @@ fn wgmma_ksteps(tw: usize) -> usize {
     tw.div_ceil(4).div_ceil(2)
 }
 
-/// The width of the wgmma kernel's tiles (output positions of one row) for rows of `out_w`:
-/// the strips per row that take the fewest k-steps in all ([`wgmma_ksteps`] a tile, at most
-/// [`WGMMA_KSTEPS`]), the fewest strips among equals. The
-/// seed's 200 columns: 5 tiles of 40 (5 k-steps each, every k-slot a position).
-fn wgmma_tile_width(out_w: usize) -> usize {
-    let widest = 8 * WGMMA_KSTEPS;
+/// The width of a wgmma kernel's tiles (output positions of one row) for rows of `out_w`, at
+/// most `most` k-steps a tile ([`WgmmaKernel`]): the strips per row that take the fewest
+/// k-steps in all ([`wgmma_ksteps`] a tile), the fewest strips among equals. The seed's 200
+/// columns: in TF32 5 tiles of 40 (5 k-steps each, every k-slot a position), in 3xTF32 9 of
+/// 23 (3 k-steps each).
+fn wgmma_tile_width(out_w: usize, most: usize) -> usize {
+    let widest = 8 * most;
     let least = out_w.div_ceil(widest);
     (least..least + 5)
         .map(|strips| out_w.div_ceil(strips))
         .map(|tw| (out_w.div_ceil(tw), tw))
-        .filter(|&(_, tw)| wgmma_ksteps(tw) <= WGMMA_KSTEPS)
+        .filter(|&(_, tw)| wgmma_ksteps(tw) <= most)
         .min_by_key(|&(strips, tw)| (strips * wgmma_ksteps(tw), strips))
         .map_or(widest, |(_, tw)| tw)
 }
@@ -121,6 +150,9 @@ pub(crate) enum DirectMath {
     /// `kernels/wgrad_wgmma.cu`: f32 operands rounded to TF32, `wgmma.mma_async` (the filter
     /// gradient of [`wgmma_applies`] only).
     Tf32Wgmma,
+    /// The same in full fp32 as 3xTF32: each operand its TF32 rounding plus the rounded rest,
+    /// three products (the small-small one dropped), about f32's accuracy.
+    Tf32x3Wgmma,
 }
 
 impl DirectMath {
@@ -132,6 +164,7 @@ impl DirectMath {
             DirectMath::Tf32Warp => "TF32 tensor cores (mma, a warp a tile), f32 sums",
             DirectMath::HalfMma => "16-bit tensor cores (mma), f32 sums",
             DirectMath::Tf32Wgmma => "TF32 tensor cores (wgmma), f32 sums",
+            DirectMath::Tf32x3Wgmma => "3xTF32 tensor cores (wgmma), f32 sums",
         }
     }
 }
@@ -180,11 +213,12 @@ fn aligned(op: &'static str, addr: u64, math: DirectMath) -> Result<DirectMath, 
 }
 
 impl Kernels {
-    /// Whether the filter gradient of `g` in `dtype` (f32 operands rounded to TF32 where `tf32`)
-    /// runs `kernels/wgrad_wgmma.cu`: f32 under TF32, [`wgmma_applies`], and the kernel loaded
-    /// (an `sm_90` device allowing its shared memory: `load_module`).
+    /// Whether the filter gradient of `g` in `dtype` (f32 operands rounded to TF32 where `tf32`,
+    /// else full fp32) runs `kernels/wgrad_wgmma.cu`: f32, [`wgmma_applies`], and the kernel
+    /// of that arithmetic loaded (an `sm_90` device allowing its shared memory: `load_module`).
     pub(crate) fn wgmma_takes(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> bool {
-        dtype == DType::F32 && tf32 && wgmma_applies(g) && self.functions.contains_key(WGMMA_WGRAD)
+        let symbol = wgmma_kernel(tf32).symbol;
+        dtype == DType::F32 && wgmma_applies(g) && self.functions.contains_key(symbol)
     }
 
     /// Blocks of the filter gradient's grid for `g` with arithmetic `math`: for the FMA and
@@ -195,8 +229,9 @@ impl Kernels {
     /// takes more blocks than the warp kernel.
     fn direct_wgrad_blocks(&self, g: &Conv2dGeometry, math: DirectMath) -> usize {
         match math {
-            DirectMath::Tf32Wgmma => {
-                let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w));
+            DirectMath::Tf32Wgmma | DirectMath::Tf32x3Wgmma => {
+                let most = wgmma_kernel(math == DirectMath::Tf32Wgmma).ksteps;
+                let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w, most));
                 (g.n * g.out_h * strips).clamp(1, self.sms as usize)
             }
             DirectMath::Tf32Warp => self.warp_blocks(g, 8),
@@ -218,9 +253,10 @@ impl Kernels {
     /// [`Self::wgmma_takes`]) before any alignment fallback: the wgmma filter gradient where it
     /// takes `g` (its only pass), else [`direct_math`].
     pub(crate) fn math(&self, g: &Conv2dGeometry, dtype: DType, tf32: bool) -> DirectMath {
-        match self.wgmma_takes(g, dtype, tf32) {
-            true => DirectMath::Tf32Wgmma,
-            false => direct_math(g, dtype, tf32),
+        match (self.wgmma_takes(g, dtype, tf32), tf32) {
+            (true, true) => DirectMath::Tf32Wgmma,
+            (true, false) => DirectMath::Tf32x3Wgmma,
+            (false, _) => direct_math(g, dtype, tf32),
         }
     }
 
@@ -298,8 +334,9 @@ impl Kernels {
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
         if self.wgmma_takes(g, dtype, tf32) {
-            let blocks = self.direct_wgrad_blocks(g, DirectMath::Tf32Wgmma);
-            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), (partial, blocks))?;
+            let blocks = self.direct_wgrad_blocks(g, self.math(g, dtype, tf32));
+            let launch = (wgmma_kernel(tf32), partial, blocks);
+            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), launch)?;
             return self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db));
         }
         let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
@@ -338,13 +375,13 @@ impl Kernels {
         self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db))
     }
 
-    /// `kernels/wgrad_wgmma.cu` for `g` of [`Self::wgmma_takes`]: the partials of
+    /// `kernel` of `kernels/wgrad_wgmma.cu` for `g` of [`Self::wgmma_takes`]: the partials of
     /// [`Self::direct_filter_grad`] from a grid of `blocks` ([`Self::direct_wgrad_blocks`]).
     fn wgmma_filter_grad(
         &self,
         g: &Conv2dGeometry,
         (x, dy, (mask, keep)): (u64, u64, (u64, bool)),
-        (partial, blocks): (u64, usize),
+        (kernel, partial, blocks): (&WgmmaKernel, u64, usize),
     ) -> Result<(), TensorError> {
         const OP: &str = "wgmma_wgrad";
         if x % 16 != 0 || dy % 16 != 0 {
@@ -356,17 +393,17 @@ impl Kernels {
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (WGMMA_THREADS, 1, 1),
-            shared_mem_bytes: WGMMA_SHARED as u32,
+            shared_mem_bytes: kernel.shared as u32,
         };
         let (wg, keep) = (WindowGeometry::of(g), i32::from(keep));
-        let tw = wgmma_tile_width(g.out_w) as i32;
-        let f = self.function(WGMMA_WGRAD)?;
-        // SAFETY: `wgmma_wgrad_3x3_c64_f32(const float *x, float *dy, const u32 *mask, int
+        let tw = wgmma_tile_width(g.out_w, kernel.ksteps) as i32;
+        let f = self.function(kernel.symbol)?;
+        // SAFETY: `wgmma_wgrad_3x3_c64_f32[x3](const float *x, float *dy, const u32 *mask, int
         // keep, double *partial, WindowGeometry g, int tw)`; x holds g's NHWC f32 input and dy
         // its NHWC output gradient (64 channels each, 16-byte aligned: checked above), mask
         // null or numel/32 words, partial blocks*577*64 doubles (direct_wgrad_bytes, the
-        // grid's blocks); blocks of 384 threads with WGMMA_SHARED bytes of dynamic shared
-        // memory (allowed at load: load_module, wgmma_takes), tiles tw <= 40 wide
+        // grid's blocks); blocks of 384 threads with the kernel's shared bytes of dynamic
+        // shared memory (allowed at load: load_module, wgmma_takes), tiles tw <= 8 ksteps wide
         // (wgmma_tile_width).
         unsafe { launch!(self.stream, f, cfg; &x, &dy, &mask, &keep, &partial, &wg, &tw).map(drop) }
             .map_err(driver(OP))
@@ -402,9 +439,11 @@ impl Kernels {
 mod tests {
     use super::wgmma_tile_width;
 
-    /// The fewest k-steps in all, then the fewest strips: the seed's 200 columns in 5 tiles of
-    /// 40 (every k-slot a position), ResNet-50's 56 in 2 of 28, 95 in 3 of 32, 48 in 2 of 24,
-    /// widths up to 40 in one tile.
+    /// The fewest k-steps in all, then the fewest strips. TF32 (5 k-steps a tile at most): the
+    /// seed's 200 columns in 5 tiles of 40 (every k-slot a position), ResNet-50's 56 in 2 of
+    /// 28, 95 in 3 of 32, 48 in 2 of 24, widths up to 40 in one tile. 3xTF32 (4 at most): 200
+    /// in 9 tiles of 23 (27 k-steps; 7 of 29 would take 28), 56 in 2 of 28, 40 in 5 of 8 (5
+    /// k-steps; 2 of 20 would take 6).
     #[test]
     fn tile_widths_take_the_fewest_k_steps_then_the_fewest_strips() {
         for (out_w, tw) in [
@@ -416,7 +455,10 @@ mod tests {
             (1, 1),
             (7, 7),
         ] {
-            assert_eq!(wgmma_tile_width(out_w), tw, "{out_w}");
+            assert_eq!(wgmma_tile_width(out_w, 5), tw, "{out_w}");
+        }
+        for (out_w, tw) in [(200, 23), (56, 28), (40, 8), (32, 32), (33, 7), (1, 1)] {
+            assert_eq!(wgmma_tile_width(out_w, 4), tw, "{out_w}");
         }
     }
 }

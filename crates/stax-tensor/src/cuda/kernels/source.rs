@@ -199,7 +199,10 @@ impl KernelModule {
             ],
             KernelModule::DirectConv | KernelModule::DenseMma | KernelModule::DirectWarp => &[],
             KernelModule::DirectMma => &DIRECT_MMA_F32,
-            KernelModule::WgradWgmma => &[super::direct::WGMMA_WGRAD],
+            KernelModule::WgradWgmma => &[
+                super::direct::WGMMA_WGRADS[0].symbol,
+                super::direct::WGMMA_WGRADS[1].symbol,
+            ],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
