@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use stax_tensor::cuda::{CudaBackend, DirectConvs};
+use stax_tensor::cuda::{CudaBackend, DirectConvs, Fp32Convs};
 use stax_tensor::ops;
 use stax_tensor::{
     Activation, Backend, Category, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding,
@@ -136,6 +136,14 @@ fn wgmma_filter_grad_matches_the_cpu() {
         };
         matches_the_cpu(&cuda, math, tol);
     }
+    // `--fp32-convs fma` keeps full fp32 on cuDNN's FMA algorithms
+    let Some(fma) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    fma.set_fp32_convs(Fp32Convs::Fma);
+    fma.set_direct_convs(DirectConvs::All);
+    let g = &cases()[0];
+    assert!(!fma.conv_is_direct(g, DType::F32, ConvPass::BackwardFilter));
 }
 
 /// [`wgmma_filter_grad_matches_the_cpu`] on `cuda`, its plans naming `math`.

@@ -223,6 +223,11 @@ impl Dnn {
         state.fp32 = fp32;
     }
 
+    /// How full fp32 convolutions may run ([`Self::set_fp32`]).
+    pub(crate) fn fp32(&self) -> Fp32Convs {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).fp32
+    }
+
     /// From now on, chooses for each pass the first algorithm in cuDNN's heuristic order
     /// (`cudnnGet*Algorithm_v7`) that cuDNN marks `CUDNN_DETERMINISTIC`, succeeds and fits the
     /// workspace limit, without timing anything (PyTorch's `cudnn.deterministic = True,

@@ -17,13 +17,14 @@
 //! stays on cuDNN (a first layer has none).
 //!
 //! One wider filter gradient is direct too: a 3x3, stride-1 conv from 64 to 64 channels in f32
-//! under TF32 on an `sm_90` device (`kernels/wgrad_wgmma.cu`, Hopper's `wgmma`; the seed's
-//! conv2), where cuDNN's best TF32 algorithm reaches about 104 TFLOP/s: at the seed's batch 100
-//! calibration timed it at 2.82 ms and the kernel, with the ReLU backward, at 1.46 ms (H100,
-//! 2026-12-05, BENCHMARKS.md).
+//! on an `sm_90` device (`kernels/wgrad_wgmma.cu`, Hopper's `wgmma`; the seed's conv2), under
+//! TF32, where cuDNN's best TF32 algorithm reaches about 104 TFLOP/s (at the seed's batch 100
+//! calibration timed it at 2.82 ms and the kernel, with the ReLU backward, at 1.46 ms, H100,
+//! 2026-12-05, BENCHMARKS.md), and in full fp32 as 3xTF32 (three TF32 products of each
+//! operand's rounding and rounded rest), beside cuDNN's FMA algorithms and 3xTF32 composites.
 
 use super::CudaBackend;
-use super::cudnn::{ConvCandidate, ConvPlanInfo, Operands, mean_ms};
+use super::cudnn::{ConvCandidate, ConvPlanInfo, Fp32Convs, Operands, mean_ms};
 use super::kernels::{DirectMath, direct_applies};
 use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
@@ -62,7 +63,8 @@ pub enum DirectConvs {
     /// choice without (its epilogue may be fused or a separate pass), so it leans to cuDNN
     /// (a first form that timed the kernels without theirs made the seed's TF32 step at batch
     /// 100 0.2-0.3 ms slower, H200, 2026-12-03).
-    /// The wgmma filter gradient (3x3, 64 to 64 channels, TF32) is timed the same way.
+    /// The wgmma filter gradients (3x3, 64 to 64 channels; TF32, and 3xTF32 under full fp32)
+    /// are timed the same way.
     /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
@@ -127,13 +129,15 @@ impl CudaBackend {
     }
 
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
-    /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernel.
+    /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernels (TF32, and
+    /// 3xTF32 in full fp32 unless [`Fp32Convs::Fma`] keeps it on FMA algorithms).
     fn direct_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let fma_only = !self.tf32() && self.dnn.fp32() == Fp32Convs::Fma;
         match pass {
             ConvPass::BackwardData => false,
             ConvPass::Forward => direct_applies(g),
             ConvPass::BackwardFilter => {
-                direct_applies(g) || self.kernels.wgmma_takes(g, dtype, self.tf32())
+                direct_applies(g) || (!fma_only && self.kernels.wgmma_takes(g, dtype, self.tf32()))
             }
         }
     }
