@@ -14,8 +14,8 @@ use common::*;
 use stax_tensor::cuda::{CudaBackend, DirectConvs, Fp32Convs};
 use stax_tensor::ops;
 use stax_tensor::{
-    Activation, Backend, Category, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding,
-    Precision, Tensor,
+    Activation, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, ConvSpec, DType,
+    OpDesc, Padding, Precision, Tensor,
 };
 use std::sync::Arc;
 
@@ -221,6 +221,22 @@ fn wgmma_filter_grad_is_chosen_by_timing() {
         fixed.set_deterministic(true);
         calibrated_plan(&fixed, &g, ConvPass::BackwardFilter);
         assert!(!fixed.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+        // a workspace limit below one block's partials leaves the pass on cuDNN, untimed
+        let limit = 577 * 64 * 8 - 1;
+        let options = BackendOptions {
+            workspace_limit: Some(limit),
+            ..with_precision(precision)
+        };
+        let Some(tight) = cuda_backend_or_skip(&options) else {
+            return;
+        };
+        let plan = calibrated_plan(&tight, &g, ConvPass::BackwardFilter);
+        assert!(!tight.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+        let timed = plan
+            .candidates
+            .iter()
+            .any(|c| c.algorithm.starts_with("stax direct"));
+        assert!(!timed && plan.workspace_bytes <= limit, "{plan:#}");
     }
 }
 

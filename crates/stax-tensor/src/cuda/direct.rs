@@ -144,7 +144,12 @@ impl CudaBackend {
 
     /// The workspace of the direct kernel of `pass` for `g` in `dtype`: the filter gradient's
     /// partials, none for the forward pass.
-    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> usize {
+    pub(super) fn direct_workspace_bytes(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> usize {
         match pass {
             ConvPass::BackwardFilter => self.direct_wgrad_bytes(g, dtype),
             _ => 0,
@@ -161,7 +166,8 @@ impl CudaBackend {
         let chosen = match self.direct_convs() {
             DirectConvs::Off => false,
             DirectConvs::Winning => {
-                self.direct_by_rule(g, dtype, pass) || self.direct_won(g, dtype, pass)
+                (self.direct_by_rule(g, dtype, pass) || self.direct_won(g, dtype, pass))
+                    && self.direct_fits(g, dtype, pass)
             }
             DirectConvs::All => true,
         };
@@ -181,6 +187,14 @@ impl CudaBackend {
             && (mma || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))
     }
 
+    /// Whether the direct kernel's workspace for `pass` of `g` in `dtype` (the filter gradient's
+    /// partials) is within the pass's workspace limit (the user's, or its allotment): under
+    /// [`DirectConvs::Winning`] a kernel over it neither runs nor is timed, as a cuDNN
+    /// algorithm over it would not be chosen.
+    fn direct_fits(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        self.direct_workspace_bytes(g, dtype, pass) <= self.conv_limit(&(*g, dtype, pass))
+    }
+
     /// Whether the kernel was timed faster than cuDNN for `pass` of `g` in `dtype`.
     fn direct_won(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         let times = self.direct_times.lock().unwrap_or_else(|p| p.into_inner());
@@ -189,11 +203,13 @@ impl CudaBackend {
 
     /// Whether calibration times the kernel for `pass` of `g` in `dtype` against cuDNN's
     /// choice: under [`DirectConvs::Winning`], for a pass the kernels take that the rule does
-    /// not already give them, unless cuDNN's choice is made without timing.
+    /// not already give them and whose workspace fits the limit ([`Self::direct_fits`]),
+    /// unless cuDNN's choice is made without timing.
     pub(super) fn direct_is_timed(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         self.direct_convs() == DirectConvs::Winning
             && self.direct_takes(g, dtype, pass)
             && !self.direct_by_rule(g, dtype, pass)
+            && self.direct_fits(g, dtype, pass)
             && !self.dnn.is_deterministic()
     }
 
