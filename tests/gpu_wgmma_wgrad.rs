@@ -5,7 +5,8 @@
 //! untouched), on SAME, VALID and asymmetric padding, one pixel, rows of 1 to 5 strips (the
 //! seed's 200 columns in the widest tiles, 40 columns; ResNet-50's 56); each pass's workspace is
 //! exactly its schedule; under `DirectConvs::Winning` calibration times the kernel against
-//! cuDNN's choice and runs the faster, in both precisions. Without a GPU every test prints a
+//! cuDNN's choice and runs the faster, in both precisions; long sums (524,288 products a
+//! weight) in full fp32 within the CPU's own f32 error. Without a GPU every test prints a
 //! skip notice.
 
 mod common;
@@ -262,4 +263,18 @@ fn chosen_by_timing(cuda: &Arc<CudaBackend>, g: Conv2dGeometry, tol: f64) {
     }
     println!("{plan:#}");
     grads_match(cuda, &g, tol);
+}
+
+/// Long sums in full fp32: 524,288 products a weight (32x128x128), about 4,000 positions a
+/// block summed in the tensor cores' f32 accumulators. The CPU's own f32 sums are about
+/// sqrt(n) x 6e-8 = 4e-5 off at this length, so 1e-4 (as `gpu_convs` allows cuDNN here).
+#[test]
+fn long_sums_in_full_fp32_match_the_cpu() {
+    let Some(cuda) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    cuda.set_direct_convs(DirectConvs::All);
+    let g = geometry([32, 128, 128, 64], Padding::Same);
+    assert!(cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    grads_match(&cuda, &g, 1e-4);
 }

@@ -144,12 +144,7 @@ impl CudaBackend {
 
     /// The workspace of the direct kernel of `pass` for `g` in `dtype`: the filter gradient's
     /// partials, none for the forward pass.
-    pub(super) fn direct_workspace_bytes(
-        &self,
-        g: &Conv2dGeometry,
-        dtype: DType,
-        pass: ConvPass,
-    ) -> usize {
+    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> usize {
         match pass {
             ConvPass::BackwardFilter => self.direct_wgrad_bytes(g, dtype),
             _ => 0,

@@ -91,13 +91,8 @@ impl CudaBackend {
     fn widen(&self, key: ConvKey, headroom: usize) -> Result<(), TensorError> {
         let (g, dtype, pass) = key;
         self.calibrate_conv((&g, dtype, pass), true)?;
-        let Some((cudnn, _)) = self.dnn.chosen((&g, dtype), self.precision, pass) else {
+        let Some((now, _)) = self.dnn.chosen((&g, dtype), self.precision, pass) else {
             return Ok(());
-        };
-        // the workspace of what runs: the direct kernel's where it won the timing
-        let now = match self.conv_is_direct(&g, dtype, pass) {
-            true => self.direct_workspace_bytes(&g, dtype, pass),
-            false => cudnn,
         };
         let (old, limit) = (self.conv_limit(&key), now.saturating_add(headroom));
         let limit = limit.min(self.workspace_cap);
