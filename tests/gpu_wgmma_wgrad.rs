@@ -1,13 +1,13 @@
 //! The wgmma filter gradient (`kernels/wgrad_wgmma.cu`: a 3x3, stride-1 conv from 64 to 64
 //! channels in f32 on Hopper's warpgroup tensor cores, under TF32 and in full fp32 as 3xTF32)
-//! against the CPU backend on fresh seeded random inputs: the filter and bias gradients with the ReLU backward fused (the
-//! masked dy bit for bit), with dy consumed (the same bits), and without bias or activation (dy
-//! untouched), on SAME, VALID and asymmetric padding, one pixel, rows of 1 to 5 strips (the
-//! seed's 200 columns in the widest tiles, 40 columns; ResNet-50's 56); each pass's workspace is
-//! exactly its schedule; under `DirectConvs::Winning` calibration times the kernel against
-//! cuDNN's choice and runs the faster, in both precisions; long sums (524,288 products a
-//! weight) in full fp32 within the CPU's own f32 error. Without a GPU every test prints a
-//! skip notice.
+//! against the CPU backend on fresh seeded random inputs: the filter and bias gradients with
+//! the ReLU backward fused (the masked dy bit for bit), with dy consumed (the same bits), and
+//! without bias or activation (dy untouched), on SAME, VALID and asymmetric padding, one pixel,
+//! rows of 1 to 5 strips (the seed's 200 columns in the widest tiles, 40 columns; ResNet-50's
+//! 56); each pass's workspace is exactly its schedule; under `DirectConvs::Winning`
+//! calibration times the kernel against cuDNN's choice and runs the faster, in both
+//! precisions; long sums (524,288 products a weight) in full fp32 within the CPU's own f32
+//! error. Without a GPU every test prints a skip notice.
 
 mod common;
 
