@@ -59,6 +59,13 @@ template <int X3> struct WgSizes {
     static constexpr u32 dslot = (1 + X3) * dpart;
     static constexpr u32 smem = WG_XSLOTS * xslot + WG_DSLOTS * dslot + 2 * WG_RAW;
 };
+// The launcher's copies (WGMMA_WGRADS, crates/stax-tensor/src/cuda/kernels/direct.rs), the
+// staging threads within the block, and Hopper's 232,448 bytes of shared memory a block.
+static_assert(WgSizes<0>::smem == 165120 && WgSizes<0>::ksteps == 5, "WGMMA_WGRADS[0]");
+static_assert(WgSizes<1>::smem == 231936 && WgSizes<1>::ksteps == 4, "WGMMA_WGRADS[1]");
+static_assert(WgSizes<0>::xitems + WgSizes<0>::ditems <= WG_THREADS, "staging threads");
+static_assert(WgSizes<1>::xitems + WgSizes<1>::ditems <= WG_THREADS, "staging threads");
+static_assert(WgSizes<1>::smem <= 232448, "shared memory");
 
 // One tile: image n, output row oy of column strip `strip`, columns ox0 .. ox0 + tw - 1 (pos0
 // the position index of the first); q = ceil(tw / 4) positions a group, ks = ceil(q / 2)

@@ -12,7 +12,7 @@
 mod common;
 
 use common::*;
-use stax_tensor::cuda::{CudaBackend, DirectConvs, Fp32Convs};
+use stax_tensor::cuda::{ConvPlanInfo, CudaBackend, DirectConvs, Fp32Convs};
 use stax_tensor::ops;
 use stax_tensor::{
     Activation, Backend, BackendOptions, Category, Conv2dGeometry, ConvPass, ConvSpec, DType,
@@ -137,14 +137,6 @@ fn wgmma_filter_grad_matches_the_cpu() {
         };
         matches_the_cpu(&cuda, math, tol);
     }
-    // `--fp32-convs fma` keeps full fp32 on cuDNN's FMA algorithms
-    let Some(fma) = private_cuda_with(Precision::Highest) else {
-        return;
-    };
-    fma.set_fp32_convs(Fp32Convs::Fma);
-    fma.set_direct_convs(DirectConvs::All);
-    let g = &cases()[0];
-    assert!(!fma.conv_is_direct(g, DType::F32, ConvPass::BackwardFilter));
 }
 
 /// [`wgmma_filter_grad_matches_the_cpu`] on `cuda`, its plans naming `math`.
@@ -207,7 +199,8 @@ fn matches_the_cpu(cuda: &Arc<CudaBackend>, math: &str, tol: f64) {
 /// In both precisions, under `DirectConvs::Winning` (the default) the kernel is timed at
 /// calibration against cuDNN's choice, listed as a candidate with its time, and chosen exactly
 /// when faster; the pass then matches the CPU whichever runs. Not timed, so not run, with
-/// deterministic algorithms.
+/// deterministic algorithms, under a limit below its partials, or in full fp32 with
+/// `Fp32Convs::Fma`.
 #[test]
 fn wgmma_filter_grad_is_chosen_by_timing() {
     let g = geometry([4, 24, 200, 64], Padding::Same);
@@ -233,12 +226,23 @@ fn wgmma_filter_grad_is_chosen_by_timing() {
         };
         let plan = calibrated_plan(&tight, &g, ConvPass::BackwardFilter);
         assert!(!tight.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
-        let timed = plan
-            .candidates
-            .iter()
-            .any(|c| c.algorithm.starts_with("stax direct"));
-        assert!(!timed && plan.workspace_bytes <= limit, "{plan:#}");
+        assert!(!timed(&plan) && plan.workspace_bytes <= limit, "{plan:#}");
     }
+    // `--fp32-convs fma` keeps full fp32 on cuDNN's FMA algorithms: the kernel is not timed
+    let Some(fma) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    fma.set_fp32_convs(Fp32Convs::Fma);
+    let plan = calibrated_plan(&fma, &g, ConvPass::BackwardFilter);
+    assert!(!fma.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
+    assert!(!timed(&plan) && plan.math.contains("FMA"), "{plan:#}");
+}
+
+/// Whether `plan` lists a direct kernel among its candidates (it was timed).
+fn timed(plan: &ConvPlanInfo) -> bool {
+    plan.candidates
+        .iter()
+        .any(|c| c.algorithm.starts_with("stax direct"))
 }
 
 /// [`wgmma_filter_grad_is_chosen_by_timing`] of `g` on `cuda`, the gradients within `tol`.

@@ -204,5 +204,5 @@ int main(int argc, char **argv) {
   const size_t n = argc > 1 ? atoi(argv[1]) : 100;
   const bool all = run<0>(sms, n) & run<1>(sms, n);
   printf(all ? "ALL OK\n" : "SOME FAILED\n");
-  return 0;
+  return all ? 0 : 1;
 }

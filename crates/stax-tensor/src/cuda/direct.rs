@@ -130,14 +130,13 @@ impl CudaBackend {
 
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
     /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernels (TF32, and
-    /// 3xTF32 in full fp32 unless [`Fp32Convs::Fma`] keeps it on FMA algorithms).
+    /// 3xTF32 in full fp32).
     fn direct_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
-        let fma_only = !self.tf32() && self.dnn.fp32() == Fp32Convs::Fma;
         match pass {
             ConvPass::BackwardData => false,
             ConvPass::Forward => direct_applies(g),
             ConvPass::BackwardFilter => {
-                direct_applies(g) || (!fma_only && self.kernels.wgmma_takes(g, dtype, self.tf32()))
+                direct_applies(g) || self.kernels.wgmma_takes(g, dtype, self.tf32())
             }
         }
     }
@@ -199,13 +198,18 @@ impl CudaBackend {
     /// Whether calibration times the kernel for `pass` of `g` in `dtype` against cuDNN's
     /// choice: under [`DirectConvs::Winning`], for a pass the kernels take that the rule does
     /// not already give them and whose workspace fits the limit ([`Self::direct_fits`]),
-    /// unless cuDNN's choice is made without timing.
+    /// unless cuDNN's choice is made without timing, or the kernel is the 3xTF32 wgmma one and
+    /// [`Fp32Convs::Fma`] keeps full fp32 on FMA algorithms. Read when the pass is calibrated:
+    /// a later setting leaves the choice made.
     pub(super) fn direct_is_timed(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let fma_only = self.direct_math(g, dtype) == DirectMath::Tf32x3Wgmma
+            && self.dnn.fp32() == Fp32Convs::Fma;
         self.direct_convs() == DirectConvs::Winning
             && self.direct_takes(g, dtype, pass)
             && !self.direct_by_rule(g, dtype, pass)
             && self.direct_fits(g, dtype, pass)
             && !self.dnn.is_deterministic()
+            && !fma_only
     }
 
     /// Times the kernel of `pass` for `g` in `dtype` on the search's buffers `ops`, with its
