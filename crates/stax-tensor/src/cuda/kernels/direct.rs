@@ -229,14 +229,18 @@ impl Kernels {
     /// takes more blocks than the warp kernel.
     fn direct_wgrad_blocks(&self, g: &Conv2dGeometry, math: DirectMath) -> usize {
         match math {
-            DirectMath::Tf32Wgmma | DirectMath::Tf32x3Wgmma => {
-                let most = wgmma_kernel(math == DirectMath::Tf32Wgmma).ksteps;
-                let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w, most));
-                (g.n * g.out_h * strips).clamp(1, self.sms as usize)
-            }
+            DirectMath::Tf32Wgmma => self.wgmma_blocks(g, wgmma_kernel(true)),
+            DirectMath::Tf32x3Wgmma => self.wgmma_blocks(g, wgmma_kernel(false)),
             DirectMath::Tf32Warp => self.warp_blocks(g, 8),
             _ => tiles(g).clamp(1, 2 * self.sms as usize),
         }
+    }
+
+    /// Blocks of `kernel`'s grid for `g`: one a multiprocessor (its shared memory), at most one
+    /// a tile.
+    fn wgmma_blocks(&self, g: &Conv2dGeometry, kernel: &WgmmaKernel) -> usize {
+        let strips = g.out_w.div_ceil(wgmma_tile_width(g.out_w, kernel.ksteps));
+        (g.n * g.out_h * strips).clamp(1, self.sms as usize)
     }
 
     /// Blocks of a `kernels/direct_warp.cu` grid for `g` whose warps take segments of `unit`
@@ -334,9 +338,9 @@ impl Kernels {
     ) -> Result<(), TensorError> {
         const OP: &str = "direct_conv_wgrad";
         if self.wgmma_takes(g, dtype, tf32) {
-            let blocks = self.direct_wgrad_blocks(g, self.math(g, dtype, tf32));
-            let launch = (wgmma_kernel(tf32), partial, blocks);
-            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), launch)?;
+            let kernel = wgmma_kernel(tf32);
+            let blocks = self.wgmma_blocks(g, kernel);
+            self.wgmma_filter_grad(g, (x, dy, (mask, keep)), (kernel, partial, blocks))?;
             return self.direct_wgrad_finish(g, dtype, partial, blocks, (dw, db));
         }
         let math = aligned(OP, dy, direct_math(g, dtype, tf32))?;
