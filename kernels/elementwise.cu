@@ -45,20 +45,42 @@ CAST(f16_t, f16, float, f32)
 CAST(bf16_t, bf16, f16_t, f16)
 CAST(f16_t, f16, bf16_t, bf16)
 
-// The operands of a full fp32 product on TF32 tensor cores (3xTF32, cudnn/tf32x3.rs): hi[i] =
-// x[i] rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as PTX's
-// cvt.rna.tf32.f32; truncated where that rounding would overflow to infinity), lo[i] = x[i] -
-// hi[i], exact in f32. Infinities and NaNs are their own hi, with lo = 0. i < n.
-extern "C" __global__ void tf32_split(const float *x, float *hi, float *lo, size_t n) {
+// The TF32 rounding of v (10 mantissa bits; to nearest, ties away from zero, as PTX's
+// cvt.rna.tf32.f32; truncated where that rounding would overflow to infinity): 3xTF32's high
+// part, whose rest v - hi is exact in f32. Infinities and NaNs are their own high part.
+__device__ __forceinline__ float tf32_hi(float v) {
     const u32 EXP = 0x7f800000u, LOW = 0xffffe000u;
+    const u32 bits = __float_as_uint(v);
+    const u32 up = (bits + 0x1000u) & LOW;
+    return (bits & EXP) == EXP ? v : __uint_as_float((up & EXP) == EXP ? bits & LOW : up);
+}
+
+// The rest v - hi of v's high part hi (0 where v is not finite).
+__device__ __forceinline__ float tf32_lo(float v, float hi) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u ? v - hi : 0.0f;
+}
+
+// The operands of a full fp32 product on TF32 tensor cores (3xTF32, cudnn/tf32x3.rs): hi[i] =
+// tf32_hi(x[i]), lo[i] = x[i] - hi[i]. i < n.
+extern "C" __global__ void tf32_split(const float *x, float *hi, float *lo, size_t n) {
     GRID_STRIDE(i, n) {
-        const float v = x[i];
-        const u32 bits = __float_as_uint(v);
-        const bool finite = (bits & EXP) != EXP;
-        const u32 up = (bits + 0x1000u) & LOW;
-        const float h = !finite ? v : __uint_as_float((up & EXP) == EXP ? bits & LOW : up);
+        const float v = x[i], h = tf32_hi(v);
         hi[i] = h;
-        lo[i] = finite ? v - h : 0.0f;
+        lo[i] = tf32_lo(v, h);
+    }
+}
+
+// 3xTF32's operand parts stacked along a row (cudnn/tf32x3.rs, the stacked composites): row r
+// of c elements of x becomes row r of 3 c of out, three segments of c: segment lo_seg the rests
+// x - hi, the other two the high parts hi (tf32_split's). rows * c elements of x.
+extern "C" __global__ void tf32_stack(const float *x, float *out, size_t rows, size_t c,
+                                      int lo_seg) {
+    GRID_STRIDE(i, rows * c) {
+        const size_t r = i >> 32 ? i / c : (u32)i / (u32)c, j = i - r * c; // c < 2^32
+        const float v = x[i], h = tf32_hi(v);
+        float *o = out + 3 * r * c + j;
+#pragma unroll
+        for (int s = 0; s < 3; ++s) o[s * c] = s == lo_seg ? tf32_lo(v, h) : h;
     }
 }
 

@@ -92,7 +92,7 @@ fn a_flag_the_model_or_data_cannot_take_names_itself_and_what_works() {
         (
             &cnn,
             &["--fp32-convs", "tf32"],
-            "invalid value 'tf32' for '--fp32-convs <FP32_CONVS>': expected fastest, fma or 3xtf32",
+            "invalid value 'tf32' for '--fp32-convs <FP32_CONVS>': expected fastest, fma, 3xtf32 or 3xtf32-stacked",
         ),
         (
             &cnn,

@@ -421,14 +421,22 @@ fn full_fp32_passes_over_the_workspace_limit_run_in_batch_chunks() {
     );
 }
 
-/// Full fp32 as three TF32 tensor-core passes on the operands' high and low parts
-/// ([`Fp32Convs::Tf32x3`]): every pass within full fp32's 1e-5 of the CPU (one TF32 pass is
-/// about 1e-4 off), first under the default limit (every layout's cases; those whose tensors are
-/// not multiples of 16 bytes run cuDNN's FMA algorithms), then for the 64-channel 3x3 conv
-/// under 3 MiB, too little for its whole batch's parts (4.8 MB forward): every pass over batch
-/// chunks, within the limit.
+/// Full fp32 as TF32 tensor-core passes on the operands' high and low parts
+/// ([`Fp32Convs::Tf32x3`], then [`Fp32Convs::Tf32x3Stacked`], where the forward and
+/// backward-data passes are one pass over the parts stacked along their summed channels):
+/// every pass within full fp32's 1e-5 of the CPU (one TF32 pass is about 1e-4 off), first under
+/// the default limit (every layout's cases, NHWC and NCHW, plain and transposed; those whose
+/// tensors are not multiples of 16 bytes run cuDNN's FMA algorithms), then for the 64-channel
+/// 3x3 conv under 3 MiB, too little for its whole batch's parts (4.8 MB forward, 7.3 MB
+/// stacked): every pass over batch chunks, within the limit.
 #[test]
 fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
+    for fp32 in [Fp32Convs::Tf32x3, Fp32Convs::Tf32x3Stacked] {
+        full_fp32_composites_match_the_cpu(fp32);
+    }
+}
+
+fn full_fp32_composites_match_the_cpu(fp32: Fp32Convs) {
     let wide = Conv2dGeometry::new(
         &[8, 32, 32, 64].into(),
         &[3, 3, 64, 64].into(),
@@ -446,7 +454,7 @@ fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
         let Some(cuda) = cuda_backend_or_skip(&options) else {
             return;
         };
-        cuda.set_fp32_convs(Fp32Convs::Tf32x3);
+        cuda.set_fp32_convs(fp32);
         let gpu: Arc<dyn Backend> = cuda.clone();
         for g in &cases {
             conv_passes_match(g, &gpu, Precision::Highest);
@@ -468,6 +476,17 @@ fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
             ConvPass::BackwardFilter,
         ] {
             assert!(emulated(pass) > 0, "no {pass:?} ran 3xTF32: {plans:#?}");
+        }
+        // the filter gradient never stacked; under Tf32x3Stacked every forward and
+        // backward-data composite stacked (under Tf32x3 either form, as timed)
+        let stacked =
+            |p: &stax_tensor::cuda::ConvPlanInfo| p.algorithm.starts_with("3xTF32 stacked");
+        for p in plans.iter().filter(|p| p.algorithm.starts_with("3xTF32")) {
+            if p.pass == ConvPass::BackwardFilter {
+                assert!(!stacked(p), "{fp32:?}: {p:#}");
+            } else if fp32 == Fp32Convs::Tf32x3Stacked {
+                assert!(stacked(p), "{fp32:?}: {p:#}");
+            }
         }
         if limit < DEFAULT_WORKSPACE_LIMIT {
             let chunked = |p: &&stax_tensor::cuda::ConvPlanInfo| {

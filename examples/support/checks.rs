@@ -363,5 +363,6 @@ pub fn direct_convs(s: &str) -> Result<DirectConvs, &'static str> {
 
 /// `--fp32-convs`: the word parsed, or clap's error with the accepted words (once).
 pub fn fp32_convs(s: &str) -> Result<Fp32Convs, &'static str> {
-    s.parse().map_err(|_| "expected fastest, fma or 3xtf32")
+    s.parse()
+        .map_err(|_| "expected fastest, fma, 3xtf32 or 3xtf32-stacked")
 }

@@ -192,7 +192,9 @@ pub struct Common {
     pub conv_apis: ConvApis,
     /// CUDA, --precision highest: how the f32 convs run full fp32: fastest (default: cuDNN's
     /// FMA algorithms or 3xTF32, three TF32 tensor-core passes on the operands' high and low
-    /// parts, whichever the search times faster), fma or 3xtf32.
+    /// parts, or for the forward and backward-data passes one TF32 pass over the parts stacked
+    /// along the summed channels, whichever the search times faster), fma, 3xtf32 (only the
+    /// composites) or 3xtf32-stacked (only the stacked ones where a pass has them).
     #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
     pub fp32_convs: Fp32Convs,
     /// CUDA: where our direct kernels for convs of at most 32 taps (the first conv on RGB

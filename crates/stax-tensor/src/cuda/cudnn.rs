@@ -37,7 +37,7 @@ pub use tf32x3::Fp32Convs;
 
 use super::kernels::Kernels;
 use crate::{Conv2dGeometry, ConvPass, DType, Precision, TensorError};
-use calls::{Algo, Choice, Descriptors, Ws, candidates, cudnn, execute_bias_act};
+use calls::{Algo, Choice, Descriptors, Emulated, Ws, candidates, cudnn, execute_bias_act};
 use cudarc::cudnn::{result, sys};
 use cudarc::driver::CudaStream;
 use search::{Search, budget, choose, choose_deterministic, listed, run_choice};
@@ -403,7 +403,7 @@ fn search_math(precision: Precision, dtype: DType) -> sys::cudnnMathType_t {
 /// cuDNN's math type for running `choice` of a convolution in `dtype` under `precision` (a
 /// 3xTF32 composite runs its passes in its TF32 algorithm's).
 fn math(precision: Precision, dtype: DType, choice: Choice) -> sys::cudnnMathType_t {
-    if dtype == DType::F32 && precision == Precision::Highest && !choice.tf32x3 {
+    if dtype == DType::F32 && precision == Precision::Highest && choice.emulated == Emulated::No {
         sys::cudnnMathType_t::CUDNN_FMA_MATH
     } else {
         choice.math
@@ -413,8 +413,9 @@ fn math(precision: Precision, dtype: DType, choice: Choice) -> sys::cudnnMathTyp
 impl Dnn {
     /// The forward pass of `conv` with `epi` fused by cuDNN where it can be
     /// (`cudnnConvolutionBiasActivationForward` with the chosen algorithm when that is
-    /// `IMPLICIT_PRECOMP_GEMM`, the only one cuDNN fuses the identity with): returns whether
-    /// the epilogue was applied. When it returns false the output holds the plain convolution
+    /// `IMPLICIT_PRECOMP_GEMM`, the only one cuDNN fuses the identity with, over the whole
+    /// batch or as a stacked 3xTF32 composite's one pass a chunk): returns whether the
+    /// epilogue was applied. When it returns false the output holds the plain convolution
     /// (the caller adds the epilogue). Workspace and `kernels` as [`Dnn::run`].
     ///
     /// # Errors
@@ -434,17 +435,27 @@ impl Dnn {
         let ws = workspace;
         let precomp =
             sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+        let whole = choice.chunks == 1 && choice.emulated == Emulated::No;
         if let Algo::Fwd(algo) = choice.algo
             && algo == precomp
-            && choice.chunks == 1
-            && !choice.tf32x3
+            && (whole || choice.emulated == Emulated::Stacked)
             && plan.no_fused_epilogue.is_none()
         {
-            plan.desc.set_math(math(precision, conv.dtype, choice))?;
-            // Any refusal (the output is then untouched) falls back to the separate epilogue,
-            // for good: the status is kept for the plan report.
+            // Any refusal (the output is then rewritten whole) falls back to the separate
+            // epilogue, for good: the status is kept for the plan report.
             let (bias, relu) = (epi.bias, epi.relu);
-            match execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, Ws::of(ws)) {
+            let fused = if whole {
+                plan.desc.set_math(math(precision, conv.dtype, choice))?;
+                execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, Ws::of(ws))
+            } else {
+                let c = (pass, choice);
+                match tf32x3::run_fused(handle, plan, c, ops, Ws::of(ws), kernels, (bias, relu)) {
+                    Ok(()) => Ok(()),
+                    Err(TensorError::Cudnn { op, source }) if op == tf32x3::FUSED_OP => Err(source),
+                    Err(e) => return Err(e),
+                }
+            };
+            match fused {
                 Ok(()) => {
                     plan.fused_last = true;
                     return Ok(true);

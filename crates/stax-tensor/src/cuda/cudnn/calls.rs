@@ -203,22 +203,35 @@ pub(super) struct Choice {
     /// Batch chunks the pass runs in (1: the whole batch at once; see `chunks.rs`); the
     /// workspace is one chunk's.
     pub(super) chunks: usize,
-    /// Whether the pass is full fp32 emulated by three TF32 passes of this algorithm on the
-    /// operands' high and low TF32 parts (`tf32x3.rs`); the workspace then holds the parts too.
-    pub(super) tf32x3: bool,
+    /// Whether the pass is full fp32 emulated by TF32 passes of this algorithm on the
+    /// operands' high and low TF32 parts, and how (`tf32x3.rs`); the workspace then holds the
+    /// parts too.
+    pub(super) emulated: Emulated,
+}
+
+/// How a candidate computes full fp32 ([`Choice::emulated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Emulated {
+    /// Not emulated: cuDNN's algorithm in its own math type.
+    No,
+    /// Three TF32 passes, one a product of parts, summed by cuDNN's `beta = 1`.
+    Passes,
+    /// One TF32 pass over the parts stacked along the summed channels, three times as many.
+    Stacked,
 }
 
 impl Choice {
-    /// The algorithm's name, with its batch chunks when there are several and `3xTF32 `
-    /// before it when it is emulated full fp32.
+    /// The algorithm's name, with its batch chunks when there are several and `3xTF32 ` (or
+    /// `3xTF32 stacked `) before it when it is emulated full fp32.
     pub(super) fn name(&self) -> String {
         let name = match self.chunks {
             1 => self.algo.name(),
             k => format!("{} in {k} batch chunks", self.algo.name()),
         };
-        match self.tf32x3 {
-            true => format!("3xTF32 {name}"),
-            false => name,
+        match self.emulated {
+            Emulated::No => name,
+            Emulated::Passes => format!("3xTF32 {name}"),
+            Emulated::Stacked => format!("3xTF32 stacked {name}"),
         }
     }
 }
@@ -284,7 +297,7 @@ macro_rules! choices {
                 math: p.mathType,
                 deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
                 chunks: 1,
-                tf32x3: false,
+                emulated: Emulated::No,
             })
             .collect::<Vec<_>>()
     };

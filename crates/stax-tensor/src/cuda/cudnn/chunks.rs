@@ -19,12 +19,26 @@ use super::{CudnnConv, Operands, Plan};
 use crate::{ConvPass, TensorError};
 use cudarc::cudnn::sys;
 
-/// The descriptors of one chunk size of a geometry, with the bytes of one chunk of the
-/// input and output tensors (as cuDNN sees them).
+/// Which channels a chunking's descriptors triple: those a stacked 3xTF32 composite sums
+/// over (`tf32x3.rs`), or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stack {
+    /// The geometry's own channels.
+    None,
+    /// Three times the input channels (the forward pass's sum).
+    Inputs,
+    /// Three times the output channels (the backward-data pass's sum).
+    Outputs,
+}
+
+/// The descriptors of one chunk size of a geometry (its channels tripled by `stack`), with
+/// the bytes of one chunk of the input and output tensors and of the filter (as cuDNN sees
+/// them, not tripled).
 #[derive(Debug)]
 pub(super) struct Chunking {
     /// Number of chunks.
     pub(super) k: usize,
+    pub(super) stack: Stack,
     pub(super) desc: Descriptors,
     /// Bytes of one chunk of the input (or its gradient).
     pub(super) x_bytes: u64,
@@ -32,6 +46,29 @@ pub(super) struct Chunking {
     pub(super) y_bytes: u64,
     /// Bytes of the filter (or its gradient), whole in every chunk.
     pub(super) w_bytes: u64,
+    /// The lengths in elements of the rows `stack` triples (`tf32_stack`), of the summed
+    /// operand and of the filter; `(0, 0)` for [`Stack::None`] (see [`stack_rows`]).
+    pub(super) stack_rows: (usize, usize),
+}
+
+/// The lengths in elements of the rows that `stack` triples in `conv`'s summed operand and in
+/// its filter: the input forward (its channels: a pixel's in NHWC, an image's planes in NCHW)
+/// and the filter's rows of input channels (an output channel's tap in KRSC, its whole
+/// `C x R x S` in KCRS); the output gradient backward data (a pixel's or an image's output
+/// channels) and the whole filter (the stacked output channels are its outer dimension).
+pub(super) fn stack_rows(conv: &CudnnConv, stack: Stack) -> (usize, usize) {
+    let g = &conv.geometry;
+    let nchw = g.layout == crate::Layout::Nchw;
+    match stack {
+        Stack::None => (0, 0),
+        Stack::Inputs if nchw => (conv.c * conv.h * conv.w, conv.c * g.kh * g.kw),
+        Stack::Inputs => (conv.c, conv.c),
+        Stack::Outputs => {
+            let filter = g.c_out * g.kh * g.kw * conv.c;
+            let image = g.c_out * g.out_h * g.out_w;
+            (if nchw { image } else { g.c_out }, filter)
+        }
+    }
 }
 
 /// Chunk counts tried for one pass, smallest first (the divisors of the batch from 2).
@@ -56,29 +93,51 @@ pub(super) fn chunk_bytes(conv: &CudnnConv, k: usize) -> Option<(u64, u64)> {
     (x % 16 == 0 && y % 16 == 0).then_some((x, y))
 }
 
-/// The chunking of `plan` into `k` chunks (created on first use; `k = 1` is the whole batch).
+/// `conv` as cuDNN sees one of `k` chunks of it, its channels tripled by `stack`.
+pub(super) fn chunk_conv(conv: &CudnnConv, (k, stack): (usize, Stack)) -> CudnnConv {
+    let (c, c_out) = match stack {
+        Stack::None => (conv.c, conv.geometry.c_out),
+        Stack::Inputs => (3 * conv.c, conv.geometry.c_out),
+        Stack::Outputs => (conv.c, 3 * conv.geometry.c_out),
+    };
+    let geometry = crate::Conv2dGeometry {
+        n: conv.geometry.n / k,
+        c_out,
+        ..conv.geometry
+    };
+    CudnnConv {
+        geometry,
+        c,
+        ..*conv
+    }
+}
+
+/// The chunking of `plan` into `k` chunks, its channels tripled by `stack` (created on first
+/// use; `k = 1` is the whole batch).
 pub(super) fn chunking<'p>(
     plan: &'p mut Plan,
     conv: &CudnnConv,
-    k: usize,
+    (k, stack): (usize, Stack),
     (x_bytes, y_bytes): (u64, u64),
 ) -> Result<&'p Chunking, TensorError> {
-    let at = match plan.chunkings.iter().position(|c| c.k == k) {
+    let at = match plan
+        .chunkings
+        .iter()
+        .position(|c| (c.k, c.stack) == (k, stack))
+    {
         Some(i) => i,
         None => {
-            let geometry = crate::Conv2dGeometry {
-                n: conv.geometry.n / k,
-                ..conv.geometry
-            };
-            let desc = Descriptors::new(&CudnnConv { geometry, ..*conv })?;
+            let desc = Descriptors::new(&chunk_conv(conv, (k, stack)))?;
             let g = &conv.geometry;
             let w_bytes = g.c_out * g.kh * g.kw * conv.c * conv.dtype.size_bytes();
             plan.chunkings.push(Chunking {
                 k,
+                stack,
                 desc,
                 x_bytes,
                 y_bytes,
                 w_bytes: w_bytes as u64,
+                stack_rows: stack_rows(conv, stack),
             });
             plan.chunkings.len() - 1
         }
@@ -112,7 +171,7 @@ pub(super) fn chunked_candidates(
         let Some(bytes) = chunk_bytes(conv, k) else {
             continue;
         };
-        let ch = chunking(plan, conv, k, bytes)?;
+        let ch = chunking(plan, conv, (k, Stack::None), bytes)?;
         ch.desc.set_math(math)?;
         let fit: Vec<Choice> = candidates(handle, &ch.desc, pass)?
             .into_iter()
@@ -126,18 +185,21 @@ pub(super) fn chunked_candidates(
     Ok(Vec::new())
 }
 
-/// The chunking of `plan` into `k` chunks that `pass` chose.
+/// The chunking of `plan` into `k` chunks (channels tripled by `stack`) that `pass` chose.
 ///
 /// # Errors
-/// [`TensorError::InvalidArgument`] when `plan` has no chunking of that count (an internal
-/// error).
-pub(super) fn planned(plan: &Plan, pass: ConvPass, k: usize) -> Result<&Chunking, TensorError> {
+/// [`TensorError::InvalidArgument`] when `plan` has no such chunking (an internal error).
+pub(super) fn planned(
+    plan: &Plan,
+    pass: ConvPass,
+    (k, stack): (usize, Stack),
+) -> Result<&Chunking, TensorError> {
     plan.chunkings
         .iter()
-        .find(|ch| ch.k == k)
+        .find(|ch| (ch.k, ch.stack) == (k, stack))
         .ok_or_else(|| TensorError::InvalidArgument {
             op: "conv2d",
-            reason: format!("internal: {pass:?} chose {k} chunks it has no plan of"),
+            reason: format!("internal: {pass:?} chose {k} chunks ({stack:?}) it has no plan of"),
         })
 }
 
@@ -154,7 +216,7 @@ pub(super) fn run(
     ops: Operands,
     ws: Ws,
 ) -> Result<(), TensorError> {
-    let ch = planned(plan, pass, c.chunks)?;
+    let ch = planned(plan, pass, (c.chunks, Stack::None))?;
     ch.desc.set_math(math)?;
     for i in 0..ch.k as u64 {
         let o = Operands {
@@ -215,5 +277,27 @@ mod tests {
         assert_eq!(chunk_bytes(&conv(4, 3, DType::F32), 4), Some((1200, 384)));
         assert_eq!(chunk_bytes(&conv(4, 3, DType::BF16), 4), None);
         assert_eq!(chunk_bytes(&conv(4, 3, DType::BF16), 2), Some((1200, 384)));
+    }
+
+    #[test]
+    fn stacked_rows_are_a_pixel_or_an_image_of_the_summed_channels() {
+        // NHWC, 10x10x4 input, 6 outputs of a 3x3 filter (KRSC): forward rows of 4 input
+        // channels in both; backward data rows of 6 output channels against the whole filter
+        let c = conv(12, 4, DType::F32);
+        assert_eq!(stack_rows(&c, Stack::None), (0, 0));
+        assert_eq!(stack_rows(&c, Stack::Inputs), (4, 4));
+        assert_eq!(stack_rows(&c, Stack::Outputs), (6, 6 * 3 * 3 * 4));
+        // NCHW (KCRS): an image's 4 planes of 10x10 against an output channel's 4x3x3; an
+        // image's 6 output planes of 4x4
+        let mut g = c.geometry;
+        g.layout = crate::Layout::Nchw;
+        let c = CudnnConv { geometry: g, ..c };
+        assert_eq!(stack_rows(&c, Stack::Inputs), (400, 36));
+        assert_eq!(stack_rows(&c, Stack::Outputs), (6 * 4 * 4, 216));
+        // the stacked descriptors' channels: the input's or the output's tripled, per chunk
+        let s = chunk_conv(&c, (3, Stack::Inputs));
+        assert_eq!((s.geometry.n, s.c, s.geometry.c_out), (4, 12, 6));
+        let s = chunk_conv(&c, (4, Stack::Outputs));
+        assert_eq!((s.geometry.n, s.c, s.geometry.c_out), (3, 4, 18));
     }
 }

@@ -1,7 +1,7 @@
 //! The algorithm search of a conv pass: the candidates of both cuDNN APIs, timed on the
 //! pass's scratch buffers within the workspace budget, and the fastest kept (see `cudnn.rs`).
 
-use super::calls::{Algo, Choice, Ws, candidates, execute};
+use super::calls::{Algo, Choice, Emulated, Ws, candidates, execute};
 use super::tf32x3::{self, Fp32Convs};
 use super::{ConvApis, ConvCandidate, CudnnConv, Operands, Plan, chunks, graph, math, search_math};
 use crate::cuda::kernels::Kernels;
@@ -94,8 +94,9 @@ pub(super) fn listed(
     if !full_fp32 || s.fp32 == Fp32Convs::Fma || s.apis == ConvApis::Graph {
         return Ok(all);
     }
-    let emulated = tf32x3::candidates(s.handle, plan, (conv, pass), limit)?;
-    if s.fp32 == Fp32Convs::Tf32x3 && !emulated.is_empty() {
+    let emulated = tf32x3::candidates(s.handle, plan, (conv, pass, s.fp32), limit)?;
+    let only = matches!(s.fp32, Fp32Convs::Tf32x3 | Fp32Convs::Tf32x3Stacked);
+    if only && !emulated.is_empty() {
         return Ok(emulated);
     }
     all.extend(emulated);
@@ -274,7 +275,7 @@ pub(super) fn run_choice(
     ws: Option<&Allocation>,
 ) -> Result<(), TensorError> {
     let ws = Ws::of(ws);
-    if c.tf32x3 {
+    if c.emulated != Emulated::No {
         return tf32x3::run(handle, plan, (pass, c), ops, ws, kernels);
     }
     if let Algo::Engine { index, .. } = c.algo {
@@ -329,7 +330,7 @@ pub(super) fn engine_choices(
             math: math(e.tensor_core),
             deterministic: e.deterministic,
             chunks: 1,
-            tf32x3: false,
+            emulated: Emulated::No,
         })
         .collect()
 }

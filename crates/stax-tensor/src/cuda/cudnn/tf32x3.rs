@@ -14,16 +14,30 @@
 //! each chunk is split into the same buffers in turn, and the pass's workspace is one block.
 //! Composites are candidates of the timed search beside cuDNN's FMA algorithms under
 //! [`crate::Precision::Highest`] (see [`Fp32Convs`]).
+//!
+//! The forward and backward-data passes have a second form, **stacked**: one TF32 pass whose
+//! summed channels (the input's forward, the output's backward data) are the three parts side
+//! by side, `[a_lo | a_hi | a_hi]` against the filter's `[b_hi | b_lo | b_hi]`, so that cuDNN
+//! sums the three products in one reduction three times as deep (`tf32_stack` writes the
+//! parts: per pixel forward, per filter row for the forward's filter, whole filters for the
+//! backward data's). It writes the output once (no `beta = 1` passes) and gives cuDNN a
+//! 192-channel conv where the seed's has 64; its parts take 3 rather than 2 copies of each
+//! operand. The filter gradient has no such form: its two operands would need different
+//! pairings in one sum.
 
-use super::calls::{Choice, Descriptors, Ws, candidates as listed, execute};
-use super::chunks::{Chunking, chunk_bytes, chunk_counts, chunking, planned};
+use super::calls::{
+    Algo, Choice, Descriptors, Emulated, Ws, candidates as listed, check_sizes, execute,
+    execute_bias_act,
+};
+use super::chunks::{Chunking, Stack, chunk_bytes, chunk_conv, chunk_counts, chunking, planned};
 use super::{CudnnConv, Operands, Plan};
 use crate::cuda::kernels::Kernels;
 use crate::{ConvPass, TensorError};
 use cudarc::cudnn::sys;
 
 /// How full fp32 ([`crate::Precision::Highest`]) f32 convolutions may run
-/// ([`crate::cuda::CudaBackend::set_fp32_convs`]; `fastest`, `fma` or `3xtf32` as text). The
+/// ([`crate::cuda::CudaBackend::set_fp32_convs`]; `fastest`, `fma`, `3xtf32` or
+/// `3xtf32-stacked` as text). The
 /// composites are of legacy-API algorithms: under [`super::ConvApis::Graph`] the search takes
 /// none, and a deterministic choice neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,16 +48,19 @@ pub enum Fp32Convs {
     /// cuDNN's FMA algorithms only (`CUDNN_FMA_MATH`), as JAX's `precision=HIGHEST` and
     /// PyTorch's `allow_tf32 = False` run.
     Fma,
-    /// The 3xTF32 composites, and the FMA algorithms only for a pass with none usable (an
-    /// input or output chunk not a multiple of 16 bytes, or no composite within the workspace
-    /// limit).
+    /// The 3xTF32 composites (three passes or stacked), and the FMA algorithms only for a
+    /// pass with none usable (an input or output chunk not a multiple of 16 bytes, or no
+    /// composite within the workspace limit).
     Tf32x3,
+    /// As [`Fp32Convs::Tf32x3`], with only the stacked composites for the forward and
+    /// backward-data passes (the filter gradient has none: its three passes).
+    Tf32x3Stacked,
 }
 
 impl std::str::FromStr for Fp32Convs {
     type Err = TensorError;
 
-    /// `fastest`, `fma` or `3xtf32`.
+    /// `fastest`, `fma`, `3xtf32` or `3xtf32-stacked`.
     ///
     /// # Errors
     /// [`TensorError::InvalidArgument`] naming the accepted words.
@@ -52,9 +69,10 @@ impl std::str::FromStr for Fp32Convs {
             "fastest" => Ok(Fp32Convs::Fastest),
             "fma" => Ok(Fp32Convs::Fma),
             "3xtf32" => Ok(Fp32Convs::Tf32x3),
+            "3xtf32-stacked" => Ok(Fp32Convs::Tf32x3Stacked),
             _ => Err(TensorError::InvalidArgument {
                 op: "fp32_convs",
-                reason: format!("{s:?}: expected fastest, fma or 3xtf32"),
+                reason: format!("{s:?}: expected fastest, fma, 3xtf32 or 3xtf32-stacked"),
             }),
         }
     }
@@ -77,40 +95,65 @@ fn region(bytes: u64) -> usize {
     (bytes as usize).next_multiple_of(ALIGN)
 }
 
-/// Workspace bytes of the four parts (`a` and `b`, high and low) of one chunk.
-fn parts_bytes([a, b]: [u64; 2]) -> usize {
-    2 * (region(a) + region(b))
+/// Workspace bytes of the parts of one chunk of `a` and `b` in `form`: the high and low parts
+/// of each, or their three stacked.
+fn parts_bytes(form: Emulated, [a, b]: [u64; 2]) -> usize {
+    match form {
+        Emulated::Stacked => region(3 * a) + region(3 * b),
+        _ => 2 * (region(a) + region(b)),
+    }
 }
 
-/// The composites of `pass` of `conv` within `limit` workspace bytes: each TF32 tensor-core
-/// algorithm cuDNN's heuristics list (under `CUDNN_DEFAULT_MATH`), over the whole batch or
-/// over the fewest batch chunks (of [`chunk_counts`]) at which its workspace and the parts fit.
-/// Host-side queries only; nothing runs.
+/// The composite forms `fp32` admits for `pass`, and the channels each stacks.
+fn forms(pass: ConvPass, fp32: Fp32Convs) -> &'static [(Emulated, Stack)] {
+    const PASSES: (Emulated, Stack) = (Emulated::Passes, Stack::None);
+    match (pass, fp32) {
+        (ConvPass::BackwardFilter, _) => &[PASSES],
+        (ConvPass::Forward, Fp32Convs::Tf32x3Stacked) => &[(Emulated::Stacked, Stack::Inputs)],
+        (ConvPass::Forward, _) => &[PASSES, (Emulated::Stacked, Stack::Inputs)],
+        (ConvPass::BackwardData, Fp32Convs::Tf32x3Stacked) => {
+            &[(Emulated::Stacked, Stack::Outputs)]
+        }
+        (ConvPass::BackwardData, _) => &[PASSES, (Emulated::Stacked, Stack::Outputs)],
+    }
+}
+
+/// The composites of `pass` of `conv` within `limit` workspace bytes, in the forms `fp32`
+/// admits: each TF32 tensor-core algorithm cuDNN's heuristics list (under
+/// `CUDNN_DEFAULT_MATH`) for each form, over the whole batch or over the fewest batch chunks
+/// (of [`chunk_counts`]) at which its workspace and the parts fit. A stacked form whose
+/// tensors cuDNN cannot count in 32 bits is skipped. Host-side queries only; nothing runs.
 ///
 /// # Errors
 /// [`TensorError::Cudnn`] from the descriptors or the listing.
 pub(super) fn candidates(
     handle: sys::cudnnHandle_t,
     plan: &mut Plan,
-    (conv, pass): (&CudnnConv, ConvPass),
+    (conv, pass, fp32): (&CudnnConv, ConvPass, Fp32Convs),
     limit: usize,
 ) -> Result<Vec<Choice>, TensorError> {
     let mut out: Vec<Choice> = Vec::new();
-    for k in std::iter::once(1).chain(chunk_counts(conv.geometry.n)) {
-        let Some(bytes) = chunk_bytes(conv, k) else {
-            continue;
-        };
-        let ch = chunking(plan, conv, k, bytes)?;
-        let parts = parts_bytes(operands(pass, ch));
-        for c in tf32_listed(handle, &ch.desc, pass)? {
-            let workspace = c.workspace.next_multiple_of(ALIGN) + parts;
-            if workspace <= limit && !out.iter().any(|o| o.algo == c.algo) {
-                out.push(Choice {
-                    chunks: k,
-                    tf32x3: true,
-                    workspace,
-                    ..c
-                });
+    for &(form, stack) in forms(pass, fp32) {
+        for k in std::iter::once(1).chain(chunk_counts(conv.geometry.n)) {
+            let Some(bytes) = chunk_bytes(conv, k) else {
+                continue;
+            };
+            if check_sizes(&chunk_conv(conv, (k, stack))).is_err() {
+                continue;
+            }
+            let ch = chunking(plan, conv, (k, stack), bytes)?;
+            let parts = parts_bytes(form, operands(pass, ch));
+            for c in tf32_listed(handle, &ch.desc, pass)? {
+                let workspace = c.workspace.next_multiple_of(ALIGN) + parts;
+                let known = out.iter().any(|o| (o.algo, o.emulated) == (c.algo, form));
+                if workspace <= limit && !known {
+                    out.push(Choice {
+                        chunks: k,
+                        emulated: form,
+                        workspace,
+                        ..c
+                    });
+                }
             }
         }
     }
@@ -144,9 +187,13 @@ pub(super) fn run(
     ws: Ws,
     kernels: &Kernels,
 ) -> Result<(), TensorError> {
-    let ch = planned(plan, pass, c.chunks)?;
-    let [a, b] = operands(pass, ch);
-    let parts = parts_bytes([a, b]);
+    let stack = match (c.emulated, pass) {
+        (Emulated::Stacked, ConvPass::Forward) => Stack::Inputs,
+        (Emulated::Stacked, _) => Stack::Outputs,
+        _ => Stack::None,
+    };
+    let ch = planned(plan, pass, (c.chunks, stack))?;
+    let parts = parts_bytes(c.emulated, operands(pass, ch));
     if ws.bytes < c.workspace || c.workspace < parts {
         return Err(TensorError::InvalidArgument {
             op: "conv2d",
@@ -158,21 +205,87 @@ pub(super) fn run(
     }
     ch.desc.set_math(c.math)?;
     let own = c.workspace - parts;
-    let at = |offset: usize| ws.addr + offset as u64;
-    let (ra, rb) = (region(a), region(b));
-    let pa = (at(own), at(own + ra));
-    let pb = (at(own + 2 * ra), at(own + 2 * ra + rb));
     let algo_ws = Ws {
         addr: ws.addr,
         bytes: own,
     };
+    let parts_at = ws.addr + own as u64;
+    match c.emulated {
+        Emulated::Stacked => stacked(
+            handle,
+            (ch, pass, c),
+            ops,
+            (algo_ws, parts_at),
+            kernels,
+            None,
+        ),
+        _ => three_passes(handle, (ch, pass, c), ops, (algo_ws, parts_at), kernels),
+    }
+}
+
+/// The stacked forward composite `c` (one pass a chunk) with cuDNN's fused bias and
+/// activation (`epi`: the bias's address and whether a ReLU follows), as [`run`] otherwise.
+///
+/// # Errors
+/// As [`run`]; cuDNN's refusal of the fused call as [`TensorError::Cudnn`] of op
+/// [`FUSED_OP`].
+pub(super) fn run_fused(
+    handle: sys::cudnnHandle_t,
+    plan: &Plan,
+    (pass, c): (ConvPass, Choice),
+    ops: Operands,
+    ws: Ws,
+    kernels: &Kernels,
+    epi: (u64, bool),
+) -> Result<(), TensorError> {
+    let ch = planned(plan, pass, (c.chunks, Stack::Inputs))?;
+    let parts = parts_bytes(c.emulated, operands(pass, ch));
+    let own = c.workspace.saturating_sub(parts);
+    if pass != ConvPass::Forward || ws.bytes < c.workspace || c.workspace < parts {
+        return Err(TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!(
+                "internal: fused stacked 3xTF32 {pass:?}, workspace {}",
+                ws.bytes
+            ),
+        });
+    }
+    ch.desc.set_math(c.math)?;
+    let algo_ws = Ws {
+        addr: ws.addr,
+        bytes: own,
+    };
+    let at = ws.addr + own as u64;
+    stacked(
+        handle,
+        (ch, pass, c),
+        ops,
+        (algo_ws, at),
+        kernels,
+        Some(epi),
+    )
+}
+
+/// The three passes of `c` (see the module docs), the parts at `at` in the workspace after
+/// cuDNN's own `ws`.
+fn three_passes(
+    handle: sys::cudnnHandle_t,
+    (ch, pass, c): (&Chunking, ConvPass, Choice),
+    ops: Operands,
+    (ws, at): (Ws, u64),
+    kernels: &Kernels,
+) -> Result<(), TensorError> {
+    let [a, b] = operands(pass, ch);
+    let (ra, rb) = (region(a) as u64, region(b) as u64);
+    let pa = (at, at + ra);
+    let pb = (at + 2 * ra, at + 2 * ra + rb);
     let split = |src: u64, (hi, lo): (u64, u64), bytes: u64| {
         kernels.tf32_split(src, hi, lo, bytes as usize / 4)
     };
     let three = |make: &dyn Fn(u64, u64) -> Operands, beta: f32| {
-        execute(handle, &ch.desc, c.algo, make(pa.1, pb.0), algo_ws, beta)?;
-        execute(handle, &ch.desc, c.algo, make(pa.0, pb.1), algo_ws, 1.0)?;
-        execute(handle, &ch.desc, c.algo, make(pa.0, pb.0), algo_ws, 1.0)
+        execute(handle, &ch.desc, c.algo, make(pa.1, pb.0), ws, beta)?;
+        execute(handle, &ch.desc, c.algo, make(pa.0, pb.1), ws, 1.0)?;
+        execute(handle, &ch.desc, c.algo, make(pa.0, pb.0), ws, 1.0)
     };
     if pass != ConvPass::BackwardFilter {
         split(ops.w, pb, b)?;
@@ -200,24 +313,50 @@ pub(super) fn run(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_four_parts_take_aligned_regions() {
-        assert_eq!(parts_bytes([256, 512]), 2 * (256 + 512));
-        // 1 B and 257 B round up to one and two 256-byte regions
-        assert_eq!(parts_bytes([1, 257]), 2 * (256 + 512));
-        assert_eq!(parts_bytes([0, 0]), 0);
+/// The stacked pass of `c` (see the module docs; forward or backward data), the parts at `at`
+/// in the workspace after cuDNN's own `ws`: the summed operand's `[lo | hi | hi]` per row,
+/// then the filter's `[hi | lo | hi]` per row (the rows of [`super::chunks::stack_rows`]);
+/// with `epi` (the forward's bias and ReLU) fused by cuDNN (its errors then of op
+/// [`FUSED_OP`]).
+fn stacked(
+    handle: sys::cudnnHandle_t,
+    (ch, pass, c): (&Chunking, ConvPass, Choice),
+    ops: Operands,
+    (ws, at): (Ws, u64),
+    kernels: &Kernels,
+    epi: Option<(u64, bool)>,
+) -> Result<(), TensorError> {
+    let [a, b] = operands(pass, ch);
+    let (pa, pb) = (at, at + region(3 * a) as u64);
+    let (row, w_row) = ch.stack_rows;
+    if row == 0 || w_row == 0 {
+        return Err(TensorError::InvalidArgument {
+            op: "conv2d",
+            reason: format!("internal: stacked 3xTF32 {pass:?} on an unstacked chunking"),
+        });
     }
-
-    #[test]
-    fn the_words_name_the_modes() {
-        assert_eq!("fastest".parse::<Fp32Convs>().unwrap(), Fp32Convs::Fastest);
-        assert_eq!("fma".parse::<Fp32Convs>().unwrap(), Fp32Convs::Fma);
-        assert_eq!("3xtf32".parse::<Fp32Convs>().unwrap(), Fp32Convs::Tf32x3);
-        let e = "tf32".parse::<Fp32Convs>().unwrap_err().to_string();
-        assert!(e.contains("expected fastest, fma or 3xtf32"), "{e}");
+    kernels.tf32_stack((ops.w, pb), (b as usize / 4 / w_row, w_row), 1)?;
+    for i in 0..ch.k as u64 {
+        let (x, y) = (ops.x + i * ch.x_bytes, ops.y + i * ch.y_bytes);
+        let (src, o) = match pass {
+            ConvPass::Forward => (x, Operands { x: pa, w: pb, y }),
+            _ => (y, Operands { x, w: pb, y: pa }),
+        };
+        kernels.tf32_stack((src, pa), (a as usize / 4 / row, row), 0)?;
+        match (epi, c.algo) {
+            (Some((bias, relu)), Algo::Fwd(algo)) => {
+                execute_bias_act(handle, &ch.desc, algo, o, bias, relu, ws).map_err(|source| {
+                    TensorError::Cudnn {
+                        op: FUSED_OP,
+                        source,
+                    }
+                })?
+            }
+            _ => execute(handle, &ch.desc, c.algo, o, ws, 0.0)?,
+        }
     }
+    Ok(())
 }
+
+/// The op of cuDNN's errors from a fused forward call (`cudnnConvolutionBiasActivationForward`).
+pub(super) const FUSED_OP: &str = "cudnnConvolutionBiasActivationForward";

@@ -53,6 +53,28 @@ impl Kernels {
         .map_err(driver("tf32_split"))
     }
 
+    /// Stacks the 3xTF32 parts of `rows` rows of `c` f32 at `x` into `rows` rows of `3 c` at
+    /// `out`: in each, segment `lo_seg` (0..3) the rests `x - hi`, the other two the TF32
+    /// roundings `hi` (`tf32_stack` in kernels/elementwise.cu).
+    pub(crate) fn tf32_stack(
+        &self,
+        (x, out): (u64, u64),
+        (rows, c): (usize, usize),
+        lo_seg: i32,
+    ) -> Result<(), TensorError> {
+        let n = rows * c;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `tf32_stack(const float *x, float *out, size_t rows, size_t c, int lo_seg)`;
+        // x holds rows * c f32, out (distinct) 3 rows * c.
+        unsafe {
+            launch!(self.stream, self.function("tf32_stack")?, self.grid(n); &x, &out, &rows, &c, &lo_seg)
+                .map(drop)
+        }
+        .map_err(driver("tf32_stack"))
+    }
+
     /// `dst[i] = src[i]` converted from `from` to `to` (distinct float dtypes), `n` elements
     /// (8 per thread with 16-byte accesses where both are 16-byte aligned).
     pub(crate) fn cast(

@@ -179,6 +179,7 @@ impl KernelModule {
                 "cast_vec_bf16_f16",
                 "cast_vec_f16_bf16",
                 "tf32_split",
+                "tf32_stack",
             ],
             KernelModule::Activation => &[],
             KernelModule::SoftmaxXent => &["softmax_xent_f32", "mean_f64_to_f32", "index_loss_f32"],
