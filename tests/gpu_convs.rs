@@ -427,7 +427,7 @@ fn full_fp32_passes_over_the_workspace_limit_run_in_batch_chunks() {
 /// every pass within full fp32's 1e-5 of the CPU (one TF32 pass is about 1e-4 off), first under
 /// the default limit (every layout's cases, NHWC and NCHW, plain and transposed; those whose
 /// tensors are not multiples of 16 bytes run cuDNN's FMA algorithms), then for the 64-channel
-/// 3x3 conv under 3 MiB, too little for its whole batch's parts (4.8 MB forward, 7.3 MB
+/// 3x3 conv under 3 MiB, too little for its whole batch's parts (4.49 MB forward, 6.73 MB
 /// stacked): every pass over batch chunks, within the limit.
 #[test]
 fn full_fp32_as_3xtf32_matches_the_cpu_over_the_batch_and_over_chunks() {
@@ -487,6 +487,17 @@ fn full_fp32_composites_match_the_cpu(fp32: Fp32Convs) {
             } else if fp32 == Fp32Convs::Tf32x3Stacked {
                 assert!(stacked(p), "{fp32:?}: {p:#}");
             }
+            // a stacked IMPLICIT_PRECOMP_GEMM forward runs cuDNN's fused bias + ReLU
+            if stacked(p) && p.pass == ConvPass::Forward && p.algorithm.contains("PRECOMP") {
+                assert_eq!(p.epilogue, "fused", "{p:#}");
+            }
+        }
+        if fp32 == Fp32Convs::Tf32x3Stacked && limit == DEFAULT_WORKSPACE_LIMIT {
+            let nchw = |p: &&stax_tensor::cuda::ConvPlanInfo| p.geometry.layout == Layout::Nchw;
+            assert!(
+                plans.iter().filter(nchw).any(stacked),
+                "no NCHW pass ran stacked: {plans:#?}"
+            );
         }
         if limit < DEFAULT_WORKSPACE_LIMIT {
             let chunked = |p: &&stax_tensor::cuda::ConvPlanInfo| {

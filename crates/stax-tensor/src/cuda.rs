@@ -269,13 +269,15 @@ impl CudaBackend {
     }
 
     /// Chooses how full fp32 ([`crate::Precision::Highest`]) f32 convolutions may run from now
-    /// on (default [`Fp32Convs::Fastest`]: cuDNN's FMA algorithms or three TF32 tensor-core
-    /// passes on the operands' high and low parts, whichever the search times faster; each
-    /// product then keeps about 21 of f32's 24 bits, against TF32's 11; the wgmma filter
-    /// gradient of a 3x3 conv from 64 to 64 channels does the same in one kernel, timed beside
-    /// them; [`Fp32Convs::Fma`] keeps it on cuDNN's FMA algorithms too). Set it before the
-    /// first convolution runs or is calibrated: choices already made stay.
-    /// [`ConvPlanInfo::algorithm`] names a composite `3xTF32 <algorithm>`.
+    /// on (default [`Fp32Convs::Fastest`]: cuDNN's FMA algorithms or 3xTF32 composites on the
+    /// operands' high and low parts, whichever the search times faster: three TF32 tensor-core
+    /// passes, or for the forward and backward-data passes one TF32 pass over the parts stacked
+    /// along the summed channels; each product then keeps about 21 of f32's 24 bits, against
+    /// TF32's 11; the wgmma filter gradient of a 3x3 conv from 64 to 64 channels does the same
+    /// in one kernel, timed beside them; [`Fp32Convs::Fma`] keeps it on cuDNN's FMA algorithms
+    /// too). Set it before the first convolution runs or is calibrated: choices already made
+    /// stay. [`ConvPlanInfo::algorithm`] names a composite `3xTF32 <algorithm>` or `3xTF32
+    /// stacked <algorithm>`.
     pub fn set_fp32_convs(&self, fp32: Fp32Convs) {
         self.dnn.set_fp32(fp32);
     }

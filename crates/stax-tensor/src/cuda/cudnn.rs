@@ -300,6 +300,10 @@ impl Dnn {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let plan = state.plans.get_mut(&(*geometry, dtype, precision))?;
         plan.candidates[pass as usize].clear();
+        if pass == ConvPass::Forward {
+            // the next choice may fuse where this one was refused
+            plan.no_fused_epilogue = None;
+        }
         plan.chosen[pass as usize]
             .take()
             .map(|c| (c.workspace, c.time_ms))
@@ -390,6 +394,51 @@ impl Dnn {
     }
 }
 
+/// The forward pass `choice` of `plan` with `epi` fused by cuDNN
+/// (`cudnnConvolutionBiasActivationForward`), where it can be: `IMPLICIT_PRECOMP_GEMM` over the
+/// whole batch, or a stacked 3xTF32 composite of it (one fused call a chunk). Returns whether
+/// it ran; false leaves the output to be written whole by the plain pass. A refusal is kept in
+/// the plan (its status, for the report) and not tried again until the pass is searched again.
+///
+/// # Errors
+/// cuDNN's, the driver's and the composite's errors but for the fused call's refusal.
+fn fused_forward(
+    handle: sys::cudnnHandle_t,
+    plan: &mut Plan,
+    (precision, dtype): (Precision, DType),
+    choice: Choice,
+    ops: Operands,
+    (ws, kernels): (Option<&Allocation>, &Kernels),
+    epi: Epilogue,
+) -> Result<bool, TensorError> {
+    let precomp = sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    let whole = choice.chunks == 1 && choice.emulated == Emulated::No;
+    if choice.algo != Algo::Fwd(precomp)
+        || !(whole || choice.emulated == Emulated::Stacked)
+        || plan.no_fused_epilogue.is_some()
+    {
+        return Ok(false);
+    }
+    let (bias, relu) = (epi.bias, epi.relu);
+    let done = if whole {
+        plan.desc.set_math(math(precision, dtype, choice))?;
+        execute_bias_act(handle, &plan.desc, precomp, ops, bias, relu, Ws::of(ws))
+    } else {
+        tf32x3::run_fused(
+            handle,
+            plan,
+            choice,
+            ops,
+            (Ws::of(ws), kernels),
+            (bias, relu),
+        )?
+    };
+    if let Err(e) = done {
+        plan.no_fused_epilogue = Some(format!("{:?}", e.0));
+    }
+    Ok(plan.no_fused_epilogue.is_none())
+}
+
 /// cuDNN's math type for listing and timing the candidates of a convolution in `dtype` under
 /// `precision`: f32 follows the precision, bf16 and f16 may use tensor cores.
 fn search_math(precision: Precision, dtype: DType) -> sys::cudnnMathType_t {
@@ -433,35 +482,17 @@ impl Dnn {
         let pass = ConvPass::Forward;
         let (plan, choice) = chosen(&mut state, pass, conv, precision)?;
         let ws = workspace;
-        let precomp =
-            sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-        let whole = choice.chunks == 1 && choice.emulated == Emulated::No;
-        if let Algo::Fwd(algo) = choice.algo
-            && algo == precomp
-            && (whole || choice.emulated == Emulated::Stacked)
-            && plan.no_fused_epilogue.is_none()
-        {
-            // Any refusal (the output is then rewritten whole) falls back to the separate
-            // epilogue, for good: the status is kept for the plan report.
-            let (bias, relu) = (epi.bias, epi.relu);
-            let fused = if whole {
-                plan.desc.set_math(math(precision, conv.dtype, choice))?;
-                execute_bias_act(handle, &plan.desc, algo, ops, bias, relu, Ws::of(ws))
-            } else {
-                let c = (pass, choice);
-                match tf32x3::run_fused(handle, plan, c, ops, Ws::of(ws), kernels, (bias, relu)) {
-                    Ok(()) => Ok(()),
-                    Err(TensorError::Cudnn { op, source }) if op == tf32x3::FUSED_OP => Err(source),
-                    Err(e) => return Err(e),
-                }
-            };
-            match fused {
-                Ok(()) => {
-                    plan.fused_last = true;
-                    return Ok(true);
-                }
-                Err(e) => plan.no_fused_epilogue = Some(format!("{:?}", e.0)),
-            }
+        if fused_forward(
+            handle,
+            plan,
+            (precision, conv.dtype),
+            choice,
+            ops,
+            (ws, kernels),
+            epi,
+        )? {
+            plan.fused_last = true;
+            return Ok(true);
         }
         plan.fused_last = false;
         let key = (pass, precision, conv.dtype);

@@ -32,12 +32,13 @@ pub(super) enum Stack {
 }
 
 /// The descriptors of one chunk size of a geometry (its channels tripled by `stack`), with
-/// the bytes of one chunk of the input and output tensors and of the filter (as cuDNN sees
-/// them, not tripled).
+/// the bytes of one chunk of the caller's input and output tensors and of its filter (never
+/// tripled: the stacked copies live in the workspace).
 #[derive(Debug)]
 pub(super) struct Chunking {
     /// Number of chunks.
     pub(super) k: usize,
+    /// The channels the descriptors triple.
     pub(super) stack: Stack,
     pub(super) desc: Descriptors,
     /// Bytes of one chunk of the input (or its gradient).

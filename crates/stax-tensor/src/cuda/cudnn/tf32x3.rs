@@ -19,8 +19,9 @@
 //! summed channels (the input's forward, the output's backward data) are the three parts side
 //! by side, `[a_lo | a_hi | a_hi]` against the filter's `[b_hi | b_lo | b_hi]`, so that cuDNN
 //! sums the three products in one reduction three times as deep (`tf32_stack` writes the
-//! parts: per pixel forward, per filter row for the forward's filter, whole filters for the
-//! backward data's). It writes the output once (no `beta = 1` passes) and gives cuDNN a
+//! parts: per pixel in NHWC and per image in NCHW for the summed operand, per output channel's
+//! row of input channels for the forward's filter, three whole filters for the backward
+//! data's). It writes the output once (no `beta = 1` passes) and gives cuDNN a
 //! 192-channel conv where the seed's has 64; its parts take 3 rather than 2 copies of each
 //! operand. The filter gradient has no such form: its two operands would need different
 //! pairings in one sum.
@@ -33,13 +34,13 @@ use super::chunks::{Chunking, Stack, chunk_bytes, chunk_conv, chunk_counts, chun
 use super::{CudnnConv, Operands, Plan};
 use crate::cuda::kernels::Kernels;
 use crate::{ConvPass, TensorError};
+use cudarc::cudnn::result::CudnnError;
 use cudarc::cudnn::sys;
 
 /// How full fp32 ([`crate::Precision::Highest`]) f32 convolutions may run
 /// ([`crate::cuda::CudaBackend::set_fp32_convs`]; `fastest`, `fma`, `3xtf32` or
-/// `3xtf32-stacked` as text). The
-/// composites are of legacy-API algorithms: under [`super::ConvApis::Graph`] the search takes
-/// none, and a deterministic choice neither.
+/// `3xtf32-stacked` as text). The composites are of legacy-API algorithms: under
+/// [`super::ConvApis::Graph`] the search takes none, and a deterministic choice neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fp32Convs {
     /// cuDNN's FMA algorithms and the 3xTF32 composites, the fastest as timed (the default).
@@ -53,7 +54,9 @@ pub enum Fp32Convs {
     /// composite within the workspace limit).
     Tf32x3,
     /// As [`Fp32Convs::Tf32x3`], with only the stacked composites for the forward and
-    /// backward-data passes (the filter gradient has none: its three passes).
+    /// backward-data passes (the filter gradient has none: its three passes). A forward or
+    /// backward-data pass whose stacked parts fit no chunk within the limit (they take 1.5x
+    /// the three passes' parts) runs cuDNN's FMA algorithms.
     Tf32x3Stacked,
 }
 
@@ -104,28 +107,35 @@ fn parts_bytes(form: Emulated, [a, b]: [u64; 2]) -> usize {
     }
 }
 
-/// The composite forms `fp32` admits for `pass`, and the channels each stacks.
-fn forms(pass: ConvPass, fp32: Fp32Convs) -> &'static [(Emulated, Stack)] {
-    const PASSES: (Emulated, Stack) = (Emulated::Passes, Stack::None);
-    match (pass, fp32) {
-        (ConvPass::BackwardFilter, _) => &[PASSES],
-        (ConvPass::Forward, Fp32Convs::Tf32x3Stacked) => &[(Emulated::Stacked, Stack::Inputs)],
-        (ConvPass::Forward, _) => &[PASSES, (Emulated::Stacked, Stack::Inputs)],
-        (ConvPass::BackwardData, Fp32Convs::Tf32x3Stacked) => {
-            &[(Emulated::Stacked, Stack::Outputs)]
-        }
-        (ConvPass::BackwardData, _) => &[PASSES, (Emulated::Stacked, Stack::Outputs)],
+/// The channels the stacked form of `pass` triples (none for the filter gradient, which has
+/// no stacked form).
+fn stack_of(pass: ConvPass) -> Option<Stack> {
+    match pass {
+        ConvPass::Forward => Some(Stack::Inputs),
+        ConvPass::BackwardData => Some(Stack::Outputs),
+        ConvPass::BackwardFilter => None,
+    }
+}
+
+/// The composite forms `fp32` admits for `pass`, each with the channels it stacks.
+fn forms(pass: ConvPass, fp32: Fp32Convs) -> Vec<(Emulated, Stack)> {
+    let passes = (Emulated::Passes, Stack::None);
+    match (stack_of(pass), fp32) {
+        (None, _) => vec![passes],
+        (Some(s), Fp32Convs::Tf32x3Stacked) => vec![(Emulated::Stacked, s)],
+        (Some(s), _) => vec![passes, (Emulated::Stacked, s)],
     }
 }
 
 /// The composites of `pass` of `conv` within `limit` workspace bytes, in the forms `fp32`
 /// admits: each TF32 tensor-core algorithm cuDNN's heuristics list (under
 /// `CUDNN_DEFAULT_MATH`) for each form, over the whole batch or over the fewest batch chunks
-/// (of [`chunk_counts`]) at which its workspace and the parts fit. A stacked form whose
-/// tensors cuDNN cannot count in 32 bits is skipped. Host-side queries only; nothing runs.
+/// (of [`chunk_counts`]) at which its workspace and the parts fit. A stacked form is skipped
+/// at a chunk count where cuDNN cannot count its tensors in 32 bits or refuses its
+/// descriptors or listing. Host-side queries only; nothing runs.
 ///
 /// # Errors
-/// [`TensorError::Cudnn`] from the descriptors or the listing.
+/// [`TensorError::Cudnn`] from the three-pass form's descriptors or listing.
 pub(super) fn candidates(
     handle: sys::cudnnHandle_t,
     plan: &mut Plan,
@@ -133,7 +143,7 @@ pub(super) fn candidates(
     limit: usize,
 ) -> Result<Vec<Choice>, TensorError> {
     let mut out: Vec<Choice> = Vec::new();
-    for &(form, stack) in forms(pass, fp32) {
+    for (form, stack) in forms(pass, fp32) {
         for k in std::iter::once(1).chain(chunk_counts(conv.geometry.n)) {
             let Some(bytes) = chunk_bytes(conv, k) else {
                 continue;
@@ -141,9 +151,16 @@ pub(super) fn candidates(
             if check_sizes(&chunk_conv(conv, (k, stack))).is_err() {
                 continue;
             }
-            let ch = chunking(plan, conv, (k, stack), bytes)?;
-            let parts = parts_bytes(form, operands(pass, ch));
-            for c in tf32_listed(handle, &ch.desc, pass)? {
+            let listing = chunking(plan, conv, (k, stack), bytes).and_then(|ch| {
+                let parts = parts_bytes(form, operands(pass, ch));
+                Ok((parts, tf32_listed(handle, &ch.desc, pass)?))
+            });
+            let (parts, algos) = match listing {
+                Ok(l) => l,
+                Err(_) if form == Emulated::Stacked => continue,
+                Err(e) => return Err(e),
+            };
+            for c in algos {
                 let workspace = c.workspace.next_multiple_of(ALIGN) + parts;
                 let known = out.iter().any(|o| (o.algo, o.emulated) == (c.algo, form));
                 if workspace <= limit && !known {
@@ -173,6 +190,44 @@ fn tf32_listed(
     Ok(all)
 }
 
+/// An internal error of a composite's run.
+fn internal(reason: String) -> TensorError {
+    TensorError::InvalidArgument {
+        op: "conv2d",
+        reason: format!("internal: {reason}"),
+    }
+}
+
+/// The chunking of composite `c` of `pass`, with cuDNN's part `ws` of the workspace given
+/// (`c.workspace` bytes: cuDNN's, then the parts) and the address of the parts after it; the
+/// math type set.
+fn prepare(
+    plan: &Plan,
+    (pass, c): (ConvPass, Choice),
+    ws: Ws,
+) -> Result<(&Chunking, Ws, u64), TensorError> {
+    let stack = match c.emulated {
+        Emulated::Stacked => stack_of(pass)
+            .ok_or_else(|| internal(format!("a stacked 3xTF32 {pass:?}, which has none")))?,
+        _ => Stack::None,
+    };
+    let ch = planned(plan, pass, (c.chunks, stack))?;
+    let parts = parts_bytes(c.emulated, operands(pass, ch));
+    if ws.bytes < c.workspace || c.workspace < parts {
+        return Err(internal(format!(
+            "3xTF32 {pass:?} given {} workspace bytes, chose {} ({parts} of parts)",
+            ws.bytes, c.workspace
+        )));
+    }
+    ch.desc.set_math(c.math)?;
+    let own = c.workspace - parts;
+    let cudnn_ws = Ws {
+        addr: ws.addr,
+        bytes: own,
+    };
+    Ok((ch, cudnn_ws, ws.addr + own as u64))
+}
+
 /// Runs the composite `c` of `pass` on `ops` with its workspace `ws` (`c.workspace` bytes:
 /// cuDNN's, then the parts), splitting the operands with `kernels`.
 ///
@@ -187,83 +242,40 @@ pub(super) fn run(
     ws: Ws,
     kernels: &Kernels,
 ) -> Result<(), TensorError> {
-    let stack = match (c.emulated, pass) {
-        (Emulated::Stacked, ConvPass::Forward) => Stack::Inputs,
-        (Emulated::Stacked, _) => Stack::Outputs,
-        _ => Stack::None,
-    };
-    let ch = planned(plan, pass, (c.chunks, stack))?;
-    let parts = parts_bytes(c.emulated, operands(pass, ch));
-    if ws.bytes < c.workspace || c.workspace < parts {
-        return Err(TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "internal: 3xTF32 {pass:?} given {} workspace bytes, chose {} ({parts} of parts)",
-                ws.bytes, c.workspace
-            ),
-        });
+    let (ch, ws, at) = prepare(plan, (pass, c), ws)?;
+    if c.emulated != Emulated::Stacked {
+        return three_passes(handle, (ch, pass, c), ops, (ws, at), kernels);
     }
-    ch.desc.set_math(c.math)?;
-    let own = c.workspace - parts;
-    let algo_ws = Ws {
-        addr: ws.addr,
-        bytes: own,
-    };
-    let parts_at = ws.addr + own as u64;
-    match c.emulated {
-        Emulated::Stacked => stacked(
-            handle,
-            (ch, pass, c),
-            ops,
-            (algo_ws, parts_at),
-            kernels,
-            None,
-        ),
-        _ => three_passes(handle, (ch, pass, c), ops, (algo_ws, parts_at), kernels),
-    }
+    let run = |o| execute(handle, &ch.desc, c.algo, o, ws, 0.0).map(Ok);
+    stacked(kernels, (ch, pass), ops, at, run)?.map_err(|source| TensorError::Cudnn {
+        op: "cudnnConvolution (stacked 3xTF32)",
+        source,
+    })
 }
 
-/// The stacked forward composite `c` (one pass a chunk) with cuDNN's fused bias and
-/// activation (`epi`: the bias's address and whether a ReLU follows), as [`run`] otherwise.
+/// The stacked forward composite `c` with cuDNN's fused bias and activation
+/// (`cudnnConvolutionBiasActivationForward` a chunk; `epi`: the bias's address and whether a
+/// ReLU follows), as [`run`] otherwise: `Ok(Err(status))` when cuDNN refuses the fused call
+/// (the output is then to be written again, whole).
 ///
 /// # Errors
-/// As [`run`]; cuDNN's refusal of the fused call as [`TensorError::Cudnn`] of op
-/// [`FUSED_OP`].
+/// As [`run`]; [`TensorError::InvalidArgument`] for a choice that is not a stacked forward
+/// algorithm (an internal error).
 pub(super) fn run_fused(
     handle: sys::cudnnHandle_t,
     plan: &Plan,
-    (pass, c): (ConvPass, Choice),
+    c: Choice,
     ops: Operands,
-    ws: Ws,
-    kernels: &Kernels,
-    epi: (u64, bool),
-) -> Result<(), TensorError> {
-    let ch = planned(plan, pass, (c.chunks, Stack::Inputs))?;
-    let parts = parts_bytes(c.emulated, operands(pass, ch));
-    let own = c.workspace.saturating_sub(parts);
-    if pass != ConvPass::Forward || ws.bytes < c.workspace || c.workspace < parts {
-        return Err(TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!(
-                "internal: fused stacked 3xTF32 {pass:?}, workspace {}",
-                ws.bytes
-            ),
-        });
-    }
-    ch.desc.set_math(c.math)?;
-    let algo_ws = Ws {
-        addr: ws.addr,
-        bytes: own,
+    (ws, kernels): (Ws, &Kernels),
+    (bias, relu): (u64, bool),
+) -> Result<Result<(), CudnnError>, TensorError> {
+    let (Algo::Fwd(algo), Emulated::Stacked) = (c.algo, c.emulated) else {
+        return Err(internal(format!("fused epilogue of {}", c.name())));
     };
-    let at = ws.addr + own as u64;
-    stacked(
-        handle,
-        (ch, pass, c),
-        ops,
-        (algo_ws, at),
-        kernels,
-        Some(epi),
-    )
+    let pass = ConvPass::Forward;
+    let (ch, ws, at) = prepare(plan, (pass, c), ws)?;
+    let run = |o| Ok(execute_bias_act(handle, &ch.desc, algo, o, bias, relu, ws));
+    stacked(kernels, (ch, pass), ops, at, run)
 }
 
 /// The three passes of `c` (see the module docs), the parts at `at` in the workspace after
@@ -313,27 +325,26 @@ fn three_passes(
     Ok(())
 }
 
-/// The stacked pass of `c` (see the module docs; forward or backward data), the parts at `at`
-/// in the workspace after cuDNN's own `ws`: the summed operand's `[lo | hi | hi]` per row,
-/// then the filter's `[hi | lo | hi]` per row (the rows of [`super::chunks::stack_rows`]);
-/// with `epi` (the forward's bias and ReLU) fused by cuDNN (its errors then of op
-/// [`FUSED_OP`]).
+/// The stacked pass (see the module docs; forward or backward data) of chunking `ch`, the parts
+/// at `at` in the workspace: the filter's `[hi | lo | hi]` per row once, then per chunk the
+/// summed operand's `[lo | hi | hi]` per row (the rows of [`super::chunks::stack_rows`]) and
+/// `call` on the chunk's operands with the stacked ones in place. Stops at the first chunk
+/// whose call cuDNN refuses (`Ok(Err(status))`).
 fn stacked(
-    handle: sys::cudnnHandle_t,
-    (ch, pass, c): (&Chunking, ConvPass, Choice),
-    ops: Operands,
-    (ws, at): (Ws, u64),
     kernels: &Kernels,
-    epi: Option<(u64, bool)>,
-) -> Result<(), TensorError> {
+    (ch, pass): (&Chunking, ConvPass),
+    ops: Operands,
+    at: u64,
+    call: impl Fn(Operands) -> Result<Result<(), CudnnError>, TensorError>,
+) -> Result<Result<(), CudnnError>, TensorError> {
     let [a, b] = operands(pass, ch);
     let (pa, pb) = (at, at + region(3 * a) as u64);
     let (row, w_row) = ch.stack_rows;
-    if row == 0 || w_row == 0 {
-        return Err(TensorError::InvalidArgument {
-            op: "conv2d",
-            reason: format!("internal: stacked 3xTF32 {pass:?} on an unstacked chunking"),
-        });
+    if row == 0 || w_row == 0 || pass == ConvPass::BackwardFilter {
+        return Err(internal(format!(
+            "stacked 3xTF32 {pass:?} on {:?}",
+            ch.stack
+        )));
     }
     kernels.tf32_stack((ops.w, pb), (b as usize / 4 / w_row, w_row), 1)?;
     for i in 0..ch.k as u64 {
@@ -343,20 +354,58 @@ fn stacked(
             _ => (y, Operands { x, w: pb, y: pa }),
         };
         kernels.tf32_stack((src, pa), (a as usize / 4 / row, row), 0)?;
-        match (epi, c.algo) {
-            (Some((bias, relu)), Algo::Fwd(algo)) => {
-                execute_bias_act(handle, &ch.desc, algo, o, bias, relu, ws).map_err(|source| {
-                    TensorError::Cudnn {
-                        op: FUSED_OP,
-                        source,
-                    }
-                })?
-            }
-            _ => execute(handle, &ch.desc, c.algo, o, ws, 0.0)?,
+        if let Err(status) = call(o)? {
+            return Ok(Err(status));
         }
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
-/// The op of cuDNN's errors from a fused forward call (`cudnnConvolutionBiasActivationForward`).
-pub(super) const FUSED_OP: &str = "cudnnConvolutionBiasActivationForward";
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_take_aligned_regions() {
+        // three passes: the high and low parts of each operand
+        assert_eq!(parts_bytes(Emulated::Passes, [256, 512]), 2 * (256 + 512));
+        // 1 B and 257 B round up to one and two 256-byte regions
+        assert_eq!(parts_bytes(Emulated::Passes, [1, 257]), 2 * (256 + 512));
+        assert_eq!(parts_bytes(Emulated::Passes, [0, 0]), 0);
+        // stacked: three copies side by side, one region each operand
+        assert_eq!(parts_bytes(Emulated::Stacked, [256, 512]), 768 + 1536);
+        assert_eq!(parts_bytes(Emulated::Stacked, [100, 1]), 512 + 256);
+    }
+
+    #[test]
+    fn the_forms_of_each_pass() {
+        let (passes, inputs, outputs) = (
+            (Emulated::Passes, Stack::None),
+            (Emulated::Stacked, Stack::Inputs),
+            (Emulated::Stacked, Stack::Outputs),
+        );
+        let fwd = ConvPass::Forward;
+        assert_eq!(forms(fwd, Fp32Convs::Fastest), [passes, inputs]);
+        assert_eq!(forms(fwd, Fp32Convs::Tf32x3Stacked), [inputs]);
+        let data = ConvPass::BackwardData;
+        assert_eq!(forms(data, Fp32Convs::Tf32x3), [passes, outputs]);
+        assert_eq!(forms(data, Fp32Convs::Tf32x3Stacked), [outputs]);
+        // the filter gradient has no stacked form
+        let filter = ConvPass::BackwardFilter;
+        assert_eq!(forms(filter, Fp32Convs::Tf32x3Stacked), [passes]);
+    }
+
+    #[test]
+    fn the_words_name_the_modes() {
+        assert_eq!("fastest".parse::<Fp32Convs>().unwrap(), Fp32Convs::Fastest);
+        assert_eq!("fma".parse::<Fp32Convs>().unwrap(), Fp32Convs::Fma);
+        assert_eq!("3xtf32".parse::<Fp32Convs>().unwrap(), Fp32Convs::Tf32x3);
+        let stacked = "3xtf32-stacked".parse::<Fp32Convs>().unwrap();
+        assert_eq!(stacked, Fp32Convs::Tf32x3Stacked);
+        let e = "tf32".parse::<Fp32Convs>().unwrap_err().to_string();
+        assert!(
+            e.contains("expected fastest, fma, 3xtf32 or 3xtf32-stacked"),
+            "{e}"
+        );
+    }
+}

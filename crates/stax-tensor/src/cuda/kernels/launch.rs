@@ -66,6 +66,13 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
+        if u32::try_from(c).is_err() {
+            // the kernel divides by c in 32 bits
+            return Err(TensorError::InvalidArgument {
+                op: "tf32_stack",
+                reason: format!("rows of {c} elements, over 2^32 - 1"),
+            });
+        }
         // SAFETY: `tf32_stack(const float *x, float *out, size_t rows, size_t c, int lo_seg)`;
         // x holds rows * c f32, out (distinct) 3 rows * c.
         unsafe {
