@@ -27,10 +27,9 @@
 //! pairings in one sum.
 
 use super::calls::{
-    Algo, Choice, Descriptors, Emulated, Ws, candidates as listed, check_sizes, execute,
-    execute_bias_act,
+    Algo, Choice, Descriptors, Emulated, Ws, candidates as listed, execute, execute_bias_act,
 };
-use super::chunks::{Chunking, Stack, chunk_bytes, chunk_conv, chunk_counts, chunking, planned};
+use super::chunks::{Chunking, Stack, chunk_bytes, chunk_counts, chunking, planned};
 use super::{CudnnConv, Operands, Plan};
 use crate::cuda::kernels::Kernels;
 use crate::{ConvPass, TensorError};
@@ -131,8 +130,9 @@ fn forms(pass: ConvPass, fp32: Fp32Convs) -> Vec<(Emulated, Stack)> {
 /// admits: each TF32 tensor-core algorithm cuDNN's heuristics list (under
 /// `CUDNN_DEFAULT_MATH`) for each form, over the whole batch or over the fewest batch chunks
 /// (of [`chunk_counts`]) at which its workspace and the parts fit. A stacked form is skipped
-/// at a chunk count where cuDNN cannot count its tensors in 32 bits or refuses its
-/// descriptors or listing. Host-side queries only; nothing runs.
+/// at a chunk count whose descriptors fail (cuDNN cannot count its tensors in 32 bits:
+/// `check_sizes`, or refuses them) or whose listing cuDNN refuses. Host-side queries only;
+/// nothing runs.
 ///
 /// # Errors
 /// [`TensorError::Cudnn`] from the three-pass form's descriptors or listing.
@@ -148,9 +148,6 @@ pub(super) fn candidates(
             let Some(bytes) = chunk_bytes(conv, k) else {
                 continue;
             };
-            if check_sizes(&chunk_conv(conv, (k, stack))).is_err() {
-                continue;
-            }
             let listing = chunking(plan, conv, (k, stack), bytes).and_then(|ch| {
                 let parts = parts_bytes(form, operands(pass, ch));
                 Ok((parts, tf32_listed(handle, &ch.desc, pass)?))
@@ -340,7 +337,7 @@ fn stacked(
     let [a, b] = operands(pass, ch);
     let (pa, pb) = (at, at + region(3 * a) as u64);
     let (row, w_row) = ch.stack_rows;
-    if row == 0 || w_row == 0 || pass == ConvPass::BackwardFilter {
+    if row == 0 || w_row == 0 {
         return Err(internal(format!(
             "stacked 3xTF32 {pass:?} on {:?}",
             ch.stack
