@@ -210,7 +210,7 @@ __device__ __forceinline__ void wg_convert(float *dy, const u32 *mask, int keep,
         wg_store4(at, big);
         if (X3) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) big[e] = tf32_bits(f[e] - __uint_as_float(big[e]));
+            for (int e = 0; e < 4; ++e) big[e] = tf32_small(f[e], big[e]);
             wg_store4(at + part, big);
         }
     }
