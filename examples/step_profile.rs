@@ -412,6 +412,20 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
             ops::bias_add(&mut z, &bd)
         },
     );
+    if p.gpu.precision() == Precision::Highest {
+        // the step's product is our 3xTF32 kernel: cuBLAS's f32 GEMM as the reference row
+        p.gpu.set_fp32_gemm_3xtf32(false);
+        p.flops(dense_f).time(
+            "dense1 forward (cuBLAS f32 GEMM, reference)",
+            act + wbytes,
+            false,
+            &mut || {
+                ops::matmul(&y2f, &wd, false, false, &mut z)?;
+                ops::bias_add(&mut z, &bd)
+            },
+        );
+        p.gpu.set_fp32_gemm_3xtf32(true);
+    }
     p.time(
         "relu3, dense2, loss, dense2 bwd, relu3 bwd",
         0.0,

@@ -2,6 +2,9 @@
 // [m, n] of a's dtype, b [k, n] f32 rounded to a's dtype as it is read (from shared memory into
 // registers, no rounded copy of b), all row-major, m <= 128, k % 8 == 0, n % 4 == 0, 16-byte aligned.
 // Products are summed in f32 on the tensor cores (mma.sync m16n8k16, f32 accumulators).
+// Its f32 form (GEMM_F32X3: a and c f32 too, k % 4 == 0) is full fp32's dense product in
+// 3xTF32: each operand split into its TF32 rounding and the rounded rest (tf32_small) as read,
+// three mma.sync m16n8k8 a product, small terms first (f32's accuracy).
 //
 // The product is computed transposed, c^T = b^T · a^T: b^T is the mma's A operand (16 output
 // columns per tile), a^T its B operand (8 rows of a per tile). Split-K: block (x: split of k,
@@ -16,6 +19,11 @@
 // product's, and a lane reads 8 consecutive k of a row of a as one 16-byte load.
 
 #define GEMM_TILES 8 // 8-row tiles of a per warp: two warps of rows, m <= 128
+
+// The kinds of a: bf16 or f16 (b rounded to it), or f32 (3xTF32).
+#define GEMM_BF16 0
+#define GEMM_F16 1
+#define GEMM_F32X3 2
 
 // Two f32 rounded to one packed pair of the 16-bit dtype, lo in the low half.
 template <bool BF16> __device__ __forceinline__ u32 pack2(float lo, float hi) {
@@ -46,19 +54,117 @@ __device__ __forceinline__ float lane_of(const float4 &v, int i) {
 // k_per_split (a multiple of 32) values of k into part[split]. Steps of 32 k stream through
 // GS_STAGES shared-memory stages by cp.async (zero-filled past k, m and n), so each block has
 // two steps in flight while the tensor cores work on a third; the dynamic shared memory is
-// GS_STAGES * GS_STAGE bytes (76,800).
+// GS_STAGES * GemmStage<A>::bytes (76,800 bytes; 107,520 for f32 a).
 #define GS_STAGES 3
 // Stage layout of b: lane (g, t) reads its k = 8t + i (i < 8) of columns 4g..4g+3 at
 // i * 4 * PITCH + t * PITCH + 16 * (column / 4); the pitch of 512 + 32 bytes puts the 8 lanes of
 // a 16-byte load phase on distinct banks. Rows of a are 64 bytes (conflict-free as they are).
 #define GS_W_PITCH 544
+// An f32 row of a is 128 bytes + 16: a 16-byte load phase's lanes (two rows, four t) on
+// distinct banks.
 #define GS_W_BYTES (8 * 4 * GS_W_PITCH) // a stage's 32 k x 128 columns of b
-#define GS_X_BYTES (128 * 64)           // a stage's 128 rows x 32 k of a
-#define GS_STAGE (GS_W_BYTES + GS_X_BYTES)
+template <int A> struct GemmStage {
+    static constexpr u32 x_pitch = A == GEMM_F32X3 ? 144 : 64; // bytes a row of a
+    static constexpr u32 bytes = GS_W_BYTES + 128 * x_pitch;    // b, then 128 rows x 32 k of a
+};
 
+// A step of 32 k of the 16-bit kinds: per two k16 mmas, the warp's b^T A fragments rounded to
+// a's dtype, then each row tile's a (8 consecutive k a lane, one 16-byte load).
 template <bool BF16>
-__device__ void gemm_wf32(const unsigned short *a, const float *b, float *part, u32 m, u64 k,
-                          u32 n, u64 k_per_split) {
+__device__ __forceinline__ void step_16(u32 wbase, u32 xbase, u32 tiles,
+                                        float (&acc)[2][GEMM_TILES][4]) {
+    u32 af[2][2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        float4 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                         : "=f"(w[i].x), "=f"(w[i].y), "=f"(w[i].z), "=f"(w[i].w)
+                         : "r"(wbase + (4 * s + i) * (4 * GS_W_PITCH)));
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const int lo = 2 * mt, hi = 2 * mt + 1;
+            af[s][mt][0] = pack2<BF16>(lane_of(w[0], lo), lane_of(w[1], lo));
+            af[s][mt][1] = pack2<BF16>(lane_of(w[0], hi), lane_of(w[1], hi));
+            af[s][mt][2] = pack2<BF16>(lane_of(w[2], lo), lane_of(w[3], lo));
+            af[s][mt][3] = pack2<BF16>(lane_of(w[2], hi), lane_of(w[3], hi));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < GEMM_TILES; j++) {
+        if (j < tiles) {
+            uint4 xv;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w)
+                         : "r"(xbase + j * 8 * 64));
+            mma16816<BF16>(acc[0][j], af[0][0], xv.x, xv.y);
+            mma16816<BF16>(acc[1][j], af[0][1], xv.x, xv.y);
+            mma16816<BF16>(acc[0][j], af[1][0], xv.z, xv.w);
+            mma16816<BF16>(acc[1][j], af[1][1], xv.z, xv.w);
+        }
+    }
+}
+
+// A step of 32 k in 3xTF32: four k8 mmas, the q-th on slots t, t + 4 = k 8t + 2q, 8t + 2q + 1
+// of both operands (a bijection of the 32 k), in two halves of two (within 128 registers). A
+// half's A fragments (b^T: rows g, g + 8 of tile mt = columns 4g + 2mt, 4g + 2mt + 1) are split
+// once; each row tile's 4 k of a (one 16-byte load) is its B operand.
+__device__ __forceinline__ void step_x3(u32 wbase, u32 xbase, u32 tiles,
+                                        float (&acc)[2][GEMM_TILES][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float4 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                         : "=f"(w[i].x), "=f"(w[i].y), "=f"(w[i].z), "=f"(w[i].w)
+                         : "r"(wbase + (4 * h + i) * (4 * GS_W_PITCH)));
+        }
+        u32 big[2][2][4], small[2][2][4]; // [q - 2h][mt]
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const float v[4] = {lane_of(w[2 * q], 2 * mt), lane_of(w[2 * q], 2 * mt + 1),
+                                    lane_of(w[2 * q + 1], 2 * mt),
+                                    lane_of(w[2 * q + 1], 2 * mt + 1)};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    big[q][mt][e] = tf32_bits(v[e]);
+                    small[q][mt][e] = tf32_small(v[e], big[q][mt][e]);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GEMM_TILES; j++) {
+            if (j < tiles) {
+                float4 x;
+                asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                             : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+                             : "r"(xbase + j * 8 * GemmStage<GEMM_F32X3>::x_pitch + 16 * h));
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const float b0 = lane_of(x, 2 * q), b1 = lane_of(x, 2 * q + 1);
+                    const u32 h0 = tf32_bits(b0), h1 = tf32_bits(b1);
+                    const u32 l0 = tf32_small(b0, h0), l1 = tf32_small(b1, h1);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_sync<float>(acc[mt][j], small[q][mt], h0, h1);
+                        mma_sync<float>(acc[mt][j], big[q][mt], l0, l1);
+                        mma_sync<float>(acc[mt][j], big[q][mt], h0, h1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <int A>
+__device__ void gemm_wf32(const void *a, const float *b, float *part, u32 m, u64 k, u32 n,
+                          u64 k_per_split) {
+    using Stage = GemmStage<A>;
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 s0 = (u32)__cvta_generic_to_shared(smem);
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -74,7 +180,7 @@ __device__ void gemm_wf32(const unsigned short *a, const float *b, float *part, 
     const u64 k_end = min(k, k_begin + k_per_split);
     const u64 steps = k_end > k_begin ? (k_end - k_begin + 31) / 32 : 0;
     auto load = [&](u64 step) {
-        const u32 base = s0 + (u32)(step % GS_STAGES) * GS_STAGE;
+        const u32 base = s0 + (u32)(step % GS_STAGES) * Stage::bytes;
         const u64 kb = k_begin + 32 * step;
 #pragma unroll
         for (int q = 0; q < 4; q++) { // 1024 chunks of 4 f32 of b
@@ -85,13 +191,16 @@ __device__ void gemm_wf32(const unsigned short *a, const float *b, float *part, 
             const u32 dst = base + (kl & 7) * (4 * GS_W_PITCH) + (kl >> 3) * GS_W_PITCH + cg * 16;
             cp_async16(dst, ok ? (const void *)(b + kk * n + cc) : (const void *)b, ok);
         }
+        // a: 16-byte chunks of 8 16-bit elements (4 a row) or 4 f32 (8 a row)
+        constexpr u32 per_row = A == GEMM_F32X3 ? 8 : 4, elems = 32 / per_row;
 #pragma unroll
-        for (int q = 0; q < 2; q++) { // 512 chunks of 8 elements of a
-            const u32 c = tid + 256 * q, r = c >> 2, tt = c & 3;
-            const u64 kk = kb + 8 * tt;
+        for (int q = 0; q < 128 * per_row / 256; q++) {
+            const u32 c = tid + 256 * q, r = c / per_row, tt = c % per_row;
+            const u64 kk = kb + elems * tt;
             const bool ok = r < m && kk < k_end;
-            const u32 dst = base + GS_W_BYTES + r * 64 + tt * 16;
-            cp_async16(dst, ok ? (const void *)(a + (u64)r * k + kk) : (const void *)a, ok);
+            const u32 dst = base + GS_W_BYTES + r * Stage::x_pitch + tt * 16;
+            const u64 at = ((u64)r * k + kk) * (A == GEMM_F32X3 ? 4 : 2);
+            cp_async16(dst, ok ? (const void *)((const char *)a + at) : a, ok);
         }
     };
     float acc[2][GEMM_TILES][4];
@@ -119,40 +228,15 @@ __device__ void gemm_wf32(const unsigned short *a, const float *b, float *part, 
         if (!active) {
             continue;
         }
-        const u32 base = s0 + (u32)(it % GS_STAGES) * GS_STAGE;
+        const u32 base = s0 + (u32)(it % GS_STAGES) * Stage::bytes;
         const u32 wbase = base + t * GS_W_PITCH + ((warp & 3) * 8 + g) * 16;
-        u32 af[2][2][4];
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-            float4 w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                             : "=f"(w[i].x), "=f"(w[i].y), "=f"(w[i].z), "=f"(w[i].w)
-                             : "r"(wbase + (4 * s + i) * (4 * GS_W_PITCH)));
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const int lo = 2 * mt, hi = 2 * mt + 1;
-                af[s][mt][0] = pack2<BF16>(lane_of(w[0], lo), lane_of(w[1], lo));
-                af[s][mt][1] = pack2<BF16>(lane_of(w[0], hi), lane_of(w[1], hi));
-                af[s][mt][2] = pack2<BF16>(lane_of(w[2], lo), lane_of(w[3], lo));
-                af[s][mt][3] = pack2<BF16>(lane_of(w[2], hi), lane_of(w[3], hi));
-            }
-        }
-        const u32 xbase = base + GS_W_BYTES + (row0 + g) * 64 + t * 16;
-#pragma unroll
-        for (int j = 0; j < GEMM_TILES; j++) {
-            if (j < tiles) {
-                uint4 xv;
-                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w)
-                             : "r"(xbase + j * 8 * 64));
-                mma16816<BF16>(acc[0][j], af[0][0], xv.x, xv.y);
-                mma16816<BF16>(acc[1][j], af[0][1], xv.x, xv.y);
-                mma16816<BF16>(acc[0][j], af[1][0], xv.z, xv.w);
-                mma16816<BF16>(acc[1][j], af[1][1], xv.z, xv.w);
-            }
+        // lane t's 8 k of row row0 + g (+ 8 j): 16 or 32 bytes at 16 t or 32 t
+        const u32 xbase = base + GS_W_BYTES + (row0 + g) * Stage::x_pitch +
+                          t * (A == GEMM_F32X3 ? 32 : 16);
+        if constexpr (A == GEMM_F32X3) {
+            step_x3(wbase, xbase, tiles, acc);
+        } else {
+            step_16<A == GEMM_BF16>(wbase, xbase, tiles, acc);
         }
     }
     if (!active || !col_ok) {
@@ -196,16 +280,19 @@ __device__ void gemm_wf32_reduce(const float *part, T *c, size_t mn, size_t spli
     }
 }
 
-#define GEMM_KERNELS(T, S, BF16)                                                               \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
-        gemm_wf32_##S(const unsigned short *a, const float *b, float *part, u32 m, u64 k,       \
-                      u32 n, u64 k_per_split) {                                                \
-        gemm_wf32<BF16>(a, b, part, m, k, n, k_per_split);                                     \
+// gemm_wf32_<S>: a of T (f32: the 3xTF32 form, gemm_wf32_f32x3), its partials' reduction
+// gemm_wf32_reduce_<S>.
+#define GEMM_KERNELS(T, S, KIND, NAME)                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                       \
+        gemm_wf32_##NAME(const T *a, const float *b, float *part, u32 m, u64 k, u32 n,        \
+                         u64 k_per_split) {                                                    \
+        gemm_wf32<KIND>(a, b, part, m, k, n, k_per_split);                                     \
     }                                                                                          \
     extern "C" __global__ void gemm_wf32_reduce_##S(const float *part, T *c, size_t mn,        \
                                                     size_t splits) {                           \
         gemm_wf32_reduce<T>(part, c, mn, splits);                                              \
     }
 
-GEMM_KERNELS(bf16_t, bf16, true)
-GEMM_KERNELS(f16_t, f16, false)
+GEMM_KERNELS(bf16_t, bf16, GEMM_BF16, bf16)
+GEMM_KERNELS(f16_t, f16, GEMM_F16, f16)
+GEMM_KERNELS(float, f32, GEMM_F32X3, f32x3)

@@ -910,6 +910,9 @@ fn workspace_schedules_match_what_ops_allocate() {
             k: 70,
             dtype: DType::F32,
             b_dtype: DType::F32,
+            transpose_a: false,
+            transpose_b: true,
+            accumulate: false,
         },
         &mut || ops::matmul(&a, &a, false, true, &mut c).unwrap(),
     );

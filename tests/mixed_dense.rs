@@ -143,6 +143,9 @@ fn the_gpu_matches_the_cpu_with_exact_workspace() {
                 k,
                 dtype,
                 b_dtype: DType::F32,
+                transpose_a: false,
+                transpose_b: false,
+                accumulate: false,
             };
             assert_workspace_is_the_schedule(&gpu, &what, op, &mut || {
                 ops::matmul(&a, &b, false, false, &mut out).unwrap()

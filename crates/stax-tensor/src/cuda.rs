@@ -82,6 +82,9 @@ pub struct CudaBackend {
     /// Whether small-batch dense updates run in one pass (see
     /// [`CudaBackend::set_dense_adam_rows`]).
     dense_rows: AtomicBool,
+    /// Whether full fp32's plain f32 products run our 3xTF32 kernel (see
+    /// [`CudaBackend::set_fp32_gemm_3xtf32`]).
+    gemm_x3: AtomicBool,
     /// The direct conv kernels' calibration times ([`DirectConvs::Winning`]).
     direct_times: direct::DirectTimes,
     /// The passes whose schedules were asked for while they ran the direct kernels (listed
@@ -227,6 +230,7 @@ impl CudaBackend {
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
+            gemm_x3: AtomicBool::new(true),
             direct_times: Default::default(),
             direct_used: Default::default(),
         }))

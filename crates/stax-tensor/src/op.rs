@@ -324,6 +324,12 @@ pub enum OpDesc {
         /// Element type of `b`: `dtype`, or f32 read rounded to a bf16 or f16 `dtype` (see
         /// [`crate::ops::matmul`]).
         b_dtype: DType,
+        /// Whether `a` is read transposed.
+        transpose_a: bool,
+        /// Whether `b` is read transposed.
+        transpose_b: bool,
+        /// Whether the product is added to `c` ([`crate::ops::matmul_add`]).
+        accumulate: bool,
     },
     /// An activation (forward: `backward == false`) over `n` elements.
     Unary {

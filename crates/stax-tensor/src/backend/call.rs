@@ -471,6 +471,9 @@ impl Call for Matmul<'_> {
             k: self.k,
             dtype: self.a.dtype(),
             b_dtype: self.b.dtype(),
+            transpose_a: self.transpose_a,
+            transpose_b: self.transpose_b,
+            accumulate: self.accumulate,
         }
     }
 }

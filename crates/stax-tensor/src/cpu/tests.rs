@@ -116,6 +116,9 @@ fn small_matmul() -> OpDesc {
         k: 4,
         dtype: DType::F32,
         b_dtype: DType::F32,
+        transpose_a: false,
+        transpose_b: false,
+        accumulate: false,
     }
 }
 

@@ -109,8 +109,12 @@ fn load_module(
         let f = module
             .load_function(&symbol)
             .map_err(driver("cuModuleGetFunction"))?;
-        if gemm::SHARED_KERNELS.contains(&symbol.as_str()) {
-            allow_shared(&f, gemm::SHARED_BYTES)?;
+        if let Some((_, bytes)) = gemm::SHARED_KERNELS.iter().find(|k| k.0 == symbol) {
+            // not loaded where its shared memory does not fit: gemm_wf32_fits says so
+            if *bytes > shared_optin {
+                continue;
+            }
+            allow_shared(&f, *bytes)?;
         } else if dense::is_mma(&symbol) {
             // what the device allows: a shape needing more is not dispatched there
             allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;

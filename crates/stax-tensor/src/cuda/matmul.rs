@@ -1,29 +1,66 @@
-//! The matrix product on [`CudaBackend`]: cuBLAS's GEMM in one dtype, and the mixed dense
+//! The matrix product on [`CudaBackend`]: cuBLAS's GEMM in one dtype, and two products by our
+//! split-K tensor-core kernel where it fits (`Kernels::gemm_wf32_fits`): the mixed dense
 //! product (a bf16 or f16 `a` times an f32 `b` read rounded to `a`'s dtype, see
-//! [`crate::ops::matmul`]) by our tensor-core kernel where it fits
-//! ([`Kernels::gemm_wf32_fits`]), else by rounding `b` into the workspace for cuBLAS.
+//! [`crate::ops::matmul`]; where it does not fit, `b` is rounded into the workspace for
+//! cuBLAS), and under [`Precision::Highest`] the plain f32 product (no transpose, `c`
+//! overwritten) in 3xTF32 ([`CudaBackend::set_fp32_gemm_3xtf32`]).
 
-use super::kernels::Kernels;
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas};
 use crate::backend::{Call, Matmul, Scratch};
-use crate::{Backend, Checked, DType, MatmulOps, TensorError, WorkspaceStep};
+use crate::{Backend, Checked, DType, MatmulOps, Precision, TensorError, WorkspaceStep};
+use std::sync::atomic::Ordering;
 
 const OP: &str = "matmul";
 
 impl CudaBackend {
-    /// The workspace of `[m, k] · [k, n]` with `b` of `b_dtype`: cuBLAS's (one dtype); the
-    /// kernel's f32 partials (mixed, where it fits); `b` rounded, then cuBLAS's (mixed, else).
+    /// Turns full fp32's dense product on our kernel on (the default) or off: under
+    /// [`Precision::Highest`] an f32 `[m, k] · [k, n]` with neither operand transposed and `c`
+    /// overwritten, `m <= 128`, `k % 4 == 0`, `n % 4 == 0` (the seed's Dense(128) forward)
+    /// runs as 3xTF32 on the tensor cores (`kernels/gemm.cu`, `gemm_wf32_f32x3`: each operand
+    /// split into its TF32 rounding and the rounded rest, three mmas a product, f32's accuracy)
+    /// split over k into f32 partials in the workspace; off, cuBLAS's f32 GEMM
+    /// (`CUBLAS_DEFAULT_MATH`) runs it. The workspace differs, so set it before a memory plan
+    /// is made. For A/B timing and tests.
+    pub fn set_fp32_gemm_3xtf32(&self, on: bool) {
+        self.gemm_x3.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether our kernel runs `[m, k] · [k, n]` of `a`'s `dtype` and `b_dtype`, `plain` when
+    /// neither is transposed and `c` is overwritten: the mixed product where it fits, full
+    /// fp32's plain f32 product where it fits and the setting is on.
+    fn gemm_kernel_runs(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        dtypes: (DType, DType),
+        plain: bool,
+    ) -> bool {
+        let fits = self.kernels.gemm_wf32_fits(dtypes.0, m, n, k);
+        match dtypes {
+            (a, b) if a != b => fits,
+            (DType::F32, _) => {
+                fits && plain
+                    && self.precision == Precision::Highest
+                    && self.gemm_x3.load(Ordering::Relaxed)
+            }
+            _ => false,
+        }
+    }
+
+    /// The workspace of `[m, k] · [k, n]` with `b` of `b_dtype`: the kernel's f32 partials
+    /// (where [`CudaBackend::gemm_kernel_runs`]); else cuBLAS's (one dtype), or `b` rounded,
+    /// then cuBLAS's (mixed).
     pub(super) fn matmul_schedule(
         &self,
         (m, n, k): (usize, usize, usize),
         (dtype, b_dtype): (DType, DType),
+        plain: bool,
     ) -> Vec<WorkspaceStep> {
+        if self.gemm_kernel_runs((m, n, k), (dtype, b_dtype), plain) {
+            return WorkspaceStep::single(self.kernels.gemm_wf32_splits(n, k) * m * n * 4);
+        }
         if dtype == b_dtype || m == 0 || n == 0 || k == 0 {
             return WorkspaceStep::single(self.matmul_bytes(m, n, k));
-        }
-        if Kernels::gemm_wf32_fits(m, n, k) {
-            return WorkspaceStep::single(self.kernels.gemm_wf32_splits(n, k) * m * n * 4);
         }
         let mut s = Schedule::default();
         let rounded = s.alloc(k * n * dtype.size_bytes());
@@ -59,7 +96,8 @@ impl MatmulOps for CudaBackend {
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (dtype, mixed) = (c.dtype(), b.dtype() != c.dtype());
-        if mixed && Kernels::gemm_wf32_fits(m, n, k) {
+        let plain = !(transpose_a || transpose_b || accumulate);
+        if self.gemm_kernel_runs((m, n, k), (dtype, b.dtype()), plain) {
             let part = ws.alloc()?;
             let ops = (a.addr(), b.addr(), c.addr());
             self.kernels

@@ -98,7 +98,13 @@ impl CudaBackend {
                 k,
                 dtype,
                 b_dtype,
-            } => self.matmul_schedule((m, n, k), (dtype, b_dtype)),
+                transpose_a,
+                transpose_b,
+                accumulate,
+            } => {
+                let plain = !(transpose_a || transpose_b || accumulate);
+                self.matmul_schedule((m, n, k), (dtype, b_dtype), plain)
+            }
             OpDesc::BiasGrad { cols: 0, .. } => Vec::new(),
             OpDesc::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
             OpDesc::SoftmaxXent { rows, classes } => {

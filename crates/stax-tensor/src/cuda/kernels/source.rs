@@ -209,6 +209,8 @@ impl KernelModule {
                 "gemm_wf32_f16",
                 "gemm_wf32_reduce_bf16",
                 "gemm_wf32_reduce_f16",
+                "gemm_wf32_f32x3",
+                "gemm_wf32_reduce_f32",
             ],
         };
         let per_dtype: &[&str] = match self {
