@@ -191,10 +191,10 @@ struct AdamHyper {
 
 // adam_one's step with the bias corrections' reciprocals (inv_bc1, inv_bc2) as factors, f32
 // contractions allowed and a fast division (__fdividef, 2 ulp): within a few ulp of adam_one's
-// IEEE-rounded step, at a fifth of its instructions. In dense_mma.cu's pass (TF32, whose
-// gradient is itself a TF32 product, and 3xTF32, whose gradient is f32's within a few ulp too)
-// and adam.cu's rows kernel under TF32: the exact divisions made the tensor-core pass 1.4x
-// slower (5.15 ms against 3.78 at the seed's batch 100, H200, 2026-12-03).
+// IEEE-rounded step, at a fifth of its instructions. Under TF32 only (dense_mma.cu's pass, whose
+// gradient is itself a TF32 product, and adam.cu's rows kernel): the exact divisions made the
+// tensor-core pass 1.4x slower (5.15 ms against 3.78 at the seed's batch 100, H200,
+// 2026-12-03).
 __device__ __forceinline__ void adam_tf32(float &p, float g, float &m, float &v,
                                           const AdamHyper &h, float inv_bc1, float inv_bc2) {
     g *= h.grad_scale;
@@ -212,7 +212,7 @@ __device__ __forceinline__ u32 tf32_bits(float v) {
 }
 
 // The rest of v past its TF32 rounding big (tf32_bits(v)), itself rounded to TF32: 3xTF32's
-// small part: v = big + small within 2^-22 |v| (wgrad_wgmma.cu, dense_mma.cu).
+// small part: v = big + small within 2^-22 |v| (wgrad_wgmma.cu, gemm.cu).
 __device__ __forceinline__ u32 tf32_small(float v, u32 big) {
     return tf32_bits(v - __uint_as_float(big));
 }

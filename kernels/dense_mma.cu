@@ -15,11 +15,7 @@
 // mma's K may be permuted as long as A and B agree, and slots t, t + 4 of lane (g, t) are taken
 // as columns 8c + 2t, 8c + 2t + 1, where B (dy, staged once in shared memory) is read.
 // Operands are rounded to TF32 (cvt.rna) and summed in f32: the precision of the TF32 GEMMs the
-// chunked path runs. Under X3 (Precision::Highest, 3xTF32) each operand is also split into its
-// TF32 rounding and the rest rounded (tf32_small), and each product takes three mmas, small
-// terms first: a_small b_big + a_big b_small + a_big b_big, which keeps f32's accuracy (the
-// small · small term is 2^-22 of the whole); dy is then staged as f32 and split where read.
-// dw never leaves registers.
+// chunked path runs. dw never leaves registers.
 //
 // Memory: the strip's w, mu, nu stream through two warp-private shared-memory stages of 32
 // columns (cp.async, 16-byte copies), the next quarter in flight while this one is used; x's
@@ -49,34 +45,8 @@ __device__ __forceinline__ void stage_quarter(const float *w, const float *mu, c
     asm volatile("cp.async.commit_group;");
 }
 
-// v's operand words: its TF32 rounding, and under X3 the rounded rest in small (else zero).
-template <bool X3>
-__device__ __forceinline__ void parts(const float (&v)[4], u32 (&big)[4], u32 (&small)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        big[e] = tf32_bits(v[e]);
-        small[e] = X3 ? tf32_small(v[e], big[e]) : 0u;
-    }
-}
-
-// d += a · b for an A of big and small parts and B's staged words b0, b1: one mma of TF32
-// words, or under X3 three of b's f32 split here (small terms first).
-template <bool X3>
-__device__ __forceinline__ void mma_parts(float (&d)[4], const u32 (&a)[4], const u32 (&a_small)[4],
-                                          u32 b0, u32 b1) {
-    if (X3) {
-        const float f0 = __uint_as_float(b0), f1 = __uint_as_float(b1);
-        const u32 h0 = tf32_bits(f0), h1 = tf32_bits(f1);
-        mma_sync<float>(d, a_small, h0, h1);
-        mma_sync<float>(d, a, tf32_small(f0, h0), tf32_small(f1, h1));
-        mma_sync<float>(d, a, h0, h1);
-    } else {
-        mma_sync<float>(d, a, b0, b1);
-    }
-}
-
 // The strip's weight gradient: acc[c] = x[:, rows]^T · dy[:, slice c], in the layout above.
-template <int MB, bool X3>
+template <int MB>
 __device__ __forceinline__ void strip_dw(const float *x, const u32 *dys, int pitch, int m,
                                          int ns, size_t k, size_t r_lo, int g, int t,
                                          float (&acc)[DM_SLICES][4]) {
@@ -87,14 +57,14 @@ __device__ __forceinline__ void strip_dw(const float *x, const u32 *dys, int pit
     for (int kb = 0; kb < MB; ++kb) {
         const int b0 = 8 * kb + t, b1 = b0 + 4;
         const float *x0 = x + (size_t)b0 * k + r_lo, *x1 = x + (size_t)b1 * k + r_lo;
-        const float v[4] = {b0 < m && lo ? x0[0] : 0.0f, b0 < m && hi ? x0[8] : 0.0f,
-                            b1 < m && lo ? x1[0] : 0.0f, b1 < m && hi ? x1[8] : 0.0f};
-        u32 a[4], a_small[4];
-        parts<X3>(v, a, a_small);
+        const u32 a[4] = {tf32_bits(b0 < m && lo ? x0[0] : 0.0f),
+                          tf32_bits(b0 < m && hi ? x0[8] : 0.0f),
+                          tf32_bits(b1 < m && lo ? x1[0] : 0.0f),
+                          tf32_bits(b1 < m && hi ? x1[8] : 0.0f)};
         const u32 *d0 = dys + b0 * pitch + g, *d1 = dys + b1 * pitch + g;
 #pragma unroll
         for (int c = 0; c < DM_SLICES; ++c) {
-            if (c < ns) mma_parts<X3>(acc[c], a, a_small, d0[8 * c], d1[8 * c]);
+            if (c < ns) mma_sync<float>(acc[c], a, d0[8 * c], d1[8 * c]);
         }
     }
 }
@@ -102,7 +72,7 @@ __device__ __forceinline__ void strip_dw(const float *x, const u32 *dys, int pit
 // Slice c of the strip from its staged quarter (`st`, the slice's columns at word 8 (c % 4)):
 // dx^T's sums from the old weight into dxa, then Adam (adam_tf32) on the slice's w, mu, nu,
 // stored at rows r_lo, r_lo + 8 (those below k).
-template <int MB, bool X3>
+template <int MB>
 __device__ __forceinline__ void strip_slice(float *w, float *mu, float *nu, const float *st,
                                             const u32 *dys, int pitch, int n, int c, size_t k,
                                             size_t r_lo, int lane, const float (&dw)[4],
@@ -114,13 +84,12 @@ __device__ __forceinline__ void strip_slice(float *w, float *mu, float *nu, cons
     const int array = 16 * DM_PITCH / 2; // float2s between w's, mu's and nu's rows
     float2 wl = lo_row[0], ml = lo_row[array], vl = lo_row[2 * array];
     float2 wh = hi_row[0], mh = hi_row[array], vh = hi_row[2 * array];
-    u32 a[4], a_small[4];
-    parts<X3>({wl.x, wh.x, wl.y, wh.y}, a, a_small);
+    const u32 a[4] = {tf32_bits(wl.x), tf32_bits(wh.x), tf32_bits(wl.y), tf32_bits(wh.y)};
     const u32 *d = dys + g * pitch + 8 * c + 2 * t;
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
         const uint2 bb = *(const uint2 *)(d + 8 * b * pitch);
-        mma_parts<X3>(dxa[b], a, a_small, bb.x, bb.y);
+        mma_sync<float>(dxa[b], a, bb.x, bb.y);
     }
     adam_tf32(wl.x, dw[0], ml.x, vl.x, h, inv_bc1, inv_bc2);
     adam_tf32(wl.y, dw[1], ml.y, vl.y, h, inv_bc1, inv_bc2);
@@ -149,20 +118,19 @@ __device__ __forceinline__ void prefetch_x(const float *x, size_t s, int m, size
     }
 }
 
-template <int MB, bool X3>
+template <int MB>
 __device__ __forceinline__ void dense_adam_mma_t(const float *x, const float *__restrict__ dy,
                                                  float *__restrict__ w, float *__restrict__ mu,
                                                  float *__restrict__ nu, float *dx, AdamHyper h,
                                                  int m, int n, size_t k) {
-    // [DM_WARPS][2] stages, then dy rounded to TF32 (under X3 its f32 bits), [MB * 8][pitch],
-    // zero past m and n; pitch = 8 mod 32 puts both products' B reads on distinct banks
+    // [DM_WARPS][2] stages, then dy rounded to TF32, [MB * 8][pitch], zero past m and n; pitch
+    // = 8 mod 32 puts both products' B reads on distinct banks
     extern __shared__ __align__(16) float dm_smem[];
     u32 *dys = (u32 *)(dm_smem + DM_WARPS * 2 * DM_STAGE);
     const int pitch = ((n + 31) & ~31) + 8, ns = n / 8, quarters = (n + 31) / 32;
     for (int i = threadIdx.x; i < MB * 8 * pitch; i += blockDim.x) {
         const int b = i / pitch, j = i % pitch;
-        const float v = b < m && j < n ? dy[(size_t)b * n + j] : 0.0f;
-        dys[i] = X3 ? __float_as_uint(v) : tf32_bits(v);
+        dys[i] = b < m && j < n ? tf32_bits(dy[(size_t)b * n + j]) : 0u;
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -180,7 +148,7 @@ __device__ __forceinline__ void dense_adam_mma_t(const float *x, const float *__
 #pragma unroll
         for (int b = 0; b < MB; ++b) dxa[b][0] = dxa[b][1] = dxa[b][2] = dxa[b][3] = 0.0f;
         float acc[DM_SLICES][4];
-        strip_dw<MB, X3>(x, dys, pitch, m, ns, k, r_lo, g, t, acc);
+        strip_dw<MB>(x, dys, pitch, m, ns, k, r_lo, g, t, acc);
 #pragma unroll
         for (int q = 0; q < DM_SLICES / 4; ++q) {
             if (q >= quarters) break;
@@ -199,7 +167,7 @@ __device__ __forceinline__ void dense_adam_mma_t(const float *x, const float *__
             for (int c4 = 0; c4 < 4; ++c4) {
                 const int c = 4 * q + c4;
                 if (c < ns)
-                    strip_slice<MB, X3>(w, mu, nu, stages + cur * DM_STAGE, dys, pitch, n, c, k, r_lo,
+                    strip_slice<MB>(w, mu, nu, stages + cur * DM_STAGE, dys, pitch, n, c, k, r_lo,
                                     lane, acc[c], dxa, h, inv_bc1, inv_bc2);
             }
             __syncwarp();
@@ -221,19 +189,14 @@ __device__ __forceinline__ void dense_adam_mma_t(const float *x, const float *__
     asm volatile("cp.async.wait_all;");
 }
 
-// dense_adam_mma_mb<MB> (TF32) and dense_adam_mma_x3_mb<MB> (3xTF32) for MB = 3 .. 16 (a
-// batch of 8 MB - 7 to 8 MB rows): blocks of DM_WARPS warps, any grid; dynamic shared memory
-// 4 (DM_WARPS 2 DM_STAGE + 8 MB (roundup(n, 32) + 8)) bytes.
+// dense_adam_mma_mb<MB> for MB = 3 .. 16 (a batch of 8 MB - 7 to 8 MB rows): blocks of
+// DM_WARPS warps, any grid; dynamic shared memory 4 (DM_WARPS 2 DM_STAGE + 8 MB (roundup(n, 32)
+// + 8)) bytes.
 #define DENSE_ADAM_MMA(MB)                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * DM_WARPS, 1)                            \
         dense_adam_mma_mb##MB(const float *x, const float *dy, float *w, float *mu, float *nu, \
                               float *dx, AdamHyper h, int m, int n, size_t k) {                \
-        dense_adam_mma_t<MB, false>(x, dy, w, mu, nu, dx, h, m, n, k);                         \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * DM_WARPS, 1) dense_adam_mma_x3_mb##MB(  \
-        const float *x, const float *dy, float *w, float *mu, float *nu, float *dx,            \
-        AdamHyper h, int m, int n, size_t k) {                                                 \
-        dense_adam_mma_t<MB, true>(x, dy, w, mu, nu, dx, h, m, n, k);                          \
+        dense_adam_mma_t<MB>(x, dy, w, mu, nu, dx, h, m, n, k);                                \
     }
 DENSE_ADAM_MMA(3)
 DENSE_ADAM_MMA(4)

@@ -9,10 +9,10 @@
 //! workspace limit's bytes in f32 gradient rows (64 MiB by default; half that in bf16).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
-//! runs as one kernel instead, and so does an f32 batch of 17 to 128 rows into a multiple of 8
-//! up to 128 outputs (the seed at batch 100) on the tensor cores, in TF32 or, under
-//! [`Precision::Highest`], 3xTF32 ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the
-//! weight, its moments, x and dx cross memory once.
+//! runs as one kernel instead, and so does, under [`Precision::Tf32`], an f32 batch of 17 to
+//! 128 rows into a multiple of 8 up to 128 outputs (the seed at batch 100) on the tensor cores
+//! ([`CudaBackend::dense_adam_is_rows`]): no workspace, and the weight, its moments, x and dx
+//! cross memory once.
 
 use super::kernels::dense_rows_apply;
 use super::workspace::Schedule;
@@ -31,8 +31,7 @@ enum OnePass {
     /// `dense_adam_rows_m<m>`: f32 FMAs, a batch of 1 to 16 rows (under TF32
     /// `dense_adam_rows_tf32_m<m>`: the same sums, Adam's step as the tensor-core pass takes it).
     Rows,
-    /// `dense_adam_mma_mb<mb>`: the TF32 tensor cores, 17 to 128 rows (under
-    /// [`Precision::Highest`] `dense_adam_mma_x3_mb<mb>`: the same in 3xTF32).
+    /// `dense_adam_mma_mb<mb>`: the TF32 tensor cores, 17 to 128 rows.
     Mma,
 }
 
@@ -53,11 +52,11 @@ struct Addrs {
 impl CudaBackend {
     /// Turns the one-pass dense updates on (the default) or off: an f32
     /// [`crate::ops::dense_adam`] of a batch of 1 to 16 rows and at most 128 outputs (the seed's
-    /// Dense(128) at batch 10), or of 17 to 128 rows and a multiple of 8 up to 128 outputs (the
-    /// seed at batch 100, on the tensor cores: TF32, or 3xTF32 under [`Precision::Highest`]),
-    /// then runs as one kernel that reads each weight row, computes its gradient in registers,
-    /// its input gradient from the old row and Adam's step, with no workspace; off, it runs
-    /// chunk by chunk through cuBLAS. The workspace differs, so set it before a memory plan is made
+    /// Dense(128) at batch 10), or under [`Precision::Tf32`] of 17 to 128 rows and a multiple
+    /// of 8 up to 128 outputs (the seed at batch 100, on the TF32 tensor cores), then runs as
+    /// one kernel that reads each weight row, computes its gradient in registers, its input
+    /// gradient from the old row and Adam's step, with no workspace; off, it runs chunk by
+    /// chunk through cuBLAS. The workspace differs, so set it before a memory plan is made
     /// (before training starts). For A/B timing and tests.
     pub fn set_dense_adam_rows(&self, on: bool) {
         self.dense_rows.store(on, Ordering::Relaxed);
@@ -71,14 +70,14 @@ impl CudaBackend {
     }
 
     /// The one-pass kernel of a dense update, if one runs it: in f32 FMAs for a small batch,
-    /// else on the tensor cores for the shapes that kernel takes within the device's shared
-    /// memory.
+    /// else on the TF32 tensor cores under TF32 for the shapes that kernel takes within the
+    /// device's shared memory.
     fn dense_one_pass(&self, m: usize, n: usize, dtype: DType) -> Option<OnePass> {
         if !self.dense_rows.load(Ordering::Relaxed) || dtype != DType::F32 {
             None
         } else if dense_rows_apply(m, n) {
             Some(OnePass::Rows)
-        } else if self.kernels.dense_mma_fits(m, n) {
+        } else if self.precision == Precision::Tf32 && self.kernels.dense_mma_fits(m, n) {
             Some(OnePass::Mma)
         } else {
             None
@@ -144,11 +143,7 @@ impl CudaBackend {
             let ops = (c.x.addr(), c.dy.addr(), dx.unwrap_or(0));
             let state = [c.w, c.mu, c.nu].map(|t| t.addr());
             match pass {
-                OnePass::Mma => {
-                    let x3 = self.precision == Precision::Highest;
-                    self.kernels
-                        .dense_adam_mma(ops, state, (m, n, k), &c.h, x3)?
-                }
+                OnePass::Mma => self.kernels.dense_adam_mma(ops, state, (m, n, k), &c.h)?,
                 OnePass::Rows => {
                     let fast = self.precision == Precision::Tf32;
                     self.kernels

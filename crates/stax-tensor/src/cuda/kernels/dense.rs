@@ -2,8 +2,7 @@
 //! its f32 weight, in which the weight and its moments cross memory once and the weight
 //! gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
 //! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` (`kernels/dense_mma.cu`) a batch of
-//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32`), `dense_adam_mma_x3_mb<mb>` the
-//! same in 3xTF32 (`Precision::Highest`: f32's accuracy on the tensor cores).
+//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only).
 
 use super::source::KernelModule;
 use super::{Kernels, aligned16, driver};
@@ -49,8 +48,7 @@ const fn mma_shared_bytes(m: usize, n: usize) -> usize {
 pub(super) const MMA_SHARED_MAX: usize = mma_shared_bytes(DENSE_MMA_MAX_BATCH, DENSE_MAX_OUT);
 
 /// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16` and
-/// `dense_adam_rows_tf32_m1..16`, `dense_mma.cu`'s `dense_adam_mma_mb3..16` and
-/// `dense_adam_mma_x3_mb3..16`.
+/// `dense_adam_rows_tf32_m1..16`, `dense_mma.cu`'s `dense_adam_mma_mb3..16`.
 pub(super) fn symbols(module: KernelModule) -> Vec<String> {
     match module {
         KernelModule::Adam => ["rows", "rows_tf32"]
@@ -59,12 +57,8 @@ pub(super) fn symbols(module: KernelModule) -> Vec<String> {
                 (1..=DENSE_ROWS_MAX_BATCH).map(move |m| format!("dense_adam_{kind}_m{m}"))
             })
             .collect(),
-        KernelModule::DenseMma => ["mma", "mma_x3"]
-            .iter()
-            .flat_map(|kind| {
-                (DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1..=DENSE_MMA_MAX_BATCH / 8)
-                    .map(move |mb| format!("dense_adam_{kind}_mb{mb}"))
-            })
+        KernelModule::DenseMma => (DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1..=DENSE_MMA_MAX_BATCH / 8)
+            .map(|mb| format!("dense_adam_mma_mb{mb}"))
             .collect(),
         _ => Vec::new(),
     }
@@ -141,19 +135,15 @@ impl Kernels {
     /// The same pass on the TF32 tensor cores (`kernels/dense_mma.cu`'s
     /// `dense_adam_mma_mb<mb>`, mb = ceil(m / 8)): dw and dx from operands rounded to TF32 and
     /// summed in f32, Adam's step in f32 with a fast division (`adam_tf32`: within a few ulp of
-    /// `adam_one`'s). With `x3` (`dense_adam_mma_x3_mb<mb>`) dw and dx are 3xTF32 sums: each
-    /// operand split into its TF32 rounding and the rounded rest, three mmas a product (the
-    /// small · small term left out, about 2^-22 of it), f32's accuracy (NVIDIA's 3xTF32, as
-    /// CUTLASS's `OpMultiplyAddFastF32`). `[w, mu, nu]` 16-byte aligned (its 16-byte copies;
-    /// allocations are). For shapes where [`Kernels::dense_mma_fits`] only (else an
-    /// invalid-argument error); nothing to do for `k == 0`.
+    /// `adam_one`'s). `[w, mu, nu]` 16-byte aligned (its 16-byte copies; allocations are). For
+    /// shapes where [`Kernels::dense_mma_fits`] only (else an invalid-argument error); nothing to
+    /// do for `k == 0`.
     pub(crate) fn dense_adam_mma(
         &self,
         (x, dy, dx): (u64, u64, u64),
         [w, mu, nu]: [u64; 3],
         (m, n, k): (usize, usize, usize),
         h: &AdamHyper,
-        x3: bool,
     ) -> Result<(), TensorError> {
         if !self.dense_mma_fits(m, n) {
             let takes = "17 to 128 rows and a multiple of 8 up to 128 outputs, within the \
@@ -169,8 +159,7 @@ impl Kernels {
         if k == 0 {
             return Ok(());
         }
-        let kind = if x3 { "mma_x3" } else { "mma" };
-        let f = self.function(&format!("dense_adam_{kind}_mb{}", m.div_ceil(8)))?;
+        let f = self.function(&format!("dense_adam_mma_mb{}", m.div_ceil(8)))?;
         let strips = k.div_ceil(16);
         let most = self.sms as usize;
         let cfg = LaunchConfig {
@@ -179,7 +168,7 @@ impl Kernels {
             shared_mem_bytes: mma_shared_bytes(m, n) as u32,
         };
         let (m32, n32) = (m as i32, n as i32);
-        // SAFETY: `dense_adam_mma[_x3]_mb<mb>(const float *x, const float *dy, float *w, float *mu,
+        // SAFETY: `dense_adam_mma_mb<mb>(const float *x, const float *dy, float *w, float *mu,
         // float *nu, float *dx, AdamHyper h, int m, int n, size_t k)` with blocks of exactly
         // DM_WARPS (8) warps (each warp's stages are its slice of the shared memory) and the
         // dynamic shared memory its stages and staged dy take for 8 mb >= m rows (allowed at
@@ -223,11 +212,9 @@ mod tests {
             ("dense_adam_rows_m1", "dense_adam_rows_tf32_m1")
         );
         let mma = symbols(KernelModule::DenseMma);
-        assert_eq!(mma.len(), 28);
+        assert_eq!(mma.len(), 14);
         assert_eq!(mma[0], "dense_adam_mma_mb3");
-        assert_eq!(mma[13], "dense_adam_mma_mb16");
-        assert_eq!(mma[14], "dense_adam_mma_x3_mb3");
-        assert_eq!(mma.last().unwrap(), "dense_adam_mma_x3_mb16");
+        assert_eq!(mma.last().unwrap(), "dense_adam_mma_mb16");
         assert!(symbols(KernelModule::Norm).is_empty());
     }
 }
