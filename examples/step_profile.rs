@@ -413,10 +413,10 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         },
     );
     if p.gpu.precision() == Precision::Highest {
-        // the step's product is our 3xTF32 kernel: cuBLAS's f32 GEMM as the reference row
-        p.gpu.set_fp32_gemm_3xtf32(false);
+        // the step's product is cuBLAS's f32 GEMM: our 3xTF32 kernel (off by default) beside it
+        p.gpu.set_fp32_gemm_3xtf32(true);
         p.flops(dense_f).time(
-            "dense1 forward (cuBLAS f32 GEMM, reference)",
+            "dense1 forward (3xTF32 split-K kernel, off by default)",
             act + wbytes,
             false,
             &mut || {
@@ -424,7 +424,7 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
                 ops::bias_add(&mut z, &bd)
             },
         );
-        p.gpu.set_fp32_gemm_3xtf32(true);
+        p.gpu.set_fp32_gemm_3xtf32(false);
     }
     p.time(
         "relu3, dense2, loss, dense2 bwd, relu3 bwd",

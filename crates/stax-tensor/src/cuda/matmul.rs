@@ -3,7 +3,8 @@
 //! product (a bf16 or f16 `a` times an f32 `b` read rounded to `a`'s dtype, see
 //! [`crate::ops::matmul`]; where it does not fit, `b` is rounded into the workspace for
 //! cuBLAS), and under [`Precision::Highest`] the plain f32 product (no transpose, `c`
-//! overwritten) in 3xTF32 ([`CudaBackend::set_fp32_gemm_3xtf32`]).
+//! overwritten) in 3xTF32 where turned on ([`CudaBackend::set_fp32_gemm_3xtf32`]; off by
+//! default).
 
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas};
@@ -14,7 +15,9 @@ use std::sync::atomic::Ordering;
 const OP: &str = "matmul";
 
 impl CudaBackend {
-    /// Turns full fp32's dense product on our kernel on (the default) or off: under
+    /// Turns full fp32's dense product on our kernel on or off (the default, until a device
+    /// run shows it both within f32's tolerance and faster than cuBLAS's; BENCHMARKS.md,
+    /// 2026-12-07): under
     /// [`Precision::Highest`] an f32 `[m, k] · [k, n]` with neither operand transposed and `c`
     /// overwritten, `m <= 128`, `k % 4 == 0`, `n % 4 == 0` (the seed's Dense(128) forward)
     /// runs as 3xTF32 on the tensor cores (`kernels/gemm.cu`, `gemm_wf32_f32x3`: each operand
