@@ -68,6 +68,22 @@ template <int A> struct GemmStage {
     static constexpr u32 bytes = GS_W_BYTES + 128 * x_pitch;    // b, then 128 rows x 32 k of a
 };
 
+// The four f32 at shared address `at`.
+__device__ __forceinline__ float4 ld_shared4(u32 at) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(at));
+    return v;
+}
+
+// The lane's four columns of b at k = 8t + first .. 8t + first + 3 of the stage (wbase: the
+// lane's t and columns).
+__device__ __forceinline__ void load_b4(u32 wbase, int first, float4 (&w)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = ld_shared4(wbase + (first + i) * (4 * GS_W_PITCH));
+}
+
 // A step of 32 k of the 16-bit kinds: per two k16 mmas, the warp's b^T A fragments rounded to
 // a's dtype, then each row tile's a (8 consecutive k a lane, one 16-byte load).
 template <bool BF16>
@@ -77,12 +93,7 @@ __device__ __forceinline__ void step_16(u32 wbase, u32 xbase, u32 tiles,
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         float4 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                         : "=f"(w[i].x), "=f"(w[i].y), "=f"(w[i].z), "=f"(w[i].w)
-                         : "r"(wbase + (4 * s + i) * (4 * GS_W_PITCH)));
-        }
+        load_b4(wbase, 4 * s, w);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             const int lo = 2 * mt, hi = 2 * mt + 1;
@@ -119,12 +130,7 @@ __device__ __forceinline__ void step_x3(u32 wbase, u32 xbase, u32 tiles,
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float4 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                         : "=f"(w[i].x), "=f"(w[i].y), "=f"(w[i].z), "=f"(w[i].w)
-                         : "r"(wbase + (4 * h + i) * (4 * GS_W_PITCH)));
-        }
+        load_b4(wbase, 4 * h, w);
         u32 big[2][2][4], small[2][2][4]; // [q - 2h][mt]
 #pragma unroll
         for (int q = 0; q < 2; q++) {
@@ -143,10 +149,8 @@ __device__ __forceinline__ void step_x3(u32 wbase, u32 xbase, u32 tiles,
 #pragma unroll
         for (int j = 0; j < GEMM_TILES; j++) {
             if (j < tiles) {
-                float4 x;
-                asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                             : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
-                             : "r"(xbase + j * 8 * GemmStage<GEMM_F32X3>::x_pitch + 16 * h));
+                const float4 x =
+                    ld_shared4(xbase + j * 8 * GemmStage<GEMM_F32X3>::x_pitch + 16 * h);
                 float part[2][4] = {};
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
