@@ -212,9 +212,10 @@ __device__ __forceinline__ u32 tf32_bits(float v) {
 }
 
 // The rest of v past its TF32 rounding big (tf32_bits(v)), itself rounded to TF32: 3xTF32's
-// small part: v = big + small within 2^-22 |v| (wgrad_wgmma.cu, gemm.cu).
+// small part: v = big + small within 2^-22 |v| (wgrad_wgmma.cu, gemm.cu). big's low 13 bits are
+// cleared before it is read as an f32: PTX leaves them unspecified in a .tf32 value.
 __device__ __forceinline__ u32 tf32_small(float v, u32 big) {
-    return tf32_bits(v - __uint_as_float(big));
+    return tf32_bits(v - __uint_as_float(big & 0xffffe000u));
 }
 
 // d += a · b on the tensor cores with f32 accumulators (gemm.cu, direct_mma.cu, dense_mma.cu):
