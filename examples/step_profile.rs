@@ -403,27 +403,19 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     });
     let mut y2f = y2.reshape([b, feat])?;
     let wbytes = (feat * 128 * 4) as f64;
-    p.flops(dense_f).time(
-        "dense1 forward (matmul + bias)",
-        act + wbytes,
-        true,
-        &mut || {
-            ops::matmul(&y2f, &wd, false, false, &mut z)?;
-            ops::bias_add(&mut z, &bd)
-        },
-    );
+    let mut dense1_forward = || {
+        ops::matmul(&y2f, &wd, false, false, &mut z)?;
+        ops::bias_add(&mut z, &bd)
+    };
+    let name = "dense1 forward (matmul + bias)";
+    p.flops(dense_f)
+        .time(name, act + wbytes, true, &mut dense1_forward);
     if p.gpu.precision() == Precision::Highest {
         // the step's product is cuBLAS's f32 GEMM: our 3xTF32 kernel (off by default) beside it
         p.gpu.set_fp32_gemm_3xtf32(true);
-        p.flops(dense_f).time(
-            "dense1 forward (3xTF32 split-K kernel, off by default)",
-            act + wbytes,
-            false,
-            &mut || {
-                ops::matmul(&y2f, &wd, false, false, &mut z)?;
-                ops::bias_add(&mut z, &bd)
-            },
-        );
+        let name = "dense1 forward (3xTF32 split-K kernel, off by default)";
+        p.flops(dense_f)
+            .time(name, act + wbytes, false, &mut dense1_forward);
         p.gpu.set_fp32_gemm_3xtf32(false);
     }
     p.time(

@@ -58,10 +58,10 @@ __device__ __forceinline__ float lane_of(const float4 &v, int i) {
 #define GS_STAGES 3
 // Stage layout of b: lane (g, t) reads its k = 8t + i (i < 8) of columns 4g..4g+3 at
 // i * 4 * PITCH + t * PITCH + 16 * (column / 4); the pitch of 512 + 32 bytes puts the 8 lanes of
-// a 16-byte load phase on distinct banks. Rows of a are 64 bytes (conflict-free as they are).
-#define GS_W_PITCH 544
-// An f32 row of a is 128 bytes + 16: a 16-byte load phase's lanes (two rows, four t) on
+// a 16-byte load phase on distinct banks. Rows of 16-bit a are 64 bytes (conflict-free as they
+// are); rows of f32 a 128 + 16, which puts a 16-byte load phase's lanes (two rows, four t) on
 // distinct banks.
+#define GS_W_PITCH 544
 #define GS_W_BYTES (8 * 4 * GS_W_PITCH) // a stage's 32 k x 128 columns of b
 template <int A> struct GemmStage {
     static constexpr u32 x_pitch = A == GEMM_F32X3 ? 144 : 64; // bytes a row of a

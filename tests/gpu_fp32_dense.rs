@@ -1,9 +1,10 @@
 //! Full fp32's dense product on the GPU: under `Precision::Highest` an f32 `ops::matmul` with
 //! neither operand transposed (the seed's Dense(128) forward) runs our split-K kernel in
-//! 3xTF32 (`gemm_wf32_f32x3`) where it fits when turned on (`CudaBackend::set_fp32_gemm_3xtf32`;
-//! off by default), and cuBLAS's f32 GEMM elsewhere and with the kernel off. Both agree with the CPU's f32 on fresh
-//! random inputs within f32's tolerance (a plain TF32 product, about 5e-4 off norm-wise, fails
-//! it), and each allocates exactly its workspace schedule. Skipped with a notice without a GPU.
+//! 3xTF32 (`gemm_wf32_f32x3`) where it fits when turned on
+//! (`CudaBackend::set_fp32_gemm_3xtf32`; off by default), and cuBLAS's f32 GEMM elsewhere and
+//! with the kernel off. Both agree with the CPU's f32 on fresh random inputs within f32's
+//! tolerance (a plain TF32 product, about 5e-4 off norm-wise, fails it), and each allocates
+//! exactly its workspace schedule. Skipped with a notice without a GPU.
 
 mod common;
 
@@ -80,20 +81,8 @@ fn full_fp32_dense_products_match_the_cpu_with_exact_workspace() {
                 accumulate: false,
             };
             let mut rng = Rng::new(seed_for("fp32_dense_ws", &[m, k, n]));
-            let a = Tensor::from_slice(
-                &be,
-                &rng.vec(m * k, -1.0, 1.0),
-                [m, k],
-                stax::Category::Other,
-            )
-            .unwrap();
-            let b = Tensor::from_slice(
-                &be,
-                &rng.vec(k * n, -1.0, 1.0),
-                [k, n],
-                stax::Category::Other,
-            )
-            .unwrap();
+            let (a, _) = random_tensor(&be, [m, k], &mut rng);
+            let (b, _) = random_tensor(&be, [k, n], &mut rng);
             let mut out = poisoned(&be, [m, n], DType::F32);
             assert_workspace_is_the_schedule(&be, &what, op, &mut || {
                 ops::matmul(&a, &b, false, false, &mut out).unwrap()

@@ -205,9 +205,9 @@ pub struct Common {
     #[arg(long, default_value = "winning", value_parser = direct_convs)]
     pub direct_convs: DirectConvs,
     /// CUDA: run every dense layer's backward pass with Adam by chunks through cuBLAS, also
-    /// for an f32 batch of at most 16 rows into at most 128 outputs, or of 17 to 128 rows into
-    /// a multiple of 8 up to 128 outputs (on the tensor cores: TF32, or 3xTF32 under
-    /// --precision highest), which by default run as one pass over the weight (no workspace).
+    /// for an f32 batch of at most 16 rows into at most 128 outputs, or under TF32 of 17 to 128
+    /// rows into a multiple of 8 up to 128 outputs, which by default run as one pass over the
+    /// weight (no workspace).
     #[arg(long)]
     pub no_dense_adam_rows: bool,
     #[command(flatten)]

@@ -9,7 +9,7 @@
 use super::workspace::Schedule;
 use super::{CudaBackend, cublas};
 use crate::backend::{Call, Matmul, Scratch};
-use crate::{Backend, Checked, DType, MatmulOps, Precision, TensorError, WorkspaceStep};
+use crate::{Backend, Checked, DType, MatmulOps, OpDesc, Precision, TensorError, WorkspaceStep};
 use std::sync::atomic::Ordering;
 
 const OP: &str = "matmul";
@@ -17,32 +17,39 @@ const OP: &str = "matmul";
 impl CudaBackend {
     /// Turns full fp32's dense product on our kernel on or off (the default, until a device
     /// run shows it both within f32's tolerance and faster than cuBLAS's; BENCHMARKS.md,
-    /// 2026-12-07): under
-    /// [`Precision::Highest`] an f32 `[m, k] · [k, n]` with neither operand transposed and `c`
-    /// overwritten, `m <= 128`, `k % 4 == 0`, `n % 4 == 0` (the seed's Dense(128) forward)
-    /// runs as 3xTF32 on the tensor cores (`kernels/gemm.cu`, `gemm_wf32_f32x3`: each operand
-    /// split into its TF32 rounding and the rounded rest, three mmas a product, f32's accuracy)
-    /// split over k into f32 partials in the workspace; off, cuBLAS's f32 GEMM
-    /// (`CUBLAS_DEFAULT_MATH`) runs it. The workspace differs, so set it before a memory plan
+    /// 2026-12-07): under [`Precision::Highest`] an f32 `[m, k] · [k, n]` with neither operand
+    /// transposed and `c` overwritten, `m <= 128`, `k % 4 == 0`, `n % 4 == 0` (the seed's
+    /// Dense(128) forward) runs as 3xTF32 on the tensor cores (`kernels/gemm.cu`,
+    /// `gemm_wf32_f32x3`: each operand split into its TF32 rounding and the rounded rest, three
+    /// mmas a product, f32's accuracy) split over k into f32 partials in the workspace; off,
+    /// cuBLAS's f32 GEMM (`CUBLAS_DEFAULT_MATH`) runs it. The workspace differs, so set it before a memory plan
     /// is made. For A/B timing and tests.
     pub fn set_fp32_gemm_3xtf32(&self, on: bool) {
         self.gemm_x3.store(on, Ordering::Relaxed);
     }
 
-    /// Whether our kernel runs `[m, k] · [k, n]` of `a`'s `dtype` and `b_dtype`, `plain` when
-    /// neither is transposed and `c` is overwritten: the mixed product where it fits, full
-    /// fp32's plain f32 product where it fits and the setting is on.
-    fn gemm_kernel_runs(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        dtypes: (DType, DType),
-        plain: bool,
-    ) -> bool {
-        let fits = self.kernels.gemm_wf32_fits(dtypes.0, m, n, k);
-        match dtypes {
+    /// Whether our kernel runs the matmul `op` describes (an [`OpDesc::Matmul`]): the mixed
+    /// product where it fits, full fp32's plain f32 product (neither operand transposed, `c`
+    /// overwritten) where it fits and the setting is on.
+    fn gemm_kernel_runs(&self, op: &OpDesc) -> bool {
+        let OpDesc::Matmul {
+            m,
+            n,
+            k,
+            dtype,
+            b_dtype,
+            transpose_a,
+            transpose_b,
+            accumulate,
+        } = *op
+        else {
+            return false;
+        };
+        let fits = self.kernels.gemm_wf32_fits(dtype, m, n, k);
+        match (dtype, b_dtype) {
             (a, b) if a != b => fits,
             (DType::F32, _) => {
-                fits && plain
+                fits && !(transpose_a || transpose_b || accumulate)
                     && self.precision == Precision::Highest
                     && self.gemm_x3.load(Ordering::Relaxed)
             }
@@ -50,16 +57,22 @@ impl CudaBackend {
         }
     }
 
-    /// The workspace of `[m, k] · [k, n]` with `b` of `b_dtype`: the kernel's f32 partials
-    /// (where [`CudaBackend::gemm_kernel_runs`]); else cuBLAS's (one dtype), or `b` rounded,
-    /// then cuBLAS's (mixed).
-    pub(super) fn matmul_schedule(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        (dtype, b_dtype): (DType, DType),
-        plain: bool,
-    ) -> Vec<WorkspaceStep> {
-        if self.gemm_kernel_runs((m, n, k), (dtype, b_dtype), plain) {
+    /// The workspace of the matmul `op` describes, `[m, k] · [k, n]` with `b` of `b_dtype`:
+    /// the kernel's f32 partials (where [`CudaBackend::gemm_kernel_runs`]); else cuBLAS's (one
+    /// dtype), or `b` rounded, then cuBLAS's (mixed).
+    pub(super) fn matmul_schedule(&self, op: &OpDesc) -> Vec<WorkspaceStep> {
+        let OpDesc::Matmul {
+            m,
+            n,
+            k,
+            dtype,
+            b_dtype,
+            ..
+        } = *op
+        else {
+            return Vec::new();
+        };
+        if self.gemm_kernel_runs(op) {
             return WorkspaceStep::single(self.kernels.gemm_wf32_splits(n, k) * m * n * 4);
         }
         if dtype == b_dtype || m == 0 || n == 0 || k == 0 {
@@ -99,8 +112,7 @@ impl MatmulOps for CudaBackend {
         }
         let mut ws = Scratch::new(OP, &self.allocator, self.workspace_schedule(&desc)?);
         let (dtype, mixed) = (c.dtype(), b.dtype() != c.dtype());
-        let plain = !(transpose_a || transpose_b || accumulate);
-        if self.gemm_kernel_runs((m, n, k), (dtype, b.dtype()), plain) {
+        if self.gemm_kernel_runs(&desc) {
             let part = ws.alloc()?;
             let ops = (a.addr(), b.addr(), c.addr());
             self.kernels

@@ -92,19 +92,7 @@ impl CudaBackend {
             } if geometry.c > 0 && geometry.per_channel() > 0 => {
                 one(self.kernels.moments_bytes(&geometry))
             }
-            OpDesc::Matmul {
-                m,
-                n,
-                k,
-                dtype,
-                b_dtype,
-                transpose_a,
-                transpose_b,
-                accumulate,
-            } => {
-                let plain = !(transpose_a || transpose_b || accumulate);
-                self.matmul_schedule((m, n, k), (dtype, b_dtype), plain)
-            }
+            OpDesc::Matmul { .. } => self.matmul_schedule(op),
             OpDesc::BiasGrad { cols: 0, .. } => Vec::new(),
             OpDesc::BiasGrad { rows, cols } => one(self.bias_grad_bytes(rows, cols)),
             OpDesc::SoftmaxXent { rows, classes } => {
