@@ -411,12 +411,12 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     p.flops(dense_f)
         .time(name, act + wbytes, true, &mut dense1_forward);
     if p.gpu.precision() == Precision::Highest {
-        // the step's product is cuBLAS's f32 GEMM: our 3xTF32 kernel (off by default) beside it
-        p.gpu.set_fp32_gemm_3xtf32(true);
-        let name = "dense1 forward (3xTF32 split-K kernel, off by default)";
+        // the step's product is our 3xTF32 kernel: cuBLAS's f32 GEMM beside it
+        p.gpu.set_fp32_gemm_3xtf32(false);
+        let name = "dense1 forward (cuBLAS f32 GEMM, not the step's)";
         p.flops(dense_f)
             .time(name, act + wbytes, false, &mut dense1_forward);
-        p.gpu.set_fp32_gemm_3xtf32(false);
+        p.gpu.set_fp32_gemm_3xtf32(true);
     }
     p.time(
         "relu3, dense2, loss, dense2 bwd, relu3 bwd",

@@ -1,8 +1,7 @@
 //! Full fp32's dense product on the GPU: under `Precision::Highest` an f32 `ops::matmul` with
 //! neither operand transposed (the seed's Dense(128) forward) runs our split-K kernel in
-//! 3xTF32 (`gemm_wf32_f32x3`) where it fits when turned on
-//! (`CudaBackend::set_fp32_gemm_3xtf32`; off by default), and cuBLAS's f32 GEMM elsewhere and
-//! with the kernel off. Both agree with the CPU's f32 on fresh random inputs within f32's
+//! 3xTF32 (`gemm_wf32_f32x3`) where it fits (`CudaBackend::set_fp32_gemm_3xtf32`, on by
+//! default), and cuBLAS's f32 GEMM elsewhere and with the kernel off. Both agree with the CPU's f32 on fresh random inputs within f32's
 //! tolerance (a plain TF32 product, about 5e-4 off norm-wise, fails it), and each allocates
 //! exactly its workspace schedule. Skipped with a notice without a GPU.
 
@@ -63,6 +62,7 @@ fn full_fp32_dense_products_match_the_cpu_with_exact_workspace() {
     let Some(gpu) = private_cuda_with(Precision::Highest) else {
         return;
     };
+    assert!(gpu.fp32_gemm_3xtf32(), "the kernel is on by default");
     for kernel in [false, true] {
         gpu.set_fp32_gemm_3xtf32(kernel);
         let be: Arc<dyn Backend> = gpu.clone();
@@ -89,7 +89,6 @@ fn full_fp32_dense_products_match_the_cpu_with_exact_workspace() {
             });
         }
     }
-    gpu.set_fp32_gemm_3xtf32(false);
 }
 
 /// The kernel takes neither transposes nor a product added to `c`: with it on, those stay

@@ -230,7 +230,7 @@ impl CudaBackend {
             fused: AtomicBool::new(true),
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
-            gemm_x3: AtomicBool::new(false),
+            gemm_x3: AtomicBool::new(true),
             direct_times: Default::default(),
             direct_used: Default::default(),
         }))
