@@ -455,6 +455,8 @@ fn full_fp32_composites_match_the_cpu(fp32: Fp32Convs) {
             return;
         };
         cuda.set_fp32_convs(fp32);
+        // cuDNN's composites on every pass (the wgmma kernels would take the 64-channel 3x3s)
+        cuda.set_direct_convs(DirectConvs::Off);
         let gpu: Arc<dyn Backend> = cuda.clone();
         for g in &cases {
             conv_passes_match(g, &gpu, Precision::Highest);

@@ -501,7 +501,13 @@ impl ConvOps for CudaBackend {
     }
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
-        self.conv_backward_data(c.into_inner())
+        let c = c.into_inner();
+        self.bind()?;
+        self.calibrate_conv((&c.g, c.dy.dtype(), ConvPass::BackwardData), false)?;
+        match self.conv_is_direct(&c.g, c.dy.dtype(), ConvPass::BackwardData) {
+            true => self.direct_backward_data(c),
+            false => self.conv_backward_data(c),
+        }
     }
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {

@@ -13,7 +13,7 @@
 //! mask 1.09 ms against cuDNN's 2.31 ms in full fp32 (its FMA algorithms; 2026-12-03); on the
 //! tensor cores the forward pass 0.72 ms in TF32 and 0.71 in bf16, the masked filter gradient
 //! with the bias gradient 1.11 ms in TF32 (calibration times, 2026-12-04, BENCHMARKS.md).
-//! [`DirectConvs`] picks where they run (see [`DirectConvs::Winning`]). The backward-data pass
+//! [`DirectConvs`] picks where they run (see [`DirectConvs::Winning`]). Their backward-data pass
 //! stays on cuDNN (a first layer has none).
 //!
 //! One wider filter gradient is direct too: a 3x3, stride-1 conv from 64 to 64 channels in f32
@@ -22,11 +22,17 @@
 //! calibration timed it at 2.82 ms and the kernel, with the ReLU backward, at 1.46 ms, H100,
 //! 2026-12-05, BENCHMARKS.md), and in full fp32 as 3xTF32 (three TF32 products of each
 //! operand's rounding and rounded rest), beside cuDNN's FMA algorithms and 3xTF32 composites.
+//! In full fp32 that conv's forward pass (bias, ReLU, mask) and backward-data pass run
+//! `kernels/conv_wgmma.cu` (3xTF32 on `wgmma`, the backward data as the forward conv of dy
+//! with the kernel flipped) where calibration times it faster than cuDNN's choice: at the
+//! seed's conv2 (batch 100) its harness took 4.80 ms forward with the epilogue and 4.72 ms
+//! backward data, where cuDNN's stacked 3xTF32 composites took 6.02 and 6.11 in the step's
+//! profile (H100, 2026-12-07, BENCHMARKS.md).
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Fp32Convs, Operands, mean_ms};
-use super::kernels::{DirectMath, direct_applies};
-use crate::backend::{Conv2d, Conv2dBwdFilter, Scratch};
+use super::kernels::{CONV_WGMMA_PACKED, DirectMath, direct_applies};
+use crate::backend::{Conv2d, Conv2dBwdData, Conv2dBwdFilter, Scratch};
 use crate::{Activation, Conv2dGeometry, ConvPass, DType, Precision, TensorError};
 use stax_alloc::Category;
 use std::collections::{HashMap, HashSet};
@@ -64,7 +70,8 @@ pub enum DirectConvs {
     /// (a first form that timed the kernels without theirs made the seed's TF32 step at batch
     /// 100 0.2-0.3 ms slower, H200, 2026-12-03).
     /// The wgmma filter gradients (3x3, 64 to 64 channels; TF32, and 3xTF32 under full fp32)
-    /// are timed the same way.
+    /// and, under full fp32, that conv's wgmma forward and backward-data passes are timed the
+    /// same way.
     /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
@@ -129,23 +136,37 @@ impl CudaBackend {
     }
 
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
-    /// gradient of [`direct_applies`], and the filter gradient of the wgmma kernels (TF32, and
-    /// 3xTF32 in full fp32).
+    /// gradient of [`direct_applies`], the filter gradient of the wgmma kernels (TF32, and
+    /// 3xTF32 in full fp32), and the forward and backward-data passes of `conv_wgmma.cu` (3xTF32
+    /// in full fp32).
     fn direct_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        let conv_wgmma = self.conv_wgmma_takes(g, dtype, pass);
         match pass {
-            ConvPass::BackwardData => false,
-            ConvPass::Forward => direct_applies(g),
+            ConvPass::BackwardData => conv_wgmma,
+            ConvPass::Forward => direct_applies(g) || conv_wgmma,
             ConvPass::BackwardFilter => {
                 direct_applies(g) || self.kernels.wgmma_takes(g, dtype, self.tf32())
             }
         }
     }
 
+    /// Whether `conv_wgmma.cu` runs `pass` of `g` in `dtype` (see [`Self::direct_takes`]).
+    fn conv_wgmma_takes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
+        self.kernels.conv_wgmma_takes(g, dtype, self.tf32(), pass)
+    }
+
     /// The workspace of the direct kernel of `pass` for `g` in `dtype`: the filter gradient's
-    /// partials, none for the forward pass.
-    fn direct_workspace_bytes(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> usize {
+    /// partials; `conv_wgmma.cu`'s packed kernel ([`CONV_WGMMA_PACKED`] bytes), else none, for
+    /// the forward and backward-data passes.
+    pub(super) fn direct_workspace_bytes(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> usize {
         match pass {
             ConvPass::BackwardFilter => self.direct_wgrad_bytes(g, dtype),
+            _ if self.conv_wgmma_takes(g, dtype, pass) => CONV_WGMMA_PACKED,
             _ => 0,
         }
     }
@@ -168,17 +189,17 @@ impl CudaBackend {
         chosen && self.direct_takes(g, dtype, pass)
     }
 
-    /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass under full fp32, and every
-    /// forward pass and filter gradient of `kernels/direct_mma.cu` (see
-    /// [`DirectConvs::Winning`]); the wgmma filter gradient is timed.
+    /// [`DirectConvs::Winning`]'s fixed rule: the f32 forward pass of [`direct_applies`] under
+    /// full fp32, and every forward pass and filter gradient of `kernels/direct_mma.cu` (see
+    /// [`DirectConvs::Winning`]); the wgmma kernels are timed.
     fn direct_by_rule(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         let full_fp32 = self.precision == Precision::Highest;
         let mma = matches!(
             self.direct_math(g, dtype),
             DirectMath::Tf32Mma | DirectMath::Tf32Warp | DirectMath::HalfMma
         );
-        pass != ConvPass::BackwardData
-            && (mma || (pass == ConvPass::Forward && dtype == DType::F32 && full_fp32))
+        let fp32_forward = pass == ConvPass::Forward && dtype == DType::F32 && full_fp32;
+        pass != ConvPass::BackwardData && (mma || (fp32_forward && direct_applies(g)))
     }
 
     /// Whether the direct kernel's workspace for `pass` of `g` in `dtype` (the filter gradient's
@@ -214,8 +235,9 @@ impl CudaBackend {
 
     /// Times the kernel of `pass` for `g` in `dtype` on the search's buffers `ops`, with its
     /// epilogue (forward: bias, ReLU and mask; filter gradient: the ReLU backward and the bias
-    /// gradient), against cuDNN's choice without one, and records whether the kernel is faster.
-    /// Allocates the bias, the mask and the filter gradient's partials as workspace, zeroed.
+    /// gradient; backward data: none), against cuDNN's choice without one, and records whether
+    /// the kernel is faster. Allocates the bias, the mask and the kernel's workspace (the
+    /// filter gradient's partials, `conv_wgmma.cu`'s packed kernel) as workspace, zeroed.
     ///
     /// # Errors
     /// The kernel's and the events' errors; out of memory for the buffers.
@@ -231,23 +253,23 @@ impl CudaBackend {
         let (bias, mask) = (scratch(g.c_out * dtype.size_bytes())?, scratch(words * 4)?);
         self.kernels.zero(bias.addr(), dtype, g.c_out)?;
         self.kernels.fill_u32(mask.addr(), 0, words)?;
-        let partial = match pass {
-            ConvPass::BackwardFilter => Some(scratch(self.direct_wgrad_bytes(g, dtype))?),
-            _ => None,
-        };
-        let run = || match &partial {
-            Some(p) => {
+        let ws = scratch(self.direct_workspace_bytes(g, dtype, pass))?;
+        let run = || match pass {
+            ConvPass::BackwardFilter => {
                 let inputs = (ops.x, ops.y, (mask.addr(), true));
                 let grads = (ops.w, bias.addr());
                 let kernel = self.direct_kernel(g, dtype);
                 self.kernels
-                    .direct_filter_grad(kernel, inputs, p.addr(), grads)
+                    .direct_filter_grad(kernel, inputs, ws.addr(), grads)
             }
-            None => {
+            ConvPass::Forward => {
                 let addrs = (ops.x, ops.w, bias.addr(), ops.y);
-                let kernel = self.direct_kernel(g, dtype);
+                self.forward_kernel((g, dtype), addrs, (true, mask.addr()), ws.addr())
+            }
+            ConvPass::BackwardData => {
+                let addrs = (ops.y, ops.w, 0, ops.x);
                 self.kernels
-                    .direct_forward(kernel, addrs, (true, mask.addr()))
+                    .conv_wgmma((g, pass), addrs, (false, 0), ws.addr())
             }
         };
         run()?;
@@ -341,10 +363,33 @@ impl CudaBackend {
         self.kernels.direct_wgrad_bytes(g, dtype, self.tf32())
     }
 
+    /// The direct forward kernel of `g` in `dtype`: `conv_wgmma.cu` where it takes the pass
+    /// (its packed kernel at `packed`), else those of [`direct_applies`] (no workspace).
+    fn forward_kernel(
+        &self,
+        (g, dtype): (&Conv2dGeometry, DType),
+        addrs: (u64, u64, u64, u64),
+        relu_mask: (bool, u64),
+        packed: u64,
+    ) -> Result<(), TensorError> {
+        match self.conv_wgmma_takes(g, dtype, ConvPass::Forward) {
+            true => {
+                let pass = (g, ConvPass::Forward);
+                self.kernels.conv_wgmma(pass, addrs, relu_mask, packed)
+            }
+            false => {
+                let kernel = self.direct_kernel(g, dtype);
+                self.kernels.direct_forward(kernel, addrs, relu_mask)
+            }
+        }
+    }
+
     /// The forward pass of [`Self::conv_is_direct`]: with the epilogues fused (the default) the
     /// bias and a ReLU (with its mask) in the kernel, else as their own passes, as elsewhere;
-    /// another activation after it.
+    /// another activation after it. Its workspace is `conv_wgmma.cu`'s packed kernel, or none
+    /// ([`Self::conv_schedule`]).
     pub(super) fn direct_forward(&self, c: Conv2d<'_>) -> Result<(), TensorError> {
+        const OP: &str = "conv2d";
         let Conv2d {
             g,
             x,
@@ -355,15 +400,24 @@ impl CudaBackend {
             aux,
         } = c;
         let dtype = x.dtype();
-        self.note_direct(&g, dtype, ConvPass::Forward);
+        let schedule = self.conv_schedule(&g, dtype, ConvPass::Forward, b.is_some())?;
+        let mut ws = Scratch::new(OP, &self.allocator, schedule);
+        let packed = match self.conv_wgmma_takes(&g, dtype, ConvPass::Forward) {
+            true => Some(ws.alloc()?),
+            false => None,
+        };
         let fused = self.fused_epilogues();
         let relu = fused && act == Some(Activation::Relu);
         let mask = aux.map_or(0, |m| m.addr());
         let bias = b.filter(|_| fused).map_or(0, |b| b.addr());
         let addrs = (x.addr(), w.addr(), bias, y.addr());
         let relu_mask = (relu, if relu { mask } else { 0 });
-        let kernel = self.direct_kernel(&g, dtype);
-        self.kernels.direct_forward(kernel, addrs, relu_mask)?;
+        let packed_addr = packed.map_or(0, |i| ws.addr(i));
+        self.forward_kernel((&g, dtype), addrs, relu_mask, packed_addr)?;
+        if let Some(i) = packed {
+            ws.free(i)?;
+        }
+        ws.finish()?;
         if let (Some(b), false) = (b, fused) {
             self.add_bias(&g, y, b.addr())?;
         }
@@ -371,6 +425,22 @@ impl CudaBackend {
             Some(act) if !relu => self.activate(act, mask, y),
             _ => Ok(()),
         }
+    }
+
+    /// The backward-data pass of [`Self::conv_is_direct`] (`conv_wgmma.cu`): dx of dy through the
+    /// kernel flipped, its workspace the packed kernel ([`Self::conv_schedule`]).
+    pub(super) fn direct_backward_data(&self, c: Conv2dBwdData<'_>) -> Result<(), TensorError> {
+        const OP: &str = "conv2d_bwd_data";
+        let Conv2dBwdData { g, dy, w, dx } = c;
+        let pass = ConvPass::BackwardData;
+        let schedule = self.conv_schedule(&g, dy.dtype(), pass, false)?;
+        let mut ws = Scratch::new(OP, &self.allocator, schedule);
+        let packed = ws.alloc()?;
+        let addrs = (dy.addr(), w.addr(), 0, dx.addr());
+        self.kernels
+            .conv_wgmma((&g, pass), addrs, (false, 0), ws.addr(packed))?;
+        ws.free(packed)?;
+        ws.finish()
     }
 
     /// The filter and bias gradients of [`Self::conv_is_direct`], with the ReLU backward in the

@@ -28,6 +28,7 @@ macro_rules! launch {
     }};
 }
 
+mod conv_wgmma;
 mod dense;
 mod direct;
 mod disk_cache;
@@ -38,6 +39,7 @@ mod rows;
 mod source;
 mod spatial;
 
+pub(crate) use conv_wgmma::CONV_WGMMA_PACKED;
 pub(crate) use dense::dense_rows_apply;
 pub(crate) use direct::{DirectMath, direct_applies};
 pub use source::KernelModule;
@@ -118,16 +120,26 @@ fn load_module(
         } else if dense::is_mma(&symbol) {
             // what the device allows: a shape needing more is not dispatched there
             allow_shared(&f, dense::MMA_SHARED_MAX.min(shared_optin))?;
-        } else if let Some(k) = direct::WGMMA_WGRADS.iter().find(|k| k.symbol == symbol) {
+        } else if let Some(bytes) = wgmma_shared(&symbol) {
             // not loaded where its shared memory does not fit: its pass stays on cuDNN
-            if k.shared > shared_optin {
+            if bytes > shared_optin {
                 continue;
             }
-            allow_shared(&f, k.shared)?;
+            allow_shared(&f, bytes)?;
         }
         functions.push((symbol, f));
     }
     Ok((module, functions))
+}
+
+/// The dynamic shared memory of a warpgroup kernel (`kernels/wgrad_wgmma.cu`,
+/// `kernels/conv_wgmma.cu`), none for another symbol.
+fn wgmma_shared(symbol: &str) -> Option<usize> {
+    let wgrad = direct::WGMMA_WGRADS.iter().find(|k| k.symbol == symbol);
+    match wgrad {
+        Some(k) => Some(k.shared),
+        None => (symbol == conv_wgmma::CONV_WGMMA).then_some(conv_wgmma::CONV_WGMMA_SMEM),
+    }
 }
 
 fn driver(op: &'static str) -> impl FnOnce(DriverError) -> TensorError {

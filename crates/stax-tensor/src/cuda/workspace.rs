@@ -193,7 +193,8 @@ impl CudaBackend {
         Ok(cudnn)
     }
 
-    /// The direct kernels' schedule: none forward, the partials for the filter gradient.
+    /// The direct kernels' schedule: their workspace ([`CudaBackend::direct_workspace_bytes`]:
+    /// the filter gradient's partials, `conv_wgmma.cu`'s packed kernel), scoped, or none.
     fn direct_schedule(
         &self,
         g: &Conv2dGeometry,
@@ -201,8 +202,9 @@ impl CudaBackend {
         pass: ConvPass,
     ) -> Vec<WorkspaceStep> {
         let mut s = Schedule::default();
-        if pass == ConvPass::BackwardFilter {
-            s.scoped(self.direct_wgrad_bytes(g, dtype));
+        let bytes = self.direct_workspace_bytes(g, dtype, pass);
+        if bytes > 0 {
+            s.scoped(bytes);
         }
         s.finish()
     }

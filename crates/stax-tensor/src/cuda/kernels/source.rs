@@ -103,11 +103,14 @@ pub enum KernelModule {
     /// TF32 on Hopper's warpgroup tensor cores (`sm_90a` only: compiled for `sm_90` devices,
     /// not loaded elsewhere).
     WgradWgmma,
+    /// `kernels/conv_wgmma.cu`: the forward and backward-data passes of the same conv in full
+    /// fp32 as 3xTF32 on Hopper's warpgroup tensor cores (`sm_90a` only, as `WgradWgmma`).
+    ConvWgmma,
 }
 
 impl KernelModule {
     /// Every module, in index order.
-    pub const ALL: [KernelModule; 13] = [
+    pub const ALL: [KernelModule; 14] = [
         KernelModule::Elementwise,
         KernelModule::Activation,
         KernelModule::SoftmaxXent,
@@ -121,6 +124,7 @@ impl KernelModule {
         KernelModule::DirectWarp,
         KernelModule::DenseMma,
         KernelModule::WgradWgmma,
+        KernelModule::ConvWgmma,
     ];
 
     /// The file name, for messages.
@@ -139,22 +143,26 @@ impl KernelModule {
             KernelModule::DirectWarp => "direct_warp.cu",
             KernelModule::DenseMma => "dense_mma.cu",
             KernelModule::WgradWgmma => "wgrad_wgmma.cu",
+            KernelModule::ConvWgmma => "conv_wgmma.cu",
         }
     }
 
     /// Whether the backend opens without this module when it fails to compile or load (its
-    /// passes then stay on cuDNN): `wgrad_wgmma.cu`, the one module no pass depends on.
+    /// passes then stay on cuDNN): `wgrad_wgmma.cu` and `conv_wgmma.cu`, the modules no pass
+    /// depends on.
     pub(super) fn optional(self) -> bool {
-        self == KernelModule::WgradWgmma
+        matches!(self, KernelModule::WgradWgmma | KernelModule::ConvWgmma)
     }
 
     /// The architecture the module is compiled for on a device of `device` (`sm_XY`): the
-    /// device's own, except `wgrad_wgmma.cu`, whose `wgmma` instructions exist only in
-    /// `sm_90a` (Hopper's architecture-specific features): compiled for an `sm_90` device and
-    /// not loaded elsewhere (`None`).
+    /// device's own, except `wgrad_wgmma.cu` and `conv_wgmma.cu`, whose `wgmma` instructions
+    /// exist only in `sm_90a` (Hopper's architecture-specific features): compiled for an
+    /// `sm_90` device and not loaded elsewhere (`None`).
     pub(super) fn arch(self, device: &str) -> Option<String> {
         match self {
-            KernelModule::WgradWgmma => (device == "sm_90").then(|| "sm_90a".to_string()),
+            KernelModule::WgradWgmma | KernelModule::ConvWgmma => {
+                (device == "sm_90").then(|| "sm_90a".to_string())
+            }
             _ => Some(device.to_string()),
         }
     }
@@ -204,6 +212,7 @@ impl KernelModule {
                 super::direct::WGMMA_WGRADS[0].symbol,
                 super::direct::WGMMA_WGRADS[1].symbol,
             ],
+            KernelModule::ConvWgmma => &["conv_wgmma_pack", super::conv_wgmma::CONV_WGMMA],
             KernelModule::Gemm => &[
                 "gemm_wf32_bf16",
                 "gemm_wf32_f16",
@@ -265,6 +274,7 @@ impl KernelModule {
             KernelModule::Gemm
             | KernelModule::DenseMma
             | KernelModule::WgradWgmma
+            | KernelModule::ConvWgmma
             | KernelModule::DirectWarp => &[],
             KernelModule::DirectConv => &DIRECT_ROOTS,
             KernelModule::DirectMma => &DIRECT_MMA_ROOTS,
@@ -307,6 +317,7 @@ impl KernelModule {
             KernelModule::DirectWarp => include_str!("../../../../../kernels/direct_warp.cu"),
             KernelModule::DenseMma => include_str!("../../../../../kernels/dense_mma.cu"),
             KernelModule::WgradWgmma => include_str!("../../../../../kernels/wgrad_wgmma.cu"),
+            KernelModule::ConvWgmma => include_str!("../../../../../kernels/conv_wgmma.cu"),
         }
     }
 }

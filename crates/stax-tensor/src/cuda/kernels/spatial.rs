@@ -54,6 +54,22 @@ impl WindowGeometry {
             dw: g.dilation_w,
         }
     }
+
+    /// The backward-data pass of `g` (stride 1, undilated, `pad_top < kh`, `pad_left < kw`) as
+    /// a forward pass over dy: dy's rows to dx's, padded by `k - 1 - pad` at the top and left,
+    /// the kernel flipped in both axes (the caller's).
+    pub(super) fn transposed(g: &Conv2dGeometry) -> WindowGeometry {
+        WindowGeometry {
+            h: g.out_h,
+            w: g.out_w,
+            c: g.c_out,
+            pad_top: g.kh - 1 - g.pad_top,
+            pad_left: g.kw - 1 - g.pad_left,
+            out_h: g.h,
+            out_w: g.w,
+            ..WindowGeometry::of(g)
+        }
+    }
 }
 
 impl Kernels {
