@@ -14,30 +14,21 @@ use common::*;
 use stax_tensor::cuda::{CudaBackend, DirectConvs, Fp32Convs};
 use stax_tensor::ops::{self, Epilogue};
 use stax_tensor::{
-    Activation, Backend, Conv2dGeometry, ConvPass, ConvSpec, DType, OpDesc, Padding, Precision,
+    Activation, Backend, Conv2dGeometry, ConvPass, DType, OpDesc, Padding, Precision,
 };
 use std::sync::Arc;
-
-/// `[n, h, w, 64]` inputs with a 3x3 kernel to 64 channels under `padding`.
-fn geometry(x: [usize; 4], padding: Padding) -> Conv2dGeometry {
-    let spec = ConvSpec {
-        padding,
-        ..ConvSpec::default()
-    };
-    Conv2dGeometry::with_spec(&x.into(), &[3, 3, 64, 64].into(), &spec).unwrap()
-}
 
 fn cases() -> Vec<Conv2dGeometry> {
     let (same, valid) = (Padding::Same, Padding::Valid);
     vec![
-        geometry([2, 9, 40, 64], same),
-        geometry([3, 15, 15, 64], same),
-        geometry([1, 4, 97, 64], valid),
-        geometry([1, 3, 200, 64], same),
-        geometry([2, 6, 20, 64], Padding::Explicit([(2, 0), (1, 2)])),
-        geometry([1, 5, 17, 64], Padding::Explicit([(0, 2), (2, 0)])),
+        conv3x3_c64([2, 9, 40, 64], same),
+        conv3x3_c64([3, 15, 15, 64], same),
+        conv3x3_c64([1, 4, 97, 64], valid),
+        conv3x3_c64([1, 3, 200, 64], same),
+        conv3x3_c64([2, 6, 20, 64], Padding::Explicit([(2, 0), (1, 2)])),
+        conv3x3_c64([1, 5, 17, 64], Padding::Explicit([(0, 2), (2, 0)])),
         // more tiles (128 positions) than blocks (one a multiprocessor)
-        geometry([6, 50, 64, 64], same),
+        conv3x3_c64([6, 50, 64, 64], same),
     ]
 }
 
@@ -136,8 +127,8 @@ fn wgmma_conv_passes_match_the_cpu() {
         }
     }
     schedules_hold(&cuda, &cases()[..2]);
-    let narrow = geometry([1, 5, 14, 64], Padding::Same);
-    let wide_pad = geometry([1, 5, 20, 64], Padding::Explicit([(3, 3), (1, 1)]));
+    let narrow = conv3x3_c64([1, 5, 14, 64], Padding::Same);
+    let wide_pad = conv3x3_c64([1, 5, 20, 64], Padding::Explicit([(3, 3), (1, 1)]));
     for (g, fwd, data) in [(narrow, false, false), (wide_pad, true, false)] {
         assert_eq!(cuda.conv_is_direct(&g, DType::F32, ConvPass::Forward), fwd);
         assert_eq!(
@@ -198,7 +189,7 @@ fn schedules_hold(cuda: &Arc<CudaBackend>, geometries: &[Conv2dGeometry]) {
 /// deterministic algorithms, or with `Fp32Convs::Fma`.
 #[test]
 fn wgmma_conv_is_chosen_by_timing() {
-    let g = geometry([4, 24, 200, 64], Padding::Same);
+    let g = conv3x3_c64([4, 24, 200, 64], Padding::Same);
     let Some(cuda) = private_cuda_with(Precision::Highest) else {
         return;
     };

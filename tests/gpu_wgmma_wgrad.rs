@@ -20,30 +20,21 @@ use stax_tensor::{
 };
 use std::sync::Arc;
 
-/// `[n, h, w, 64]` inputs with a 3x3 kernel to 64 channels under `padding`.
-fn geometry(x: [usize; 4], padding: Padding) -> Conv2dGeometry {
-    let spec = ConvSpec {
-        padding,
-        ..ConvSpec::default()
-    };
-    Conv2dGeometry::with_spec(&x.into(), &[3, 3, 64, 64].into(), &spec).unwrap()
-}
-
 fn cases() -> Vec<Conv2dGeometry> {
     let (same, valid) = (Padding::Same, Padding::Valid);
     vec![
-        geometry([2, 9, 40, 64], same),
-        geometry([1, 7, 61, 64], same),
-        geometry([3, 5, 13, 64], valid),
-        geometry([1, 1, 1, 64], same),
-        geometry([2, 12, 200, 64], same),
-        geometry([1, 20, 56, 64], same),
-        geometry([1, 4, 97, 64], valid),
-        geometry([2, 6, 5, 64], Padding::Explicit([(2, 0), (1, 2)])),
+        conv3x3_c64([2, 9, 40, 64], same),
+        conv3x3_c64([1, 7, 61, 64], same),
+        conv3x3_c64([3, 5, 13, 64], valid),
+        conv3x3_c64([1, 1, 1, 64], same),
+        conv3x3_c64([2, 12, 200, 64], same),
+        conv3x3_c64([1, 20, 56, 64], same),
+        conv3x3_c64([1, 4, 97, 64], valid),
+        conv3x3_c64([2, 6, 5, 64], Padding::Explicit([(2, 0), (1, 2)])),
         // more tiles than blocks: the cp.async pipeline, the slot rings, strips split
         // between blocks mid-row
-        geometry([3, 40, 56, 64], same),
-        geometry([4, 30, 97, 64], Padding::Explicit([(1, 0), (0, 2)])),
+        conv3x3_c64([3, 40, 56, 64], same),
+        conv3x3_c64([4, 30, 97, 64], Padding::Explicit([(1, 0), (0, 2)])),
     ]
 }
 
@@ -207,7 +198,7 @@ fn matches_the_cpu(cuda: &Arc<CudaBackend>, math: &str, tol: f64) {
 /// `Fp32Convs::Fma`.
 #[test]
 fn wgmma_filter_grad_is_chosen_by_timing() {
-    let g = geometry([4, 24, 200, 64], Padding::Same);
+    let g = conv3x3_c64([4, 24, 200, 64], Padding::Same);
     for (precision, _, tol) in PRECISIONS {
         let Some(cuda) = private_cuda_with(precision) else {
             return;
@@ -282,7 +273,7 @@ fn long_sums_in_full_fp32_match_the_cpu() {
         return;
     };
     cuda.set_direct_convs(DirectConvs::All);
-    let g = geometry([32, 128, 128, 64], Padding::Same);
+    let g = conv3x3_c64([32, 128, 128, 64], Padding::Same);
     assert!(cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
     grads_match(&cuda, &g, 1e-4);
 }

@@ -31,6 +31,16 @@ use stax_tensor::{
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+/// `[n, h, w, 64]` NHWC inputs with a 3x3 HWIO kernel to 64 channels under `padding`: the
+/// convolutions of the wgmma kernels (`gpu_wgmma_wgrad`, `gpu_wgmma_conv`).
+pub fn conv3x3_c64(x: [usize; 4], padding: stax_tensor::Padding) -> stax_tensor::Conv2dGeometry {
+    let spec = stax_tensor::ConvSpec {
+        padding,
+        ..stax_tensor::ConvSpec::default()
+    };
+    stax_tensor::Conv2dGeometry::with_spec(&x.into(), &[3, 3, 64, 64].into(), &spec).unwrap()
+}
+
 /// Whether `STAX_REQUIRE_GPU=1` is set (on the GPU machine: a missing GPU is a failure).
 pub fn gpu_required() -> bool {
     std::env::var("STAX_REQUIRE_GPU").is_ok_and(|v| v == "1")

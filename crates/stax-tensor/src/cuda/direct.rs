@@ -25,9 +25,10 @@
 //! In full fp32 that conv's forward pass (bias, ReLU, mask) and backward-data pass run
 //! `kernels/conv_wgmma.cu` (3xTF32 on `wgmma`, the backward data as the forward conv of dy
 //! with the kernel flipped) where calibration times it faster than cuDNN's choice: at the
-//! seed's conv2 (batch 100) its harness took 4.80 ms forward with the epilogue and 4.72 ms
-//! backward data, where cuDNN's stacked 3xTF32 composites took 6.02 and 6.11 in the step's
-//! profile (H100, 2026-12-07, BENCHMARKS.md).
+//! seed's conv2 (batch 100) calibration timed it at 4.71 ms forward with the epilogue and 4.67
+//! ms backward data against cuDNN's stacked 3xTF32 composites' 5.69 (without the epilogue)
+//! and 6.03 (H100, 2026-12-07, BENCHMARKS.md); its cheaper operand split since took 4.43 and
+//! 4.31 ms in its harness.
 
 use super::CudaBackend;
 use super::cudnn::{ConvCandidate, ConvPlanInfo, Fp32Convs, Operands, mean_ms};
