@@ -34,8 +34,10 @@
 // k-pair's A is loaded while the previous group runs and split once that group's A registers
 // are free (two register sets).
 //
-// Non-finite inputs: an infinite operand's rest is Inf - Inf = NaN, so an Inf in x or w gives
-// NaN in y where f32 sums give Inf (as wgrad_wgmma.cu's 3xTF32 kernel).
+// Non-finite inputs: a NaN in x or w gives NaN in y, as in f32; an infinite operand's rest is
+// Inf - Inf = NaN, rounded to a signed zero, so an Inf gives Inf where its products are
+// finite, but NaN where a product pairs it with a zero part (as Inf * 0 in f32), including a
+// zero rest of the other operand: f32 sums may give Inf there.
 
 #define CW_THREADS 256                      // two warpgroups
 #define CW_TILE 128                         // output positions a tile, 64 a warpgroup
@@ -46,25 +48,28 @@
 #define CW_TAP (2 * CW_PART)                // a tap's B: big, then small
 #define CW_BUFS 3
 #define CW_SMEM (3 * CW_STRIP + CW_BUFS * CW_TAP)
-// The launcher's copy (CONV_WGMMA_SMEM, crates/stax-tensor/src/cuda/kernels/direct.rs) and
+// The launcher's copy (CONV_WGMMA_SMEM, crates/stax-tensor/src/cuda/kernels/conv_wgmma.rs) and
 // Hopper's 232,448 bytes of shared memory a block.
 static_assert(CW_SMEM == 211968, "CONV_WGMMA_SMEM");
 static_assert(CW_SMEM <= 232448, "shared memory");
 
-// v's bits rounded to TF32 (the 10-bit mantissa, ties away from zero, as cvt.rna for finite
-// values and infinities) by two integer operations: half of the dropped range added, then
-// dropped (cvt.rna.tf32.f32 compiles to several more, with NaN handling; a NaN may become an
-// infinity here, whose rest is then NaN, so NaNs still propagate). At the seed's conv2 this
-// took the passes from 4.83 / 4.73 ms to 4.43 / 4.31 with the same outputs on every geometry
-// of the harness (H100, 2026-12-07).
+// cw_round: the f32 bits u rounded to TF32 (the 10-bit mantissa, ties away from zero, as
+// cvt.rna for finite values and infinities); cw_tf32: v rounded so, a NaN kept. By integer
+// operations: half of the dropped range added, then dropped
+// (cvt.rna.tf32.f32 compiles to several more). At the seed's conv2 this took the passes from
+// 4.83 / 4.73 ms to 4.43 / 4.31 with the same outputs on every geometry of the harness (H100,
+// 2026-12-07; that form lacked the NaN select, added since, unmeasured). A NaN is kept as it
+// is: the addition would carry the GPU's NaN 0x7fffffff into the sign bit, a signed zero.
+__device__ __forceinline__ u32 cw_round(u32 u) { return (u + 0x1000u) & 0xffffe000u; }
 __device__ __forceinline__ u32 cw_tf32(float v) {
-    return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    return v != v ? __float_as_uint(v) : cw_round(__float_as_uint(v));
 }
 
-// v's TF32 rounding big (cw_tf32) and the rest's, small: v = big + small within 2^-22 |v|.
+// v's TF32 rounding big (cw_tf32) and the rest's, small: v = big + small within 2^-22 |v|
+// (a NaN's big is the NaN; an infinity's rest, the GPU's NaN 0x7fffffff, rounds to -0).
 __device__ __forceinline__ void cw_parts(float v, u32 &big, u32 &small) {
     big = cw_tf32(v);
-    small = cw_tf32(v - __uint_as_float(big));
+    small = cw_round(__float_as_uint(v - __uint_as_float(big)));
 }
 
 // Packs w (HWIO [3][3][64][64]) into the B operand: packed[tap][part][k-step][n/8][k/4][n%8][k%4]

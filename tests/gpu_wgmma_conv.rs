@@ -3,7 +3,7 @@
 //! the CPU backend on fresh seeded random inputs: the forward pass plain, with a bias, and with
 //! bias, ReLU and mask (the mask the GPU output's sign), and the backward-data pass, on SAME,
 //! VALID and asymmetric padding, the narrowest rows the kernel takes (15), tiles spanning up to
-//! 9 rows, rows wider than a tile, more tiles than blocks; each pass's workspace is exactly its
+//! 10 rows, rows wider than a tile, more tiles than blocks; each pass's workspace is exactly its
 //! schedule (the packed kernel); under `DirectConvs::Winning` calibration times the kernel
 //! against cuDNN's choice and runs the faster; TF32, narrower rows and wider padding stay on
 //! cuDNN. Without a GPU every test prints a skip notice.
@@ -234,5 +234,52 @@ fn wgmma_conv_is_chosen_by_timing() {
                 .any(|c| c.algorithm.starts_with("stax"));
             assert!(!timed, "{plan:#}");
         }
+    }
+}
+
+/// NaNs propagate as in f32: a NaN input position (the GPU's own NaN, 0x7fffffff, and a quiet
+/// NaN) makes NaN exactly the outputs whose windows hold it, in both passes (the kernel rounds
+/// operands to TF32 by integer arithmetic, which must not turn a NaN into a number).
+#[test]
+fn wgmma_conv_keeps_nans() {
+    let Some(cuda) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    cuda.set_direct_convs(DirectConvs::All);
+    let g = conv3x3_c64([2, 9, 40, 64], Padding::Same);
+    let gpu: Arc<dyn Backend> = cuda.clone();
+    let mut rng = Rng::new(seed_for("wgmma_conv_nan", &[]));
+    let mut x = rng.vec(g.input_shape().numel(), -1.0, 1.0);
+    let mut dy = rng.vec(g.output_shape().numel(), -1.0, 1.0);
+    let w = rng.vec(g.filter_shape().numel(), -0.1, 0.1);
+    for (i, bits) in [
+        (64 * (40 * 4 + 17) + 5, 0x7fff_ffff),
+        (64 * (360 + 40 * 7 + 39), 0x7fc0_0000),
+    ] {
+        x[i] = f32::from_bits(bits);
+        dy[i + 64 * 40] = f32::from_bits(bits);
+    }
+    let run = |be: &Arc<dyn Backend>| {
+        let xt = typed(be, &x, g.input_shape().dims(), DType::F32);
+        let wt = typed(be, &w, g.filter_shape().dims(), DType::F32);
+        let dyt = typed(be, &dy, g.output_shape().dims(), DType::F32);
+        let mut y = poisoned(be, g.output_shape(), DType::F32);
+        let mut dx = poisoned(be, g.input_shape(), DType::F32);
+        ops::conv2d(&xt, &wt, None, &g, &mut y, Default::default()).unwrap();
+        ops::conv2d_bwd_data(&dyt, &wt, &g, &mut dx).unwrap();
+        [y.to_vec().unwrap(), dx.to_vec().unwrap()]
+    };
+    let (on_gpu, on_cpu) = (run(&gpu), run(&cpu()));
+    for (name, a, b) in [
+        ("y", &on_gpu[0], &on_cpu[0]),
+        ("dx", &on_gpu[1], &on_cpu[1]),
+    ] {
+        let nans = |v: &[f32]| v.iter().map(|e| e.is_nan()).collect::<Vec<_>>();
+        assert!(nans(b).iter().any(|&n| n), "{name}: the CPU has no NaN");
+        assert_eq!(
+            nans(a),
+            nans(b),
+            "{name}: NaN positions differ from the CPU's"
+        );
     }
 }

@@ -197,11 +197,12 @@ pub struct Common {
     /// composites) or 3xtf32-stacked (only the stacked ones where a pass has them).
     #[arg(long, default_value = "fastest", value_parser = fp32_convs)]
     pub fp32_convs: Fp32Convs,
-    /// CUDA: where our direct kernels for convs of at most 32 taps (the first conv on RGB
-    /// images) run instead of cuDNN: winning (default: always on the tensor cores for 32 to
-    /// 128 outputs in bf16, f16 and TF32, and the f32 forward pass under --precision highest;
-    /// elsewhere where timed faster than cuDNN's choice at calibration, not timed with
-    /// --deterministic), all (forward and filter gradient) or off.
+    /// CUDA: where our direct kernels run instead of cuDNN (convs of at most 32 taps, the first
+    /// conv on RGB images; the wgmma kernels of a 3x3 conv from 64 to 64 channels): winning
+    /// (default: always on the tensor cores for 32 to 128 outputs in bf16, f16 and TF32, and
+    /// the small-tap f32 forward pass under --precision highest; elsewhere where timed faster
+    /// than cuDNN's choice at calibration, not timed with --deterministic), all (every pass
+    /// they take) or off.
     #[arg(long, default_value = "winning", value_parser = direct_convs)]
     pub direct_convs: DirectConvs,
     /// CUDA: run every dense layer's backward pass with Adam by chunks through cuBLAS, also

@@ -277,9 +277,9 @@ impl CudaBackend {
     /// operands' high and low parts, whichever the search times faster: three TF32 tensor-core
     /// passes, or for the forward and backward-data passes one TF32 pass over the parts stacked
     /// along the summed channels; each product then keeps about 21 of f32's 24 bits, against
-    /// TF32's 11; the wgmma filter gradient of a 3x3 conv from 64 to 64 channels does the same
-    /// in one kernel, timed beside them; [`Fp32Convs::Fma`] keeps it on cuDNN's FMA algorithms
-    /// too). Set it before the first convolution runs or is calibrated: choices already made
+    /// TF32's 11; the wgmma kernels of a 3x3 conv from 64 to 64 channels do the same for its
+    /// three passes, timed beside them; [`Fp32Convs::Fma`] keeps those on cuDNN's FMA
+    /// algorithms too). Set it before the first convolution runs or is calibrated: choices already made
     /// stay. [`ConvPlanInfo::algorithm`] names a composite `3xTF32 <algorithm>` or `3xTF32
     /// stacked <algorithm>`.
     pub fn set_fp32_convs(&self, fp32: Fp32Convs) {
@@ -288,8 +288,9 @@ impl CudaBackend {
 
     /// Chooses which conv passes run our direct kernels (default [`DirectConvs::Winning`]):
     /// the forward pass and the filter gradient of a convolution with at most 32 taps (a first
-    /// layer on RGB images, see [`CudaBackend::conv_is_direct`]), in f32 FMAs instead of
-    /// cuDNN's algorithms. Their workspace differs from cuDNN's, so set it before a memory
+    /// layer on RGB images), on the tensor cores or in f32 FMAs, and the wgmma kernels of a 3x3
+    /// conv from 64 to 64 channels (see [`CudaBackend::conv_is_direct`]), instead of cuDNN's
+    /// algorithms. Their workspace differs from cuDNN's, so set it before a memory
     /// plan is made (before training starts).
     pub fn set_direct_convs(&self, mode: DirectConvs) {
         self.direct.store(mode.code(), Ordering::Relaxed);

@@ -76,8 +76,8 @@ pub enum DirectConvs {
     /// Not timed with [`CudaBackend::set_deterministic`] (the rule alone then).
     #[default]
     Winning,
-    /// Every pass the kernels take, forward and filter gradient in every float dtype: for tests
-    /// and A/B timing.
+    /// Every pass the kernels take (forward and filter gradient in every float dtype, and in
+    /// full fp32 the wgmma conv's backward data): for tests and A/B timing.
     All,
 }
 
@@ -136,6 +136,16 @@ impl CudaBackend {
         self.kernels.math(g, dtype, self.tf32())
     }
 
+    /// The arithmetic of the direct kernel of `pass` for `g` in `dtype`: 3xTF32 on `wgmma`
+    /// where `conv_wgmma.cu` takes the forward or backward-data pass, else
+    /// [`Self::direct_math`] (the filter gradient's, or the small-tap kernels').
+    fn pass_math(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> DirectMath {
+        match pass != ConvPass::BackwardFilter && self.conv_wgmma_takes(g, dtype, pass) {
+            true => DirectMath::Tf32x3Wgmma,
+            false => self.direct_math(g, dtype),
+        }
+    }
+
     /// Whether a direct kernel takes `pass` of `g` in `dtype`: the forward pass and the filter
     /// gradient of [`direct_applies`], the filter gradient of the wgmma kernels (TF32, and
     /// 3xTF32 in full fp32), and the forward and backward-data passes of `conv_wgmma.cu` (3xTF32
@@ -173,11 +183,14 @@ impl CudaBackend {
     }
 
     /// Whether `pass` of `g` in `dtype` runs the direct kernels: the mode
-    /// ([`CudaBackend::set_direct_convs`]) selects it, it is the forward pass or the filter
-    /// gradient, and `g` is within what they take (at most 32 taps `kh · kw · c_in`, `c_out` a
-    /// power of two from 32 to 512, NHWC with an HWIO kernel, a non-empty output). A function
-    /// of the geometry, dtype and backend settings, so a memory plan made on it holds: such a
-    /// forward pass allocates no workspace, such a filter gradient one block of f64 partials.
+    /// ([`CudaBackend::set_direct_convs`]) selects it and a kernel takes the pass
+    /// ([`Self::direct_takes`]: the forward pass and filter gradient of at most 32 taps
+    /// `kh · kw · c_in`, `c_out` a power of two from 32 to 512, NHWC with an HWIO kernel, a
+    /// non-empty output; the wgmma kernels' passes of a 3x3, stride-1 conv from 64 to 64
+    /// channels). A function of the geometry, dtype and backend settings, so a memory plan
+    /// made on it holds: its workspace is [`Self::direct_workspace_bytes`] (none for a
+    /// small-tap forward pass, one block of f64 partials a filter gradient, the packed kernel
+    /// for `conv_wgmma.cu`).
     pub fn conv_is_direct(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         let chosen = match self.direct_convs() {
             DirectConvs::Off => false,
@@ -224,7 +237,7 @@ impl CudaBackend {
     /// [`Fp32Convs::Fma`] keeps full fp32 on FMA algorithms. Read when the pass is calibrated:
     /// a later setting leaves the choice made.
     pub(super) fn direct_is_timed(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
-        let fma_only = self.direct_math(g, dtype) == DirectMath::Tf32x3Wgmma
+        let fma_only = self.pass_math(g, dtype, pass) == DirectMath::Tf32x3Wgmma
             && self.dnn.fp32() == Fp32Convs::Fma;
         self.direct_convs() == DirectConvs::Winning
             && self.direct_takes(g, dtype, pass)
@@ -309,7 +322,7 @@ impl CudaBackend {
                 precision: self.precision,
                 pass,
                 algorithm: DIRECT.into(),
-                math: self.direct_math(&geometry, dtype).name().into(),
+                math: self.pass_math(&geometry, dtype, pass).name().into(),
                 workspace_bytes: self.direct_workspace_bytes(&geometry, dtype, pass),
                 layout_bytes: 0,
                 time_ms: f32::NAN,
@@ -340,7 +353,10 @@ impl CudaBackend {
                 continue;
             };
             let workspace = self.direct_workspace_bytes(&p.geometry, p.dtype, p.pass);
-            let math = self.direct_math(&p.geometry, p.dtype).name().to_string();
+            let math = self
+                .pass_math(&p.geometry, p.dtype, p.pass)
+                .name()
+                .to_string();
             p.candidates.push(ConvCandidate {
                 algorithm: DIRECT.into(),
                 math: math.clone(),

@@ -163,8 +163,8 @@ impl CudaBackend {
     }
 
     /// The workspace one call of `pass` in `dtype` allocates and frees, in order: for a direct
-    /// pass ([`CudaBackend::conv_is_direct`]) none forward and the partials for the filter
-    /// gradient (before calibration, for a pass calibration may give them, the larger of that
+    /// pass ([`CudaBackend::conv_is_direct`]) its kernel's workspace
+    /// ([`CudaBackend::direct_workspace_bytes`]; before calibration, for a pass calibration may give them, the larger of that
     /// and the following, so that the bound holds either way); else the kernel in
     /// cuDNN's layout (or its gradient) unless it is stored so, the extended input for
     /// asymmetric padding (both in `dtype`), cuDNN's workspace, and for the filter gradient
