@@ -195,25 +195,7 @@ fn wgmma_conv_is_chosen_by_timing() {
     };
     for pass in [ConvPass::Forward, ConvPass::BackwardData] {
         assert!(!cuda.conv_is_direct(&g, DType::F32, pass), "{pass:?}");
-        let plan = calibrated_plan(&cuda, &g, pass);
-        println!("{plan:#}");
-        let direct: Vec<_> = plan
-            .candidates
-            .iter()
-            .filter(|c| c.algorithm.starts_with("stax direct"))
-            .collect();
-        assert_eq!(direct.len(), 1, "{plan:#}");
-        let ms = direct[0].time_ms.expect("the kernel was timed");
-        let chosen = plan.algorithm.starts_with("stax direct");
-        assert_eq!(
-            cuda.conv_is_direct(&g, DType::F32, pass),
-            chosen,
-            "{plan:#}"
-        );
-        match chosen {
-            true => assert_eq!(plan.time_ms, ms, "{plan:#}"),
-            false => assert!(plan.time_ms <= ms, "{plan:#}"),
-        }
+        println!("{:#}", assert_timed_choice(&cuda, &g, pass));
     }
     passes_match(&cuda, &g);
     let Some(fixed) = private_cuda_with(Precision::Highest) else {

@@ -243,23 +243,7 @@ fn timed(plan: &ConvPlanInfo) -> bool {
 /// [`wgmma_filter_grad_is_chosen_by_timing`] of `g` on `cuda`, the gradients within `tol`.
 fn chosen_by_timing(cuda: &Arc<CudaBackend>, g: Conv2dGeometry, tol: f64) {
     assert!(!cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter));
-    let plan = calibrated_plan(cuda, &g, ConvPass::BackwardFilter);
-    let direct: Vec<_> = plan
-        .candidates
-        .iter()
-        .filter(|c| c.algorithm.starts_with("stax direct"))
-        .collect();
-    assert_eq!(direct.len(), 1, "{plan:#}");
-    let ms = direct[0].time_ms.expect("the kernel was timed");
-    let chosen = plan.algorithm.starts_with("stax direct");
-    assert_eq!(
-        cuda.conv_is_direct(&g, DType::F32, ConvPass::BackwardFilter),
-        chosen
-    );
-    match chosen {
-        true => assert_eq!(plan.time_ms, ms, "{plan:#}"),
-        false => assert!(plan.time_ms <= ms, "{plan:#}"),
-    }
+    let plan = assert_timed_choice(cuda, &g, ConvPass::BackwardFilter);
     println!("{plan:#}");
     grads_match(cuda, &g, tol);
 }

@@ -41,6 +41,33 @@ pub fn conv3x3_c64(x: [usize; 4], padding: stax_tensor::Padding) -> stax_tensor:
     stax_tensor::Conv2dGeometry::with_spec(&x.into(), &[3, 3, 64, 64].into(), &spec).unwrap()
 }
 
+/// Calibrates `pass` of `g` (f32, with a bias) on `cuda` and checks the timed choice between
+/// cuDNN and a direct kernel: exactly one direct candidate, timed; the plan's algorithm is
+/// the kernel exactly when `conv_is_direct` says so, with the kernel's time, else no slower
+/// than the kernel. Returns the plan.
+pub fn assert_timed_choice(
+    cuda: &CudaBackend,
+    g: &stax_tensor::Conv2dGeometry,
+    pass: stax_tensor::ConvPass,
+) -> stax_tensor::cuda::ConvPlanInfo {
+    let plan = calibrated_plan(cuda, g, pass);
+    let is_direct = |name: &str| name.starts_with("stax direct");
+    let direct: Vec<_> = plan
+        .candidates
+        .iter()
+        .filter(|c| is_direct(&c.algorithm))
+        .collect();
+    assert_eq!(direct.len(), 1, "{plan:#}");
+    let ms = direct[0].time_ms.expect("the kernel was timed");
+    let chosen = is_direct(&plan.algorithm);
+    assert_eq!(cuda.conv_is_direct(g, DType::F32, pass), chosen, "{plan:#}");
+    match chosen {
+        true => assert_eq!(plan.time_ms, ms, "{plan:#}"),
+        false => assert!(plan.time_ms <= ms, "{plan:#}"),
+    }
+    plan
+}
+
 /// Whether `STAX_REQUIRE_GPU=1` is set (on the GPU machine: a missing GPU is a failure).
 pub fn gpu_required() -> bool {
     std::env::var("STAX_REQUIRE_GPU").is_ok_and(|v| v == "1")
