@@ -183,14 +183,13 @@ impl CudaBackend {
     }
 
     /// Whether `pass` of `g` in `dtype` runs the direct kernels: the mode
-    /// ([`CudaBackend::set_direct_convs`]) selects it and a kernel takes the pass
-    /// ([`Self::direct_takes`]: the forward pass and filter gradient of at most 32 taps
-    /// `kh · kw · c_in`, `c_out` a power of two from 32 to 512, NHWC with an HWIO kernel, a
-    /// non-empty output; the wgmma kernels' passes of a 3x3, stride-1 conv from 64 to 64
-    /// channels). A function of the geometry, dtype and backend settings, so a memory plan
-    /// made on it holds: its workspace is [`Self::direct_workspace_bytes`] (none for a
-    /// small-tap forward pass, one block of f64 partials a filter gradient, the packed kernel
-    /// for `conv_wgmma.cu`).
+    /// ([`CudaBackend::set_direct_convs`]) selects it and a kernel takes the pass (the forward
+    /// pass and filter gradient of at most 32 taps `kh · kw · c_in`, `c_out` a power of two
+    /// from 32 to 512, NHWC with an HWIO kernel, a non-empty output; the wgmma kernels' passes
+    /// of a 3x3, stride-1 conv from 64 to 64 channels). A function of the geometry, dtype and
+    /// backend settings, so a memory plan made on it holds: its workspace is fixed by them
+    /// (none for a small-tap forward pass, one block of f64 partials a filter gradient, the
+    /// packed kernel for `conv_wgmma.cu`).
     pub fn conv_is_direct(&self, g: &Conv2dGeometry, dtype: DType, pass: ConvPass) -> bool {
         let chosen = match self.direct_convs() {
             DirectConvs::Off => false,
