@@ -181,7 +181,7 @@ struct CwA {
 __device__ __forceinline__ void cw_load(u32 strips, int r, int kx, int c, int ea, int eb,
                                         float4 &va, float4 &vb) {
     const int t = threadIdx.x & 3, e0 = ea + kx, e1 = eb + kx;
-    const u32 base = strips + r * CW_STRIP + (((4 * c + t)) << 4);
+    const u32 base = strips + r * CW_STRIP + ((4 * c + t) << 4);
     const u32 a0 = base + e0 * 256, a1 = base + e1 * 256;
     // the swizzle flips bit 6 of the address (chunk ^ 4) for odd entries
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"

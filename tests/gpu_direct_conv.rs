@@ -390,15 +390,13 @@ fn winning_times_the_kernel_at_calibration() {
                 !by_rule(g, DType::F32, pass, Precision::Tf32),
                 "{pass:?} {g:?}"
             );
-            let plan = calibrated_plan(&cuda, g, pass);
+            let plan = assert_timed_choice(&cuda, g, pass);
             let is_direct = |name: &str| name.starts_with("stax direct");
-            let direct: Vec<_> = plan
+            let ms = plan
                 .candidates
                 .iter()
-                .filter(|c| is_direct(&c.algorithm))
-                .collect();
-            assert_eq!(direct.len(), 1, "{pass:?} {g:?}: {plan:#}");
-            let ms = direct[0].time_ms.expect("the kernel was timed");
+                .find_map(|c| c.time_ms.filter(|_| is_direct(&c.algorithm)))
+                .expect("the kernel was timed");
             assert!(ms > 0.0 && ms.is_finite(), "{ms}");
             // cuDNN's candidates it could choose (the search also times those over the limit)
             let best_cudnn = plan
@@ -411,13 +409,8 @@ fn winning_times_the_kernel_at_calibration() {
                 })
                 .filter_map(|c| c.time_ms)
                 .fold(f32::INFINITY, f32::min);
-            let chosen = is_direct(&plan.algorithm);
-            assert_eq!(cuda.conv_is_direct(g, DType::F32, pass), chosen, "{plan:#}");
-            if chosen {
+            if is_direct(&plan.algorithm) {
                 assert!(ms < best_cudnn, "{plan:#}");
-                assert_eq!(plan.time_ms, ms);
-            } else {
-                assert!(plan.time_ms <= ms, "{plan:#}");
             }
         }
         let gpu: Arc<dyn Backend> = cuda.clone();

@@ -486,15 +486,25 @@ impl CudaBackend {
         self.kernels
             .unary_bwd(dy.dtype(), dy.addr(), s, m, n, code, alpha)
     }
+
+    /// Whether `pass` of `g` in `dtype` runs the direct kernels, once it is calibrated here if
+    /// it was not yet: calibration may hand a pass to them, so choose first, then dispatch.
+    fn runs_direct(
+        &self,
+        g: &Conv2dGeometry,
+        dtype: DType,
+        pass: ConvPass,
+    ) -> Result<bool, TensorError> {
+        self.bind()?;
+        self.calibrate_conv((g, dtype, pass), false)?;
+        Ok(self.conv_is_direct(g, dtype, pass))
+    }
 }
 
 impl ConvOps for CudaBackend {
     fn conv2d(&self, c: Checked<Conv2d<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
-        // calibration may hand the pass to the direct kernels: choose first, then dispatch
-        self.bind()?;
-        self.calibrate_conv((&c.g, c.x.dtype(), ConvPass::Forward), false)?;
-        match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::Forward) {
+        match self.runs_direct(&c.g, c.x.dtype(), ConvPass::Forward)? {
             true => self.direct_forward(c),
             false => self.conv_forward(c),
         }
@@ -502,9 +512,7 @@ impl ConvOps for CudaBackend {
 
     fn conv2d_bwd_data(&self, c: Checked<Conv2dBwdData<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
-        self.bind()?;
-        self.calibrate_conv((&c.g, c.dy.dtype(), ConvPass::BackwardData), false)?;
-        match self.conv_is_direct(&c.g, c.dy.dtype(), ConvPass::BackwardData) {
+        match self.runs_direct(&c.g, c.dy.dtype(), ConvPass::BackwardData)? {
             true => self.direct_backward_data(c),
             false => self.conv_backward_data(c),
         }
@@ -512,9 +520,7 @@ impl ConvOps for CudaBackend {
 
     fn conv2d_bwd_filter(&self, c: Checked<Conv2dBwdFilter<'_>>) -> Result<(), TensorError> {
         let c = c.into_inner();
-        self.bind()?;
-        self.calibrate_conv((&c.g, c.x.dtype(), ConvPass::BackwardFilter), false)?;
-        match self.conv_is_direct(&c.g, c.x.dtype(), ConvPass::BackwardFilter) {
+        match self.runs_direct(&c.g, c.x.dtype(), ConvPass::BackwardFilter)? {
             true => self.direct_filter_grad(c),
             false => self.conv_backward_filter(c),
         }
