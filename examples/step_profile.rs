@@ -593,18 +593,31 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
     let one_pass = p.gpu.dense_adam_is_rows(b, 128, DType::F32);
     for rows_kernel in [true, false].into_iter().filter(|&r| one_pass || !r) {
         p.gpu.set_dense_adam_rows(rows_kernel);
-        let name = match rows_kernel {
-            true => "dense1 backward + adam (dense_adam in one pass)",
-            false => "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
+        let x3 = p.gpu.dense_chunks_x3(b, 128, DType::F32);
+        let name = match (rows_kernel, x3) {
+            (true, _) => "dense1 backward + adam (dense_adam in one pass)",
+            (false, true) => {
+                "dense1 backward + adam (dense_adam: dw, dx in 3xTF32, adam by chunks)"
+            }
+            (false, false) => "dense1 backward + adam (dense_adam: dw, dx, adam by chunks)",
         };
         // the step runs the one pass where it applies: the chunks are then a reference row
         let in_step = rows_kernel || !one_pass;
+        let mut update = || {
+            let dx = DenseDx::Into(&mut dx1);
+            ops::dense_adam(&mut y2f, &dz, &mut wd, &mut m, &mut v, dx, &h1)?;
+            ops::bias_grad(&dz, &mut dbd)
+        };
+        let bytes = 2.0 * act + 24.0 * n;
         p.flops(2.0 * dense_f)
-            .time(name, 2.0 * act + 24.0 * n, in_step, &mut || {
-                let dx = DenseDx::Into(&mut dx1);
-                ops::dense_adam(&mut y2f, &dz, &mut wd, &mut m, &mut v, dx, &h1)?;
-                ops::bias_grad(&dz, &mut dbd)
-            });
+            .time(name, bytes, in_step, &mut update);
+        if !rows_kernel && x3 {
+            // full fp32's chunks take our 3xTF32 kernel: cuBLAS's f32 GEMMs beside it
+            p.gpu.set_fp32_gemm_3xtf32(false);
+            let name = "dense1 backward + adam (chunks with cuBLAS f32 GEMMs, not the step's)";
+            p.flops(2.0 * dense_f).time(name, bytes, false, &mut update);
+            p.gpu.set_fp32_gemm_3xtf32(true);
+        }
     }
     p.gpu.set_dense_adam_rows(true);
     drop(dx1);

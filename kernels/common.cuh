@@ -218,6 +218,21 @@ __device__ __forceinline__ u32 tf32_small(float v, u32 big) {
     return tf32_bits(v - __uint_as_float(big & 0xffffe000u));
 }
 
+// tf32_round: the f32 bits u rounded to TF32 (the 10-bit mantissa, ties away from zero, as
+// cvt.rna for finite values and infinities) by integer operations: half of the dropped range
+// added, then dropped. cvt.rna.tf32.f32 compiles to several more instructions on sm_90: at the
+// seed's conv2 this took conv_wgmma.cu's passes from 4.83 / 4.73 ms to 4.43 / 4.31 with the
+// same outputs (H100, 2026-12-07, BENCHMARKS.md). tf32_parts: v's TF32 rounding big and the
+// rest's, small: v = big + small within 2^-22 |v| (3xTF32's operands: conv_wgmma.cu,
+// dense_mma.cu's dense_grads_x3). A NaN's big is the NaN itself (the addition would carry the
+// GPU's NaN 0x7fffffff into the sign bit, a signed zero); an infinity's rest, the GPU's NaN,
+// rounds to -0.
+__device__ __forceinline__ u32 tf32_round(u32 u) { return (u + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ void tf32_parts(float v, u32 &big, u32 &small) {
+    big = v != v ? __float_as_uint(v) : tf32_round(__float_as_uint(v));
+    small = tf32_round(__float_as_uint(v - __uint_as_float(big)));
+}
+
 // d += a · b on the tensor cores with f32 accumulators (gemm.cu, direct_mma.cu, dense_mma.cu):
 // m16n8k16 for the 16-bit types, m16n8k8 TF32 for f32 (PTX ISA, "Matrix fragments for
 // mma.m16n8k16 / m16n8k8": lane 4 g + t).

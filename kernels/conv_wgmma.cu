@@ -53,25 +53,6 @@
 static_assert(CW_SMEM == 211968, "CONV_WGMMA_SMEM");
 static_assert(CW_SMEM <= 232448, "shared memory");
 
-// cw_round: the f32 bits u rounded to TF32 (the 10-bit mantissa, ties away from zero, as
-// cvt.rna for finite values and infinities); cw_tf32: v rounded so, a NaN kept. By integer
-// operations: half of the dropped range added, then dropped
-// (cvt.rna.tf32.f32 compiles to several more). At the seed's conv2 this took the passes from
-// 4.83 / 4.73 ms to 4.43 / 4.31 with the same outputs on every geometry of the harness (H100,
-// 2026-12-07; that form lacked the NaN select, added since, unmeasured). A NaN is kept as it
-// is: the addition would carry the GPU's NaN 0x7fffffff into the sign bit, a signed zero.
-__device__ __forceinline__ u32 cw_round(u32 u) { return (u + 0x1000u) & 0xffffe000u; }
-__device__ __forceinline__ u32 cw_tf32(float v) {
-    return v != v ? __float_as_uint(v) : cw_round(__float_as_uint(v));
-}
-
-// v's TF32 rounding big (cw_tf32) and the rest's, small: v = big + small within 2^-22 |v|
-// (a NaN's big is the NaN; an infinity's rest, the GPU's NaN 0x7fffffff, rounds to -0).
-__device__ __forceinline__ void cw_parts(float v, u32 &big, u32 &small) {
-    big = cw_tf32(v);
-    small = cw_round(__float_as_uint(v - __uint_as_float(big)));
-}
-
 // Packs w (HWIO [3][3][64][64]) into the B operand: packed[tap][part][k-step][n/8][k/4][n%8][k%4]
 // of TF32 bits, part 0 the rounding, part 1 the rounded rest. flip: the backward-data pass's
 // kernel, tap 8 - tap with input and output channels swapped. 9 * 4096 threads' work, any grid.
@@ -82,7 +63,7 @@ extern "C" __global__ void conv_wgmma_pack(const float *w, u32 *packed, int flip
         const int ci = 16 * (kk >> 1) + 4 * (o & 3) + 2 * (kk & 1) + ((o >> 5) & 1);
         const float v = flip ? w[((8 - tap) * 64 + co) * 64 + ci] : w[(tap * 64 + ci) * 64 + co];
         u32 big, small;
-        cw_parts(v, big, small);
+        tf32_parts(v, big, small);
         packed[(size_t)tap * 8192 + o] = big;
         packed[(size_t)tap * 8192 + 4096 + o] = small;
     }
@@ -198,7 +179,7 @@ __device__ __forceinline__ void cw_load(u32 strips, int r, int kx, int c, int ea
 __device__ __forceinline__ void cw_split(const float4 &va, const float4 &vb, CwA &a) {
     const float f[8] = {va.x, vb.x, va.y, vb.y, va.z, vb.z, va.w, vb.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) cw_parts(f[i], a.big[i], a.small[i]);
+    for (int i = 0; i < 8; ++i) tf32_parts(f[i], a.big[i], a.small[i]);
 }
 
 // Keeps the compiler from moving register accesses across the asynchronous products.

@@ -212,3 +212,146 @@ DENSE_ADAM_MMA(13)
 DENSE_ADAM_MMA(14)
 DENSE_ADAM_MMA(15)
 DENSE_ADAM_MMA(16)
+
+// Full fp32's dense gradients of a chunk of weight rows in 3xTF32, for the dense update by
+// chunks (ops::dense_adam under Precision::Highest, where Adam then runs on the chunk:
+// adam_vec_f32). x [m, ldx] holds the chunk's `rows` columns (the caller offsets it), dy [m, n],
+// w [rows, n] (the old weight), g [rows, n] (dw, written), dx like x (null: not computed; may be
+// x itself). A warp takes 16 weight rows (a strip) at a time:
+//   g[16, n]    = x[:, strip]^T · dy   (as dense_adam_mma_t's dw: A = x^T, K = the batch);
+//   dx^T[16, m] = w[strip] · dy^T      (A = the strip's weight, K = n, slots t, t + 4 of lane
+//                                       (g, t) taken as columns 8c + 2t, 8c + 2t + 1);
+// each operand split into its TF32 rounding and rounded rest (tf32_parts), three mma.sync
+// m16n8k8 a product (mma_x3), f32 sums: f32's accuracy on the tensor cores. dy's two parts are
+// staged once a block, [8 MB][pitch] words each; x's next 4 values and the next slice of w are
+// loaded one step ahead. The strip's x is read (dw) before its dx is written, so an in-place dx
+// is safe. Blocks of DG_WARPS warps, two a multiprocessor (up to 128 registers), any grid.
+#define DG_WARPS 8
+
+// d += a b in 3xTF32 (a = ab + as, b = bb + bs): the rests' products first, then the roundings'.
+__device__ __forceinline__ void mma_x3(float (&d)[4], const u32 (&ab)[4], const u32 (&as)[4],
+                                       u32 bb0, u32 bb1, u32 bs0, u32 bs1) {
+    mma_sync<float>(d, as, bb0, bb1);
+    mma_sync<float>(d, ab, bs0, bs1);
+    mma_sync<float>(d, ab, bb0, bb1);
+}
+
+template <int MB>
+__device__ __forceinline__ void dense_grads_x3_t(const float *x, const float *__restrict__ dy,
+                                                 const float *__restrict__ w, float *__restrict__ g,
+                                                 float *dx, int m, int n, size_t rows, size_t ldx) {
+    extern __shared__ __align__(16) u32 dg_smem[];
+    const int pitch = ((n + 31) & ~31) + 8, ns = n / 8;
+    u32 *big = dg_smem, *small = dg_smem + MB * 8 * pitch;
+    for (int i = threadIdx.x; i < MB * 8 * pitch; i += blockDim.x) {
+        const int b = i / pitch, j = i % pitch;
+        tf32_parts(b < m && j < n ? dy[(size_t)b * n + j] : 0.0f, big[i], small[i]);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const size_t strips = (rows + 15) / 16;
+    WARP_STRIDE(s, strips) {
+        const size_t r_lo = 16 * s + gr, r_hi = r_lo + 8;
+        const bool lo = r_lo < rows, hi = r_hi < rows;
+        {
+            float acc[16][4];
+#pragma unroll
+            for (int c = 0; c < 16; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
+            // x's 4 values of step kb (rows b0 = 8 kb + t, b1 = b0 + 4; columns r_lo, r_hi),
+            // loaded one step ahead
+            auto xload = [&](int kb, float (&v)[4]) {
+                const int b0 = 8 * kb + t, b1 = b0 + 4;
+                const float *x0 = x + (size_t)b0 * ldx + r_lo, *x1 = x + (size_t)b1 * ldx + r_lo;
+                v[0] = b0 < m && lo ? x0[0] : 0.0f;
+                v[1] = b0 < m && hi ? x0[8] : 0.0f;
+                v[2] = b1 < m && lo ? x1[0] : 0.0f;
+                v[3] = b1 < m && hi ? x1[8] : 0.0f;
+            };
+            float v[4];
+            xload(0, v);
+#pragma unroll 1
+            for (int kb = 0; kb < MB; ++kb) {
+                u32 ab[4], as[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tf32_parts(v[i], ab[i], as[i]);
+                if (kb + 1 < MB) xload(kb + 1, v);
+                const int o0 = (8 * kb + t) * pitch + gr, o1 = o0 + 4 * pitch;
+#pragma unroll
+                for (int c = 0; c < 16; ++c) {
+                    if (c < ns)
+                        mma_x3(acc[c], ab, as, big[o0 + 8 * c], big[o1 + 8 * c],
+                               small[o0 + 8 * c], small[o1 + 8 * c]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 16; ++c) {
+                if (c >= ns) break;
+                const size_t p = r_lo * n + 8 * c + 2 * t;
+                if (lo) *(float2 *)(g + p) = make_float2(acc[c][0], acc[c][1]);
+                if (hi) *(float2 *)(g + p + 8 * (size_t)n) = make_float2(acc[c][2], acc[c][3]);
+            }
+        }
+        if (!dx) continue;
+        float dxa[MB][4];
+#pragma unroll
+        for (int b = 0; b < MB; ++b) dxa[b][0] = dxa[b][1] = dxa[b][2] = dxa[b][3] = 0.0f;
+        // the strip's old weight, columns 8 c + 2 t, + 1 of rows r_lo, r_hi: one slice ahead
+        auto wload = [&](int c, float2 &wl, float2 &wh) {
+            const size_t p = r_lo * n + 8 * c + 2 * t;
+            wl = lo ? *(const float2 *)(w + p) : make_float2(0.0f, 0.0f);
+            wh = hi ? *(const float2 *)(w + p + 8 * (size_t)n) : make_float2(0.0f, 0.0f);
+        };
+        float2 wl, wh;
+        wload(0, wl, wh);
+#pragma unroll 1
+        for (int c = 0; c < ns; ++c) {
+            u32 ab[4], as[4];
+            tf32_parts(wl.x, ab[0], as[0]);
+            tf32_parts(wh.x, ab[1], as[1]);
+            tf32_parts(wl.y, ab[2], as[2]);
+            tf32_parts(wh.y, ab[3], as[3]);
+            if (c + 1 < ns) wload(c + 1, wl, wh);
+            const int o = gr * pitch + 8 * c + 2 * t;
+#pragma unroll
+            for (int b = 0; b < MB; ++b) {
+                const uint2 bb = *(const uint2 *)(big + o + 8 * b * pitch);
+                const uint2 bs = *(const uint2 *)(small + o + 8 * b * pitch);
+                mma_x3(dxa[b], ab, as, bb.x, bb.y, bs.x, bs.y);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+            const int b0 = 8 * b + 2 * t, b1 = b0 + 1;
+            if (b0 < m && lo) dx[(size_t)b0 * ldx + r_lo] = dxa[b][0];
+            if (b1 < m && lo) dx[(size_t)b1 * ldx + r_lo] = dxa[b][1];
+            if (b0 < m && hi) dx[(size_t)b0 * ldx + r_hi] = dxa[b][2];
+            if (b1 < m && hi) dx[(size_t)b1 * ldx + r_hi] = dxa[b][3];
+        }
+    }
+}
+
+// dense_grads_x3_mb<MB> for MB = 1 .. 16 (a batch of 8 MB - 7 to 8 MB rows), n a multiple of 8
+// up to 128: blocks of DG_WARPS warps, any grid; dynamic shared memory 8 * 8 MB (roundup(n, 32)
+// + 8) bytes.
+#define DENSE_GRADS_X3(MB)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * DG_WARPS, 2)                            \
+        dense_grads_x3_mb##MB(const float *x, const float *dy, const float *w, float *g,       \
+                              float *dx, int m, int n, size_t rows, size_t ldx) {              \
+        dense_grads_x3_t<MB>(x, dy, w, g, dx, m, n, rows, ldx);                                \
+    }
+DENSE_GRADS_X3(1)
+DENSE_GRADS_X3(2)
+DENSE_GRADS_X3(3)
+DENSE_GRADS_X3(4)
+DENSE_GRADS_X3(5)
+DENSE_GRADS_X3(6)
+DENSE_GRADS_X3(7)
+DENSE_GRADS_X3(8)
+DENSE_GRADS_X3(9)
+DENSE_GRADS_X3(10)
+DENSE_GRADS_X3(11)
+DENSE_GRADS_X3(12)
+DENSE_GRADS_X3(13)
+DENSE_GRADS_X3(14)
+DENSE_GRADS_X3(15)
+DENSE_GRADS_X3(16)

@@ -59,6 +59,46 @@ fn gpu_dense_adam_matches_cpu() {
     }
 }
 
+/// Under full fp32 the chunks take both products from our 3xTF32 kernel (`dense_grads_x3`)
+/// for 1 to 128 rows into a multiple of 8 up to 128 outputs, else (or with
+/// `set_fp32_gemm_3xtf32(false)`) cuBLAS's f32 GEMMs: both agree with the CPU's f32 within full
+/// fp32's tolerance at the seed's shape at batch 100 over two chunks (the second partial, its
+/// last 16-row strip too), one row into 8 outputs, 128 rows, batches no multiple of 8, with dx
+/// in place, into its own tensor and not computed. Past the kernel's edges (124 and 136
+/// outputs, 129 rows, bf16) the chunks stay on cuBLAS.
+#[test]
+fn gpu_fp32_chunks_in_3xtf32_match_cpu() {
+    let Some(gpu) = private_cuda_with(Precision::Highest) else {
+        return;
+    };
+    gpu.set_dense_adam_rows(false);
+    let cpu = cpu();
+    let cases = [
+        ((100, 128, 140_007), 0),
+        ((100, 128, 140_007), 1),
+        ((1, 8, 1_000), 1),
+        ((128, 128, 3_000), 0),
+        ((37, 120, 2_001), 2),
+        ((17, 64, 999), 1),
+    ];
+    for x3 in [true, false] {
+        gpu.set_fp32_gemm_3xtf32(x3);
+        for ((m, n, k), mode) in cases {
+            assert_eq!(gpu.dense_chunks_x3(m, n, DType::F32), x3, "m{m} n{n}");
+            let gpu: Arc<dyn Backend> = gpu.clone();
+            let what = format!("fp32 chunks m{m} n{n} k{k} mode {mode}, 3xTF32 {x3}");
+            dense_adam_agrees(&gpu, &cpu, (m, n, k), mode, FULL_F32, &what);
+        }
+    }
+    gpu.set_fp32_gemm_3xtf32(true);
+    for (m, n) in [(100, 124), (100, 136), (129, 128)] {
+        assert!(!gpu.dense_chunks_x3(m, n, DType::F32), "m{m} n{n}");
+    }
+    assert!(!gpu.dense_chunks_x3(100, 128, DType::BF16));
+    let tf32 = private_cuda_with(Precision::Tf32).unwrap();
+    assert!(!tf32.dense_chunks_x3(100, 128, DType::F32));
+}
+
 /// Under TF32 a batch of 1 to 16 rows runs the rows kernel too, whose dw and dx are exact f32
 /// sums and whose Adam step is `adam_tf32`'s (the tensor-core pass's: within a few ulp of
 /// `adam_one`; the chunks would take cuBLAS's TF32 GEMMs): it agrees with the CPU's f32 within
@@ -482,9 +522,9 @@ fn assert_moments_within_one_rounding(
 /// CUDA; the schedules hold what the op needs: on the CPU the f32 copies of x and dy (bf16,
 /// f16), the f32 chunk of dw, the rounded old weight's chunk (bf16, f16 with dx); on CUDA the
 /// chunk of dw in the dtype, the old weight's chunk in the dtype (bf16, f16 with dx), cuBLAS's
-/// workspace,
-/// and nothing for the one-pass f32 kernels of these batches (6 rows: the rows kernel, 20 rows
-/// into 8 outputs: the TF32 tensor-core kernel; off: the chunks).
+/// workspace (none where full fp32's f32 chunks run the 3xTF32 kernel: 20 rows into 8
+/// outputs), and nothing for the one-pass f32 kernels of these batches (6 rows: the rows
+/// kernel, 20 rows into 8 outputs: the TF32 tensor-core kernel; off: the chunks).
 #[test]
 fn dense_adam_workspace_is_its_schedule_on_both_backends() {
     for shape in [(6, 7, 150), (20, 8, 150)] {
@@ -498,16 +538,21 @@ fn workspace_is_the_schedule((m, n, k): (usize, usize, usize)) {
         ..Default::default()
     };
     let small: Arc<dyn Backend> = stax::tensor::cpu::CpuBackend::new(&options).unwrap();
-    // (backend, whether the one-pass kernel is on)
-    let mut backends = vec![(small, false)];
+    // (backend, whether the one-pass kernel is on, whether f32 chunks run in 3xTF32)
+    let mut backends = vec![(small, false, false)];
     for rows_kernel in [true, false] {
         if let Some(gpu) = private_cuda_with(Precision::Tf32) {
             gpu.set_dense_adam_rows(rows_kernel);
-            backends.push((gpu, rows_kernel));
+            backends.push((gpu, rows_kernel, false));
         }
     }
+    if let Some(gpu) = private_cuda_with(Precision::Highest) {
+        gpu.set_dense_adam_rows(false);
+        let x3 = gpu.dense_chunks_x3(m, n, DType::F32);
+        backends.push((gpu, false, x3));
+    }
     let h = hyper();
-    for (be, rows_kernel) in backends {
+    for (be, rows_kernel, x3) in backends {
         let device = be.device();
         for dtype in DType::FLOATS {
             for input_grad in [true, false] {
@@ -535,6 +580,8 @@ fn workspace_is_the_schedule((m, n, k): (usize, usize, usize)) {
                 let want = match device {
                     stax::Device::Cpu => 1 + 2 * low as usize + (low && input_grad) as usize,
                     _ if rows_kernel && !low => 0,
+                    // the gradient's chunk, no cuBLAS workspace
+                    _ if x3 && !low => 1,
                     _ => 2 + (low && input_grad) as usize,
                 };
                 let what = format!("{device:?} {dtype} dense_adam, dx {input_grad}");

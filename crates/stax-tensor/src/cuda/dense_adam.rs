@@ -5,7 +5,10 @@
 //! (x, dy, dx of that dtype): the dw GEMM (`cublasGemmEx`, f32 sums rounded once to the
 //! dtype), the Adam kernel that reads that gradient and also writes the old chunk rounded to
 //! the dtype into a second workspace buffer, then the dx GEMM from that copy. Both orders read
-//! x's chunk columns before dx overwrites them in place. A chunk holds a quarter of the
+//! x's chunk columns before dx overwrites them in place. Under [`Precision::Highest`] with
+//! [`CudaBackend::set_fp32_gemm_3xtf32`] on (the default), an f32 batch of 1 to 128 rows into
+//! a multiple of 8 up to 128 outputs has both products of a chunk in one 3xTF32 kernel instead
+//! of cuBLAS's f32 GEMMs ([`CudaBackend::dense_chunks_x3`]). A chunk holds a quarter of the
 //! workspace limit's bytes in f32 gradient rows (64 MiB by default; half that in bf16).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
@@ -84,6 +87,19 @@ impl CudaBackend {
         }
     }
 
+    /// Whether the chunks of an f32 dense update of `m` batch rows and `n` outputs take both
+    /// products from `kernels/dense_mma.cu`'s 3xTF32 kernel (`Kernels::dense_grads_x3`, no
+    /// cuBLAS workspace) instead of cuBLAS's f32 GEMMs: under [`Precision::Highest`] with
+    /// [`CudaBackend::set_fp32_gemm_3xtf32`] on, for 1 to 128 rows and a multiple of 8 up to 128
+    /// outputs. A function of the shape, the precision and the setting, so a plan made on it
+    /// holds.
+    pub fn dense_chunks_x3(&self, m: usize, n: usize, dtype: DType) -> bool {
+        dtype == DType::F32
+            && self.precision == Precision::Highest
+            && self.fp32_gemm_3xtf32()
+            && self.kernels.dense_grads_x3_fits(m, n)
+    }
+
     /// Rows of the weight per chunk: a quarter of the workspace limit of f32 gradient.
     pub(super) fn dense_chunk_rows(&self, k: usize, n: usize) -> usize {
         dense_chunk_rows(k, n, self.workspace_limit / 4)
@@ -91,8 +107,9 @@ impl CudaBackend {
 
     /// The workspace of a call for a `[k, n]` weight and `m` rows of `dtype`: the chunk of
     /// `dw` in `dtype`, then (when the input gradient reads the old weight rounded to bf16 or
-    /// f16) that chunk in 2-byte elements, then cuBLAS's workspace; freed in reverse. None for
-    /// an empty weight or the one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
+    /// f16) that chunk in 2-byte elements, then cuBLAS's workspace (none where
+    /// [`CudaBackend::dense_chunks_x3`]); freed in reverse. None for an empty weight or the
+    /// one-pass kernel ([`CudaBackend::dense_adam_is_rows`]).
     pub(super) fn dense_adam_schedule(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -107,7 +124,7 @@ impl CudaBackend {
         let mut s = Schedule::default();
         let g = s.alloc(rows * n * dtype.size_bytes());
         let old = rounded.then(|| s.alloc(rows * n * 2));
-        let blas = match self.matmul_bytes(m.max(1), n, k) {
+        let blas = match self.dense_blas_bytes(m, n, k, dtype) {
             0 => None,
             bytes => Some(s.alloc(bytes)),
         };
@@ -163,7 +180,7 @@ impl CudaBackend {
         let old = (dtype != DType::F32 && input_grad)
             .then(|| ws.alloc())
             .transpose()?;
-        let blas_bytes = self.matmul_bytes(m.max(1), n, k);
+        let blas_bytes = self.dense_blas_bytes(m, n, k, dtype);
         let blas = (blas_bytes > 0).then(|| ws.alloc()).transpose()?;
         let a = Addrs {
             operands: [c.x, c.dy, c.w, c.mu, c.nu].map(|t| t.addr()),
@@ -180,6 +197,15 @@ impl CudaBackend {
             ws.free(i)?;
         }
         ws.finish()
+    }
+
+    /// cuBLAS's workspace bytes for the chunks' GEMMs (0 where they run our 3xTF32 kernel).
+    fn dense_blas_bytes(&self, m: usize, n: usize, k: usize, dtype: DType) -> usize {
+        if self.dense_chunks_x3(m, n, dtype) {
+            0
+        } else {
+            self.matmul_bytes(m.max(1), n, k)
+        }
     }
 
     /// The `r` weight rows from `r0`, in the order of the module docs.
@@ -201,8 +227,15 @@ impl CudaBackend {
             let ops = (dy, w_old, d + col);
             self.blas.gemm(dxg, (dtype, dtype), ops, blas, blas_bytes)
         };
+        let chunk = [w + off, a.g, mu + off, nu + off];
+        let x3 = m > 0 && self.dense_chunks_x3(m, n, dtype);
         if m == 0 {
             self.kernels.zero(a.g, dtype, r * n)?;
+        } else if x3 {
+            // dw_chunk and (from the old weight) dx[:, r0..r0 + r] in 3xTF32, f32 only
+            let dx = a.dx.map_or(0, |d| d + col);
+            self.kernels
+                .dense_grads_x3((x + col, dy, chunk[0]), (a.g, dx), (m, n, r, k))?;
         } else {
             // dw_chunk [r, n] = x[:, r0..r0 + r]ᵀ · dy, f32 sums stored in `dtype`; x's rows
             // are k apart
@@ -211,9 +244,8 @@ impl CudaBackend {
             let ops = (x + col, dy, a.g);
             self.blas.gemm(dw, (dtype, dtype), ops, blas, blas_bytes)?;
         }
-        let chunk = [w + off, a.g, mu + off, nu + off];
         if dtype == DType::F32 {
-            if let Some(d) = a.dx {
+            if let Some(d) = a.dx.filter(|_| !x3) {
                 dx_gemm(w + off, d)?;
             }
             let (g, mu) = ((a.g, dtype), (chunk[2], dtype));

@@ -2,7 +2,9 @@
 //! its f32 weight, in which the weight and its moments cross memory once and the weight
 //! gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
 //! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` (`kernels/dense_mma.cu`) a batch of
-//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only).
+//! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only). And, for the update by
+//! chunks under `Precision::Highest`, `dense_grads_x3_mb<mb>` (`kernels/dense_mma.cu`): a
+//! chunk's weight and input gradients in 3xTF32.
 
 use super::source::KernelModule;
 use super::{Kernels, aligned16, driver};
@@ -20,6 +22,9 @@ const MMA_WARPS: usize = 8;
 /// Shared-memory words of a warp's two stages of w, mu and nu (`2 DM_STAGE`: 3 arrays of 16
 /// rows of 32 columns, 40 words apart).
 const MMA_STAGE_WORDS: usize = 2 * 3 * 16 * 40;
+
+/// Warps per block of the 3xTF32 gradients kernel (`DG_WARPS` in kernels/dense_mma.cu).
+const GRADS_WARPS: usize = 8;
 
 /// Whether [`Kernels::dense_adam_rows`] takes a batch of `m` rows and `n` outputs.
 pub(crate) fn dense_rows_apply(m: usize, n: usize) -> bool {
@@ -47,8 +52,23 @@ const fn mma_shared_bytes(m: usize, n: usize) -> usize {
 /// bytes), allowed once at load.
 pub(super) const MMA_SHARED_MAX: usize = mma_shared_bytes(DENSE_MMA_MAX_BATCH, DENSE_MAX_OUT);
 
-/// The one-pass kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16` and
-/// `dense_adam_rows_tf32_m1..16`, `dense_mma.cu`'s `dense_adam_mma_mb3..16`.
+/// Whether the 3xTF32 gradients kernel's layout takes a batch of `m` rows and `n` outputs: 1
+/// to 128 rows (16 mma steps of 8), `n` a multiple of 8 (its 8-column slices) from 8 to 128.
+/// [`Kernels::dense_grads_x3_fits`] adds the device's shared memory.
+fn dense_grads_x3_apply(m: usize, n: usize) -> bool {
+    (1..=DENSE_MMA_MAX_BATCH).contains(&m) && n % 8 == 0 && (8..=DENSE_MAX_OUT).contains(&n)
+}
+
+/// The 3xTF32 gradients kernel's dynamic shared memory for `m` rows and `n` outputs, in bytes:
+/// dy's TF32 rounding and rounded rest, `[8 ceil(m / 8)][roundup(n, 32) + 8]` words each (at
+/// most 139,264 bytes: two blocks a Hopper multiprocessor).
+const fn grads_x3_shared_bytes(m: usize, n: usize) -> usize {
+    2 * 4 * 8 * m.div_ceil(8) * (n.next_multiple_of(32) + 8)
+}
+
+/// The dense kernels `module` defines: `adam.cu`'s `dense_adam_rows_m1..16` and
+/// `dense_adam_rows_tf32_m1..16`, `dense_mma.cu`'s `dense_adam_mma_mb3..16` and
+/// `dense_grads_x3_mb1..16`.
 pub(super) fn symbols(module: KernelModule) -> Vec<String> {
     match module {
         KernelModule::Adam => ["rows", "rows_tf32"]
@@ -59,14 +79,16 @@ pub(super) fn symbols(module: KernelModule) -> Vec<String> {
             .collect(),
         KernelModule::DenseMma => (DENSE_ROWS_MAX_BATCH.div_ceil(8) + 1..=DENSE_MMA_MAX_BATCH / 8)
             .map(|mb| format!("dense_adam_mma_mb{mb}"))
+            .chain((1..=DENSE_MMA_MAX_BATCH / 8).map(|mb| format!("dense_grads_x3_mb{mb}")))
             .collect(),
         _ => Vec::new(),
     }
 }
 
-/// Whether `symbol` is a tensor-core kernel (it takes [`MMA_SHARED_MAX`] at most).
+/// Whether `symbol` is one of `dense_mma.cu`'s tensor-core kernels (each takes
+/// [`MMA_SHARED_MAX`] at most).
 pub(super) fn is_mma(symbol: &str) -> bool {
-    symbol.starts_with("dense_adam_mma_")
+    symbol.starts_with("dense_adam_mma_") || symbol.starts_with("dense_grads_x3_")
 }
 
 /// The error of a launcher given a shape its kernel does not take.
@@ -181,6 +203,62 @@ impl Kernels {
         }
         .map_err(driver("dense_adam_mma"))
     }
+    /// Whether [`Kernels::dense_grads_x3`] takes a batch of `m` rows and `n` outputs on this
+    /// device: 1 to 128 rows, `n` a multiple of 8 up to 128, within the shared memory a block
+    /// may have here (all such shapes on sm_80 and later). A function of the shape and the
+    /// device, so a plan made on it holds.
+    pub(crate) fn dense_grads_x3_fits(&self, m: usize, n: usize) -> bool {
+        dense_grads_x3_apply(m, n) && grads_x3_shared_bytes(m, n) <= self.shared_optin
+    }
+
+    /// Full fp32's dense gradients of a chunk of `rows` weight rows in 3xTF32
+    /// (`kernels/dense_mma.cu`'s `dense_grads_x3_mb<mb>`, mb = ceil(m / 8)): `g = x[:, chunk]ᵀ
+    /// · dy` (`[rows, n]`, written) and, unless `dx` is 0, `dx[:, chunk] = dy · wᵀ` from the
+    /// chunk's weight `w` (`[rows, n]`), each operand split into its TF32 rounding and the
+    /// rounded rest, three mmas a product, f32 sums (f32's accuracy). x and dx are `[m, ldx]`
+    /// with the chunk's first column at their addresses; dx may be x. `w` and `g` 8-byte
+    /// aligned (float2 accesses). For shapes where [`Kernels::dense_grads_x3_fits`] only (else
+    /// an invalid-argument error); nothing to do for no rows.
+    pub(crate) fn dense_grads_x3(
+        &self,
+        (x, dy, w): (u64, u64, u64),
+        (g, dx): (u64, u64),
+        (m, n, rows, ldx): (usize, usize, usize, usize),
+    ) -> Result<(), TensorError> {
+        if !self.dense_grads_x3_fits(m, n) {
+            let takes = "1 to 128 rows and a multiple of 8 up to 128 outputs";
+            return Err(not_taken("dense_grads_x3", m, n, takes));
+        }
+        if w % 8 != 0 || g % 8 != 0 {
+            return Err(TensorError::InvalidArgument {
+                op: "dense_grads_x3",
+                reason: "w and g must be 8-byte aligned".into(),
+            });
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("dense_grads_x3_mb{}", m.div_ceil(8)))?;
+        let strips = rows.div_ceil(16);
+        let most = 2 * self.sms as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (strips.div_ceil(GRADS_WARPS).clamp(1, most) as u32, 1, 1),
+            block_dim: (32 * GRADS_WARPS as u32, 1, 1),
+            shared_mem_bytes: grads_x3_shared_bytes(m, n) as u32,
+        };
+        let (m32, n32) = (m as i32, n as i32);
+        // SAFETY: `dense_grads_x3_mb<mb>(const float *x, const float *dy, const float *w,
+        // float *g, float *dx, int m, int n, size_t rows, size_t ldx)` with blocks of DG_WARPS
+        // (8) warps and the dynamic shared memory its staged dy takes for 8 mb >= m rows
+        // (allowed at load up to MMA_SHARED_MAX >= this: dense_grads_x3_fits); x and dx hold m
+        // rows of ldx floats from their addresses, the chunk's rows <= ldx columns first; dy
+        // m n floats, w and g rows n (8-byte aligned, n even: aligned float2s); m, n <= 128 fit
+        // an int.
+        unsafe {
+            launch!(self.stream, f, cfg; &x, &dy, &w, &g, &dx, &m32, &n32, &rows, &ldx).map(drop)
+        }
+        .map_err(driver("dense_grads_x3"))
+    }
 }
 
 #[cfg(test)]
@@ -212,9 +290,27 @@ mod tests {
             ("dense_adam_rows_m1", "dense_adam_rows_tf32_m1")
         );
         let mma = symbols(KernelModule::DenseMma);
-        assert_eq!(mma.len(), 14);
+        assert_eq!(mma.len(), 14 + 16);
         assert_eq!(mma[0], "dense_adam_mma_mb3");
-        assert_eq!(mma.last().unwrap(), "dense_adam_mma_mb16");
+        assert_eq!(mma[13], "dense_adam_mma_mb16");
+        assert_eq!(mma[14], "dense_grads_x3_mb1");
+        assert_eq!(mma.last().unwrap(), "dense_grads_x3_mb16");
+        assert!(mma.iter().all(|s| is_mma(s)));
         assert!(symbols(KernelModule::Norm).is_empty());
+    }
+
+    #[test]
+    fn the_3xtf32_gradients_kernel_takes_its_shapes_in_two_blocks_a_multiprocessor() {
+        assert!(dense_grads_x3_apply(1, 8) && dense_grads_x3_apply(100, 128));
+        assert!(dense_grads_x3_apply(128, 120) && !dense_grads_x3_apply(129, 128));
+        assert!(!dense_grads_x3_apply(0, 8) && !dense_grads_x3_apply(100, 124));
+        assert!(!dense_grads_x3_apply(100, 136) && !dense_grads_x3_apply(100, 0));
+        // the seed at batch 100: 13 steps of 8 rows of 128 + 8 words, twice
+        assert_eq!(grads_x3_shared_bytes(100, 128), 2 * 4 * 104 * 136);
+        assert_eq!(grads_x3_shared_bytes(128, 128), 139_264);
+        assert!(grads_x3_shared_bytes(128, 128) <= MMA_SHARED_MAX);
+        // two blocks within Hopper's 233,472 bytes a multiprocessor (1 KiB reserved a block)
+        assert!(2 * (grads_x3_shared_bytes(104, 128) + 1024) <= 233_472);
+        assert_eq!(grads_x3_shared_bytes(1, 8), 2 * 4 * 8 * 40);
     }
 }
