@@ -611,12 +611,14 @@ fn ops(p: &mut Profiler, batch: usize, img: usize) -> Result<(), TensorError> {
         let bytes = 2.0 * act + 24.0 * n;
         p.flops(2.0 * dense_f)
             .time(name, bytes, in_step, &mut update);
-        if !rows_kernel && x3 {
-            // full fp32's chunks take our 3xTF32 kernel: cuBLAS's f32 GEMMs beside it
-            p.gpu.set_fp32_gemm_3xtf32(false);
-            let name = "dense1 backward + adam (chunks with cuBLAS f32 GEMMs, not the step's)";
-            p.flops(2.0 * dense_f).time(name, bytes, false, &mut update);
-            p.gpu.set_fp32_gemm_3xtf32(true);
+        if !rows_kernel && p.gpu.precision() == Precision::Highest && !x3 {
+            // full fp32's chunks on our 3xTF32 kernel beside the step's cuBLAS GEMMs
+            p.gpu.set_fp32_dense_chunks_3xtf32(true);
+            if p.gpu.dense_chunks_x3(b, 128, DType::F32) {
+                let name = "dense1 backward + adam (dw, dx in 3xTF32 by chunks, not the step's)";
+                p.flops(2.0 * dense_f).time(name, bytes, false, &mut update);
+            }
+            p.gpu.set_fp32_dense_chunks_3xtf32(false);
         }
     }
     p.gpu.set_dense_adam_rows(true);

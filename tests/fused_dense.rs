@@ -59,9 +59,9 @@ fn gpu_dense_adam_matches_cpu() {
     }
 }
 
-/// Under full fp32 the chunks take both products from our 3xTF32 kernel (`dense_grads_x3`)
-/// for 1 to 128 rows into a multiple of 8 up to 128 outputs, else (or with
-/// `set_fp32_gemm_3xtf32(false)`) cuBLAS's f32 GEMMs: both agree with the CPU's f32 within full
+/// Under full fp32 with `set_fp32_dense_chunks_3xtf32(true)` the chunks take both products
+/// from our 3xTF32 kernel (`dense_grads_x3`) for 1 to 128 rows into a multiple of 8 up to 128
+/// outputs, else (and with the setting off, the default) cuBLAS's f32 GEMMs: both agree with the CPU's f32 within full
 /// fp32's tolerance at the seed's shape at batch 100 over two chunks (the second partial, its
 /// last 16-row strip too), one row into 8 outputs, 128 rows, batches no multiple of 8, with dx
 /// in place, into its own tensor and not computed. Past the kernel's edges (124 and 136
@@ -81,8 +81,9 @@ fn gpu_fp32_chunks_in_3xtf32_match_cpu() {
         ((37, 120, 2_001), 2),
         ((17, 64, 999), 1),
     ];
+    assert!(!gpu.dense_chunks_x3(100, 128, DType::F32), "off by default");
     for x3 in [true, false] {
-        gpu.set_fp32_gemm_3xtf32(x3);
+        gpu.set_fp32_dense_chunks_3xtf32(x3);
         for ((m, n, k), mode) in cases {
             assert_eq!(gpu.dense_chunks_x3(m, n, DType::F32), x3, "m{m} n{n}");
             let gpu: Arc<dyn Backend> = gpu.clone();
@@ -90,12 +91,13 @@ fn gpu_fp32_chunks_in_3xtf32_match_cpu() {
             dense_adam_agrees(&gpu, &cpu, (m, n, k), mode, FULL_F32, &what);
         }
     }
-    gpu.set_fp32_gemm_3xtf32(true);
+    gpu.set_fp32_dense_chunks_3xtf32(true);
     for (m, n) in [(100, 124), (100, 136), (129, 128)] {
         assert!(!gpu.dense_chunks_x3(m, n, DType::F32), "m{m} n{n}");
     }
     assert!(!gpu.dense_chunks_x3(100, 128, DType::BF16));
     let tf32 = private_cuda_with(Precision::Tf32).unwrap();
+    tf32.set_fp32_dense_chunks_3xtf32(true);
     assert!(!tf32.dense_chunks_x3(100, 128, DType::F32));
 }
 
@@ -548,6 +550,7 @@ fn workspace_is_the_schedule((m, n, k): (usize, usize, usize)) {
     }
     if let Some(gpu) = private_cuda_with(Precision::Highest) {
         gpu.set_dense_adam_rows(false);
+        gpu.set_fp32_dense_chunks_3xtf32(true);
         let x3 = gpu.dense_chunks_x3(m, n, DType::F32);
         backends.push((gpu, false, x3));
     }

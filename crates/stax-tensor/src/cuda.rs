@@ -85,6 +85,9 @@ pub struct CudaBackend {
     /// Whether full fp32's plain f32 products run our 3xTF32 kernel (see
     /// [`CudaBackend::set_fp32_gemm_3xtf32`]).
     gemm_x3: AtomicBool,
+    /// Whether full fp32's dense update by chunks takes its products from our 3xTF32 kernel
+    /// (see [`CudaBackend::set_fp32_dense_chunks_3xtf32`]).
+    dense_x3: AtomicBool,
     /// The direct conv kernels' calibration times ([`DirectConvs::Winning`]).
     direct_times: direct::DirectTimes,
     /// The passes whose schedules were asked for while they ran the direct kernels (listed
@@ -231,6 +234,7 @@ impl CudaBackend {
             direct: AtomicU8::new(DirectConvs::Winning.code()),
             dense_rows: AtomicBool::new(true),
             gemm_x3: AtomicBool::new(true),
+            dense_x3: AtomicBool::new(false),
             direct_times: Default::default(),
             direct_used: Default::default(),
         }))

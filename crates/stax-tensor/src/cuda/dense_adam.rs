@@ -6,9 +6,9 @@
 //! dtype), the Adam kernel that reads that gradient and also writes the old chunk rounded to
 //! the dtype into a second workspace buffer, then the dx GEMM from that copy. Both orders read
 //! x's chunk columns before dx overwrites them in place. Under [`Precision::Highest`] with
-//! [`CudaBackend::set_fp32_gemm_3xtf32`] on (the default), an f32 batch of 1 to 128 rows into
-//! a multiple of 8 up to 128 outputs has both products of a chunk in one 3xTF32 kernel instead
-//! of cuBLAS's f32 GEMMs ([`CudaBackend::dense_chunks_x3`]). A chunk holds a quarter of the
+//! [`CudaBackend::set_fp32_dense_chunks_3xtf32`] on, an f32 batch of 1 to 128 rows into a
+//! multiple of 8 up to 128 outputs has both products of a chunk in one 3xTF32 kernel instead of
+//! cuBLAS's f32 GEMMs ([`CudaBackend::dense_chunks_x3`]). A chunk holds a quarter of the
 //! workspace limit's bytes in f32 gradient rows (64 MiB by default; half that in bf16).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
@@ -87,16 +87,30 @@ impl CudaBackend {
         }
     }
 
+    /// Turns full fp32's dense update by chunks on our 3xTF32 kernel on or off (the default):
+    /// under [`Precision::Highest`] an f32 [`crate::ops::dense_adam`] of 1 to 128 rows into a
+    /// multiple of 8 up to 128 outputs that runs by chunks then takes both products of a chunk
+    /// (`dw = xᵀ·dy` and `dx = dy·wᵀ` from the old weight) from `kernels/dense_mma.cu`'s
+    /// `dense_grads_x3` (each operand split into its TF32 rounding and the rounded rest, three
+    /// mmas a product, f32's accuracy; no cuBLAS workspace) instead of cuBLAS's f32 GEMMs. At
+    /// the seed's batch 100 the chunks with Adam took 6.717 ms against 7.463 with cuBLAS, the
+    /// kernel's dw within 1.6e-6 of f64 sums (harness, H100, 2026-12-08, BENCHMARKS.md). Off by
+    /// default until `tests/fused_dense.rs`'s `gpu_fp32_chunks_in_3xtf32_match_cpu` has run on
+    /// a GPU (no device came to this session again). The workspace differs, so set it before a
+    /// memory plan is made. For A/B timing and tests.
+    pub fn set_fp32_dense_chunks_3xtf32(&self, on: bool) {
+        self.dense_x3.store(on, Ordering::Relaxed);
+    }
+
     /// Whether the chunks of an f32 dense update of `m` batch rows and `n` outputs take both
-    /// products from `kernels/dense_mma.cu`'s 3xTF32 kernel (`Kernels::dense_grads_x3`, no
-    /// cuBLAS workspace) instead of cuBLAS's f32 GEMMs: under [`Precision::Highest`] with
-    /// [`CudaBackend::set_fp32_gemm_3xtf32`] on, for 1 to 128 rows and a multiple of 8 up to 128
-    /// outputs. A function of the shape, the precision and the setting, so a plan made on it
+    /// products from the 3xTF32 kernel ([`CudaBackend::set_fp32_dense_chunks_3xtf32`]): under
+    /// [`Precision::Highest`] with the setting on, for 1 to 128 rows and a multiple of 8 up to
+    /// 128 outputs. A function of the shape, the precision and the setting, so a plan made on it
     /// holds.
     pub fn dense_chunks_x3(&self, m: usize, n: usize, dtype: DType) -> bool {
         dtype == DType::F32
             && self.precision == Precision::Highest
-            && self.fp32_gemm_3xtf32()
+            && self.dense_x3.load(Ordering::Relaxed)
             && self.kernels.dense_grads_x3_fits(m, n)
     }
 
