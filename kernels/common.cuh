@@ -222,7 +222,8 @@ __device__ __forceinline__ u32 tf32_small(float v, u32 big) {
 // cvt.rna for finite values and infinities) by integer operations: half of the dropped range
 // added, then dropped. cvt.rna.tf32.f32 compiles to several more instructions on sm_90: at the
 // seed's conv2 this took conv_wgmma.cu's passes from 4.83 / 4.73 ms to 4.43 / 4.31 with the
-// same outputs (H100, 2026-12-07, BENCHMARKS.md). tf32_parts: v's TF32 rounding big and the
+// same outputs (H100, 2026-12-07, before the NaN select; 4.47 / 4.42 with it, 2026-12-08,
+// BENCHMARKS.md). tf32_parts: v's TF32 rounding big and the
 // rest's, small: v = big + small within 2^-22 |v| (3xTF32's operands: conv_wgmma.cu,
 // dense_mma.cu's dense_grads_x3). A NaN's big is the NaN itself (the addition would carry the
 // GPU's NaN 0x7fffffff into the sign bit, a signed zero); an infinity's rest, the GPU's NaN,

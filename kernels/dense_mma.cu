@@ -225,7 +225,9 @@ DENSE_ADAM_MMA(16)
 // m16n8k8 a product (mma_x3), f32 sums: f32's accuracy on the tensor cores. dy's two parts are
 // staged once a block, [8 MB][pitch] words each; x's next 4 values and the next slice of w are
 // loaded one step ahead. The strip's x is read (dw) before its dx is written, so an in-place dx
-// is safe. Blocks of DG_WARPS warps, two a multiprocessor (up to 128 registers), any grid.
+// is safe. An infinite operand gives NaN (0 times it, of the parts) where cuBLAS's f32 GEMM
+// gives an infinity: non-finite either way. Blocks of DG_WARPS warps, up to 128 registers (two
+// a Hopper multiprocessor up to 104 batch rows into 128 outputs), any grid.
 #define DG_WARPS 8
 
 // d += a b in 3xTF32 (a = ab + as, b = bb + bs): the rests' products first, then the roundings'.

@@ -28,9 +28,10 @@ static void launch(const float *x, const float *dy, const float *w, float *g, fl
     int mb = (m + 7) / 8;
     Kern f = pick(mb);
     size_t smem = 2 * 4 * (size_t)mb * 8 * (((n + 31) & ~31) + 8);
-    static bool set[17];
+    static bool set[17]; // each kernel allowed its most (128 outputs) once
     if (!set[mb]) {
-        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        const int most = 2 * 4 * mb * 8 * (128 + 8);
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
         set[mb] = true;
     }
     int per = 0;
@@ -38,6 +39,7 @@ static void launch(const float *x, const float *dy, const float *w, float *g, fl
     size_t strips = (rows + 15) / 16;
     size_t blocks = std::min((strips + DG_WARPS - 1) / DG_WARPS, (size_t)sms * per);
     f<<<(unsigned)blocks, 32 * DG_WARPS, smem>>>(x, dy, w, g, dx, m, n, rows, ldx);
+    CK(cudaGetLastError());
 }
 // checks dw and dx of a chunk (cols c0 .. c0 + r of x [m, k]) against f64; inplace: dx = x
 static bool check(int m, int n, size_t k, size_t c0, size_t r, bool inplace, unsigned seed) {

@@ -6,9 +6,10 @@
 //! dtype), the Adam kernel that reads that gradient and also writes the old chunk rounded to
 //! the dtype into a second workspace buffer, then the dx GEMM from that copy. Both orders read
 //! x's chunk columns before dx overwrites them in place. Under [`Precision::Highest`] with
-//! [`CudaBackend::set_fp32_dense_chunks_3xtf32`] on, an f32 batch of 1 to 128 rows into a
-//! multiple of 8 up to 128 outputs has both products of a chunk in one 3xTF32 kernel instead of
-//! cuBLAS's f32 GEMMs ([`CudaBackend::dense_chunks_x3`]). A chunk holds a quarter of the
+//! [`CudaBackend::set_fp32_dense_chunks_3xtf32`] on, f32 chunks of a batch of up to 128 rows
+//! into a multiple of 8 up to 128 outputs (17 to 128 rows while the one-pass rows kernel takes
+//! the smaller batches) have both products in one 3xTF32 kernel instead of cuBLAS's f32 GEMMs
+//! ([`CudaBackend::dense_chunks_x3`]). A chunk holds a quarter of the
 //! workspace limit's bytes in f32 gradient rows (64 MiB by default; half that in bf16).
 //!
 //! An f32 batch of 1 to 16 rows into at most 128 outputs (the seed's Dense(128) at batch 10)
@@ -105,8 +106,9 @@ impl CudaBackend {
     /// Whether the chunks of an f32 dense update of `m` batch rows and `n` outputs take both
     /// products from the 3xTF32 kernel ([`CudaBackend::set_fp32_dense_chunks_3xtf32`]): under
     /// [`Precision::Highest`] with the setting on, for 1 to 128 rows and a multiple of 8 up to
-    /// 128 outputs. A function of the shape, the precision and the setting, so a plan made on it
-    /// holds.
+    /// 128 outputs within the device's shared memory a block (every such shape on Hopper and
+    /// the A100). A function of the shape, the precision, the device and the setting, so a plan
+    /// made on it holds.
     pub fn dense_chunks_x3(&self, m: usize, n: usize, dtype: DType) -> bool {
         dtype == DType::F32
             && self.precision == Precision::Highest

@@ -1,6 +1,6 @@
-//! Launchers of the dense update's one-pass kernels: a dense layer's backward pass with Adam on
-//! its f32 weight, in which the weight and its moments cross memory once and the weight
-//! gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
+//! Launchers of the dense update's kernels. The one-pass kernels: a dense layer's backward pass
+//! with Adam on its f32 weight, in which the weight and its moments cross memory once and the
+//! weight gradient never does. `dense_adam_rows_m<m>` (`kernels/adam.cu`) takes a small batch in f32
 //! FMAs (exact f32, any precision); `dense_adam_mma_mb<mb>` (`kernels/dense_mma.cu`) a batch of
 //! up to 128 rows on the TF32 tensor cores (`Precision::Tf32` only). And, for the update by
 //! chunks under `Precision::Highest`, `dense_grads_x3_mb<mb>` (`kernels/dense_mma.cu`): a
@@ -61,7 +61,9 @@ fn dense_grads_x3_apply(m: usize, n: usize) -> bool {
 
 /// The 3xTF32 gradients kernel's dynamic shared memory for `m` rows and `n` outputs, in bytes:
 /// dy's TF32 rounding and rounded rest, `[8 ceil(m / 8)][roundup(n, 32) + 8]` words each (at
-/// most 139,264 bytes: two blocks a Hopper multiprocessor).
+/// most 139,264 bytes). Two blocks share a Hopper multiprocessor (233,472 bytes, 1 KiB
+/// reserved a block) up to 115,712 bytes: 104 rows into more than 96 outputs (the seed's batch
+/// 100); past that, one.
 const fn grads_x3_shared_bytes(m: usize, n: usize) -> usize {
     2 * 4 * 8 * m.div_ceil(8) * (n.next_multiple_of(32) + 8)
 }
@@ -205,8 +207,9 @@ impl Kernels {
     }
     /// Whether [`Kernels::dense_grads_x3`] takes a batch of `m` rows and `n` outputs on this
     /// device: 1 to 128 rows, `n` a multiple of 8 up to 128, within the shared memory a block
-    /// may have here (all such shapes on sm_80 and later). A function of the shape and the
-    /// device, so a plan made on it holds.
+    /// may have here (every such shape on Hopper and the A100; on 99 KiB devices, sm_86 and
+    /// sm_89, up to 88 rows into more than 96 outputs). A function of the shape and the device,
+    /// so a plan made on it holds.
     pub(crate) fn dense_grads_x3_fits(&self, m: usize, n: usize) -> bool {
         dense_grads_x3_apply(m, n) && grads_x3_shared_bytes(m, n) <= self.shared_optin
     }
@@ -250,10 +253,10 @@ impl Kernels {
         // SAFETY: `dense_grads_x3_mb<mb>(const float *x, const float *dy, const float *w,
         // float *g, float *dx, int m, int n, size_t rows, size_t ldx)` with blocks of DG_WARPS
         // (8) warps and the dynamic shared memory its staged dy takes for 8 mb >= m rows
-        // (allowed at load up to MMA_SHARED_MAX >= this: dense_grads_x3_fits); x and dx hold m
-        // rows of ldx floats from their addresses, the chunk's rows <= ldx columns first; dy
-        // m n floats, w and g rows n (8-byte aligned, n even: aligned float2s); m, n <= 128 fit
-        // an int.
+        // (allowed at load up to MMA_SHARED_MAX >= this: dense_grads_x3_fits); x and dx are
+        // m rows ldx floats apart, each with the chunk's `rows` columns from the address (all
+        // the kernel touches); dy m n floats, w and g rows n (8-byte aligned, n even: aligned
+        // float2s); m, n <= 128 fit an int.
         unsafe {
             launch!(self.stream, f, cfg; &x, &dy, &w, &g, &dx, &m32, &n32, &rows, &ldx).map(drop)
         }
@@ -300,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn the_3xtf32_gradients_kernel_takes_its_shapes_in_two_blocks_a_multiprocessor() {
+    fn the_3xtf32_gradients_kernel_takes_its_shapes_within_the_shared_memory() {
         assert!(dense_grads_x3_apply(1, 8) && dense_grads_x3_apply(100, 128));
         assert!(dense_grads_x3_apply(128, 120) && !dense_grads_x3_apply(129, 128));
         assert!(!dense_grads_x3_apply(0, 8) && !dense_grads_x3_apply(100, 124));
@@ -309,8 +312,13 @@ mod tests {
         assert_eq!(grads_x3_shared_bytes(100, 128), 2 * 4 * 104 * 136);
         assert_eq!(grads_x3_shared_bytes(128, 128), 139_264);
         assert!(grads_x3_shared_bytes(128, 128) <= MMA_SHARED_MAX);
-        // two blocks within Hopper's 233,472 bytes a multiprocessor (1 KiB reserved a block)
+        // two blocks within Hopper's 233,472 bytes a multiprocessor (1 KiB reserved a block) up
+        // to 104 rows into 128 outputs; one past that
         assert!(2 * (grads_x3_shared_bytes(104, 128) + 1024) <= 233_472);
+        assert!(2 * (grads_x3_shared_bytes(105, 128) + 1024) > 233_472);
+        // the 101,376 bytes a block of sm_86 and sm_89: 88 rows into 128 outputs, not 89
+        assert!(grads_x3_shared_bytes(88, 128) <= 101_376);
+        assert!(grads_x3_shared_bytes(89, 128) > 101_376);
         assert_eq!(grads_x3_shared_bytes(1, 8), 2 * 4 * 8 * 40);
     }
 }

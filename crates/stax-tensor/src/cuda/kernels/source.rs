@@ -288,7 +288,7 @@ impl KernelModule {
         let generic = per_dtype
             .iter()
             .flat_map(|root| floats.clone().map(move |d| format!("{root}_{d}")));
-        // the one-pass dense updates, one kernel per batch size (or 8 rows of it)
+        // the dense update's kernels, one per batch size (or 8 rows of it)
         let batches = super::dense::symbols(self);
         let warp = match self {
             KernelModule::DirectWarp => super::direct::warp_symbols(),
