@@ -51,6 +51,8 @@ struct Addrs {
     old: Option<u64>,
     /// cuBLAS's workspace (0: none) and its bytes.
     blas: (u64, usize),
+    /// Whether the products run the 3xTF32 kernel ([`CudaBackend::dense_chunks_x3`]).
+    x3: bool,
 }
 
 impl CudaBackend {
@@ -204,6 +206,7 @@ impl CudaBackend {
             g: ws.addr(g),
             old: old.map(|i| ws.addr(i)),
             blas: (blas.map_or(0, |i| ws.addr(i)), blas_bytes),
+            x3: self.dense_chunks_x3(m, n, dtype),
         };
         let rows = self.dense_chunk_rows(k, n);
         for r0 in (0..k).step_by(rows) {
@@ -244,10 +247,9 @@ impl CudaBackend {
             self.blas.gemm(dxg, (dtype, dtype), ops, blas, blas_bytes)
         };
         let chunk = [w + off, a.g, mu + off, nu + off];
-        let x3 = m > 0 && self.dense_chunks_x3(m, n, dtype);
         if m == 0 {
             self.kernels.zero(a.g, dtype, r * n)?;
-        } else if x3 {
+        } else if a.x3 {
             // dw_chunk and (from the old weight) dx[:, r0..r0 + r] in 3xTF32, f32 only
             let dx = a.dx.map_or(0, |d| d + col);
             self.kernels
@@ -261,7 +263,7 @@ impl CudaBackend {
             self.blas.gemm(dw, (dtype, dtype), ops, blas, blas_bytes)?;
         }
         if dtype == DType::F32 {
-            if let Some(d) = a.dx.filter(|_| !x3) {
+            if let Some(d) = a.dx.filter(|_| !a.x3) {
                 dx_gemm(w + off, d)?;
             }
             let (g, mu) = ((a.g, dtype), (chunk[2], dtype));
